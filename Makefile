@@ -1,0 +1,43 @@
+# readaheadd build, test and benchmark entry points.
+# `make demo` runs the daemon on the lab; `make test` runs the whole test suite
+# (integration tests need root and skip without it).
+
+GO        ?= go
+CC        ?= cc
+BIN       := bin
+LABFS     := test/lab/labfs/labfs
+GOTEST    ?= $(GO) test
+TESTFLAGS ?= -count=1 -timeout 25m
+
+.PHONY: all build generate check-generate labfs test test-unit vet demo bench bench-short clean
+
+all: build
+
+build: labfs
+	$(GO) build -o $(BIN)/readaheadd ./cmd/readaheadd
+
+# Regenerate the BPF objects and Go bindings (needs clang, llvm, libbpf-dev, bpftool).
+generate:
+	$(GO) generate ./pkg/probe/...
+
+# CI: regenerated objects must equal the committed ones.
+check-generate: generate
+	git diff --exit-code -- pkg/probe bpf || { echo "BPF objects differ from bpf/ sources: run 'make generate' and commit"; exit 1; }
+
+# The lab's FUSE server (libfuse3, Debian's libfuse3-dev).
+labfs: $(LABFS)
+$(LABFS): test/lab/labfs/labfs.c
+	$(CC) -O2 -Wall -Wextra -o $@ $< $$(pkg-config --cflags --libs fuse3) -lpthread -lm
+
+vet:
+	$(GO) vet ./...
+
+test-unit:
+	$(GOTEST) $(TESTFLAGS) ./...
+
+# The full suite; run as root for the BPF, lab and end-to-end tests.
+test: labfs build
+	$(GOTEST) $(TESTFLAGS) ./...
+
+clean:
+	rm -rf $(BIN) $(LABFS)

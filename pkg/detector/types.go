@@ -1,0 +1,79 @@
+package detector
+
+import (
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// RegimeKind names a slowdown regime. The values are stable: they are the
+// `regime` label of readaheadd_regime_active.
+type RegimeKind string
+
+const (
+	// FileLatencyShift: one file's reads are slower than the device's
+	// baseline for the same request size while other files are normal
+	// (the permanent, per-file slowdown of aged data).
+	FileLatencyShift RegimeKind = "file_latency_shift"
+	// TailInflation: the device's p99 is up while its median is not
+	// (temporal slowdown: periodic internal work).
+	TailInflation RegimeKind = "tail_inflation"
+	// ExtentStart: reads right after a file's reads jump to a new extent
+	// are slower (intrinsic slowdown); File names a fragmented file.
+	ExtentStart RegimeKind = "extent_start"
+	// Contention: latency rises with queue depth and with other readers.
+	Contention RegimeKind = "contention"
+	// StarvedStream: a sequential file whose throughput is bounded by
+	// latency times too few requests in flight: a larger window pays.
+	StarvedStream RegimeKind = "starved_stream"
+)
+
+// Kinds lists every regime kind.
+var Kinds = []RegimeKind{FileLatencyShift, TailInflation, ExtentStart, Contention, StarvedStream}
+
+// Regime is one active slowdown.
+type Regime struct {
+	Kind       RegimeKind
+	Device     probe.Dev
+	File       probe.FileKey // zero for a device-wide regime
+	Since      time.Duration // CLOCK_MONOTONIC time the regime was entered
+	Confidence float64       // 0..1
+	Evidence   string        // what triggered it, for logs and status
+}
+
+// FileStats is the detector's view of one file over its sliding window.
+type FileStats struct {
+	Key            probe.FileKey
+	Device         probe.Dev
+	Requests       uint64
+	Bytes          uint64
+	P50, P95, P99  time.Duration
+	MeanSize       float64 // bytes per request
+	MeanDepth      float64 // device read requests in flight at issue
+	BusyThroughput float64 // bytes/s over the time at least one of its requests was in flight
+	Sequentiality  float64 // 0..1: share of requests that continue the previous one
+	NextOffset     uint64  // byte offset just past the last request read
+	LastSeen       time.Duration
+}
+
+// DeviceStats is the detector's view of one device over its sliding window.
+type DeviceStats struct {
+	Device         probe.Dev
+	Requests       uint64
+	Bytes          uint64
+	P50, P95, P99  time.Duration
+	MeanSize       float64
+	MeanDepth      float64
+	BusyThroughput float64
+	// Baseline latencies learned while the device was healthy (zero until learned).
+	BaselineP50, BaselineP99 time.Duration
+	BaselineLearned          bool
+}
+
+// Snapshot is what the detector reports at each evaluation.
+type Snapshot struct {
+	Now     time.Duration
+	Devices []DeviceStats
+	Files   []FileStats
+	Regimes []Regime
+}
