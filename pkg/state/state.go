@@ -1,0 +1,347 @@
+// Package state keeps, durably, the read_ahead_kb value each block device had
+// before readaheadd first changed it, so that a clean exit, a later start
+// after a crash, or `readaheadd restore` can put every device back.
+//
+// The record is one JSON file written atomically (temp file, fsync, rename,
+// fsync of the directory) with mode 0600. An exclusive flock on a lock file
+// in the same directory keeps two daemons (or a daemon and `readaheadd
+// restore`) from fighting over it.
+package state
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/readaheadd/readaheadd/pkg/blockdev"
+)
+
+// Version is the format version this package writes and reads.
+const Version = 1
+
+const (
+	// FileName is the state file inside the state directory.
+	FileName = "originals.json"
+	// LockName is the lock file inside the state directory.
+	LockName   = "originals.lock"
+	bootIDPath = "/proc/sys/kernel/random/boot_id"
+)
+
+// Entry is one device's original setting.
+type Entry struct {
+	Device      string    `json:"device"` // name in /sys/block
+	Dev         string    `json:"dev"`    // major:minor when recorded, for the operator
+	ReadAheadKB int       `json:"read_ahead_kb"`
+	RecordedAt  time.Time `json:"recorded_at"`
+}
+
+type fileFormat struct {
+	Version int     `json:"version"`
+	BootID  string  `json:"boot_id,omitempty"`
+	Devices []Entry `json:"devices"`
+}
+
+// Sysfs is the part of blockdev.SysFS the store needs to restore settings.
+type Sysfs interface {
+	ReadAheadKB(name string) (int, error)
+	SetReadAheadKB(name string, kb int) error
+}
+
+// ErrLocked is returned (wrapped) by Open when another process holds the lock.
+var ErrLocked = errors.New("state directory is locked by another readaheadd")
+
+// CorruptError reports a state file that cannot be trusted. Nothing is
+// written over it: the operator decides.
+type CorruptError struct {
+	Path   string
+	Reason string
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("state file %s is unusable (%s): it records the original read_ahead_kb of devices readaheadd changed. "+
+		"Inspect it, set any values it still shows by hand (echo KB > /sys/block/DEV/queue/read_ahead_kb), "+
+		"then move it aside and start readaheadd again", e.Path, e.Reason)
+}
+
+// Options adjust Open for tests.
+type Options struct {
+	// BootID overrides the kernel's boot id (read from /proc when empty).
+	BootID string
+	Logger *slog.Logger
+}
+
+// Store is an open, locked state directory.
+type Store struct {
+	dir    string
+	bootID string
+	log    *slog.Logger
+	lock   *os.File
+
+	mu      sync.Mutex
+	entries map[string]Entry
+}
+
+// Open creates dir if needed (mode 0700), takes its lock and loads the
+// record. A record from a previous boot is discarded (the kernel reset every
+// device at boot); a truncated, corrupt or newer-version file is an error of
+// type *CorruptError and is left untouched.
+func Open(dir string, opt Options) (*Store, error) {
+	log := opt.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if dir == "" {
+		return nil, errors.New("state directory not set: give --state-dir (for example /var/lib/readaheadd)")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create state directory %s: %w", dir, err)
+	}
+	lockPath := filepath.Join(dir, LockName)
+	lf, err := os.OpenFile(lockPath, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open lock file %s: %w", lockPath, err)
+	}
+	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(lockPath)
+		lf.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%s (lock %s, holder pid %s): stop the running daemon first; it restores the devices itself on SIGTERM: %w",
+				ErrLocked.Error(), lockPath, strings.TrimSpace(string(holder)), ErrLocked)
+		}
+		return nil, fmt.Errorf("lock %s: %w", lockPath, err)
+	}
+	// Record our pid for the error message another process would print.
+	if err := lf.Truncate(0); err == nil {
+		_, _ = lf.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	boot := opt.BootID
+	if boot == "" {
+		if b, err := os.ReadFile(bootIDPath); err == nil {
+			boot = strings.TrimSpace(string(b))
+		}
+	}
+	s := &Store{dir: dir, bootID: boot, log: log, lock: lf, entries: map[string]Entry{}}
+	if err := s.load(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Path is the state file's path.
+func (s *Store) Path() string { return filepath.Join(s.dir, FileName) }
+
+// Close releases the lock. The record stays on disk.
+func (s *Store) Close() error {
+	if s.lock == nil {
+		return nil
+	}
+	err := s.lock.Close() // closing drops the flock
+	s.lock = nil
+	return err
+}
+
+func (s *Store) load() error {
+	p := s.Path()
+	// A temp file left by a crash mid-write never replaced the record: drop it.
+	if olds, _ := filepath.Glob(p + ".tmp*"); len(olds) > 0 {
+		for _, o := range olds {
+			_ = os.Remove(o)
+		}
+	}
+	b, err := os.ReadFile(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read state file %s: %w", p, err)
+	}
+	if len(strings.TrimSpace(string(b))) == 0 {
+		return &CorruptError{Path: p, Reason: "empty or truncated"}
+	}
+	var probeVer struct {
+		Version *int `json:"version"`
+	}
+	if err := json.Unmarshal(b, &probeVer); err != nil {
+		return &CorruptError{Path: p, Reason: "not valid JSON: " + err.Error()}
+	}
+	if probeVer.Version == nil {
+		return &CorruptError{Path: p, Reason: "no version field"}
+	}
+	if *probeVer.Version != Version {
+		return &CorruptError{Path: p, Reason: fmt.Sprintf("format version %d, this readaheadd reads version %d", *probeVer.Version, Version)}
+	}
+	var ff fileFormat
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&ff); err != nil {
+		return &CorruptError{Path: p, Reason: "unexpected content: " + err.Error()}
+	}
+	for i, e := range ff.Devices {
+		if e.Device == "" || strings.ContainsAny(e.Device, "/\x00") || e.ReadAheadKB < 0 {
+			return &CorruptError{Path: p, Reason: fmt.Sprintf("entry %d (%q, %d KB) is not a valid device setting", i, e.Device, e.ReadAheadKB)}
+		}
+	}
+	if ff.BootID != "" && s.bootID != "" && ff.BootID != s.bootID {
+		s.log.Info("state: originals were recorded before the last reboot; the kernel has reset every device since, so they are discarded",
+			"file", p, "recorded_boot", ff.BootID, "devices", len(ff.Devices))
+		return s.persistLocked()
+	}
+	for _, e := range ff.Devices {
+		s.entries[e.Device] = e
+	}
+	return nil
+}
+
+// Entries returns the recorded originals, sorted by device name.
+func (s *Store) Entries() []Entry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Entry, 0, len(s.entries))
+	for _, e := range s.entries {
+		out = append(out, e)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Device < out[j].Device })
+	return out
+}
+
+// Original returns the recorded original of device, if any.
+func (s *Store) Original(device string) (int, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.entries[device]
+	return e.ReadAheadKB, ok
+}
+
+// Record durably records device's original value. It must be called before
+// the first write to the device. If an original is already recorded it is
+// kept: the first value seen is the one to restore.
+func (s *Store) Record(device, dev string, kb int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.entries[device]; ok {
+		return nil
+	}
+	s.entries[device] = Entry{Device: device, Dev: dev, ReadAheadKB: kb, RecordedAt: time.Now().UTC()}
+	if err := s.persistLocked(); err != nil {
+		delete(s.entries, device)
+		return err
+	}
+	return nil
+}
+
+// Forget drops device's record (after the caller put its original back).
+func (s *Store) Forget(device string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.entries[device]
+	if !ok {
+		return nil
+	}
+	delete(s.entries, device)
+	if err := s.persistLocked(); err != nil {
+		s.entries[device] = e
+		return err
+	}
+	return nil
+}
+
+// Restore writes every recorded original back and clears its record. A
+// device that no longer exists keeps its record (it is logged) so a later
+// restore can still put it back; other failures are returned, also keeping
+// the record.
+func (s *Store) Restore(sys Sysfs) error {
+	var errs []error
+	for _, e := range s.Entries() {
+		if err := sys.SetReadAheadKB(e.Device, e.ReadAheadKB); err != nil {
+			if isNoDevice(err) {
+				s.log.Warn("state: device of a recorded original is gone; keeping its record for a later restore",
+					"device", e.Device, "dev", e.Dev, "original_kb", e.ReadAheadKB, "file", s.Path())
+				continue
+			}
+			errs = append(errs, fmt.Errorf("restore read_ahead_kb of %s to %d: %w", e.Device, e.ReadAheadKB, err))
+			continue
+		}
+		s.log.Info("state: restored original read_ahead_kb", "device", e.Device, "kb", e.ReadAheadKB)
+		if err := s.Forget(e.Device); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func isNoDevice(err error) bool {
+	return errors.Is(err, blockdev.ErrNoDevice) || errors.Is(err, os.ErrNotExist)
+}
+
+// persistLocked writes the record atomically; with no entries it removes
+// the file. s.mu is held.
+func (s *Store) persistLocked() error {
+	p := s.Path()
+	if len(s.entries) == 0 {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove state file %s: %w", p, err)
+		}
+		return syncDir(s.dir)
+	}
+	ff := fileFormat{Version: Version, BootID: s.bootID}
+	for _, e := range s.entries {
+		ff.Devices = append(ff.Devices, e)
+	}
+	sort.Slice(ff.Devices, func(i, j int) bool { return ff.Devices[i].Device < ff.Devices[j].Device })
+	b, err := json.MarshalIndent(ff, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode state: %w", err)
+	}
+	b = append(b, '\n')
+	tmp, err := os.CreateTemp(s.dir, FileName+".tmp*")
+	if err != nil {
+		return fmt.Errorf("write state file in %s: %w (check the state directory is writable and not full)", s.dir, err)
+	}
+	tmpName := tmp.Name()
+	fail := func(err error) error {
+		tmp.Close()
+		os.Remove(tmpName)
+		return fmt.Errorf("write state file %s: %w (check the state directory is writable and not full)", p, err)
+	}
+	if err := tmp.Chmod(0o600); err != nil {
+		return fail(err)
+	}
+	if _, err := tmp.Write(b); err != nil {
+		return fail(err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := tmp.Close(); err != nil {
+		os.Remove(tmpName)
+		return fmt.Errorf("write state file %s: %w", p, err)
+	}
+	if err := os.Rename(tmpName, p); err != nil {
+		os.Remove(tmpName)
+		return fmt.Errorf("replace state file %s: %w", p, err)
+	}
+	return syncDir(s.dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open state directory %s to sync it: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync state directory %s: %w", dir, err)
+	}
+	return nil
+}
