@@ -1,0 +1,168 @@
+package metrics
+
+import (
+	"math"
+	"sort"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+)
+
+// Namespace prefixes every metric name.
+const Namespace = "readaheadd"
+
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, labels, nil)
+}
+
+var (
+	descLatency = desc("read_latency_seconds",
+		"Block read request latency, issue to completion, from the in-kernel log2 histogram.", "device")
+	descBytes    = desc("read_bytes_total", "Bytes read from the device by completed block read requests.", "device")
+	descRequests = desc("read_requests_total", "Completed block read requests.", "device")
+	descRA       = desc("read_ahead_kb", "Current /sys/block/DEVICE/queue/read_ahead_kb.", "device")
+	descRAOrig   = desc("read_ahead_original_kb", "read_ahead_kb found before readaheadd changed anything; restored on exit.", "device")
+	descRegime   = desc("regime_active", "1 while the detector sees this slowdown regime on the device (on the device or on any of its files), else 0.", "device", "regime")
+	descActions  = desc("actions_total", "Tuner actions by kind and outcome (kept: it paid; undone: it did not; failed: it could not be applied).", "device", "action", "result")
+	descFiles    = desc("files_adjusted", "Open files whose readahead window readaheadd currently holds changed.", "device")
+	descLost     = desc("bpf_events_lost_total", "Probe events dropped because the ring buffer was full.")
+	descRunTime  = desc("bpf_run_seconds_total", "Kernel CPU time spent in each BPF program (needs kernel.bpf_stats_enabled=1).", "program")
+	descAttached = desc("probe_attached", "1 when the BPF programs are loaded and attached.")
+	descDryRun   = desc("dry_run", "1 when the tuner only logs and exports what it would do.")
+)
+
+// Collector is a prometheus.Collector reading Sources at scrape time.
+type Collector struct {
+	src Sources
+}
+
+// NewCollector returns a collector over src.
+func NewCollector(src Sources) *Collector { return &Collector{src: src} }
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descLatency, descBytes, descRequests, descRA, descRAOrig,
+		descRegime, descActions, descFiles, descLost, descRunTime, descAttached, descDryRun} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	if c.src.Probe != nil {
+		ps := c.src.Probe()
+		ch <- prometheus.MustNewConstMetric(descAttached, prometheus.GaugeValue, b2f(ps.Attached))
+		for _, d := range ps.Devices {
+			count, sum, buckets := Log2USHistogram(d.LatencyLog2US, d.LatencySum.Seconds())
+			ch <- prometheus.MustNewConstHistogram(descLatency, count, sum, buckets, d.Device)
+			ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, float64(d.Bytes), d.Device)
+			ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(d.Requests), d.Device)
+		}
+		ch <- prometheus.MustNewConstMetric(descLost, prometheus.CounterValue, float64(ps.EventsLost))
+		progs := make([]string, 0, len(ps.ProgramRunTime))
+		for p := range ps.ProgramRunTime {
+			progs = append(progs, p)
+		}
+		sort.Strings(progs)
+		for _, p := range progs {
+			ch <- prometheus.MustNewConstMetric(descRunTime, prometheus.CounterValue, ps.ProgramRunTime[p].Seconds(), p)
+		}
+	}
+
+	var devices []string
+	if c.src.Tuner != nil {
+		ts := c.src.Tuner()
+		ch <- prometheus.MustNewConstMetric(descDryRun, prometheus.GaugeValue, b2f(ts.DryRun))
+		for _, d := range ts.Devices {
+			devices = append(devices, d.Name)
+			ch <- prometheus.MustNewConstMetric(descRA, prometheus.GaugeValue, float64(d.ReadAheadKB), d.Name)
+			ch <- prometheus.MustNewConstMetric(descRAOrig, prometheus.GaugeValue, float64(d.OriginalKB), d.Name)
+			ch <- prometheus.MustNewConstMetric(descFiles, prometheus.GaugeValue, float64(d.FilesAdjusted), d.Name)
+		}
+		// Sum duplicates so that a source reporting the same triple twice
+		// cannot make the scrape fail.
+		type key struct{ dev, act, res string }
+		sums := map[key]uint64{}
+		var order []key
+		for _, a := range ts.Actions {
+			k := key{a.Device, a.Action, a.Result}
+			if _, ok := sums[k]; !ok {
+				order = append(order, k)
+			}
+			sums[k] += a.Count
+		}
+		for _, k := range order {
+			ch <- prometheus.MustNewConstMetric(descActions, prometheus.CounterValue, float64(sums[k]), k.dev, k.act, k.res)
+		}
+	}
+
+	if c.src.Detector != nil {
+		snap, ok := c.src.Detector()
+		if !ok {
+			return
+		}
+		active := map[[2]string]bool{}
+		seen := map[string]bool{}
+		for _, d := range devices {
+			seen[d] = true
+		}
+		for _, d := range snap.Devices {
+			if n := c.src.devName(d.Device); !seen[n] {
+				seen[n] = true
+				devices = append(devices, n)
+			}
+		}
+		for _, r := range snap.Regimes {
+			n := c.src.devName(r.Device)
+			active[[2]string{n, string(r.Kind)}] = true
+			if !seen[n] {
+				seen[n] = true
+				devices = append(devices, n)
+			}
+		}
+		// Every kind on every device, 0 or 1, so that alerts and
+		// dashboards see a regime end rather than a series vanish.
+		for _, n := range devices {
+			for _, k := range detector.Kinds {
+				ch <- prometheus.MustNewConstMetric(descRegime, prometheus.GaugeValue, b2f(active[[2]string{n, string(k)}]), n, string(k))
+			}
+		}
+	}
+}
+
+// Log2USHistogram converts an in-kernel log2 histogram (bucket i counts
+// latencies in [2^i, 2^(i+1)) microseconds) into Prometheus form: total
+// count, the given sum, and cumulative counts keyed by upper bound in
+// seconds. The upper bound 2^(i+1) us is exclusive in the kernel and
+// inclusive in Prometheus; a latency of exactly 2^(i+1) us lands one bucket
+// higher, which is below the histogram's resolution.
+func Log2USHistogram(buckets []uint64, sumSeconds float64) (uint64, float64, map[float64]uint64) {
+	out := make(map[float64]uint64, len(buckets))
+	var cum uint64
+	for i, n := range buckets {
+		cum += n
+		out[math.Ldexp(1, i+1)*1e-6] = cum
+	}
+	return cum, sumSeconds, out
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// NewRegistry returns a registry with the readaheadd collector and the Go
+// and process collectors.
+func NewRegistry(src Sources) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		NewCollector(src),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return reg
+}

@@ -1,0 +1,348 @@
+package metrics
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+var (
+	sda = probe.MkDev(8, 0)
+	sdb = probe.MkDev(8, 16)
+)
+
+func fakeSources() Sources {
+	return Sources{
+		Probe: func() ProbeStats {
+			return ProbeStats{
+				Attached: true,
+				Devices: []DeviceIO{{
+					Device: "sda",
+					// 3 reads in [1,2) us, 1 in [2,4) us, 4 in [4,8) us.
+					LatencyLog2US: []uint64{3, 1, 4},
+					LatencySum:    30 * time.Microsecond,
+					Bytes:         8 * 4096,
+					Requests:      8,
+				}},
+				EventsLost:     7,
+				ProgramRunTime: map[string]time.Duration{"block_rq_complete": 1500 * time.Millisecond, "block_rq_issue": 250 * time.Millisecond},
+			}
+		},
+		Tuner: func() TunerStatus {
+			return TunerStatus{
+				Devices: []DeviceState{{Name: "sda", Dev: "8:0", ReadAheadKB: 1024, OriginalKB: 128, FilesAdjusted: 2}},
+				Actions: []ActionCount{
+					{Device: "sda", Action: "file_window", Result: "kept", Count: 3},
+					{Device: "sda", Action: "file_window", Result: "kept", Count: 1},
+					{Device: "sda", Action: "device_window", Result: "failed", Count: 1},
+				},
+				Recent: []Action{{Device: "sda", Action: "file_window", FromKB: 128, ToKB: 1024, Result: "kept", Effect: "+80% busy throughput"}},
+			}
+		},
+		Detector: func() (detector.Snapshot, bool) {
+			return detector.Snapshot{
+				Now:     10 * time.Second,
+				Devices: []detector.DeviceStats{{Device: sda, Requests: 8, Bytes: 8 * 4096, P50: 2 * time.Millisecond, P99: 5 * time.Millisecond}},
+				Files: []detector.FileStats{
+					{Key: probe.FileKey{Dev: sda, Ino: 12}, Device: sda, Bytes: 100},
+					{Key: probe.FileKey{Dev: sda, Ino: 13}, Device: sda, Bytes: 300, P99: time.Millisecond},
+					{Key: probe.FileKey{Dev: sdb, Ino: 14}, Device: sdb, Bytes: 200},
+				},
+				Regimes: []detector.Regime{
+					{Kind: detector.FileLatencyShift, Device: sda, File: probe.FileKey{Dev: sda, Ino: 13}, Since: 4 * time.Second, Confidence: 0.9, Evidence: "p50 3.1 ms vs baseline 0.2 ms"},
+				},
+			}, true
+		},
+		DeviceName: func(d probe.Dev) string {
+			if d == sda {
+				return "sda"
+			}
+			return ""
+		},
+	}
+}
+
+func TestLog2USHistogram(t *testing.T) {
+	count, sum, b := Log2USHistogram([]uint64{3, 1, 4}, 0.5)
+	assert.Equal(t, uint64(8), count)
+	assert.Equal(t, 0.5, sum)
+	assert.Equal(t, map[float64]uint64{2e-6: 3, 4e-6: 4, 8e-6: 8}, b)
+
+	// 64 buckets must not overflow the bound.
+	big := make([]uint64, 64)
+	big[63] = 1
+	count, _, b = Log2USHistogram(big, 0)
+	assert.Equal(t, uint64(1), count)
+	assert.InDelta(t, 18446744073709.551616, func() float64 {
+		var hi float64
+		for k := range b {
+			hi = max(hi, k)
+		}
+		return hi
+	}(), 1e-3)
+}
+
+func TestCollectorExposition(t *testing.T) {
+	want := `
+# HELP readaheadd_actions_total Tuner actions by kind and outcome (kept: it paid; undone: it did not; failed: it could not be applied).
+# TYPE readaheadd_actions_total counter
+readaheadd_actions_total{action="device_window",device="sda",result="failed"} 1
+readaheadd_actions_total{action="file_window",device="sda",result="kept"} 4
+# HELP readaheadd_bpf_events_lost_total Probe events dropped because the ring buffer was full.
+# TYPE readaheadd_bpf_events_lost_total counter
+readaheadd_bpf_events_lost_total 7
+# HELP readaheadd_bpf_run_seconds_total Kernel CPU time spent in each BPF program (needs kernel.bpf_stats_enabled=1).
+# TYPE readaheadd_bpf_run_seconds_total counter
+readaheadd_bpf_run_seconds_total{program="block_rq_complete"} 1.5
+readaheadd_bpf_run_seconds_total{program="block_rq_issue"} 0.25
+# HELP readaheadd_files_adjusted Open files whose readahead window readaheadd currently holds changed.
+# TYPE readaheadd_files_adjusted gauge
+readaheadd_files_adjusted{device="sda"} 2
+# HELP readaheadd_read_ahead_kb Current /sys/block/DEVICE/queue/read_ahead_kb.
+# TYPE readaheadd_read_ahead_kb gauge
+readaheadd_read_ahead_kb{device="sda"} 1024
+# HELP readaheadd_read_ahead_original_kb read_ahead_kb found before readaheadd changed anything; restored on exit.
+# TYPE readaheadd_read_ahead_original_kb gauge
+readaheadd_read_ahead_original_kb{device="sda"} 128
+# HELP readaheadd_read_bytes_total Bytes read from the device by completed block read requests.
+# TYPE readaheadd_read_bytes_total counter
+readaheadd_read_bytes_total{device="sda"} 32768
+# HELP readaheadd_read_latency_seconds Block read request latency, issue to completion, from the in-kernel log2 histogram.
+# TYPE readaheadd_read_latency_seconds histogram
+readaheadd_read_latency_seconds_bucket{device="sda",le="2e-06"} 3
+readaheadd_read_latency_seconds_bucket{device="sda",le="4e-06"} 4
+readaheadd_read_latency_seconds_bucket{device="sda",le="8e-06"} 8
+readaheadd_read_latency_seconds_bucket{device="sda",le="+Inf"} 8
+readaheadd_read_latency_seconds_sum{device="sda"} 3e-05
+readaheadd_read_latency_seconds_count{device="sda"} 8
+# HELP readaheadd_read_requests_total Completed block read requests.
+# TYPE readaheadd_read_requests_total counter
+readaheadd_read_requests_total{device="sda"} 8
+# HELP readaheadd_regime_active 1 while the detector sees this slowdown regime on the device (on the device or on any of its files), else 0.
+# TYPE readaheadd_regime_active gauge
+readaheadd_regime_active{device="sda",regime="contention"} 0
+readaheadd_regime_active{device="sda",regime="extent_start"} 0
+readaheadd_regime_active{device="sda",regime="file_latency_shift"} 1
+readaheadd_regime_active{device="sda",regime="starved_stream"} 0
+readaheadd_regime_active{device="sda",regime="tail_inflation"} 0
+`
+	c := NewCollector(fakeSources())
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want),
+		"readaheadd_actions_total", "readaheadd_bpf_events_lost_total", "readaheadd_bpf_run_seconds_total",
+		"readaheadd_files_adjusted", "readaheadd_read_ahead_kb", "readaheadd_read_ahead_original_kb",
+		"readaheadd_read_bytes_total", "readaheadd_read_latency_seconds", "readaheadd_read_requests_total",
+		"readaheadd_regime_active"))
+
+	problems, err := testutil.CollectAndLint(c)
+	require.NoError(t, err)
+	// read_ahead_kb mirrors the sysfs knob's name and unit on purpose (the
+	// names are a contract); every other metric must pass the linter.
+	var other []string
+	for _, p := range problems {
+		if p.Metric == "readaheadd_read_ahead_kb" || p.Metric == "readaheadd_read_ahead_original_kb" {
+			assert.Contains(t, p.Text, "abbreviated units")
+			continue
+		}
+		other = append(other, p.Metric+": "+p.Text)
+	}
+	assert.Empty(t, other, "metric names follow Prometheus conventions (base units, _total)")
+}
+
+func TestNoPathOrInodeLabels(t *testing.T) {
+	reg := NewRegistry(fakeSources())
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	names := map[string]bool{}
+	for _, mf := range mfs {
+		names[mf.GetName()] = true
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				assert.NotContains(t, []string{"path", "file", "inode", "ino"}, l.GetName(), mf.GetName())
+				assert.NotContains(t, l.GetValue(), "/", "%s has a path-like label value", mf.GetName())
+			}
+		}
+	}
+	for _, n := range []string{"go_goroutines", "process_resident_memory_bytes", "readaheadd_probe_attached", "readaheadd_dry_run"} {
+		assert.True(t, names[n], n)
+	}
+}
+
+func TestPartsNotRunningAreAbsent(t *testing.T) {
+	c := NewCollector(Sources{Tuner: fakeSources().Tuner})
+	n := testutil.CollectAndCount(c, "readaheadd_read_latency_seconds", "readaheadd_regime_active", "readaheadd_bpf_events_lost_total")
+	assert.Equal(t, 0, n)
+	assert.Equal(t, 1, testutil.CollectAndCount(c, "readaheadd_read_ahead_kb"))
+}
+
+func TestUnknownDeviceNamedByNumber(t *testing.T) {
+	src := fakeSources()
+	src.Detector = func() (detector.Snapshot, bool) {
+		return detector.Snapshot{Regimes: []detector.Regime{{Kind: detector.TailInflation, Device: sdb}}}, true
+	}
+	assert.Equal(t, 1.0, regimeGauge(t, NewCollector(src), "8:16", "tail_inflation"))
+	assert.Equal(t, 0.0, regimeGauge(t, NewCollector(src), "8:16", "contention"))
+}
+
+// regimeGauge extracts one regime_active series as a collector.
+func regimeGauge(t *testing.T, c *Collector, dev, regime string) float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "readaheadd_regime_active" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			if l["device"] == dev && l["regime"] == regime {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no regime_active{device=%q,regime=%q}", dev, regime)
+	return 0
+}
+
+func TestHealthz(t *testing.T) {
+	var healthErr error
+	s := NewServer(fakeSources(), NewRegistry(fakeSources()), func() error { return healthErr }, "test", nil)
+	h := s.Handler()
+
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	assert.Equal(t, http.StatusOK, rec.Code)
+	assert.Equal(t, "ok\n", rec.Body.String())
+
+	for _, reason := range []string{"probe not attached", "detector stale: last evaluation 12s ago"} {
+		healthErr = errors.New(reason)
+		rec = httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+		assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
+		assert.Contains(t, rec.Body.String(), reason)
+	}
+}
+
+func TestReadOnly(t *testing.T) {
+	s := NewServer(fakeSources(), NewRegistry(fakeSources()), nil, "test", nil)
+	for _, path := range []string{"/metrics", "/healthz", "/debug/status", "/debug/files"} {
+		for _, m := range []string{http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodPatch} {
+			rec := httptest.NewRecorder()
+			s.Handler().ServeHTTP(rec, httptest.NewRequest(m, path, strings.NewReader("x")))
+			assert.Equal(t, http.StatusMethodNotAllowed, rec.Code, "%s %s", m, path)
+		}
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodHead, path, nil))
+		assert.Equal(t, http.StatusOK, rec.Code, "HEAD %s", path)
+	}
+}
+
+func TestDebugFilesBounded(t *testing.T) {
+	src := fakeSources()
+	src.FilePath = func(k probe.FileKey) string {
+		if k.Ino == 13 {
+			return "/data/blk_13"
+		}
+		return ""
+	}
+	s := NewServer(src, NewRegistry(src), nil, "test", nil)
+	get := func(q string) (int, []FileStatus) {
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/files"+q, nil))
+		var out []FileStatus
+		if rec.Code == http.StatusOK {
+			require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &out))
+		}
+		return rec.Code, out
+	}
+	code, files := get("")
+	require.Equal(t, http.StatusOK, code)
+	require.Len(t, files, 3)
+	assert.Equal(t, "8:0/13", files[0].File, "most bytes first")
+	assert.Equal(t, "/data/blk_13", files[0].Path)
+	assert.Equal(t, []string{"file_latency_shift"}, files[0].ActiveRegimes)
+	assert.Equal(t, "8:16", files[1].Device, "unknown device named by number")
+
+	_, files = get("?n=1")
+	assert.Len(t, files, 1)
+	code, _ = get("?n=0")
+	assert.Equal(t, http.StatusBadRequest, code)
+	code, _ = get("?n=abc")
+	assert.Equal(t, http.StatusBadRequest, code)
+
+	many := make([]detector.FileStats, 1000)
+	for i := range many {
+		many[i] = detector.FileStats{Key: probe.FileKey{Dev: sda, Ino: uint64(i)}, Bytes: uint64(i)}
+	}
+	src.Detector = func() (detector.Snapshot, bool) { return detector.Snapshot{Files: many}, true }
+	s = NewServer(src, NewRegistry(src), nil, "test", nil)
+	_, files = get("?n=100000")
+	assert.Len(t, files, MaxTopFiles)
+}
+
+func TestDebugStatus(t *testing.T) {
+	s := NewServer(fakeSources(), NewRegistry(fakeSources()), func() error { return errors.New("probe not attached") }, "v1", nil)
+	rec := httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/status", nil))
+	require.Equal(t, http.StatusOK, rec.Code)
+	var st Status
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &st))
+	assert.Equal(t, "v1", st.Version)
+	assert.False(t, st.Healthy)
+	assert.Equal(t, "probe not attached", st.HealthReason)
+	assert.True(t, st.ProbeAttached)
+	assert.Equal(t, uint64(7), st.EventsLost)
+	require.Len(t, st.Devices, 1)
+	assert.Equal(t, 1024, st.Devices[0].ReadAheadKB)
+	assert.Equal(t, 128, st.Devices[0].OriginalKB)
+	assert.Equal(t, 5.0, st.Devices[0].P99ms)
+	require.Len(t, st.Regimes, 1)
+	assert.Equal(t, "file_latency_shift", st.Regimes[0].Kind)
+	assert.Equal(t, 6.0, st.Regimes[0].ForSeconds)
+	assert.Equal(t, "8:0/13", st.Regimes[0].File)
+	require.Len(t, st.RecentActions, 1)
+	assert.Equal(t, "+80% busy throughput", st.RecentActions[0].Effect)
+}
+
+func TestServeAndShutdown(t *testing.T) {
+	ln, err := Listen("127.0.0.1:0")
+	require.NoError(t, err)
+	_, err = Listen(ln.Addr().String())
+	require.Error(t, err, "an address in use is reported")
+	assert.Contains(t, err.Error(), "--metrics-addr")
+
+	s := NewServer(fakeSources(), NewRegistry(fakeSources()), nil, "test", nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, ln) }()
+	resp, err := http.Get("http://" + ln.Addr().String() + "/metrics")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Contains(t, string(body), `readaheadd_read_latency_seconds_bucket{device="sda",le="8e-06"} 8`)
+	cancel()
+	select {
+	case err := <-done:
+		assert.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("server did not shut down")
+	}
+}

@@ -1,0 +1,98 @@
+// Package metrics exports what readaheadd sees and does: a Prometheus
+// collector that reads the probe's in-kernel aggregates, the detector's
+// latest snapshot and the tuner's status at scrape time, and a read-only
+// HTTP server for /metrics, /healthz and the /debug endpoints that
+// `readaheadd status` reads.
+//
+// No metric carries a file path or inode: per-file detail is served, bounded,
+// by /debug/files.
+package metrics
+
+import (
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// DeviceIO is the probe's in-kernel aggregate for one device since it was
+// attached.
+type DeviceIO struct {
+	Device string // name as in /sys/block
+	// LatencyLog2US[i] counts reads whose latency was in [2^i, 2^(i+1))
+	// microseconds (bucket 0 also holds anything below 1 us).
+	LatencyLog2US []uint64
+	// LatencySum is the sum of all latencies counted in the histogram.
+	LatencySum time.Duration
+	Bytes      uint64
+	Requests   uint64
+}
+
+// ProbeStats is what the probe reports at scrape time.
+type ProbeStats struct {
+	Attached   bool
+	Devices    []DeviceIO
+	EventsLost uint64
+	// ProgramRunTime is the kernel's accumulated run time per BPF program
+	// (kernel.bpf_stats_enabled=1), keyed by program name.
+	ProgramRunTime map[string]time.Duration
+}
+
+// DeviceState is the tuner's view of one device.
+type DeviceState struct {
+	Name          string `json:"name"`
+	Dev           string `json:"dev"` // major:minor
+	ReadAheadKB   int    `json:"read_ahead_kb"`
+	OriginalKB    int    `json:"original_kb"`
+	FilesAdjusted int    `json:"files_adjusted"`
+}
+
+// ActionCount counts actions of one kind on one device by result.
+type ActionCount struct {
+	Device string
+	Action string // e.g. device_window, file_window, prefetch
+	Result string // kept, undone or failed
+	Count  uint64
+}
+
+// Action is one recent action, for status and logs.
+type Action struct {
+	Time     time.Time `json:"time"`
+	Device   string    `json:"device"`
+	Action   string    `json:"action"`
+	Target   string    `json:"target,omitempty"` // file path or key, for per-file actions
+	FromKB   int       `json:"from_kb"`
+	ToKB     int       `json:"to_kb"`
+	Result   string    `json:"result"`           // kept, undone, failed, pending, dry-run
+	Effect   string    `json:"effect,omitempty"` // measured effect, e.g. "+84% busy throughput"
+	Evidence string    `json:"evidence,omitempty"`
+}
+
+// TunerStatus is what the tuner reports at scrape time.
+type TunerStatus struct {
+	DryRun  bool
+	Devices []DeviceState
+	Actions []ActionCount
+	Recent  []Action // newest last, bounded by the tuner
+}
+
+// Sources are read at scrape and request time. A nil function means the
+// part is not running; its metrics are then absent rather than zero.
+type Sources struct {
+	Probe    func() ProbeStats
+	Detector func() (detector.Snapshot, bool) // the latest evaluation, false before the first
+	Tuner    func() TunerStatus
+	// DeviceName maps a device number to its name in /sys/block; "" if unknown.
+	DeviceName func(probe.Dev) string
+	// FilePath resolves a file for display in /debug/files; optional.
+	FilePath func(probe.FileKey) string
+}
+
+func (s Sources) devName(d probe.Dev) string {
+	if s.DeviceName != nil {
+		if n := s.DeviceName(d); n != "" {
+			return n
+		}
+	}
+	return d.String()
+}
