@@ -1,0 +1,138 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * The few kernel types the probe reads, declared by hand instead of a full
+ * bpftool-generated vmlinux.h: small, reviewable, and identical on every
+ * build machine (so `make generate` is reproducible). Every struct carries
+ * preserve_access_index, so libbpf/cilium-ebpf relocate each field access
+ * against the running kernel's BTF (CO-RE); only the fields named here must
+ * exist, at whatever offset. Flavours (___old) cover renamed fields.
+ */
+#ifndef READAHEADD_KERNEL_H
+#define READAHEADD_KERNEL_H
+
+typedef unsigned char __u8;
+typedef unsigned short __u16;
+typedef unsigned int __u32;
+typedef unsigned long long __u64;
+typedef signed int __s32;
+typedef signed long long __s64;
+typedef __u8 u8;
+typedef __u16 u16;
+typedef __u32 u32;
+typedef __u64 u64;
+typedef __s64 s64;
+typedef __u32 __be32;
+typedef __u64 __be64;
+typedef __u16 __be16;
+typedef __u32 __wsum;
+typedef _Bool bool;
+#define true 1
+#define false 0
+
+/* Map types and flags from uapi/linux/bpf.h that the program uses. */
+enum bpf_map_type {
+	BPF_MAP_TYPE_HASH = 1,
+	BPF_MAP_TYPE_ARRAY = 2,
+	BPF_MAP_TYPE_PERCPU_ARRAY = 6,
+	BPF_MAP_TYPE_LRU_HASH = 9,
+	BPF_MAP_TYPE_RINGBUF = 27,
+};
+
+enum {
+	BPF_ANY = 0,
+	BPF_NOEXIST = 1,
+	BPF_EXIST = 2,
+};
+
+enum {
+	BPF_RB_NO_WAKEUP = 1,
+	BPF_RB_FORCE_WAKEUP = 2,
+};
+
+enum {
+	BPF_RB_AVAIL_DATA = 0,
+	BPF_RB_RING_SIZE = 1,
+};
+
+#pragma clang attribute push(__attribute__((preserve_access_index)), apply_to = record)
+
+struct gendisk {
+	int major;
+	int first_minor;
+};
+
+struct request_queue {
+	struct gendisk *disk;
+};
+
+struct page;
+
+struct bio_vec {
+	struct page *bv_page;
+	unsigned int bv_len;
+	unsigned int bv_offset;
+};
+
+struct bvec_iter {
+	unsigned int bi_idx;
+	unsigned int bi_bvec_done;
+};
+
+struct bio {
+	struct bvec_iter bi_iter;
+	struct bio_vec *bi_io_vec;
+};
+
+struct request {
+	struct request_queue *q;
+	unsigned int cmd_flags;
+	unsigned int __data_len;
+	unsigned long long __sector;
+	struct bio *bio;
+};
+
+/* Kernels before 5.17 kept the disk in the request. */
+struct request___old {
+	struct gendisk *rq_disk;
+};
+
+struct block_device {
+	unsigned int bd_dev;
+	struct gendisk *bd_disk;
+};
+
+struct super_block {
+	unsigned int s_dev;
+	struct block_device *s_bdev;
+};
+
+struct inode {
+	unsigned short i_mode;
+	struct super_block *i_sb;
+	unsigned long i_ino;
+};
+
+struct address_space {
+	struct inode *host;
+};
+
+/* 6.16+ renamed page->index to __folio_index. */
+struct page {
+	unsigned long compound_head;
+	struct address_space *mapping;
+	unsigned long __folio_index;
+};
+
+struct page___old {
+	unsigned long index;
+};
+
+struct file_ra_state {
+	unsigned int size;
+	unsigned int async_size;
+	unsigned int ra_pages;
+};
+
+#pragma clang attribute pop
+
+#endif

@@ -1,0 +1,479 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * readaheadd's block-read probe.
+ *
+ * block_rq_issue: for a read on a watched disk, stamp the request (time,
+ * in-flight depth) in `inflight`, keyed by the request pointer.
+ * block_rq_complete: look the stamp up and delete it, attribute the request
+ * to a file through its first page (bio->bi_io_vec[0].bv_page->mapping->host),
+ * update the per-disk and per-file aggregates and stream one struct rec.
+ * page_cache_sync_ra / page_cache_async_ra: stream which process runs
+ * readahead on which file, with the open file's window.
+ *
+ * Cost matters (this runs for every block read): attribution happens only at
+ * completion, pointers are followed with direct BTF loads (no probe_read
+ * helper calls), and ring-buffer submissions do not wake the reader unless
+ * the ring is filling; user space polls.
+ */
+#include "kernel.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define REQ_OP_MASK 0xff
+#define REQ_OP_READ 0
+#define S_IFMT 00170000
+#define S_IFBLK 0060000
+#define PAGE_SHIFT 12
+#define MINORBITS 20
+#define MKDEV(ma, mi) (((u32)(ma) << MINORBITS) | (u32)(mi))
+
+#define MAX_FILTER_DEVS 16
+/* Latency histogram: bucket i counts latencies in [2^i, 2^(i+1)) microseconds,
+ * bucket 0 also counts everything under 1 us, the last bucket everything above. */
+#define HIST_BUCKETS 28
+
+enum event_type {
+	EVENT_READ = 1,
+	EVENT_READAHEAD = 2,
+};
+
+enum kind {
+	KIND_FILE = 0,
+	KIND_ANON = 1,
+	KIND_META = 2,
+	KIND_UNKNOWN = 3,
+};
+
+/* Indexes of the `lost` counters. */
+enum lost_reason {
+	LOST_RINGBUF = 0,     /* ring buffer full: record dropped (aggregates still counted) */
+	LOST_INFLIGHT = 1,    /* in-flight map full at issue: request not traced at all */
+	LOST_DEVSTATS = 2,    /* per-disk map full: disk not aggregated */
+	LOST_FILESTATS = 3,   /* per-file map insert failed */
+	LOST_RA_RINGBUF = 4,  /* ring buffer full: readahead event dropped */
+	LOST_MAX = 8,
+};
+
+/* One completed read request, as streamed through the ring buffer. */
+struct rec {
+	u8 type; /* EVENT_READ */
+	u8 kind;
+	u8 error;
+	u8 _pad0;
+	u32 dev; /* whole disk */
+	u64 sector;
+	u32 bytes;
+	u32 depth;
+	u64 issue_ns;
+	u64 latency_ns;
+	u32 file_dev;
+	u32 _pad1;
+	u64 ino;
+	u64 offset;
+};
+
+struct ra_event {
+	u8 type; /* EVENT_READAHEAD */
+	u8 async;
+	u8 _pad0[2];
+	u32 tgid;
+	u32 dev; /* whole disk of the file's filesystem, 0 if none */
+	u32 file_dev;
+	u64 ino;
+	u64 index;
+	u64 time_ns;
+	u32 req_count;
+	u32 size;
+	u32 async_size;
+	u32 ra_pages;
+	char comm[16];
+};
+
+struct inflight_val {
+	u64 issue_ns;
+	u32 dev;
+	u32 depth;
+};
+
+struct dev_stats {
+	s64 inflight; /* read requests issued and not yet completed */
+	u64 requests;
+	u64 bytes;
+	u64 latency_ns;
+	u64 errors;
+	u64 hist[HIST_BUCKETS];
+};
+
+struct file_key {
+	u32 dev;
+	u32 _pad;
+	u64 ino;
+};
+
+struct file_stats {
+	u64 requests;
+	u64 bytes;
+	u64 latency_ns;
+	u64 depth_sum;
+	u64 last_ns;
+	u32 disk;
+	u32 _pad;
+};
+
+/* Set by the loader before load: the disks to watch (empty = all). */
+const volatile u32 filter_devs[MAX_FILTER_DEVS] = {};
+const volatile u32 n_filter_devs = 0;
+/* Force a reader wake-up once this many bytes wait in the ring. */
+const volatile u64 wakeup_bytes = 1 << 20;
+
+/* Requests between issue and completion. LRU so that a request whose
+ * completion was never seen (traced while the probe attached) ages out
+ * instead of filling the map. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, u64);
+	__type(value, struct inflight_val);
+} inflight SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, u32);
+	__type(value, struct dev_stats);
+} devstats SEC(".maps");
+
+/* Per-file totals since load; LRU keeps the active files when more than
+ * max_entries files are read. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct file_key);
+	__type(value, struct file_stats);
+} filestats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LOST_MAX);
+	__type(key, u32);
+	__type(value, u64);
+} lost SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4 << 20); /* resized by the loader */
+} events SEC(".maps");
+
+/* Types exported to Go by bpf2go. */
+const struct rec *unused_rec __attribute__((unused));
+const struct ra_event *unused_ra __attribute__((unused));
+
+static __always_inline void count_lost(u32 reason)
+{
+	u64 *v = bpf_map_lookup_elem(&lost, &reason);
+	if (v)
+		(*v)++;
+}
+
+static __always_inline bool watched(u32 dev)
+{
+	u32 n = n_filter_devs;
+	if (n == 0)
+		return true;
+	for (int i = 0; i < MAX_FILTER_DEVS; i++) {
+		if (i >= n)
+			break;
+		if (filter_devs[i] == dev)
+			return true;
+	}
+	return false;
+}
+
+static __always_inline u32 rq_disk_dev(struct request *rq)
+{
+	struct gendisk *disk;
+
+	if (bpf_core_field_exists(rq->q->disk)) {
+		disk = rq->q->disk;
+	} else {
+		struct request___old *old = (void *)rq;
+		disk = BPF_CORE_READ(old, rq_disk);
+	}
+	if (!disk)
+		return 0;
+	return MKDEV(disk->major, disk->first_minor);
+}
+
+static __always_inline struct dev_stats *dev_stats_of(u32 dev)
+{
+	struct dev_stats *ds = bpf_map_lookup_elem(&devstats, &dev);
+	if (ds)
+		return ds;
+	static const struct dev_stats zero = {};
+	/* EEXIST from a concurrent insert is fine: look up either way. */
+	bpf_map_update_elem(&devstats, &dev, &zero, BPF_NOEXIST);
+	ds = bpf_map_lookup_elem(&devstats, &dev);
+	if (!ds)
+		count_lost(LOST_DEVSTATS);
+	return ds;
+}
+
+SEC("tp_btf/block_rq_issue")
+int BPF_PROG(block_rq_issue, struct request *rq)
+{
+	if ((rq->cmd_flags & REQ_OP_MASK) != REQ_OP_READ)
+		return 0;
+	u32 dev = rq_disk_dev(rq);
+	if (!watched(dev))
+		return 0;
+
+	struct dev_stats *ds = dev_stats_of(dev);
+	if (!ds)
+		return 0;
+	s64 depth = __sync_fetch_and_add(&ds->inflight, 1) + 1;
+	struct inflight_val v = {
+		.issue_ns = bpf_ktime_get_ns(),
+		.dev = dev,
+		.depth = depth > 0 ? (u32)depth : 1,
+	};
+	u64 key = (u64)rq;
+	if (bpf_map_update_elem(&inflight, &key, &v, BPF_NOEXIST) == 0)
+		return 0;
+	/* Already in flight: a requeued request issued again. Count it once,
+	 * and time it from its last issue. */
+	__sync_fetch_and_add(&ds->inflight, -1);
+	struct inflight_val *old = bpf_map_lookup_elem(&inflight, &key);
+	if (old)
+		old->issue_ns = v.issue_ns;
+	else
+		count_lost(LOST_INFLIGHT);
+	return 0;
+}
+
+static __always_inline u32 log2_bucket(u64 v)
+{
+	u32 r = 0;
+	if (v >= (1ULL << 16)) { v >>= 16; r += 16; }
+	if (v >= (1ULL << 8)) { v >>= 8; r += 8; }
+	if (v >= (1ULL << 4)) { v >>= 4; r += 4; }
+	if (v >= (1ULL << 2)) { v >>= 2; r += 2; }
+	if (v >= (1ULL << 1)) { r += 1; }
+	return r;
+}
+
+static __always_inline u64 page_index(struct page *page)
+{
+	if (bpf_core_field_exists(page->__folio_index))
+		return BPF_CORE_READ(page, __folio_index);
+	struct page___old *op = (void *)page;
+	return BPF_CORE_READ(op, index);
+}
+
+static __always_inline void attribute_inode(struct rec *r, unsigned long mapping,
+					    struct inode *host, u64 index, u64 byte_in_page)
+{
+	if (mapping & 1) {
+		r->kind = KIND_ANON;
+		return;
+	}
+	if (!host)
+		return;
+	if ((BPF_CORE_READ(host, i_mode) & S_IFMT) == S_IFBLK) {
+		r->kind = KIND_META;
+		return;
+	}
+	r->kind = KIND_FILE;
+	r->file_dev = BPF_CORE_READ(host, i_sb, s_dev);
+	r->ino = BPF_CORE_READ(host, i_ino);
+	r->offset = (index << PAGE_SHIFT) + byte_in_page;
+}
+
+/*
+ * Fills kind/file_dev/ino/offset from the request's first page: the page at
+ * the bio's current iterator position (a split bio shares its parent's
+ * bi_io_vec), resolved to its folio's head page, whose mapping is the file's
+ * address_space (or an anon_vma with bit 0 set). Fields that the verifier
+ * types as pointers but that hold tagged values (compound_head, mapping) are
+ * read as plain words with bpf_probe_read_kernel; everything else uses
+ * CO-RE reads.
+ */
+static __always_inline void attribute(struct request *rq, struct rec *r)
+{
+	r->kind = KIND_UNKNOWN;
+	struct bio *bio = rq->bio;
+	if (!bio)
+		return;
+	u32 idx = bio->bi_iter.bi_idx;
+	u32 done = bio->bi_iter.bi_bvec_done;
+	struct bio_vec *vec = bio->bi_io_vec;
+	if (!vec)
+		return;
+	struct bio_vec bv = {};
+	if (bpf_core_read(&bv, sizeof(bv), vec + idx))
+		return;
+	if (!bv.bv_page)
+		return;
+	u64 in = (u64)bv.bv_offset + done;
+	u64 psize = bpf_core_type_size(struct page);
+	struct page *page = (struct page *)((u64)bv.bv_page + (in >> PAGE_SHIFT) * psize);
+	in &= (1 << PAGE_SHIFT) - 1;
+
+	unsigned long head = 0, mapping = 0;
+	if (bpf_core_read(&head, sizeof(head), &page->compound_head))
+		return;
+	u64 sub = 0;
+	if (head & 1) {
+		/* A tail page of a large folio: mapping and index live in the head. */
+		struct page *hp = (struct page *)(head - 1);
+		sub = ((u64)page - (u64)hp) / psize;
+		page = hp;
+	}
+	if (bpf_core_read(&mapping, sizeof(mapping), &page->mapping) || !mapping)
+		return;
+	struct inode *host = 0;
+	if (!(mapping & 1))
+		host = BPF_CORE_READ((struct address_space *)mapping, host);
+	attribute_inode(r, mapping, host, page_index(page) + sub, in);
+}
+
+SEC("tp_btf/block_rq_complete")
+int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
+{
+	u64 key = (u64)rq;
+	struct inflight_val *v = bpf_map_lookup_elem(&inflight, &key);
+	if (!v)
+		return 0;
+	unsigned int len = rq->__data_len;
+	/* A partial completion (more calls follow for this request): wait for the last. */
+	if (nr_bytes < len)
+		return 0;
+	u64 now = bpf_ktime_get_ns();
+	u64 issue = v->issue_ns;
+	u32 dev = v->dev, depth = v->depth;
+	bpf_map_delete_elem(&inflight, &key);
+
+	u64 lat = now - issue;
+	struct dev_stats *ds = bpf_map_lookup_elem(&devstats, &dev);
+	if (ds) {
+		__sync_fetch_and_add(&ds->inflight, -1);
+		__sync_fetch_and_add(&ds->requests, 1);
+		__sync_fetch_and_add(&ds->bytes, len);
+		__sync_fetch_and_add(&ds->latency_ns, lat);
+		if (error)
+			__sync_fetch_and_add(&ds->errors, 1);
+		u32 b = log2_bucket(lat / 1000);
+		if (b >= HIST_BUCKETS)
+			b = HIST_BUCKETS - 1;
+		__sync_fetch_and_add(&ds->hist[b], 1);
+	}
+
+	/* Built on the stack and copied with bpf_ringbuf_output: the per-file
+	 * counters need the attribution even when the ring is full. */
+	struct rec rr, *r = &rr;
+	r->type = EVENT_READ;
+	r->error = error != 0;
+	r->_pad0 = 0;
+	r->dev = dev;
+	r->sector = rq->__sector;
+	r->bytes = len;
+	r->depth = depth;
+	r->issue_ns = issue;
+	r->latency_ns = lat;
+	r->file_dev = 0;
+	r->_pad1 = 0;
+	r->ino = 0;
+	r->offset = 0;
+	attribute(rq, r);
+
+	if (r->kind == KIND_FILE) {
+		struct file_key fk = { .dev = r->file_dev, .ino = r->ino };
+		struct file_stats *fs = bpf_map_lookup_elem(&filestats, &fk);
+		if (!fs) {
+			struct file_stats init = { .disk = dev };
+			bpf_map_update_elem(&filestats, &fk, &init, BPF_NOEXIST);
+			fs = bpf_map_lookup_elem(&filestats, &fk);
+			if (!fs)
+				count_lost(LOST_FILESTATS);
+		}
+		if (fs) {
+			__sync_fetch_and_add(&fs->requests, 1);
+			__sync_fetch_and_add(&fs->bytes, len);
+			__sync_fetch_and_add(&fs->latency_ns, lat);
+			__sync_fetch_and_add(&fs->depth_sum, depth);
+			fs->last_ns = now;
+		}
+	}
+
+	u64 flags = BPF_RB_NO_WAKEUP;
+	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
+		flags = BPF_RB_FORCE_WAKEUP;
+	if (bpf_ringbuf_output(&events, r, sizeof(*r), flags))
+		count_lost(LOST_RINGBUF);
+	return 0;
+}
+
+static __always_inline int readahead(struct inode *inode, unsigned long index,
+				     struct file_ra_state *ra, unsigned long req_count, u8 async)
+{
+	if (!inode)
+		return 0;
+	struct super_block *sb = inode->i_sb;
+	u32 dev = 0;
+	struct block_device *bdev = sb->s_bdev;
+	if (bdev) {
+		struct gendisk *disk = bdev->bd_disk;
+		if (disk)
+			dev = MKDEV(disk->major, disk->first_minor);
+	}
+	if (n_filter_devs && !watched(dev))
+		return 0;
+
+	struct ra_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_lost(LOST_RA_RINGBUF);
+		return 0;
+	}
+	e->type = EVENT_READAHEAD;
+	e->async = async;
+	e->_pad0[0] = 0;
+	e->_pad0[1] = 0;
+	e->tgid = bpf_get_current_pid_tgid() >> 32;
+	e->dev = dev;
+	e->file_dev = sb->s_dev;
+	e->ino = inode->i_ino;
+	e->index = index;
+	e->time_ns = bpf_ktime_get_ns();
+	e->req_count = req_count;
+	if (ra) {
+		e->size = ra->size;
+		e->async_size = ra->async_size;
+		e->ra_pages = ra->ra_pages;
+	} else {
+		e->size = 0;
+		e->async_size = 0;
+		e->ra_pages = 0;
+	}
+	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	u64 flags = BPF_RB_NO_WAKEUP;
+	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
+		flags = BPF_RB_FORCE_WAKEUP;
+	bpf_ringbuf_submit(e, flags);
+	return 0;
+}
+
+SEC("tp_btf/page_cache_sync_ra")
+int BPF_PROG(page_cache_sync_ra, struct inode *inode, unsigned long index,
+	     struct file_ra_state *ra, unsigned long req_count)
+{
+	return readahead(inode, index, ra, req_count, 0);
+}
+
+SEC("tp_btf/page_cache_async_ra")
+int BPF_PROG(page_cache_async_ra, struct inode *inode, unsigned long index,
+	     struct file_ra_state *ra, unsigned long req_count)
+{
+	return readahead(inode, index, ra, req_count, 1);
+}

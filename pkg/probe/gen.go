@@ -1,0 +1,6 @@
+package probe
+
+// The BPF object is compiled from bpf/ and committed (probe_bpfel.o and its
+// Go bindings), so building needs no clang. `make generate` regenerates it;
+// BPF2GO_CC picks the compiler (default clang).
+//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -target bpfel -type rec -type ra_event -type dev_stats -type file_key -type file_stats -type inflight_val probe ../../bpf/probe.bpf.c -- -O2 -g -Wall -Werror -I../../bpf

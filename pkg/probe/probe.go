@@ -1,0 +1,310 @@
+package probe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
+)
+
+// Errors Load and Check wrap, so that callers can tell the causes apart.
+var (
+	ErrPermission        = errors.New("not allowed to load BPF programs: run as root, or grant CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE (systemd: AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_SYS_RESOURCE)")
+	ErrNoBTF             = errors.New("the kernel exposes no BTF at /sys/kernel/btf/vmlinux: readaheadd needs a kernel built with CONFIG_DEBUG_INFO_BTF=y (Linux >= 5.8)")
+	ErrTracepointMissing = errors.New("the kernel lacks a tracepoint the probe attaches to (block:block_rq_issue, block:block_rq_complete, readahead:page_cache_sync_ra/async_ra need Linux >= 5.11 for BTF tracepoints and >= 6.6 for the readahead ones)")
+	ErrClosed            = errors.New("probe closed")
+)
+
+// MaxDevices is how many disks Config.Devices may name.
+const MaxDevices = 16
+
+// Config configures Load.
+type Config struct {
+	// Devices are the whole disks to trace; empty traces every disk.
+	Devices []Dev
+	// RingBytes is the ring buffer size (a power of two multiple of the
+	// page size); 0 means 4 MiB (65536 records).
+	RingBytes int
+	// Poll is how often Run collects records the kernel submitted without
+	// waking it; 0 means 100 ms. The kernel wakes Run early when a quarter
+	// of the ring is used.
+	Poll time.Duration
+	// EnableStats holds a BPF_ENABLE_STATS descriptor while the probe is
+	// loaded, so that Stats().Programs has run times even when the sysctl
+	// kernel.bpf_stats_enabled is 0. It costs two clock reads per run of
+	// every BPF program on the machine.
+	EnableStats bool
+}
+
+// Probe is the loaded and attached BPF probe. It implements Source.
+type Probe struct {
+	cfg   Config
+	objs  probeObjects
+	links []link.Link
+	ring  *ringbuf.Reader
+	stats io.Closer
+
+	mu        sync.Mutex
+	closed    bool
+	undecoded uint64
+}
+
+var _ Source = (*Probe)(nil)
+
+func (c Config) withDefaults() (Config, error) {
+	if c.RingBytes == 0 {
+		c.RingBytes = 4 << 20
+	}
+	ps := os.Getpagesize()
+	if c.RingBytes < ps || c.RingBytes&(c.RingBytes-1) != 0 {
+		return c, fmt.Errorf("probe ring size %d: must be a power of two and at least %d bytes", c.RingBytes, ps)
+	}
+	if c.Poll == 0 {
+		c.Poll = 100 * time.Millisecond
+	}
+	if c.Poll < 0 {
+		return c, fmt.Errorf("probe poll interval %s: must be positive", c.Poll)
+	}
+	if len(c.Devices) > MaxDevices {
+		return c, fmt.Errorf("probe: %d devices given, at most %d can be filtered in the kernel; give none to trace all", len(c.Devices), MaxDevices)
+	}
+	return c, nil
+}
+
+// spec returns the collection spec with cfg's constants and sizes set.
+func (c Config) spec() (*ebpf.CollectionSpec, error) {
+	spec, err := loadProbe()
+	if err != nil {
+		return nil, fmt.Errorf("parse embedded BPF object: %w", err)
+	}
+	var devs [MaxDevices]uint32
+	for i, d := range c.Devices {
+		devs[i] = uint32(d)
+	}
+	if err := spec.Variables["filter_devs"].Set(devs); err != nil {
+		return nil, fmt.Errorf("set device filter: %w", err)
+	}
+	if err := spec.Variables["n_filter_devs"].Set(uint32(len(c.Devices))); err != nil {
+		return nil, fmt.Errorf("set device filter: %w", err)
+	}
+	if err := spec.Variables["wakeup_bytes"].Set(uint64(c.RingBytes / 4)); err != nil {
+		return nil, fmt.Errorf("set wake-up threshold: %w", err)
+	}
+	spec.Maps["events"].MaxEntries = uint32(c.RingBytes)
+	return spec, nil
+}
+
+// checkBTF fails with ErrNoBTF when the kernel has no BTF.
+func checkBTF() error {
+	if _, err := btf.LoadKernelSpec(); err != nil {
+		return fmt.Errorf("%w (%v)", ErrNoBTF, err)
+	}
+	return nil
+}
+
+// classify wraps a load or attach error with the sentinel that says what
+// to do about it.
+func classify(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	switch {
+	case errors.Is(err, unix.EPERM) || errors.Is(err, os.ErrPermission):
+		return fmt.Errorf("%s: %w (%v)", what, ErrPermission, err)
+	case errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) ||
+		strings.Contains(err.Error(), "find target") || strings.Contains(err.Error(), "attach target"):
+		return fmt.Errorf("%s: %w (%v)", what, ErrTracepointMissing, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// Load loads the BPF programs, attaches them and opens the ring buffer.
+func Load(cfg Config) (*Probe, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkBTF(); err != nil {
+		return nil, err
+	}
+	// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, classify("raise RLIMIT_MEMLOCK for BPF maps", err)
+	}
+	spec, err := cfg.spec()
+	if err != nil {
+		return nil, err
+	}
+	p := &Probe{cfg: cfg}
+	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("load BPF programs: the kernel's verifier rejected them (please report with this log): %+v", ve)
+		}
+		return nil, classify("load BPF programs", err)
+	}
+	for _, a := range p.attachments() {
+		l, err := link.AttachTracing(link.TracingOptions{Program: a.prog})
+		if err != nil {
+			p.Close()
+			return nil, classify("attach "+a.name, err)
+		}
+		p.links = append(p.links, l)
+	}
+	p.ring, err = ringbuf.NewReader(p.objs.Events)
+	if err != nil {
+		p.Close()
+		return nil, fmt.Errorf("open BPF ring buffer: %w", err)
+	}
+	if cfg.EnableStats {
+		p.stats, err = ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+		if err != nil {
+			p.Close()
+			return nil, classify("enable BPF run-time statistics", err)
+		}
+	}
+	return p, nil
+}
+
+type attachment struct {
+	name string
+	prog *ebpf.Program
+}
+
+func (p *Probe) attachments() []attachment {
+	return []attachment{
+		{ProgBlockRqIssue, p.objs.BlockRqIssue},
+		{ProgBlockRqComplete, p.objs.BlockRqComplete},
+		{ProgPageCacheSyncRa, p.objs.PageCacheSyncRa},
+		{ProgPageCacheAsyncRa, p.objs.PageCacheAsyncRa},
+	}
+}
+
+// Run implements Source: it delivers records until ctx is done. The kernel
+// submits without waking the reader, so Run waits at most Config.Poll
+// before collecting what is there.
+func (p *Probe) Run(ctx context.Context, h Handler) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return ErrClosed
+	}
+	rd := p.ring
+	p.mu.Unlock()
+	var rec ringbuf.Record
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		rd.SetDeadline(time.Now().Add(p.cfg.Poll))
+		for {
+			err := rd.ReadInto(&rec)
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				break
+			}
+			if errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, os.ErrClosed) {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return ErrClosed
+			}
+			if err != nil {
+				return fmt.Errorf("read BPF ring buffer: %w", err)
+			}
+			if err := dispatch(rec.RawSample, h); err != nil {
+				p.mu.Lock()
+				p.undecoded++
+				p.mu.Unlock()
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
+		}
+	}
+}
+
+// Stats implements Source.
+func (p *Probe) Stats() (Stats, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return Stats{}, ErrClosed
+	}
+	s := Stats{Devices: map[Dev]DeviceStats{}, Files: map[FileKey]FileStats{}, Programs: map[string]ProgramStats{}}
+	var dk uint32
+	var dv probeDevStats
+	it := p.objs.Devstats.Iterate()
+	for it.Next(&dk, &dv) {
+		d := DeviceStats{Requests: dv.Requests, Bytes: dv.Bytes, Errors: dv.Errors,
+			LatencySum: time.Duration(dv.LatencyNs), InFlight: dv.Inflight}
+		copy(d.Hist[:], dv.Hist[:])
+		s.Devices[Dev(dk)] = d
+	}
+	if err := it.Err(); err != nil {
+		return Stats{}, fmt.Errorf("read per-device BPF stats: %w", err)
+	}
+	var fk probeFileKey
+	var fv probeFileStats
+	fit := p.objs.Filestats.Iterate()
+	for fit.Next(&fk, &fv) {
+		k := FileKey{Dev: Dev(fk.Dev), Ino: fk.Ino}
+		s.Files[k] = FileStats{File: k, Disk: Dev(fv.Disk), Requests: fv.Requests, Bytes: fv.Bytes,
+			LatencySum: time.Duration(fv.LatencyNs), DepthSum: fv.DepthSum, Last: time.Duration(fv.LastNs)}
+	}
+	if err := fit.Err(); err != nil {
+		return Stats{}, fmt.Errorf("read per-file BPF stats: %w", err)
+	}
+	var lost [8]uint64
+	for i := range lost {
+		var percpu []uint64
+		if err := p.objs.Lost.Lookup(uint32(i), &percpu); err != nil {
+			return Stats{}, fmt.Errorf("read lost-event counters: %w", err)
+		}
+		for _, v := range percpu {
+			lost[i] += v
+		}
+	}
+	s.Lost = Lost{Records: lost[0], Inflight: lost[1], DeviceMap: lost[2], FileMap: lost[3],
+		Readahead: lost[4], Undecoded: p.undecoded}
+	for _, a := range p.attachments() {
+		ps, err := a.prog.Stats()
+		if err != nil {
+			return Stats{}, fmt.Errorf("read run-time statistics of %s: %w", a.name, err)
+		}
+		s.Programs[a.name] = ProgramStats{Runs: ps.RunCount, RunTime: ps.Runtime}
+	}
+	return s, nil
+}
+
+// Close detaches and unloads everything; a Run in progress returns.
+func (p *Probe) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	var errs []error
+	if p.ring != nil {
+		errs = append(errs, p.ring.Close())
+	}
+	for _, l := range p.links {
+		errs = append(errs, l.Close())
+	}
+	if p.stats != nil {
+		errs = append(errs, p.stats.Close())
+	}
+	errs = append(errs, p.objs.Close())
+	return errors.Join(errs...)
+}
