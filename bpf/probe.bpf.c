@@ -133,7 +133,7 @@ const volatile u64 wakeup_bytes = 1 << 20;
  * completion was never seen (traced while the probe attached) ages out
  * instead of filling the map. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
 	__type(key, u64);
 	__type(value, struct inflight_val);
@@ -264,41 +264,38 @@ static __always_inline u32 log2_bucket(u64 v)
 	return r;
 }
 
-static __always_inline u64 page_index(struct page *page)
+/*
+ * Reads a page's compound_head and mapping as plain words (the verifier types
+ * both as pointers, but they carry tag bits): one bpf_probe_read_kernel when
+ * they lie within 32 bytes of each other, as on every kernel since 4.x.
+ */
+static __always_inline int page_words(struct page *page, unsigned long *head, unsigned long *mapping)
 {
-	if (bpf_core_field_exists(page->__folio_index))
-		return BPF_CORE_READ(page, __folio_index);
-	struct page___old *op = (void *)page;
-	return BPF_CORE_READ(op, index);
-}
-
-static __always_inline void attribute_inode(struct rec *r, unsigned long mapping,
-					    struct inode *host, u64 index, u64 byte_in_page)
-{
-	if (mapping & 1) {
-		r->kind = KIND_ANON;
-		return;
+	u32 oh = bpf_core_field_offset(page->compound_head);
+	u32 om = bpf_core_field_offset(page->mapping);
+	if (om > oh && om - oh <= 24 && ((om - oh) & 7) == 0) {
+		unsigned long w[4] = {};
+		if (bpf_probe_read_kernel(w, sizeof(w), (void *)page + oh))
+			return -1;
+		*head = w[0];
+		*mapping = w[((om - oh) >> 3) & 3];
+		return 0;
 	}
-	if (!host)
-		return;
-	if ((BPF_CORE_READ(host, i_mode) & S_IFMT) == S_IFBLK) {
-		r->kind = KIND_META;
-		return;
-	}
-	r->kind = KIND_FILE;
-	r->file_dev = BPF_CORE_READ(host, i_sb, s_dev);
-	r->ino = BPF_CORE_READ(host, i_ino);
-	r->offset = (index << PAGE_SHIFT) + byte_in_page;
+	if (bpf_core_read(head, sizeof(*head), &page->compound_head))
+		return -1;
+	return bpf_core_read(mapping, sizeof(*mapping), &page->mapping);
 }
 
 /*
  * Fills kind/file_dev/ino/offset from the request's first page: the page at
  * the bio's current iterator position (a split bio shares its parent's
  * bi_io_vec), resolved to its folio's head page, whose mapping is the file's
- * address_space (or an anon_vma with bit 0 set). Fields that the verifier
- * types as pointers but that hold tagged values (compound_head, mapping) are
- * read as plain words with bpf_probe_read_kernel; everything else uses
- * CO-RE reads.
+ * address_space (or an anon_vma with bit 0 set).
+ *
+ * Fast path (the common case: first vector, head page): typed BTF loads,
+ * which compile to plain loads, plus one probe read for the tagged words.
+ * Otherwise the page address is computed, so every read goes through
+ * bpf_probe_read_kernel (CO-RE).
  */
 static __always_inline void attribute(struct request *rq, struct rec *r)
 {
@@ -311,6 +308,41 @@ static __always_inline void attribute(struct request *rq, struct rec *r)
 	struct bio_vec *vec = bio->bi_io_vec;
 	if (!vec)
 		return;
+	unsigned long head = 0, mapping = 0;
+
+	if (idx == 0 && done == 0 && vec->bv_offset < (1 << PAGE_SHIFT)) {
+		struct page *page = vec->bv_page;
+		if (!page || page_words(page, &head, &mapping))
+			return;
+		if (!(head & 1)) {
+			if (!mapping)
+				return;
+			if (mapping & 1) {
+				r->kind = KIND_ANON;
+				return;
+			}
+			struct inode *host = page->mapping->host;
+			if (!host)
+				return;
+			if ((host->i_mode & S_IFMT) == S_IFBLK) {
+				r->kind = KIND_META;
+				return;
+			}
+			u64 index;
+			if (bpf_core_field_exists(page->__folio_index)) {
+				index = page->__folio_index;
+			} else {
+				struct page___old *op = (void *)page;
+				index = BPF_CORE_READ(op, index);
+			}
+			r->kind = KIND_FILE;
+			r->file_dev = host->i_sb->s_dev;
+			r->ino = host->i_ino;
+			r->offset = (index << PAGE_SHIFT) + vec->bv_offset;
+			return;
+		}
+	}
+
 	struct bio_vec bv = {};
 	if (bpf_core_read(&bv, sizeof(bv), vec + idx))
 		return;
@@ -320,9 +352,7 @@ static __always_inline void attribute(struct request *rq, struct rec *r)
 	u64 psize = bpf_core_type_size(struct page);
 	struct page *page = (struct page *)((u64)bv.bv_page + (in >> PAGE_SHIFT) * psize);
 	in &= (1 << PAGE_SHIFT) - 1;
-
-	unsigned long head = 0, mapping = 0;
-	if (bpf_core_read(&head, sizeof(head), &page->compound_head))
+	if (page_words(page, &head, &mapping))
 		return;
 	u64 sub = 0;
 	if (head & 1) {
@@ -330,13 +360,33 @@ static __always_inline void attribute(struct request *rq, struct rec *r)
 		struct page *hp = (struct page *)(head - 1);
 		sub = ((u64)page - (u64)hp) / psize;
 		page = hp;
+		if (bpf_core_read(&mapping, sizeof(mapping), &page->mapping))
+			return;
 	}
-	if (bpf_core_read(&mapping, sizeof(mapping), &page->mapping) || !mapping)
+	if (!mapping)
 		return;
-	struct inode *host = 0;
-	if (!(mapping & 1))
-		host = BPF_CORE_READ((struct address_space *)mapping, host);
-	attribute_inode(r, mapping, host, page_index(page) + sub, in);
+	if (mapping & 1) {
+		r->kind = KIND_ANON;
+		return;
+	}
+	struct inode *host = BPF_CORE_READ((struct address_space *)mapping, host);
+	if (!host)
+		return;
+	if ((BPF_CORE_READ(host, i_mode) & S_IFMT) == S_IFBLK) {
+		r->kind = KIND_META;
+		return;
+	}
+	u64 index;
+	if (bpf_core_field_exists(page->__folio_index)) {
+		index = BPF_CORE_READ(page, __folio_index);
+	} else {
+		struct page___old *op = (void *)page;
+		index = BPF_CORE_READ(op, index);
+	}
+	r->kind = KIND_FILE;
+	r->file_dev = BPF_CORE_READ(host, i_sb, s_dev);
+	r->ino = BPF_CORE_READ(host, i_ino);
+	r->offset = ((index + sub) << PAGE_SHIFT) + in;
 }
 
 SEC("tp_btf/block_rq_complete")

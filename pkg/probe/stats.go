@@ -60,12 +60,12 @@ type FileStats struct {
 // Lost counts events the kernel side could not record. Aggregates still
 // include requests whose ring record was dropped.
 type Lost struct {
-	Records    uint64 // ring buffer full: read records dropped
-	Readahead  uint64 // ring buffer full: readahead events dropped
-	Inflight   uint64 // in-flight map full at issue: requests not traced
-	DeviceMap  uint64 // per-disk map full
-	FileMap    uint64 // per-file map insert failed
-	Undecoded  uint64 // ring records user space could not decode
+	Records   uint64 // ring buffer full: read records dropped
+	Readahead uint64 // ring buffer full: readahead events dropped
+	Inflight  uint64 // in-flight map full at issue: requests not traced
+	DeviceMap uint64 // per-disk map full
+	FileMap   uint64 // per-file map insert failed
+	Undecoded uint64 // ring records user space could not decode
 }
 
 // Total sums all lost counters.
