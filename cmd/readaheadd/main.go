@@ -9,6 +9,8 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/readaheadd/readaheadd/pkg/blockdev"
 )
 
 // Exit codes: 1 for a failure while running, 2 for a bad command line or
@@ -37,6 +39,7 @@ func newRootCmd() *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(newVersionCmd())
+	root.AddCommand(newRunCmd(defaultRunEnv()), newRestoreCmd(blockdev.SysFS{}), newStatusCmd(), newCheckCmd())
 	return root
 }
 

@@ -132,18 +132,22 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// Log2USHistogram converts an in-kernel log2 histogram (bucket i counts
-// latencies in [2^i, 2^(i+1)) microseconds) into Prometheus form: total
-// count, the given sum, and cumulative counts keyed by upper bound in
-// seconds. The upper bound 2^(i+1) us is exclusive in the kernel and
-// inclusive in Prometheus; a latency of exactly 2^(i+1) us lands one bucket
-// higher, which is below the histogram's resolution.
+// Log2USHistogram converts the probe's in-kernel log2 histogram into
+// Prometheus form: bucket i < len-1 counts latencies in [2^i, 2^(i+1))
+// microseconds (bucket 0 from zero) and the last bucket everything above,
+// as probe.HistUpperBound defines them. It returns the total count, the
+// given sum, and cumulative counts keyed by upper bound in seconds; the last
+// bucket only appears in +Inf. The kernel's bound is exclusive and
+// Prometheus' inclusive: a latency of exactly 2^(i+1) us lands one bucket
+// higher, below the histogram's resolution.
 func Log2USHistogram(buckets []uint64, sumSeconds float64) (uint64, float64, map[float64]uint64) {
 	out := make(map[float64]uint64, len(buckets))
 	var cum uint64
 	for i, n := range buckets {
 		cum += n
-		out[math.Ldexp(1, i+1)*1e-6] = cum
+		if i < len(buckets)-1 {
+			out[math.Ldexp(1, i+1)*1e-6] = cum
+		}
 	}
 	return cum, sumSeconds, out
 }

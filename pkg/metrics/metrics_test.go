@@ -32,8 +32,8 @@ func fakeSources() Sources {
 				Attached: true,
 				Devices: []DeviceIO{{
 					Device: "sda",
-					// 3 reads in [1,2) us, 1 in [2,4) us, 4 in [4,8) us.
-					LatencyLog2US: []uint64{3, 1, 4},
+					// 3 reads in [0,2) us, 1 in [2,4) us, 4 in [4,8) us, none above.
+					LatencyLog2US: []uint64{3, 1, 4, 0},
 					LatencySum:    30 * time.Microsecond,
 					Bytes:         8 * 4096,
 					Requests:      8,
@@ -77,23 +77,23 @@ func fakeSources() Sources {
 }
 
 func TestLog2USHistogram(t *testing.T) {
-	count, sum, b := Log2USHistogram([]uint64{3, 1, 4}, 0.5)
-	assert.Equal(t, uint64(8), count)
+	count, sum, b := Log2USHistogram([]uint64{3, 1, 4, 2}, 0.5)
+	assert.Equal(t, uint64(10), count, "the overflow bucket counts in +Inf")
 	assert.Equal(t, 0.5, sum)
 	assert.Equal(t, map[float64]uint64{2e-6: 3, 4e-6: 4, 8e-6: 8}, b)
 
-	// 64 buckets must not overflow the bound.
-	big := make([]uint64, 64)
-	big[63] = 1
-	count, _, b = Log2USHistogram(big, 0)
-	assert.Equal(t, uint64(1), count)
-	assert.InDelta(t, 18446744073709.551616, func() float64 {
-		var hi float64
-		for k := range b {
-			hi = max(hi, k)
-		}
-		return hi
-	}(), 1e-3)
+	// The probe's real layout: bounds agree with probe.HistUpperBound.
+	var h [probe.HistBuckets]uint64
+	for i := range h {
+		h[i] = 1
+	}
+	count, _, b = Log2USHistogram(h[:], 0)
+	assert.Equal(t, uint64(probe.HistBuckets), count)
+	require.Len(t, b, probe.HistBuckets-1)
+	for i := 0; i < probe.HistBuckets-1; i++ {
+		le := probe.HistUpperBound(i).Seconds()
+		assert.Equal(t, uint64(i+1), b[le], "le=%g", le)
+	}
 }
 
 func TestCollectorExposition(t *testing.T) {

@@ -20,7 +20,8 @@ import (
 type DeviceIO struct {
 	Device string // name as in /sys/block
 	// LatencyLog2US[i] counts reads whose latency was in [2^i, 2^(i+1))
-	// microseconds (bucket 0 also holds anything below 1 us).
+	// microseconds (bucket 0 from zero); the last bucket counts everything
+	// above (probe.DeviceStats.Hist).
 	LatencyLog2US []uint64
 	// LatencySum is the sum of all latencies counted in the histogram.
 	LatencySum time.Duration

@@ -1,0 +1,326 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/readaheadd/readaheadd/pkg/blockdev"
+	"github.com/readaheadd/readaheadd/pkg/clock"
+	"github.com/readaheadd/readaheadd/pkg/config"
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/metrics"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/sdnotify"
+	"github.com/readaheadd/readaheadd/pkg/state"
+)
+
+// runEnv is what `run` touches outside the process; tests replace parts.
+type runEnv struct {
+	sys        blockdev.SysFS
+	clk        clock.Clock
+	openProbe  func(probe.Config) (probe.Source, error)
+	signals    func(ctx context.Context) (context.Context, context.CancelFunc)
+	notify     func(state string) (bool, error)
+	onListen   func(net.Addr) // tests learn the metrics address
+	stderr     io.Writer
+	bootID     string // state.Options.BootID override for tests
+	newControl func(controlDeps) controller
+}
+
+func defaultRunEnv() runEnv {
+	return runEnv{
+		sys: blockdev.SysFS{},
+		clk: clock.Monotonic{},
+		openProbe: func(c probe.Config) (probe.Source, error) {
+			p, err := probe.Load(c)
+			if err != nil {
+				return nil, err
+			}
+			return p, nil
+		},
+		signals: func(ctx context.Context) (context.Context, context.CancelFunc) {
+			return signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+		},
+		notify:     sdnotify.Notify,
+		stderr:     os.Stderr,
+		newControl: newController,
+	}
+}
+
+func newRunCmd(env runEnv) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the daemon: trace block reads, detect slowdowns, adapt readahead, export metrics",
+		Long: `Run the daemon. Flags can also be given in a YAML file (--config) whose keys
+are the flag names; flags given on the command line win. Invalid flags or
+configuration exit with code 2 before anything is changed on the machine.`,
+		Args: noArgs,
+	}
+	flags := config.AddFlags(cmd.Flags())
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		c, err := flags.Config()
+		if err != nil {
+			return usageError{err}
+		}
+		v, err := config.Validate(c, env.sys)
+		if err != nil {
+			return usageError{err}
+		}
+		return runDaemon(cmd.Context(), v, env)
+	}
+	return cmd
+}
+
+func newLogger(w io.Writer, v config.Validated) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: v.Level}
+	if v.LogFormat == config.LogJSON {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// controlDeps is what a controller is built from.
+type controlDeps struct {
+	cfg   config.Validated
+	sys   blockdev.SysFS
+	clk   clock.Clock
+	store *state.Store
+	log   *slog.Logger
+	names func(probe.Dev) string
+}
+
+// controller is the probe -> detector -> tuner loop behind one seam: it is
+// fed every probe event (from the probe's goroutine), stepped every
+// interval, read by the metrics endpoints, and asked to put everything back
+// on exit.
+type controller interface {
+	probe.Handler
+	// Step evaluates at monotonic time now and acts on what it finds.
+	Step(now time.Duration)
+	// Snapshot is the latest evaluation, false before the first.
+	Snapshot() (detector.Snapshot, bool)
+	// TunerStatus reports windows, originals and actions.
+	TunerStatus() metrics.TunerStatus
+	// RestoreAll undoes every change the controller made.
+	RestoreAll() error
+}
+
+func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
+	if parent == nil {
+		parent = context.Background()
+	}
+	log := newLogger(env.stderr, v)
+	slog.SetDefault(log)
+
+	// Bind first: a metrics address in use must fail before anything changes.
+	var ln net.Listener
+	if v.MetricsAddr != "" {
+		var err error
+		if ln, err = metrics.Listen(v.MetricsAddr); err != nil {
+			return err
+		}
+		defer ln.Close()
+		if env.onListen != nil {
+			env.onListen(ln.Addr())
+		}
+	}
+
+	store, err := state.Open(v.StateDir, state.Options{Logger: log, BootID: env.bootID})
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	// A previous run that was killed left its changes recorded: undo them
+	// before anything else, so that originals are originals.
+	if err := store.Restore(env.sys); err != nil {
+		return fmt.Errorf("restore settings left by a previous run: %w", err)
+	}
+
+	names := map[probe.Dev]string{}
+	devs := make([]probe.Dev, 0, len(v.Disks))
+	for _, d := range v.Disks {
+		names[d.Dev] = d.Name
+		devs = append(devs, d.Dev)
+	}
+	devName := func(d probe.Dev) string {
+		if n, ok := names[d]; ok {
+			return n
+		}
+		if disk, err := env.sys.DiskOf(d); err == nil {
+			return disk.Name
+		}
+		return ""
+	}
+	if len(devs) > probe.MaxDevices {
+		devs = nil // the kernel filter holds MaxDevices; trace all and filter here
+	}
+	src, err := env.openProbe(probe.Config{Devices: devs})
+	if err != nil {
+		return fmt.Errorf("attach the BPF probe: %w (run `readaheadd check` for details)", err)
+	}
+	defer src.Close()
+
+	ctl := env.newControl(controlDeps{cfg: v, sys: env.sys, clk: env.clk, store: store, log: log, names: devName})
+	d := &daemonState{clk: env.clk, interval: v.Interval}
+	d.attached.Store(true)
+
+	ctx, stop := env.signals(parent)
+	defer stop()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	var wg sync.WaitGroup
+	errc := make(chan error, 3)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := src.Run(ctx, ctl); err != nil {
+			d.attached.Store(false)
+			errc <- fmt.Errorf("probe stopped: %w", err)
+		}
+	}()
+
+	sources := metrics.Sources{
+		Probe: func() metrics.ProbeStats {
+			return probeStats(src, d.attached.Load(), devName, log)
+		},
+		Detector:   ctl.Snapshot,
+		Tuner:      ctl.TunerStatus,
+		DeviceName: devName,
+	}
+	if ln != nil {
+		srv := metrics.NewServer(sources, metrics.NewRegistry(sources), d.health, version, log)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := srv.Serve(ctx, ln); err != nil {
+				errc <- err
+			}
+		}()
+	}
+
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(v.Interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				now := env.clk.Now()
+				ctl.Step(now)
+				d.stepped(now)
+			}
+		}
+	}()
+
+	log.Info("readaheadd running", "devices", v.Devices, "allow_paths", v.AllowPaths, "metrics_addr", v.MetricsAddr,
+		"state_dir", v.StateDir, "max_read_ahead_kb", v.MaxReadAheadKB, "interval", v.Interval, "dry_run", v.DryRun)
+	if _, err := env.notify(sdnotify.Ready + "\n" + sdnotify.Status("watching %d device(s)", len(v.Disks))); err != nil {
+		log.Warn("systemd notification failed", "error", err)
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("stopping: restoring every setting readaheadd changed")
+	case runErr = <-errc:
+		log.Error("stopping after a failure; restoring every setting readaheadd changed", "error", runErr)
+	}
+	if _, err := env.notify(sdnotify.Stopping); err != nil {
+		log.Warn("systemd notification failed", "error", err)
+	}
+	cancel()
+	wg.Wait()
+
+	// Restore after the loop has stopped, so that nothing acts afterwards.
+	restoreErr := errors.Join(ctl.RestoreAll(), store.Restore(env.sys))
+	if restoreErr != nil {
+		log.Error("restore incomplete; the state directory keeps what is left for `readaheadd restore`", "error", restoreErr, "state_dir", v.StateDir)
+	} else {
+		log.Info("restored; exiting")
+	}
+	return errors.Join(runErr, restoreErr)
+}
+
+// daemonState tracks health.
+type daemonState struct {
+	clk      clock.Clock
+	interval time.Duration
+	mu       sync.Mutex
+	last     time.Duration
+	attached atomic.Bool
+}
+
+func (d *daemonState) stepped(now time.Duration) {
+	d.mu.Lock()
+	d.last = now
+	d.mu.Unlock()
+}
+
+// health is nil while the probe is attached and the loop evaluated within
+// the last three intervals (plus a second of scheduling slack).
+func (d *daemonState) health() error {
+	if !d.attached.Load() {
+		return errors.New("probe not attached")
+	}
+	d.mu.Lock()
+	last := d.last
+	d.mu.Unlock()
+	if last == 0 {
+		return errors.New("detector has not evaluated yet")
+	}
+	if age := d.clk.Now() - last; age > 3*d.interval+time.Second {
+		return fmt.Errorf("detector stale: last evaluation %s ago", age.Round(time.Millisecond))
+	}
+	return nil
+}
+
+// probeStats converts the probe's aggregates for the metrics collector.
+func probeStats(src probe.Source, attached bool, name func(probe.Dev) string, log *slog.Logger) metrics.ProbeStats {
+	ps := metrics.ProbeStats{Attached: attached}
+	st, err := src.Stats()
+	if err != nil {
+		log.Warn("read probe statistics", "error", err)
+		ps.Attached = false
+		return ps
+	}
+	for dev, d := range st.Devices {
+		n := name(dev)
+		if n == "" {
+			n = dev.String()
+		}
+		ps.Devices = append(ps.Devices, metrics.DeviceIO{
+			Device: n, LatencyLog2US: append([]uint64(nil), d.Hist[:]...),
+			LatencySum: d.LatencySum, Bytes: d.Bytes, Requests: d.Requests,
+		})
+	}
+	ps.EventsLost = st.Lost.Total()
+	ps.ProgramRunTime = map[string]time.Duration{}
+	for p, s := range st.Programs {
+		ps.ProgramRunTime[p] = s.RunTime
+	}
+	return ps
+}
+
+// noArgs rejects positional arguments as a usage error (exit code 2).
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageErrorf("unexpected argument %q for %q: it takes flags only (see --help)", args[0], cmd.CommandPath())
+	}
+	return nil
+}

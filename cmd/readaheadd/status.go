@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/readaheadd/readaheadd/pkg/config"
+	"github.com/readaheadd/readaheadd/pkg/metrics"
+)
+
+func newStatusCmd() *cobra.Command {
+	var addr string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Summarise the running daemon: devices, windows, active regimes, recent actions",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if addr == "" {
+				return usageErrorf("metrics-addr is empty: give the address the daemon serves on")
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			st, err := fetchStatus(ctx, addr)
+			if err != nil {
+				return err
+			}
+			printStatus(cmd.OutOrStdout(), st)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&addr, "metrics-addr", config.DefaultMetricsAddr, "HOST:PORT the daemon serves /debug/status on")
+	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for the daemon")
+	return cmd
+}
+
+func fetchStatus(ctx context.Context, addr string) (metrics.Status, error) {
+	var st metrics.Status
+	url := addr
+	if !strings.Contains(url, "://") {
+		url = "http://" + url
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/debug/status", nil)
+	if err != nil {
+		return st, usageErrorf("metrics-addr %q: %v", addr, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return st, fmt.Errorf("daemon not reachable at %s: %w (is `readaheadd run` running with this --metrics-addr?)", addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return st, fmt.Errorf("daemon at %s answered %s: %s", addr, resp.Status, strings.TrimSpace(string(b)))
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&st); err != nil {
+		return st, fmt.Errorf("status from %s is not readaheadd's: %w", addr, err)
+	}
+	return st, nil
+}
+
+func printStatus(w io.Writer, st metrics.Status) {
+	health := "healthy"
+	if !st.Healthy {
+		health = "UNHEALTHY: " + st.HealthReason
+	}
+	mode := ""
+	if st.DryRun {
+		mode = ", dry run (changes nothing)"
+	}
+	fmt.Fprintf(w, "readaheadd %s, up %s, %s%s\n", st.Version, time.Since(st.StartedAt).Round(time.Second), health, mode)
+	fmt.Fprintf(w, "probe attached: %v, events lost: %d\n\n", st.ProbeAttached, st.EventsLost)
+
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "DEVICE\tDEV\tREAD_AHEAD_KB\tORIGINAL_KB\tFILES_ADJUSTED\tREQUESTS\tP50_MS\tP99_MS")
+	for _, d := range st.Devices {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%.2f\t%.2f\n", d.Name, d.Dev, d.ReadAheadKB, d.OriginalKB, d.FilesAdjusted, d.Requests, d.P50ms, d.P99ms)
+	}
+	tw.Flush()
+
+	fmt.Fprintln(w)
+	if len(st.Regimes) == 0 {
+		fmt.Fprintln(w, "active regimes: none")
+	} else {
+		fmt.Fprintln(w, "active regimes:")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  REGIME\tDEVICE\tFILE\tFOR\tCONFIDENCE\tEVIDENCE")
+		for _, r := range st.Regimes {
+			file := r.File
+			if r.DeviceWide {
+				file = "(whole device)"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%.2f\t%s\n", r.Kind, r.Device, file,
+				(time.Duration(r.ForSeconds * float64(time.Second))).Round(time.Second), r.Confidence, r.Evidence)
+		}
+		tw.Flush()
+	}
+
+	fmt.Fprintln(w)
+	if len(st.RecentActions) == 0 {
+		fmt.Fprintln(w, "recent actions: none")
+		return
+	}
+	fmt.Fprintln(w, "recent actions:")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  TIME\tDEVICE\tACTION\tTARGET\tWINDOW_KB\tRESULT\tEFFECT")
+	for _, a := range st.RecentActions {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d -> %d\t%s\t%s\n", a.Time.Local().Format("15:04:05"), a.Device, a.Action, a.Target, a.FromKB, a.ToKB, a.Result, a.Effect)
+	}
+	tw.Flush()
+}
