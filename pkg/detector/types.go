@@ -54,6 +54,24 @@ type FileStats struct {
 	Sequentiality  float64 // 0..1: share of requests that continue the previous one
 	NextOffset     uint64  // byte offset just past the last request read
 	LastSeen       time.Duration
+	// Inflight is the mean number of the file's requests in flight while it
+	// was busy (Little's law: summed latency over busy time).
+	Inflight float64
+	// Jumps counts window requests that start a new run after a jump in
+	// file offset or a crossing into a new extent; ExtentCrossings counts the
+	// crossings (sector discontinuity at a contiguous file offset) since the
+	// file was first seen: how fragmented its reads find it.
+	Jumps           uint64
+	ExtentCrossings uint64
+}
+
+// ClassBaseline is a device's healthy latency for one request-size class:
+// requests of 2^(Class-1)+1 .. 2^Class bytes.
+type ClassBaseline struct {
+	Class         uint8
+	P50, P95, P99 time.Duration // P99 is zero until enough large windows were seen
+	Windows       int           // healthy windows learned from
+	Learned       bool          // used as a reference
 }
 
 // DeviceStats is the detector's view of one device over its sliding window.
@@ -68,6 +86,15 @@ type DeviceStats struct {
 	// Baseline latencies learned while the device was healthy (zero until learned).
 	BaselineP50, BaselineP99 time.Duration
 	BaselineLearned          bool
+	// Additions: per-class baselines (BaselineP50/P95/P99 are those of the
+	// class with the most requests in the window, or the most learned one),
+	// healthy requests in flight, learned capacity (decaying peak busy
+	// throughput), failed requests seen since start.
+	BaselineP95      time.Duration
+	Baselines        []ClassBaseline
+	BaselineInflight float64
+	CapacityBPS      float64
+	Errors           uint64
 }
 
 // Snapshot is what the detector reports at each evaluation.

@@ -1,0 +1,225 @@
+package detector
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Config tunes the detector. Thresholds are multiples of learned or
+// concurrently measured latencies, never fixed milliseconds, so one
+// configuration fits fast and slow devices alike.
+type Config struct {
+	// Window is the detection window: statistics are taken over requests
+	// completed in the last Window. It should equal the evaluation interval
+	// so that a regime can be entered at the first evaluation after onset.
+	Window time.Duration
+	// LongWindow bounds how far back a window may be extended to reach its
+	// sample floor (DeviceMinSamples, FileMinSamples, ExtentMinSamples).
+	LongWindow time.Duration
+	// DeviceSamples is the per-device ring capacity: the count bound of the
+	// windows (at very high request rates the window is the last
+	// DeviceSamples requests).
+	DeviceSamples int
+	// DeviceMinSamples is the floor of device-level windows and the minimum
+	// for any device-level decision.
+	DeviceMinSamples int
+	// FileMinSamples is the floor of a file's window and the minimum for a
+	// per-file decision.
+	FileMinSamples int
+	// PeerMinSamples is the minimum number of other files' requests for a
+	// peer comparison; with fewer, a file is judged against the baseline only.
+	PeerMinSamples int
+
+	// EnterAfter is the number of consecutive evaluations above a regime's
+	// entry threshold before it is reported.
+	EnterAfter int
+	// ExitAfter is the number of consecutive evaluations below its (lower)
+	// exit threshold before a regime is cleared.
+	ExitAfter int
+
+	// BaselineAlpha is the EWMA weight of one healthy window in a baseline.
+	BaselineAlpha float64
+	// BaselineMinWindows is how many healthy windows a size class needs
+	// before it is used as a reference.
+	BaselineMinWindows int
+	// BaselineMinSamples is the minimum number of requests of a size class
+	// in a window for that window to update the class baseline.
+	BaselineMinSamples int
+	// TailMinSamples is the minimum for a window to update a class's p99.
+	TailMinSamples int
+	// CapacityHalfLife is how fast the learned device capacity (peak busy
+	// throughput) decays when it is not seen again.
+	CapacityHalfLife time.Duration
+
+	// ShiftMult: a file's median and p95 must both exceed ShiftMult times the
+	// device baseline median and p95 of the same size class.
+	ShiftMult float64
+	// ShiftExitMult: the shift clears once the file's median is below
+	// ShiftExitMult times the baseline median.
+	ShiftExitMult float64
+	// PeerMult: the file's (normalised) median must also exceed PeerMult
+	// times its peers' median, and its p95 PeerMult times the peers' p95.
+	PeerMult float64
+	// LoneFileShift allows a file-level shift to be reported when no other
+	// file is active to compare with (judged against the baseline only, at
+	// lower confidence).
+	LoneFileShift bool
+
+	// TailMult: a request is a tail excess when it exceeds TailMult times the
+	// baseline p99 of its size class.
+	TailMult float64
+	// TailShare: tail inflation needs at least this share of requests to be
+	// tail excesses (healthy: well below 1%).
+	TailShare float64
+	// TailExitShare: tail inflation clears below this share.
+	TailExitShare float64
+	// TailMedianMax: tail inflation needs the median to stay below this
+	// multiple of the baseline median (otherwise it is not a tail effect).
+	TailMedianMax float64
+	// TailSpread: the excesses must occur in at least this many of the four
+	// quarters of the window (a blip is not a regime).
+	TailSpread int
+
+	// ExtentRequests is how many requests after a jump count as "right after
+	// the jump".
+	ExtentRequests int
+	// ExtentMinSamples is the minimum number of post-jump requests (from at
+	// least two jumps) for a decision.
+	ExtentMinSamples int
+	// ExtentMult: the post-jump median must exceed ExtentMult times the
+	// file's steady median; ExtentExitMult clears it.
+	ExtentMult, ExtentExitMult float64
+
+	// ContentionLatencyMult: the median of requests not explained by a
+	// per-file regime must exceed this multiple of the baseline median.
+	ContentionLatencyMult float64
+	// ContentionDepthMult: and their requests in flight this multiple of the
+	// baseline requests in flight (and at least one more).
+	ContentionDepthMult float64
+	// ContentionExitMult clears contention when the median falls below it.
+	ContentionExitMult float64
+	// ContentionMinReaders is the minimum number of active readers.
+	ContentionMinReaders int
+
+	// StarvedMinSequential is the minimum sequentiality of a starved stream.
+	StarvedMinSequential float64
+	// StarvedInflightFrac: starved when the stream keeps fewer than this
+	// fraction of the requests in flight that would hide its latency at the
+	// device's capacity; StarvedExitFrac clears it.
+	StarvedInflightFrac, StarvedExitFrac float64
+	// StarvedThroughputFrac: and its busy throughput is below this fraction
+	// of the device capacity while the device has spare capacity.
+	StarvedThroughputFrac float64
+	// StarvedDeviceSpare: the device's busy throughput must be below this
+	// fraction of its capacity (there is spare bandwidth for a bigger
+	// window to use); a stream at this fraction of capacity is not starved.
+	StarvedDeviceSpare float64
+
+	// MaxFiles caps tracked files (least recently seen evicted first).
+	MaxFiles int
+	// FileIdleTimeout evicts files not read for this long.
+	FileIdleTimeout time.Duration
+}
+
+// DefaultConfig returns the defaults documented in docs/detector.md.
+func DefaultConfig() Config {
+	return Config{
+		Window:           time.Second,
+		LongWindow:       10 * time.Second,
+		DeviceSamples:    16384,
+		DeviceMinSamples: 200,
+		FileMinSamples:   24,
+		PeerMinSamples:   24,
+
+		EnterAfter: 1,
+		ExitAfter:  2,
+
+		BaselineAlpha:      0.02,
+		BaselineMinWindows: 3,
+		BaselineMinSamples: 24,
+		TailMinSamples:     100,
+		CapacityHalfLife:   time.Hour,
+
+		ShiftMult:     1.5,
+		ShiftExitMult: 1.2,
+		PeerMult:      1.3,
+		LoneFileShift: true,
+
+		TailMult:      2,
+		TailShare:     0.02,
+		TailExitShare: 0.008,
+		TailMedianMax: 1.3,
+		TailSpread:    3,
+
+		ExtentRequests:   4,
+		ExtentMinSamples: 8,
+		ExtentMult:       1.5,
+		ExtentExitMult:   1.2,
+
+		ContentionLatencyMult: 1.5,
+		ContentionDepthMult:   2,
+		ContentionExitMult:    1.2,
+		ContentionMinReaders:  2,
+
+		StarvedMinSequential:  0.7,
+		StarvedInflightFrac:   0.6,
+		StarvedExitFrac:       0.75,
+		StarvedThroughputFrac: 0.7,
+		StarvedDeviceSpare:    0.85,
+
+		MaxFiles:        4096,
+		FileIdleTimeout: time.Minute,
+	}
+}
+
+// Validate reports the first invalid setting.
+func (c Config) Validate() error {
+	var errs []error
+	pos := func(name string, ok bool) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("detector config: %s must be positive", name))
+		}
+	}
+	pos("Window", c.Window > 0)
+	pos("LongWindow", c.LongWindow >= c.Window)
+	pos("DeviceSamples", c.DeviceSamples > 0)
+	pos("DeviceMinSamples", c.DeviceMinSamples > 0)
+	pos("FileMinSamples", c.FileMinSamples > 0)
+	pos("PeerMinSamples", c.PeerMinSamples > 0)
+	pos("EnterAfter", c.EnterAfter > 0)
+	pos("ExitAfter", c.ExitAfter > 0)
+	pos("BaselineAlpha", c.BaselineAlpha > 0 && c.BaselineAlpha <= 1)
+	pos("BaselineMinWindows", c.BaselineMinWindows > 0)
+	pos("BaselineMinSamples", c.BaselineMinSamples > 0)
+	pos("TailMinSamples", c.TailMinSamples > 0)
+	pos("CapacityHalfLife", c.CapacityHalfLife > 0)
+	pos("ExtentRequests", c.ExtentRequests > 0 && c.ExtentRequests < 256)
+	pos("ExtentMinSamples", c.ExtentMinSamples > 0)
+	pos("MaxFiles", c.MaxFiles > 0)
+	pos("FileIdleTimeout", c.FileIdleTimeout > 0)
+	pos("TailSpread", c.TailSpread > 0 && c.TailSpread <= 4)
+	pos("ContentionMinReaders", c.ContentionMinReaders > 0)
+	if c.ShiftExitMult >= c.ShiftMult || c.ShiftExitMult < 1 {
+		errs = append(errs, errors.New("detector config: need 1 <= ShiftExitMult < ShiftMult (hysteresis)"))
+	}
+	if c.ExtentExitMult >= c.ExtentMult || c.ExtentExitMult < 1 {
+		errs = append(errs, errors.New("detector config: need 1 <= ExtentExitMult < ExtentMult (hysteresis)"))
+	}
+	if c.ContentionExitMult >= c.ContentionLatencyMult || c.ContentionExitMult < 1 {
+		errs = append(errs, errors.New("detector config: need 1 <= ContentionExitMult < ContentionLatencyMult (hysteresis)"))
+	}
+	if c.TailExitShare >= c.TailShare || c.TailExitShare <= 0 || c.TailMult <= 1 || c.TailMedianMax <= 1 {
+		errs = append(errs, errors.New("detector config: need 0 < TailExitShare < TailShare, TailMult > 1, TailMedianMax > 1"))
+	}
+	if c.StarvedExitFrac <= c.StarvedInflightFrac || c.StarvedInflightFrac <= 0 || c.StarvedThroughputFrac <= 0 || c.StarvedThroughputFrac > 1 {
+		errs = append(errs, errors.New("detector config: need 0 < StarvedInflightFrac < StarvedExitFrac and 0 < StarvedThroughputFrac <= 1"))
+	}
+	if c.StarvedDeviceSpare < c.StarvedThroughputFrac || c.StarvedDeviceSpare > 1 {
+		errs = append(errs, errors.New("detector config: need StarvedThroughputFrac <= StarvedDeviceSpare <= 1"))
+	}
+	if c.PeerMult < 1 || c.ContentionDepthMult <= 1 || c.StarvedMinSequential < 0 || c.StarvedMinSequential > 1 {
+		errs = append(errs, errors.New("detector config: need PeerMult >= 1, ContentionDepthMult > 1, 0 <= StarvedMinSequential <= 1"))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,733 @@
+package detector
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// scratch holds buffers reused across evaluations.
+type scratch struct {
+	win    []sample
+	vals   []float64
+	vals2  []float64
+	ivals  [][2]int64
+	slotAg []int32 // slot -> index in aggs + 1 for the current device
+	aggs   []fileAgg
+}
+
+// fileAgg gathers one file's samples (indices into scratch.win) in a window.
+type fileAgg struct {
+	slot  int32
+	set   []int32 // short window, extended to FileMinSamples
+	all   []int32 // long window
+	stats FileStats
+	// normalised median (by class p50) and p95 (by class p95) over set
+	n50, t95 float64
+	nl       int // set samples in learned classes
+	domClass uint8
+	inShort  bool
+	shifted  bool // above the shift thresholds on its own (before peers)
+}
+
+// percentile of sorted xs by nearest rank.
+func percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p*float64(len(xs)))) - 1
+	return xs[max(0, min(i, len(xs)-1))]
+}
+
+// busyNS returns the time covered by the union of the intervals.
+func busyNS(iv [][2]int64) int64 {
+	if len(iv) == 0 {
+		return 0
+	}
+	slices.SortFunc(iv, func(a, b [2]int64) int { return cmp.Compare(a[0], b[0]) })
+	var total int64
+	start, end := iv[0][0], iv[0][1]
+	for _, x := range iv[1:] {
+		if x[0] > end {
+			total += end - start
+			start, end = x[0], x[1]
+		} else if x[1] > end {
+			end = x[1]
+		}
+	}
+	return total + end - start
+}
+
+func clamp01(x float64) float64 { return max(0, min(1, x)) }
+
+// confidence grows with the margin over the threshold (margin 1 = at the
+// threshold gives 0.5, twice the threshold gives 1) and with the sample
+// count relative to the minimum.
+func confidence(margin float64, n, minN int) float64 {
+	c := clamp01(0.5 + 0.5*(margin-1))
+	sf := clamp01(float64(n) / float64(2*minN))
+	return c * (0.6 + 0.4*sf)
+}
+
+func fmtBytes(b float64) string {
+	switch {
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1fMiB", b/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.0fKiB", b/(1<<10))
+	default:
+		return fmt.Sprintf("%.0fB", b)
+	}
+}
+
+func fmtRate(bps float64) string { return fmt.Sprintf("%.1fMB/s", bps/1e6) }
+
+func fmtDur(ns float64) string {
+	return time.Duration(ns).Round(time.Microsecond).String()
+}
+
+func className(c uint8) string {
+	if c == 0 {
+		return "<=1B"
+	}
+	return "<=" + fmtBytes(math.Ldexp(1, int(c)))
+}
+
+// Evaluate computes the windowed statistics at now, steps every regime's
+// hysteresis, learns baselines from healthy windows, evicts idle files and
+// returns the snapshot (devices, files and regimes sorted by device, file
+// and kind). now must not go backwards; call it once per Window.
+func (d *Detector) Evaluate(now time.Duration) Snapshot {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	nowNS := int64(now)
+	idleCut := nowNS - int64(d.cfg.FileIdleTimeout)
+	for d.lruTail != noSlot && d.files[d.lruTail].lastSeen < idleCut {
+		d.evict(d.lruTail)
+	}
+	snap := Snapshot{Now: now}
+	devs := make([]probe.Dev, 0, len(d.devices))
+	for dev := range d.devices {
+		devs = append(devs, dev)
+	}
+	slices.Sort(devs)
+	for _, dev := range devs {
+		d.evalDevice(d.devices[dev], nowNS, &snap)
+	}
+	slices.SortFunc(snap.Files, func(a, b FileStats) int {
+		return cmp.Or(cmp.Compare(a.Key.Dev, b.Key.Dev), cmp.Compare(a.Key.Ino, b.Key.Ino))
+	})
+	kindOrder := func(k RegimeKind) int { return slices.Index(Kinds, k) }
+	slices.SortFunc(snap.Regimes, func(a, b Regime) int {
+		return cmp.Or(cmp.Compare(a.Device, b.Device), cmp.Compare(a.File.Dev, b.File.Dev),
+			cmp.Compare(a.File.Ino, b.File.Ino), cmp.Compare(kindOrder(a.Kind), kindOrder(b.Kind)))
+	})
+	return snap
+}
+
+// classRef returns the learned baseline of class c or nil.
+func (d *Detector) classRef(ds *deviceState, c uint8) *classBaseline {
+	cb := &ds.base.classes[c]
+	if cb.learned(d.cfg.BaselineMinWindows) {
+		return cb
+	}
+	return nil
+}
+
+func (d *Detector) evalDevice(ds *deviceState, now int64, snap *Snapshot) {
+	cfg := &d.cfg
+	sc := &d.sc
+	shortCut := now - int64(cfg.Window)
+	longCut := now - int64(cfg.LongWindow)
+
+	// Collect the long window, newest first.
+	sc.win = sc.win[:0]
+	ringN := uint64(len(ds.ring))
+	for k := uint64(0); k < min(ds.n, ringN); k++ {
+		s := ds.ring[(ds.n-1-k)%ringN]
+		if s.complete <= longCut {
+			break
+		}
+		if s.slot != noSlot {
+			f := &d.files[s.slot]
+			if !f.used || f.gen != s.gen {
+				s.slot = noSlot
+			}
+		}
+		sc.win = append(sc.win, s)
+	}
+	win := sc.win
+	nShort := 0
+	for nShort < len(win) && win[nShort].complete > shortCut {
+		nShort++
+	}
+	devN := max(nShort, min(len(win), cfg.DeviceMinSamples))
+	devSet := win[:devN]
+
+	// Group by file.
+	if len(sc.slotAg) < len(d.files) {
+		sc.slotAg = make([]int32, len(d.files))
+	}
+	for i := range sc.aggs {
+		sc.slotAg[sc.aggs[i].slot] = 0
+	}
+	sc.aggs = sc.aggs[:0]
+	for i := range win {
+		s := &win[i]
+		if s.slot == noSlot {
+			continue
+		}
+		ai := sc.slotAg[s.slot]
+		if ai == 0 {
+			sc.aggs = append(sc.aggs, fileAgg{slot: s.slot})
+			ai = int32(len(sc.aggs))
+			sc.slotAg[s.slot] = ai
+		}
+		a := &sc.aggs[ai-1]
+		a.all = append(a.all, int32(i))
+		if i < nShort || len(a.set) < cfg.FileMinSamples {
+			a.set = append(a.set, int32(i))
+		}
+		if i < nShort {
+			a.inShort = true
+		}
+	}
+	aggOf := func(slot int32) *fileAgg {
+		if slot == noSlot || int(slot) >= len(sc.slotAg) || sc.slotAg[slot] == 0 {
+			return nil
+		}
+		return &sc.aggs[sc.slotAg[slot]-1]
+	}
+
+	// Device statistics over devSet.
+	dst := DeviceStats{Device: ds.dev, Errors: ds.errors}
+	devBusy, devSumLat := d.setStats(devSet, nil, &dst.Requests, &dst.Bytes, &dst.P50, &dst.P95, &dst.P99, &dst.MeanSize, &dst.MeanDepth, &dst.BusyThroughput)
+	_ = devSumLat
+
+	// File statistics.
+	for ai := range sc.aggs {
+		d.fileStats(ds, &sc.aggs[ai], win)
+	}
+
+	// Peers: requests of files not shifted on their own (and not already in
+	// a shift), plus non-file requests.
+	peerN50, peerT95, peerN := d.peerStats(ds, devSet, aggOf)
+
+	// Per-file regimes.
+	for ai := range sc.aggs {
+		a := &sc.aggs[ai]
+		f := &d.files[a.slot]
+		if f.dev != ds.dev {
+			continue
+		}
+		d.stepShift(ds, f, a, peerN50, peerT95, peerN, now)
+		d.stepExtent(ds, f, a, win, nShort, now)
+		d.stepStarved(ds, f, a, dst.BusyThroughput, now)
+	}
+	// Files with a regime that were not read in the long window: their
+	// regimes end (nothing is being read slowly any more).
+	for i := range d.files {
+		f := &d.files[i]
+		if !f.used || f.dev != ds.dev || aggOf(int32(i)) != nil {
+			continue
+		}
+		for _, h := range []*hyst{&f.shift, &f.extent, &f.starved} {
+			if h.candidate() {
+				h.step(belowExit, now, cfg, 0, "")
+			}
+		}
+	}
+
+	explained := func(slot int32) bool {
+		if slot == noSlot {
+			return false
+		}
+		f := &d.files[slot]
+		return f.shift.candidate() || f.starved.active
+	}
+	d.stepTail(ds, devSet, nShort, now, explained)
+	d.stepContention(ds, devSet, devBusy, now, explained)
+
+	// Learn from healthy windows only.
+	if !ds.tail.candidate() && !ds.contention.candidate() && nShort > 0 {
+		d.learn(ds, devSet, devBusy, explained)
+	}
+	if devBusy >= int64(cfg.Window)/4 {
+		ds.base.observeCapacity(now, dst.BusyThroughput, cfg.CapacityHalfLife)
+	}
+
+	// Report.
+	d.fillBaselines(ds, devSet, &dst)
+	snap.Devices = append(snap.Devices, dst)
+	for ai := range sc.aggs {
+		a := &sc.aggs[ai]
+		if d.files[a.slot].dev == ds.dev {
+			snap.Files = append(snap.Files, a.stats)
+		}
+	}
+	addRegime := func(kind RegimeKind, file probe.FileKey, h *hyst) {
+		if h.active {
+			snap.Regimes = append(snap.Regimes, Regime{Kind: kind, Device: ds.dev, File: file,
+				Since: time.Duration(h.since), Confidence: h.confidence, Evidence: h.evidence})
+		}
+	}
+	addRegime(TailInflation, probe.FileKey{}, &ds.tail)
+	addRegime(Contention, probe.FileKey{}, &ds.contention)
+	for i := range d.files {
+		f := &d.files[i]
+		if f.used && f.dev == ds.dev {
+			addRegime(FileLatencyShift, f.key, &f.shift)
+			addRegime(ExtentStart, f.key, &f.extent)
+			addRegime(StarvedStream, f.key, &f.starved)
+		}
+	}
+}
+
+// setStats computes request count, bytes, raw percentiles, mean size and
+// depth and busy throughput of the samples (all of set, or win[idx]).
+// It returns the busy time and summed latency in ns.
+func (d *Detector) setStats(set []sample, idx []int32, reqs, byts *uint64, p50, p95, p99 *time.Duration, meanSize, meanDepth, bt *float64) (int64, float64) {
+	sc := &d.sc
+	sc.vals = sc.vals[:0]
+	sc.ivals = sc.ivals[:0]
+	var b uint64
+	var depth, sumLat float64
+	n := len(set)
+	if idx != nil {
+		n = len(idx)
+	}
+	for k := 0; k < n; k++ {
+		s := d.at(set, idx, k)
+		b += uint64(s.bytes)
+		depth += float64(s.depth)
+		sumLat += float64(s.lat)
+		sc.vals = append(sc.vals, float64(s.lat))
+		sc.ivals = append(sc.ivals, [2]int64{s.issue(), s.complete})
+	}
+	*reqs, *byts = uint64(n), b
+	if n == 0 {
+		return 0, 0
+	}
+	slices.Sort(sc.vals)
+	*p50 = durNS(percentile(sc.vals, 0.50))
+	*p95 = durNS(percentile(sc.vals, 0.95))
+	*p99 = durNS(percentile(sc.vals, 0.99))
+	*meanSize = float64(b) / float64(n)
+	*meanDepth = depth / float64(n)
+	busy := busyNS(sc.ivals)
+	if busy > 0 {
+		*bt = float64(b) / (float64(busy) / 1e9)
+	}
+	return busy, sumLat
+}
+
+func (d *Detector) at(set []sample, idx []int32, k int) *sample {
+	if idx == nil {
+		return &set[k]
+	}
+	return &set[idx[k]]
+}
+
+func (d *Detector) fileStats(ds *deviceState, a *fileAgg, win []sample) {
+	f := &d.files[a.slot]
+	st := &a.stats
+	st.Key, st.Device, st.NextOffset, st.LastSeen = f.key, f.dev, f.nextOffset, time.Duration(f.lastSeen)
+	st.ExtentCrossings = f.crossings
+	busy, sumLat := d.setStats(win, a.set, &st.Requests, &st.Bytes, &st.P50, &st.P95, &st.P99, &st.MeanSize, &st.MeanDepth, &st.BusyThroughput)
+	if busy > 0 {
+		st.Inflight = sumLat / float64(busy)
+	}
+	var seq int
+	var classN [maxClass + 1]int
+	sc := &d.sc
+	sc.vals, sc.vals2 = sc.vals[:0], sc.vals2[:0]
+	for _, i := range a.set {
+		s := &win[i]
+		if s.flags&flagSeq != 0 {
+			seq++
+		}
+		if s.flags&flagJump != 0 {
+			st.Jumps++
+		}
+		classN[s.class]++
+		if cb := d.classRef(ds, s.class); cb != nil {
+			sc.vals = append(sc.vals, float64(s.lat)/cb.p50)
+			sc.vals2 = append(sc.vals2, float64(s.lat)/cb.p95)
+		}
+	}
+	if len(a.set) > 0 {
+		st.Sequentiality = float64(seq) / float64(len(a.set))
+	}
+	for c := range classN {
+		if classN[c] > classN[a.domClass] {
+			a.domClass = uint8(c)
+		}
+	}
+	a.nl = len(sc.vals)
+	if a.nl > 0 {
+		slices.Sort(sc.vals)
+		slices.Sort(sc.vals2)
+		a.n50 = percentile(sc.vals, 0.5)
+		a.t95 = percentile(sc.vals2, 0.95)
+	}
+	cfg := &d.cfg
+	a.shifted = a.nl >= cfg.FileMinSamples && a.n50 >= cfg.ShiftMult && a.t95 >= cfg.ShiftMult
+}
+
+// peerStats returns the normalised median and p95 of requests not
+// belonging to shifted files.
+func (d *Detector) peerStats(ds *deviceState, devSet []sample, aggOf func(int32) *fileAgg) (n50, t95 float64, n int) {
+	sc := &d.sc
+	sc.vals, sc.vals2 = sc.vals[:0], sc.vals2[:0]
+	for i := range devSet {
+		s := &devSet[i]
+		if s.slot != noSlot {
+			if a := aggOf(s.slot); (a != nil && a.shifted) || d.files[s.slot].shift.candidate() {
+				continue
+			}
+		}
+		if cb := d.classRef(ds, s.class); cb != nil {
+			sc.vals = append(sc.vals, float64(s.lat)/cb.p50)
+			sc.vals2 = append(sc.vals2, float64(s.lat)/cb.p95)
+		}
+	}
+	if len(sc.vals) == 0 {
+		return 0, 0, 0
+	}
+	slices.Sort(sc.vals)
+	slices.Sort(sc.vals2)
+	return percentile(sc.vals, 0.5), percentile(sc.vals2, 0.95), len(sc.vals)
+}
+
+func (d *Detector) stepShift(ds *deviceState, f *fileState, a *fileAgg, peerN50, peerT95 float64, peerN int, now int64) {
+	cfg := &d.cfg
+	switch {
+	case !a.inShort && f.shift.candidate():
+		f.shift.step(belowExit, now, cfg, 0, "")
+		return
+	case a.nl < cfg.FileMinSamples:
+		f.shift.step(unknown, now, cfg, 0, "")
+		return
+	case a.n50 < cfg.ShiftExitMult:
+		f.shift.step(belowExit, now, cfg, 0, "")
+		return
+	}
+	ref := &ds.base.classes[a.domClass]
+	ev := fmt.Sprintf("file %s: median %s = %.2fx and p95 %s = %.2fx the device's healthy baseline for %s requests (baseline median %s, p95 %s; %d requests)",
+		f.key, a.stats.P50, a.n50, a.stats.P95, a.t95, className(a.domClass), fmtDur(ref.p50), fmtDur(ref.p95), a.nl)
+	if !a.shifted {
+		f.shift.step(between, now, cfg, 0, ev)
+		return
+	}
+	margin := min(a.n50, a.t95) / cfg.ShiftMult
+	if peerN >= cfg.PeerMinSamples {
+		if peerN50 >= cfg.ShiftMult || a.n50 < cfg.PeerMult*peerN50 || a.t95 < cfg.PeerMult*peerT95 {
+			// Others are slow too (device-wide) or the file is not clearly
+			// apart from its peers: not a file-level shift; hold.
+			f.shift.step(between, now, cfg, 0, ev+fmt.Sprintf("; peers not normal: median %.2fx, p95 %.2fx baseline", peerN50, peerT95))
+			return
+		}
+		margin = min(margin, a.n50/(cfg.PeerMult*max(peerN50, 1e-9)), a.t95/(cfg.PeerMult*max(peerT95, 1e-9)))
+		ev += fmt.Sprintf("; other files normal: median %.2fx, p95 %.2fx baseline (%d requests)", peerN50, peerT95, peerN)
+		f.shift.step(aboveEntry, now, cfg, confidence(margin, a.nl, cfg.FileMinSamples), ev)
+		return
+	}
+	if !cfg.LoneFileShift {
+		f.shift.step(between, now, cfg, 0, ev+"; no other file active to compare with")
+		return
+	}
+	f.shift.step(aboveEntry, now, cfg, 0.7*confidence(margin, a.nl, cfg.FileMinSamples), ev+"; no other file active to compare with")
+}
+
+func (d *Detector) stepExtent(ds *deviceState, f *fileState, a *fileAgg, win []sample, nShort int, now int64) {
+	cfg := &d.cfg
+	sc := &d.sc
+	if !a.inShort {
+		if f.extent.candidate() {
+			f.extent.step(belowExit, now, cfg, 0, "")
+		}
+		return
+	}
+	// Post-jump requests: those in the short window, extended back to
+	// ExtentMinSamples; steady requests: the rest of the file's window.
+	sc.vals, sc.vals2 = sc.vals[:0], sc.vals2[:0]
+	var jumps, crossings int
+	oldest := now
+	for _, i := range a.all {
+		s := &win[i]
+		if s.flags&flagPostJump == 0 {
+			continue
+		}
+		if int(i) < nShort || len(sc.vals) < cfg.ExtentMinSamples {
+			sc.vals = append(sc.vals, float64(s.lat))
+			if s.flags&flagJump != 0 {
+				jumps++
+			}
+			if s.flags&flagCross != 0 {
+				crossings++
+			}
+			oldest = min(oldest, s.complete)
+		}
+	}
+	for _, i := range a.set {
+		if s := &win[i]; s.flags&flagPostJump == 0 {
+			sc.vals2 = append(sc.vals2, float64(s.lat))
+		}
+	}
+	if len(sc.vals) < cfg.ExtentMinSamples || jumps < 2 || len(sc.vals2) < cfg.ExtentMinSamples {
+		f.extent.step(unknown, now, cfg, 0, "")
+		return
+	}
+	slices.Sort(sc.vals)
+	slices.Sort(sc.vals2)
+	post, steady := percentile(sc.vals, 0.5), percentile(sc.vals2, 0.5)
+	ratio := post / max(steady, 1)
+	ev := fmt.Sprintf("file %s: the first %d requests after each of %d jumps (%d of them extent crossings) in the last %s take median %s, %.2fx the file's steady median %s; %d extent crossings seen since tracked",
+		f.key, cfg.ExtentRequests, jumps, crossings, time.Duration(now-oldest).Round(time.Millisecond), fmtDur(post), ratio, fmtDur(steady), f.crossings)
+	switch {
+	case ratio >= cfg.ExtentMult:
+		f.extent.step(aboveEntry, now, cfg, confidence(ratio/cfg.ExtentMult, len(sc.vals), cfg.ExtentMinSamples), ev)
+	case ratio < cfg.ExtentExitMult:
+		f.extent.step(belowExit, now, cfg, 0, ev)
+	default:
+		f.extent.step(between, now, cfg, 0, ev)
+	}
+}
+
+func (d *Detector) stepStarved(ds *deviceState, f *fileState, a *fileAgg, devBT float64, now int64) {
+	cfg := &d.cfg
+	st := &a.stats
+	capBPS := ds.base.capacity
+	if !a.inShort {
+		if f.starved.candidate() {
+			f.starved.step(belowExit, now, cfg, 0, "")
+		}
+		return
+	}
+	if capBPS <= 0 || st.Requests < uint64(cfg.FileMinSamples) || st.BusyThroughput <= 0 || st.MeanSize <= 0 {
+		f.starved.step(unknown, now, cfg, 0, "")
+		return
+	}
+	meanLat := float64(st.Inflight) * float64(st.Bytes) / st.BusyThroughput / float64(st.Requests) // s, by Little's law
+	needed := meanLat * capBPS / st.MeanSize
+	ev := fmt.Sprintf("file %s: sequential %.0f%%, %.1f requests of %s in flight at mean latency %s give %s; hiding that latency at the device's capacity %s needs %.1f in flight (device busy at %s)",
+		f.key, 100*st.Sequentiality, st.Inflight, fmtBytes(st.MeanSize), fmtDur(meanLat*1e9), fmtRate(st.BusyThroughput), fmtRate(capBPS), needed, fmtRate(devBT))
+	switch {
+	case st.Sequentiality < cfg.StarvedMinSequential || st.Inflight >= cfg.StarvedExitFrac*needed || st.BusyThroughput >= cfg.StarvedDeviceSpare*capBPS:
+		f.starved.step(belowExit, now, cfg, 0, ev)
+	case st.Inflight < cfg.StarvedInflightFrac*needed && st.BusyThroughput < cfg.StarvedThroughputFrac*capBPS && devBT < cfg.StarvedDeviceSpare*capBPS:
+		margin := min(cfg.StarvedInflightFrac*needed/st.Inflight, cfg.StarvedThroughputFrac*capBPS/st.BusyThroughput)
+		f.starved.step(aboveEntry, now, cfg, confidence(margin, int(st.Requests), cfg.FileMinSamples), ev)
+	default:
+		f.starved.step(between, now, cfg, 0, ev)
+	}
+}
+
+func (d *Detector) stepTail(ds *deviceState, devSet []sample, nShort int, now int64, explained func(int32) bool) {
+	cfg := &d.cfg
+	sc := &d.sc
+	if nShort == 0 {
+		if ds.tail.candidate() {
+			ds.tail.step(belowExit, now, cfg, 0, "")
+		}
+		return
+	}
+	sc.vals = sc.vals[:0]
+	var excess int
+	var quarters [4]bool
+	oldest := devSet[len(devSet)-1].complete
+	span := max(now-oldest, int64(cfg.Window))
+	start := now - span
+	srcAll := map[int32]int{}
+	srcExcess := map[int32]bool{}
+	for i := range devSet {
+		s := &devSet[i]
+		if s.flags&flagPostJump != 0 || explained(s.slot) {
+			continue
+		}
+		cb := &ds.base.classes[s.class]
+		if !cb.learned(cfg.BaselineMinWindows) || !cb.tailLearned(cfg.BaselineMinWindows) {
+			continue
+		}
+		sc.vals = append(sc.vals, float64(s.lat)/cb.p50)
+		srcAll[s.slot]++
+		if float64(s.lat) > cfg.TailMult*cb.p99 {
+			excess++
+			srcExcess[s.slot] = true
+			q := (s.complete - start) * 4 / span
+			quarters[max(0, min(q, 3))] = true
+		}
+	}
+	n := len(sc.vals)
+	if n < cfg.TailMinSamples {
+		ds.tail.step(unknown, now, cfg, 0, "")
+		return
+	}
+	slices.Sort(sc.vals)
+	n50 := percentile(sc.vals, 0.5)
+	share := float64(excess) / float64(n)
+	spread := 0
+	for _, q := range quarters {
+		if q {
+			spread++
+		}
+	}
+	active := 0
+	for _, c := range srcAll {
+		if c >= 3 {
+			active++
+		}
+	}
+	ev := fmt.Sprintf("device %s: %.1f%% of %d requests exceed %.1fx their size class's baseline p99 (healthy: <1%%), spread over %d of 4 quarters of the last %s, from %d of %d active sources; median %.2fx baseline",
+		ds.dev, 100*share, n, cfg.TailMult, spread, time.Duration(span).Round(time.Millisecond), len(srcExcess), active, n50)
+	switch {
+	case share < cfg.TailExitShare:
+		ds.tail.step(belowExit, now, cfg, 0, ev)
+	case share >= cfg.TailShare && n50 <= cfg.TailMedianMax && spread >= cfg.TailSpread && (active < 2 || len(srcExcess) >= 2):
+		ds.tail.step(aboveEntry, now, cfg, confidence(share/cfg.TailShare, n, cfg.TailMinSamples), ev)
+	default:
+		ds.tail.step(between, now, cfg, 0, ev)
+	}
+}
+
+func (d *Detector) stepContention(ds *deviceState, devSet []sample, devBusy int64, now int64, explained func(int32) bool) {
+	cfg := &d.cfg
+	sc := &d.sc
+	base := &ds.base
+	if len(devSet) == 0 || devBusy <= 0 {
+		if ds.contention.candidate() {
+			ds.contention.step(belowExit, now, cfg, 0, "")
+		}
+		return
+	}
+	if base.inflightN < cfg.BaselineMinWindows || base.inflight <= 0 {
+		ds.contention.step(unknown, now, cfg, 0, "")
+		return
+	}
+	sc.vals = sc.vals[:0]
+	var sumLat float64
+	readers := map[int32]int{}
+	var depths []float64
+	for i := range devSet {
+		s := &devSet[i]
+		if s.flags&flagPostJump != 0 || explained(s.slot) {
+			continue
+		}
+		sumLat += float64(s.lat)
+		readers[s.slot]++
+		if cb := d.classRef(ds, s.class); cb != nil {
+			sc.vals = append(sc.vals, float64(s.lat)/cb.p50)
+			depths = append(depths, float64(s.depth))
+		}
+	}
+	if len(sc.vals) < cfg.BaselineMinSamples {
+		ds.contention.step(unknown, now, cfg, 0, "")
+		return
+	}
+	// Latency against depth: normalised latency of requests issued at
+	// above-median depth over that of the others (evidence only).
+	ds2 := slices.Clone(depths)
+	slices.Sort(ds2)
+	medDepth := percentile(ds2, 0.5)
+	var hiSum, loSum float64
+	var hiN, loN int
+	for i, v := range sc.vals {
+		if depths[i] > medDepth {
+			hiSum += v
+			hiN++
+		} else {
+			loSum += v
+			loN++
+		}
+	}
+	slope := "n/a"
+	if hiN > 0 && loN > 0 {
+		slope = fmt.Sprintf("%.2fx", (hiSum/float64(hiN))/(loSum/float64(loN)))
+	}
+	slices.Sort(sc.vals)
+	n50 := percentile(sc.vals, 0.5)
+	inflight := sumLat / float64(devBusy)
+	nReaders := 0
+	for _, c := range readers {
+		if c >= 3 {
+			nReaders++
+		}
+	}
+	ev := fmt.Sprintf("device %s: median %.2fx baseline with %.1f requests in flight (healthy %.1f) from %d readers not under a per-file regime; latency above the median depth %s that below",
+		ds.dev, n50, inflight, base.inflight, nReaders, slope)
+	switch {
+	case n50 < cfg.ContentionExitMult || inflight < 0.75*cfg.ContentionDepthMult*base.inflight:
+		ds.contention.step(belowExit, now, cfg, 0, ev)
+	case n50 >= cfg.ContentionLatencyMult && inflight >= cfg.ContentionDepthMult*base.inflight && inflight >= base.inflight+1 && nReaders >= cfg.ContentionMinReaders:
+		margin := min(n50/cfg.ContentionLatencyMult, inflight/(cfg.ContentionDepthMult*base.inflight))
+		ds.contention.step(aboveEntry, now, cfg, confidence(margin, len(sc.vals), cfg.DeviceMinSamples), ev)
+	default:
+		ds.contention.step(between, now, cfg, 0, ev)
+	}
+}
+
+// learn folds a healthy window into the device baseline: per size class,
+// requests not explained by a per-file regime and not right after a jump.
+func (d *Detector) learn(ds *deviceState, devSet []sample, devBusy int64, explained func(int32) bool) {
+	cfg := &d.cfg
+	var perClass [maxClass + 1][]float64
+	var sumLat float64
+	var n int
+	for i := range devSet {
+		s := &devSet[i]
+		if s.flags&flagPostJump != 0 || explained(s.slot) {
+			continue
+		}
+		perClass[s.class] = append(perClass[s.class], float64(s.lat))
+		sumLat += float64(s.lat)
+		n++
+	}
+	for c := range perClass {
+		xs := perClass[c]
+		if len(xs) < cfg.BaselineMinSamples {
+			continue
+		}
+		slices.Sort(xs)
+		ds.base.learnClass(uint8(c), percentile(xs, 0.5), percentile(xs, 0.95), percentile(xs, 0.99), len(xs) >= cfg.TailMinSamples, cfg.BaselineAlpha)
+	}
+	if n >= cfg.BaselineMinSamples && devBusy > 0 {
+		ds.base.learnInflight(sumLat/float64(devBusy), cfg.BaselineAlpha)
+	}
+}
+
+func (d *Detector) fillBaselines(ds *deviceState, devSet []sample, dst *DeviceStats) {
+	cfg := &d.cfg
+	var classN [maxClass + 1]int
+	for i := range devSet {
+		classN[devSet[i].class]++
+	}
+	best, bestScore := -1, -1
+	for c := range ds.base.classes {
+		cb := &ds.base.classes[c]
+		if cb.windows == 0 {
+			continue
+		}
+		learned := cb.learned(cfg.BaselineMinWindows)
+		dst.Baselines = append(dst.Baselines, ClassBaseline{Class: uint8(c), P50: durNS(cb.p50), P95: durNS(cb.p95), P99: durNS(cb.p99), Windows: cb.windows, Learned: learned})
+		if learned {
+			dst.BaselineLearned = true
+			score := classN[c]*1_000_000 + cb.windows
+			if score > bestScore {
+				best, bestScore = c, score
+			}
+		}
+	}
+	if best >= 0 {
+		cb := &ds.base.classes[best]
+		dst.BaselineP50, dst.BaselineP95, dst.BaselineP99 = durNS(cb.p50), durNS(cb.p95), durNS(cb.p99)
+	}
+	if ds.base.inflightN >= cfg.BaselineMinWindows {
+		dst.BaselineInflight = ds.base.inflight
+	}
+	dst.CapacityBPS = ds.base.capacity
+}
+
