@@ -54,6 +54,7 @@ enum lost_reason {
 	LOST_DEVSTATS = 2,    /* per-disk map full: disk not aggregated */
 	LOST_FILESTATS = 3,   /* per-file map insert failed */
 	LOST_RA_RINGBUF = 4,  /* ring buffer full: readahead event dropped */
+	LOST_NOTIME = 5,      /* no issue time for a request: not recorded */
 	LOST_MAX = 8,
 };
 
@@ -100,6 +101,10 @@ struct inflight_val {
 
 struct dev_stats {
 	s64 inflight; /* read requests issued and not yet completed */
+	/* The kernel stamps this disk's requests at issue (rq->io_start_time_ns,
+	 * when the queue collects I/O statistics, e.g. for writeback throttling):
+	 * issue need not read the clock. Learned at completion. */
+	u64 kernel_stamps;
 	u64 requests;
 	u64 bytes;
 	u64 latency_ns;
@@ -235,7 +240,7 @@ int BPF_PROG(block_rq_issue, struct request *rq)
 		return 0;
 	s64 depth = __sync_fetch_and_add(&ds->inflight, 1) + 1;
 	struct inflight_val v = {
-		.issue_ns = bpf_ktime_get_ns(),
+		.issue_ns = ds->kernel_stamps ? 0 : bpf_ktime_get_ns(),
 		.dev = dev,
 		.depth = depth > 0 ? (u32)depth : 1,
 	};
@@ -405,8 +410,30 @@ int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_b
 	u32 dev = v->dev, depth = v->depth;
 	bpf_map_delete_elem(&inflight, &key);
 
-	u64 lat = now - issue;
 	struct dev_stats *ds = bpf_map_lookup_elem(&devstats, &dev);
+	/* Use the kernel's own issue stamp when it took one (set right after
+	 * the issue tracepoint); learn per disk whether it does. */
+	bool stamped = false;
+	if (bpf_core_enum_value_exists(enum rqf_flags, __RQF_STATS)) {
+		u32 bit = bpf_core_enum_value(enum rqf_flags, __RQF_STATS);
+		stamped = (rq->rq_flags >> (bit & 31)) & 1;
+	}
+	if (stamped && rq->io_start_time_ns)
+		issue = rq->io_start_time_ns;
+	if (ds && ds->kernel_stamps != stamped)
+		ds->kernel_stamps = stamped;
+	if (!issue) {
+		/* Issue relied on a stamp the kernel did not take (statistics just
+		 * turned off): fall back to the allocation stamp, else drop. */
+		issue = rq->start_time_ns;
+		if (!issue || issue > now) {
+			count_lost(LOST_NOTIME);
+			if (ds)
+				__sync_fetch_and_add(&ds->inflight, -1);
+			return 0;
+		}
+	}
+	u64 lat = now - issue;
 	if (ds) {
 		__sync_fetch_and_add(&ds->inflight, -1);
 		__sync_fetch_and_add(&ds->requests, 1);

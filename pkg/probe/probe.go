@@ -276,7 +276,7 @@ func (p *Probe) Stats() (Stats, error) {
 		}
 	}
 	s.Lost = Lost{Records: lost[0], Inflight: lost[1], DeviceMap: lost[2], FileMap: lost[3],
-		Readahead: lost[4], Undecoded: p.undecoded}
+		Readahead: lost[4], NoTime: lost[5], Undecoded: p.undecoded}
 	for _, a := range p.attachments() {
 		ps, err := a.prog.Stats()
 		if err != nil {

@@ -14,13 +14,14 @@ import (
 )
 
 type probeDevStats struct {
-	_         structs.HostLayout
-	Inflight  int64
-	Requests  uint64
-	Bytes     uint64
-	LatencyNs uint64
-	Errors    uint64
-	Hist      [28]uint64
+	_            structs.HostLayout
+	Inflight     int64
+	KernelStamps uint64
+	Requests     uint64
+	Bytes        uint64
+	LatencyNs    uint64
+	Errors       uint64
+	Hist         [28]uint64
 }
 
 type probeFileKey struct {

@@ -1,0 +1,114 @@
+package probe
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// collector gathers what Run delivers.
+type collector struct {
+	mu   sync.Mutex
+	recs []Record
+	ras  []ReadaheadEvent
+}
+
+func (c *collector) HandleRecord(r Record) {
+	c.mu.Lock()
+	c.recs = append(c.recs, r)
+	c.mu.Unlock()
+}
+
+func (c *collector) HandleReadahead(e ReadaheadEvent) {
+	c.mu.Lock()
+	c.ras = append(c.ras, e)
+	c.mu.Unlock()
+}
+
+func TestProbeAttributesReadsOnLoopDevice(t *testing.T) {
+	needRoot(t, "loads BPF programs and creates a loop device")
+	l := newLab(t, 256)
+	pathA, keyA := l.writeFile(t, "a", mb(64))
+	pathB, keyB := l.writeFile(t, "b", mb(96))
+	dropCaches(t)
+
+	p, err := Load(Config{Devices: []Dev{l.Dev}, Poll: 20 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, p.Close()) })
+
+	var c collector
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx, &c) }()
+
+	pidA := readAll(t, pathA)
+	pidB := readAll(t, pathB)
+	time.Sleep(200 * time.Millisecond) // two poll intervals: collect the tail
+	cancel()
+	require.NoError(t, <-done)
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	byFile := map[FileKey]uint64{}
+	var total uint64
+	for _, r := range c.recs {
+		require.Equal(t, l.Dev, r.Device, "record from a device outside the filter: %+v", r)
+		total += uint64(r.Bytes)
+		if r.Kind == KindFile {
+			byFile[r.File] += uint64(r.Bytes)
+			assert.Less(t, r.Offset, uint64(mb(96)), "offset beyond file: %+v", r)
+		}
+		assert.Greater(t, r.Latency, time.Duration(0), "%+v", r)
+		assert.Less(t, r.Latency, 10*time.Second, "%+v", r)
+		assert.Greater(t, r.Bytes, uint32(0))
+		assert.LessOrEqual(t, r.Bytes, uint32(16<<20))
+		assert.GreaterOrEqual(t, r.Depth, uint32(1))
+		assert.False(t, r.Error)
+	}
+	t.Logf("%d records, %s in total; a: %s, b: %s", len(c.recs), fmtMB(total), fmtMB(byFile[keyA]), fmtMB(byFile[keyB]))
+	// Readahead may read past EOF by nothing (ext4 stops at i_size), so the
+	// file's bytes are at most its size; at least 99% must be attributed.
+	assert.GreaterOrEqual(t, float64(byFile[keyA]), 0.99*float64(mb(64)), "bytes attributed to a")
+	assert.LessOrEqual(t, byFile[keyA], uint64(mb(64)))
+	assert.GreaterOrEqual(t, float64(byFile[keyB]), 0.99*float64(mb(96)), "bytes attributed to b")
+	assert.LessOrEqual(t, byFile[keyB], uint64(mb(96)))
+
+	// Readers: readahead events name each file's reader.
+	readers := map[FileKey]map[uint32]string{}
+	for _, e := range c.ras {
+		if readers[e.File] == nil {
+			readers[e.File] = map[uint32]string{}
+		}
+		readers[e.File][e.Tgid] = e.Comm
+		if e.File == keyA || e.File == keyB {
+			assert.Equal(t, l.Dev, e.Device)
+			assert.Greater(t, e.RaPages, uint32(0))
+		}
+	}
+	assert.Equal(t, "dd", readers[keyA][uint32(pidA)], "reader of a: %v", readers[keyA])
+	assert.Equal(t, "dd", readers[keyB][uint32(pidB)], "reader of b: %v", readers[keyB])
+
+	// Kernel aggregates agree with the stream.
+	s, err := p.Stats()
+	require.NoError(t, err)
+	assert.Zero(t, s.Lost.Total(), "lost: %+v", s.Lost)
+	ds := s.Devices[l.Dev]
+	assert.Equal(t, uint64(len(c.recs)), ds.Requests)
+	assert.Equal(t, total, ds.Bytes)
+	var histSum uint64
+	for _, v := range ds.Hist {
+		histSum += v
+	}
+	assert.Equal(t, ds.Requests, histSum)
+	assert.Equal(t, int64(0), ds.InFlight)
+	assert.Equal(t, byFile[keyA], s.Files[keyA].Bytes)
+	assert.Equal(t, byFile[keyB], s.Files[keyB].Bytes)
+	top := s.TopFiles(1)
+	require.Len(t, top, 1)
+	assert.Equal(t, keyB, top[0].File)
+	assert.Equal(t, l.Dev, top[0].Disk)
+}
