@@ -41,3 +41,12 @@ test: labfs build
 
 clean:
 	rm -rf $(BIN) $(LABFS)
+
+# Real, unmodified HDFS (MiniDFSCluster) on a loop device: needs root, Java 17 and Maven;
+# the first run downloads about 110 MB of Hadoop jars into ~/.m2. See docs/hdfs.md.
+.PHONY: test-hdfs bench-hdfs
+test-hdfs:
+	READAHEADD_HDFS=1 $(GOTEST) $(TESTFLAGS) -v -run RealHDFS ./test/hdfs/
+
+bench-hdfs:
+	READAHEADD_HDFS=1 $(GOTEST) -count=1 -timeout 25m -run '^$$' -bench RealHDFS -benchtime=3x ./test/hdfs/
