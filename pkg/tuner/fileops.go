@@ -1,0 +1,225 @@
+package tuner
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// Advice is a posix_fadvise advice value.
+type Advice int
+
+const (
+	AdviceNormal     Advice = unix.FADV_NORMAL
+	AdviceSequential Advice = unix.FADV_SEQUENTIAL
+	AdviceWillNeed   Advice = unix.FADV_WILLNEED
+)
+
+func (a Advice) String() string {
+	switch a {
+	case AdviceNormal:
+		return "NORMAL"
+	case AdviceSequential:
+		return "SEQUENTIAL"
+	case AdviceWillNeed:
+		return "WILLNEED"
+	}
+	return strconv.Itoa(int(a))
+}
+
+// FileRef names one descriptor a process holds on a file.
+type FileRef struct {
+	Tgid uint32
+	FD   int
+	Key  probe.FileKey
+	Path string // link target of /proc/TGID/fd/FD
+}
+
+// Handle is our own descriptor on another process's open file description.
+type Handle interface {
+	Fadvise(off, length int64, advice Advice) error
+	Close() error
+}
+
+// FileOps reaches other processes' open files.
+type FileOps interface {
+	// Find lists the descriptors process tgid holds on file.
+	Find(tgid uint32, file probe.FileKey) ([]FileRef, error)
+	// Dup takes a descriptor on the same open file description as ref
+	// (pidfd_open + pidfd_getfd) and checks it still is ref.Key.
+	Dup(ref FileRef) (Handle, error)
+}
+
+var (
+	// ErrProcessGone: the process exited.
+	ErrProcessGone = errors.New("process exited")
+	// ErrFDGone: the descriptor was closed, or now names another file.
+	ErrFDGone = errors.New("descriptor closed or reused")
+)
+
+// ProcFileOps implements FileOps with /proc, pidfd_open and pidfd_getfd
+// (Linux 5.6 or later; needs ptrace-attach rights over the reader, which
+// root has).
+type ProcFileOps struct {
+	Proc string // procfs mount, normally /proc
+}
+
+// NewProcFileOps returns FileOps on /proc.
+func NewProcFileOps() *ProcFileOps { return &ProcFileOps{Proc: "/proc"} }
+
+// Find implements FileOps.
+func (p *ProcFileOps) Find(tgid uint32, file probe.FileKey) ([]FileRef, error) {
+	dir := filepath.Join(p.Proc, strconv.FormatUint(uint64(tgid), 10), "fd")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("list descriptors of pid %d: %w", tgid, ErrProcessGone)
+		}
+		return nil, fmt.Errorf("list descriptors of pid %d: %w (readaheadd needs root to look into other processes)", tgid, err)
+	}
+	var refs []FileRef
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		link := filepath.Join(dir, e.Name())
+		var st unix.Stat_t
+		// stat follows the magic link to the open file itself, whatever
+		// mount namespace the process lives in.
+		if unix.Stat(link, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+			continue
+		}
+		if probe.DevFromUnix(st.Dev) != file.Dev || st.Ino != file.Ino {
+			continue
+		}
+		target, err := os.Readlink(link)
+		if err != nil {
+			continue // closed meanwhile
+		}
+		refs = append(refs, FileRef{Tgid: tgid, FD: fd, Key: file, Path: target})
+	}
+	return refs, nil
+}
+
+// Dup implements FileOps.
+func (p *ProcFileOps) Dup(ref FileRef) (Handle, error) {
+	pidfd, err := unix.PidfdOpen(int(ref.Tgid), 0)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return nil, fmt.Errorf("pidfd_open %d: %w", ref.Tgid, ErrProcessGone)
+		}
+		return nil, fmt.Errorf("pidfd_open %d: %w", ref.Tgid, err)
+	}
+	defer unix.Close(pidfd)
+	fd, err := unix.PidfdGetfd(pidfd, ref.FD, 0)
+	if err != nil {
+		switch {
+		case errors.Is(err, unix.ESRCH):
+			return nil, fmt.Errorf("pidfd_getfd %d/%d: %w", ref.Tgid, ref.FD, ErrProcessGone)
+		case errors.Is(err, unix.EBADF):
+			return nil, fmt.Errorf("pidfd_getfd %d/%d: %w", ref.Tgid, ref.FD, ErrFDGone)
+		case errors.Is(err, unix.EPERM):
+			return nil, fmt.Errorf("pidfd_getfd %d/%d: %w (needs ptrace rights over the reader: run as root, without a restrictive Yama ptrace_scope)", ref.Tgid, ref.FD, err)
+		}
+		return nil, fmt.Errorf("pidfd_getfd %d/%d: %w", ref.Tgid, ref.FD, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("fstat descriptor of %d/%d: %w", ref.Tgid, ref.FD, err)
+	}
+	// The fd number may have been closed and reused since Find.
+	if probe.DevFromUnix(st.Dev) != ref.Key.Dev || st.Ino != ref.Key.Ino {
+		unix.Close(fd)
+		return nil, fmt.Errorf("descriptor %d/%d now names another file: %w", ref.Tgid, ref.FD, ErrFDGone)
+	}
+	return procHandle(fd), nil
+}
+
+type procHandle int
+
+func (h procHandle) Fadvise(off, length int64, advice Advice) error {
+	if err := unix.Fadvise(int(h), off, length, int(advice)); err != nil {
+		return fmt.Errorf("posix_fadvise %s: %w", advice, err)
+	}
+	return nil
+}
+
+func (h procHandle) Close() error { return unix.Close(int(h)) }
+
+// Scope decides which files may get per-file actions: those whose real
+// path lies under an allowed directory and on that directory's filesystem.
+type Scope struct {
+	prefixes []scopePrefix
+}
+
+type scopePrefix struct {
+	real string
+	dev  probe.Dev
+}
+
+// NewScope resolves each allowed directory (symlinks included) and notes
+// its filesystem.
+func NewScope(paths []string) (*Scope, error) {
+	s := &Scope{}
+	for _, p := range paths {
+		if !filepath.IsAbs(p) {
+			return nil, fmt.Errorf("allow-path %q must be absolute", p)
+		}
+		real, err := filepath.EvalSymlinks(p)
+		if err != nil {
+			return nil, fmt.Errorf("allow-path %s: %w (give existing directories, such as the DataNode's data directories)", p, err)
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(real, &st); err != nil {
+			return nil, fmt.Errorf("allow-path %s: %w", p, err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return nil, fmt.Errorf("allow-path %s is not a directory", p)
+		}
+		s.prefixes = append(s.prefixes, scopePrefix{real: filepath.Clean(real), dev: probe.DevFromUnix(st.Dev)})
+	}
+	return s, nil
+}
+
+// Empty reports whether no directory is allowed.
+func (s *Scope) Empty() bool { return s == nil || len(s.prefixes) == 0 }
+
+// Check returns the real path of the file a descriptor's link target names
+// if that is file and lies under an allowed directory on the same
+// filesystem. A symlink or bind mount leading outside does not count.
+func (s *Scope) Check(path string, file probe.FileKey) (string, error) {
+	if s.Empty() {
+		return "", errors.New("no allow-path configured")
+	}
+	if !filepath.IsAbs(path) || strings.HasSuffix(path, " (deleted)") {
+		return "", fmt.Errorf("%q is not a path readaheadd can check", path)
+	}
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return "", fmt.Errorf("resolve %s: %w", path, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(real, &st); err != nil {
+		return "", fmt.Errorf("stat %s: %w", real, err)
+	}
+	// The path must lead to the very file the reader has open (another
+	// mount namespace, a rename, or a replaced file would not).
+	if probe.DevFromUnix(st.Dev) != file.Dev || st.Ino != file.Ino {
+		return "", fmt.Errorf("%s is not the open file %s", real, file)
+	}
+	for _, p := range s.prefixes {
+		if (real == p.real || strings.HasPrefix(real, p.real+"/") || p.real == "/") && file.Dev == p.dev {
+			return real, nil
+		}
+	}
+	return "", fmt.Errorf("%s is outside every allow-path (or on another filesystem than the allow-path it is under)", real)
+}

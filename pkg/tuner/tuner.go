@@ -1,0 +1,1007 @@
+// Package tuner turns the detector's regimes into readahead actions, least
+// invasive first: a larger window on the open files of the readers of a
+// slowed file (pidfd_getfd + posix_fadvise), prefetch ahead of a
+// sequential reader when the window alone is not enough, and a device-wide
+// read_ahead_kb only when many files on a device need it or the regime is
+// device-wide. Every step is measured (busy throughput over the next
+// interval), kept only if it paid, otherwise undone with exponential
+// back-off; everything is undone when its regime ends, and the devices'
+// original settings are recorded durably before the first write.
+package tuner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/state"
+)
+
+// errRateLimited defers a step to a later interval; it is not a failure.
+var errRateLimited = errors.New("sysfs write rate limit reached")
+
+// errNoReaders: no reader of the file is known to hold it open (yet).
+var errNoReaders = errors.New("no known reader holds the file open")
+
+// errOutOfScope: the readers' descriptors are outside the allow-paths.
+var errOutOfScope = errors.New("the file is outside the allow-paths")
+
+// ladder is one knob's closed-loop state: the value in force, a step under
+// trial, the knee, and the back-off.
+type ladder struct {
+	kind      ActionKind
+	base, cur int // value before the tuner; value kept
+	first     int // first step when cur is 0 (prefetch)
+	trial     int // value under trial, 0 if none
+	trialFrom int
+	trialAt   time.Duration
+	before    measure
+	knee      bool
+	failures  int
+	retryAt   time.Duration
+	dryAt     int // value last reported in dry-run mode
+}
+
+func (l *ladder) inForce() int {
+	if l.trial != 0 {
+		return l.trial
+	}
+	return l.cur
+}
+
+func (l *ladder) next(growth, max int) (int, bool) {
+	n := l.cur * growth
+	if l.cur == 0 {
+		n = l.first
+	}
+	if n > max {
+		n = max
+	}
+	return n, n > l.cur
+}
+
+// exhausted: more of this knob alone will not help now.
+func (l *ladder) exhausted(max int) bool {
+	return l.trial == 0 && (l.knee || l.cur >= max)
+}
+
+type measure struct {
+	ok   bool
+	tput float64 // bytes/s while busy
+	p50  time.Duration
+}
+
+func (m measure) String() string {
+	if !m.ok {
+		return "no data"
+	}
+	return fmt.Sprintf("%.1f MB/s p50 %v", m.tput/1e6, m.p50)
+}
+
+type readerInfo struct {
+	lastSeen  time.Duration
+	raKB      int // the open file's window as the last event saw it
+	appliedKB int // window the tuner last pinned on its descriptors
+	pending   bool
+}
+
+type devState struct {
+	name    string
+	dev     probe.Dev
+	orig    int // value found before the first write (floor of every window)
+	cur     int // value the device should have now
+	known   bool
+	dirty   bool // the last write back failed: retry
+	tokens  float64
+	tokenAt time.Duration
+	pfBytes float64 // prefetch budget left
+	pfAt    time.Duration
+
+	win        ladder // device-wide window
+	winActive  bool
+	lastNeeded time.Duration
+}
+
+type fileDec struct {
+	key        probe.FileKey
+	dev        *devState
+	path       string
+	win        ladder
+	pf         ladder
+	pfEnd      uint64 // end of the last prefetched range
+	regimes    []detector.RegimeKind
+	lastNeeded time.Duration
+	outOfScope bool
+	scopeAt    time.Duration
+}
+
+// Tuner is the closed-loop actuator. Its methods are safe for concurrent use.
+type Tuner struct {
+	cfg   Config
+	deps  Deps
+	log   *slog.Logger
+	scope *Scope
+
+	mu       sync.Mutex
+	devs     map[probe.Dev]*devState
+	files    map[probe.FileKey]*fileDec
+	readers  map[probe.FileKey]map[uint32]*readerInfo
+	snap     detector.Snapshot
+	fstats   map[probe.FileKey]detector.FileStats
+	dstats   map[probe.Dev]detector.DeviceStats
+	out      []Action
+	recent   []Action
+	counts   map[string]uint64
+	fileFail uint64
+	refused  uint64
+	limited  uint64
+}
+
+// New builds a tuner. If the store holds originals from an earlier run that
+// did not restore them (a crash), they are restored first.
+func New(cfg Config, deps Deps) (*Tuner, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if deps.Sysfs == nil || deps.Files == nil || deps.Clock == nil {
+		return nil, errors.New("tuner: Sysfs, Files and Clock are required")
+	}
+	if deps.Store == nil && !cfg.DryRun {
+		return nil, errors.New("tuner: a state store is required unless in dry-run mode (give --state-dir)")
+	}
+	if deps.Logger == nil {
+		deps.Logger = slog.Default()
+	}
+	scope, err := NewScope(cfg.AllowPaths)
+	if err != nil {
+		return nil, fmt.Errorf("tuner: %w", err)
+	}
+	t := &Tuner{
+		cfg: cfg, deps: deps, log: deps.Logger.With("component", "tuner"), scope: scope,
+		devs:    map[probe.Dev]*devState{},
+		files:   map[probe.FileKey]*fileDec{},
+		readers: map[probe.FileKey]map[uint32]*readerInfo{},
+		counts:  map[string]uint64{},
+	}
+	if deps.Store != nil && len(deps.Store.Entries()) > 0 {
+		t.log.Warn("tuner: originals of an earlier run were not restored (crash?); restoring them before anything else",
+			"file", deps.Store.Path(), "devices", len(deps.Store.Entries()))
+		if err := deps.Store.Restore(deps.Sysfs); err != nil {
+			return nil, fmt.Errorf("tuner: restore originals recorded in %s: %w", deps.Store.Path(), err)
+		}
+	}
+	return t, nil
+}
+
+// ObserveReadahead notes which process reads which file, and whether its
+// open file has the window a decision wants. Cheap: called per event.
+func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
+	if ev.File.IsZero() || ev.Tgid == 0 {
+		return
+	}
+	now := t.deps.Clock.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	rs := t.readers[ev.File]
+	if rs == nil {
+		rs = map[uint32]*readerInfo{}
+		t.readers[ev.File] = rs
+	}
+	r := rs[ev.Tgid]
+	if r == nil {
+		r = &readerInfo{}
+		rs[ev.Tgid] = r
+	}
+	r.lastSeen = now
+	r.raKB = int(ev.RaPages) * probe.PageSize / 1024
+	if fd := t.files[ev.File]; fd != nil {
+		if w := fd.win.inForce(); w > fd.win.base && r.raKB < w {
+			// A descriptor opened after the decision (HDFS opens the
+			// block file per read): apply within the interval.
+			r.pending = true
+		}
+	}
+}
+
+// Step runs one interval of the closed loop on the detector's snapshot and
+// returns what was done.
+func (t *Tuner) Step(snap detector.Snapshot) []Action {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.deps.Clock.Now()
+	t.out = nil
+	t.snap = snap
+	t.fstats = make(map[probe.FileKey]detector.FileStats, len(snap.Files))
+	for _, f := range snap.Files {
+		t.fstats[f.Key] = f
+	}
+	t.dstats = make(map[probe.Dev]detector.DeviceStats, len(snap.Devices))
+	for _, d := range snap.Devices {
+		t.dstats[d.Device] = d
+	}
+
+	// What needs help now.
+	fileNeeds := map[probe.FileKey][]detector.RegimeKind{}
+	fileDev := map[probe.FileKey]probe.Dev{}
+	devWide := map[probe.Dev]string{}
+	for _, r := range snap.Regimes {
+		switch {
+		case !r.File.IsZero() && (r.Kind == detector.FileLatencyShift || r.Kind == detector.StarvedStream || r.Kind == detector.ExtentStart):
+			fileNeeds[r.File] = append(fileNeeds[r.File], r.Kind)
+			fileDev[r.File] = r.Device
+		case r.File.IsZero() && r.Kind == detector.TailInflation:
+			devWide[r.Device] = fmt.Sprintf("%s: %s", r.Kind, r.Evidence)
+		}
+	}
+
+	// Device-wide need from many files.
+	perDev := map[probe.Dev]int{}
+	for k := range fileNeeds {
+		perDev[fileDev[k]]++
+	}
+	active := map[probe.Dev]int{}
+	for _, f := range snap.Files {
+		active[f.Device]++
+	}
+	for dev, n := range perDev {
+		if n >= t.cfg.DeviceMinFiles && float64(n) >= t.cfg.DeviceFileFraction*float64(active[dev]) {
+			if _, ok := devWide[dev]; !ok {
+				devWide[dev] = fmt.Sprintf("%d of %d files read on the device need a larger window", n, active[dev])
+			}
+		}
+	}
+
+	t.repairDevices()
+
+	// Per-file decisions, only under allow-paths.
+	if !t.scope.Empty() {
+		for key, kinds := range fileNeeds {
+			d := t.device(fileDev[key])
+			if d == nil {
+				continue
+			}
+			fd := t.files[key]
+			if fd == nil {
+				fd = &fileDec{key: key, dev: d,
+					win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
+					pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
+				t.files[key] = fd
+			}
+			fd.regimes = kinds
+			fd.lastNeeded = now
+		}
+	}
+	keys := make([]probe.FileKey, 0, len(t.files))
+	for k := range t.files {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].Dev != keys[j].Dev {
+			return keys[i].Dev < keys[j].Dev
+		}
+		return keys[i].Ino < keys[j].Ino
+	})
+	for _, k := range keys {
+		fd := t.files[k]
+		if _, needed := fileNeeds[k]; needed {
+			t.driveFile(fd)
+			continue
+		}
+		// StarvedStream clearing while the file is still read with the
+		// larger window is success; otherwise wait out the grace period.
+		if fs, ok := t.fstats[k]; ok && fd.win.cur > fd.win.base && now-fs.LastSeen < t.cfg.Grace &&
+			slices.Contains(fd.regimes, detector.StarvedStream) {
+			fd.lastNeeded = now
+		}
+		if now-fd.lastNeeded >= t.cfg.Grace {
+			t.undoFile(fd, fmt.Sprintf("no regime applies to the file for %v", t.cfg.Grace))
+			delete(t.files, k)
+		} else if fd.win.trial != 0 || fd.pf.trial != 0 {
+			t.driveFile(fd) // finish judging a step under trial
+		}
+	}
+
+	// Device-wide decisions.
+	for dev, why := range devWide {
+		d := t.device(dev)
+		if d == nil {
+			continue
+		}
+		if !d.winActive {
+			d.winActive = true
+			d.win = ladder{kind: KindDeviceWindow, base: d.orig, cur: d.cur}
+		}
+		d.lastNeeded = now
+		t.driveDevice(d, why)
+	}
+	for dev, d := range t.devs {
+		if !d.winActive {
+			continue
+		}
+		if _, ok := devWide[dev]; ok {
+			continue
+		}
+		if d.win.trial != 0 {
+			t.driveDevice(d, "judging the last step")
+		}
+		if now-d.lastNeeded >= t.cfg.Grace {
+			t.undoDevice(d, fmt.Sprintf("no device-wide regime for %v", t.cfg.Grace))
+		}
+	}
+
+	t.prefetchAll()
+	t.applyPendingLocked()
+	t.pruneReaders(now)
+	return t.out
+}
+
+// ApplyPending gives readers that opened a file after its decision the
+// decision's window, between Steps. The daemon may call it more often than
+// Step (for example every 100 ms) so HDFS's per-read opens are reached fast.
+func (t *Tuner) ApplyPending() []Action {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.out = nil
+	t.applyPendingLocked()
+	return t.out
+}
+
+// device returns the state of the whole disk dev, nil if the tuner may not
+// act on it.
+func (t *Tuner) device(dev probe.Dev) *devState {
+	if d, ok := t.devs[dev]; ok {
+		if !d.known {
+			return nil
+		}
+		return d
+	}
+	d := &devState{dev: dev}
+	t.devs[dev] = d
+	disk, err := t.deps.Sysfs.ByDev(dev)
+	if err != nil {
+		t.log.Warn("tuner: device of a regime not found in sysfs; not acting on it", "dev", dev.String(), "err", err)
+		return nil
+	}
+	d.name = disk.Name
+	if len(t.cfg.Devices) > 0 && !slices.Contains(t.cfg.Devices, d.name) {
+		t.log.Info("tuner: device is not among the configured devices; not acting on it", "device", d.name)
+		return nil
+	}
+	kb, err := t.deps.Sysfs.ReadAheadKB(d.name)
+	if err != nil {
+		t.log.Warn("tuner: cannot read read_ahead_kb; not acting on the device", "device", d.name, "err", err)
+		return nil
+	}
+	d.orig, d.cur, d.known = kb, kb, true
+	d.tokens = float64(t.cfg.SysfsBurst)
+	d.tokenAt = t.deps.Clock.Now()
+	d.pfAt = d.tokenAt
+	return d
+}
+
+func (t *Tuner) take(d *devState, n int) bool {
+	now := t.deps.Clock.Now()
+	d.tokens += (now - d.tokenAt).Seconds() * t.cfg.SysfsWritesPerSec
+	d.tokenAt = now
+	if b := float64(t.cfg.SysfsBurst); d.tokens > b {
+		d.tokens = b
+	}
+	if d.tokens < float64(n) {
+		t.limited++
+		return false
+	}
+	d.tokens -= float64(n)
+	return true
+}
+
+// record makes sure the device's original is on disk before a write.
+func (t *Tuner) record(d *devState) error {
+	if t.deps.Store == nil {
+		return errors.New("no state store")
+	}
+	return t.deps.Store.Record(d.name, d.dev.String(), d.orig)
+}
+
+// writeDevice sets read_ahead_kb, recording the original first.
+func (t *Tuner) writeDevice(d *devState, kb int) error {
+	if err := t.record(d); err != nil {
+		return fmt.Errorf("record original of %s before writing it: %w", d.name, err)
+	}
+	return t.deps.Sysfs.SetReadAheadKB(d.name, kb)
+}
+
+// setDevice moves the device's own window (a device-wide decision).
+func (t *Tuner) setDevice(d *devState, kb int, limit bool) error {
+	kb = t.clamp(d, kb)
+	if kb == d.cur && !d.dirty {
+		return nil
+	}
+	if limit && !t.take(d, 1) {
+		return errRateLimited
+	}
+	if err := t.writeDevice(d, kb); err != nil {
+		return err
+	}
+	d.cur = kb
+	d.dirty = false
+	return nil
+}
+
+func (t *Tuner) clamp(d *devState, kb int) int {
+	if kb > t.cfg.MaxKB {
+		kb = t.cfg.MaxKB
+	}
+	if kb < d.orig {
+		kb = d.orig
+	}
+	return kb
+}
+
+// repairDevices retries a write back that failed after a raise.
+func (t *Tuner) repairDevices() {
+	for _, d := range t.devs {
+		if d.known && d.dirty {
+			if err := t.writeDevice(d, d.cur); err != nil {
+				t.log.Error("tuner: read_ahead_kb is still not back at its intended value", "device", d.name, "want_kb", d.cur, "err", err)
+				continue
+			}
+			d.dirty = false
+			t.log.Info("tuner: read_ahead_kb put back", "device", d.name, "kb", d.cur)
+		}
+	}
+}
+
+// refs finds the in-scope descriptors of the file's readers (only those in
+// tgids when given).
+func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []FileRef {
+	now := t.deps.Clock.Now()
+	var out []FileRef
+	tg := make([]uint32, 0, len(t.readers[fd.key]))
+	for tgid, r := range t.readers[fd.key] {
+		// Readers the tuner pinned stay reachable for the undo however
+		// long ago they were seen.
+		if (now-r.lastSeen > t.cfg.Grace && r.appliedKB == 0) || (tgids != nil && !tgids[tgid]) {
+			continue
+		}
+		tg = append(tg, tgid)
+	}
+	slices.Sort(tg)
+	for _, tgid := range tg {
+		found, err := t.deps.Files.Find(tgid, fd.key)
+		if err != nil {
+			t.fileFail++
+			t.log.Debug("tuner: cannot list a reader's descriptors", "pid", tgid, "file", fd.key.String(), "err", err)
+			continue
+		}
+		for _, ref := range found {
+			real, err := t.scope.Check(ref.Path, fd.key)
+			if err != nil {
+				t.refused++
+				if !fd.outOfScope {
+					t.log.Warn("tuner: file is outside the allow-paths; no per-file action", "pid", tgid, "fd", ref.FD, "path", ref.Path, "reason", err)
+				}
+				fd.outOfScope = true
+				fd.scopeAt = now
+				continue
+			}
+			fd.outOfScope = false
+			fd.path = real
+			out = append(out, ref)
+		}
+	}
+	return out
+}
+
+// pin gives each ref's open file the window kb: with fadvise alone when kb
+// is the device's window (NORMAL) or twice it (SEQUENTIAL), otherwise by
+// raise, pin, restore. Descriptors are taken before the raise so the device
+// holds kb for as short a time as possible.
+func (t *Tuner) pin(d *devState, kb int, refs []FileRef, limit bool) (int, error) {
+	if len(refs) == 0 {
+		return 0, errNoReaders
+	}
+	kb = t.clamp(d, kb)
+	advice, raise := AdviceNormal, false
+	switch {
+	case kb == d.cur:
+	case kb == 2*d.cur:
+		advice = AdviceSequential
+	default:
+		raise = true
+	}
+	if raise && limit && !t.take(d, 2) {
+		return 0, errRateLimited
+	}
+	var hs []Handle
+	var errs []error
+	for _, r := range refs {
+		h, err := t.deps.Files.Dup(r)
+		if err != nil {
+			t.fileFail++
+			errs = append(errs, err)
+			continue
+		}
+		hs = append(hs, h)
+	}
+	defer func() {
+		for _, h := range hs {
+			h.Close()
+		}
+	}()
+	if len(hs) == 0 {
+		return 0, fmt.Errorf("take descriptors: %w", errors.Join(errs...))
+	}
+	if raise {
+		if err := t.writeDevice(d, kb); err != nil {
+			return 0, fmt.Errorf("raise read_ahead_kb of %s to %d: %w", d.name, kb, err)
+		}
+	}
+	n := 0
+	for _, h := range hs {
+		if err := h.Fadvise(0, 0, advice); err != nil {
+			t.fileFail++
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	if raise {
+		if err := t.deps.Sysfs.SetReadAheadKB(d.name, d.cur); err != nil {
+			d.dirty = true
+			t.log.Error("tuner: could not put read_ahead_kb back after pinning a file window; retrying next interval",
+				"device", d.name, "left_at_kb", kb, "want_kb", d.cur, "err", err)
+		}
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("fadvise: %w", errors.Join(errs...))
+	}
+	return n, nil
+}
+
+func (t *Tuner) pinFile(fd *fileDec, kb int, tgids map[uint32]bool, limit bool) error {
+	refs := t.refs(fd, tgids)
+	if len(refs) == 0 && fd.outOfScope {
+		return errOutOfScope
+	}
+	n, err := t.pin(fd.dev, kb, refs, limit)
+	if err != nil {
+		return err
+	}
+	seen := map[uint32]bool{}
+	for _, r := range refs {
+		seen[r.Tgid] = true
+	}
+	for tgid := range seen {
+		if r := t.readers[fd.key][tgid]; r != nil {
+			r.appliedKB, r.pending = kb, false
+		}
+	}
+	_ = n
+	return nil
+}
+
+func (t *Tuner) fileMeasure(k probe.FileKey) measure {
+	fs, ok := t.fstats[k]
+	if !ok || fs.BusyThroughput <= 0 || t.snap.Now-fs.LastSeen > t.cfg.Settle {
+		return measure{}
+	}
+	return measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50}
+}
+
+func (t *Tuner) devMeasure(dev probe.Dev) measure {
+	ds, ok := t.dstats[dev]
+	if !ok || ds.BusyThroughput <= 0 {
+		return measure{}
+	}
+	return measure{ok: true, tput: ds.BusyThroughput, p50: ds.P50}
+}
+
+func (t *Tuner) driveFile(fd *fileDec) {
+	if fd.outOfScope && t.deps.Clock.Now()-fd.scopeAt < t.cfg.BackoffMax {
+		return
+	}
+	why := fmt.Sprintf("regimes %v", fd.regimes)
+	m := t.fileMeasure(fd.key)
+	applyWin := func(kb int) error { return t.pinFile(fd, kb, nil, true) }
+	if fd.pf.trial == 0 {
+		if t.drive(&fd.win, fd.dev, fd.key, fd.path, m, why, applyWin) || fd.win.trial != 0 {
+			return
+		}
+	}
+	// Prefetch when the window alone is not enough.
+	if fd.win.exhausted(t.cfg.MaxKB) && !t.cfg.DisablePrefetch {
+		if fs, ok := t.fstats[fd.key]; ok && fs.Sequentiality >= t.cfg.MinSequentiality || fd.pf.trial != 0 {
+			t.drive(&fd.pf, fd.dev, fd.key, fd.path, m, why+", window at its knee or maximum", func(kb int) error {
+				if len(t.refs(fd, nil)) == 0 {
+					return errNoReaders
+				}
+				return nil // prefetchAll issues it each interval
+			})
+		}
+	}
+}
+
+func (t *Tuner) driveDevice(d *devState, why string) {
+	t.drive(&d.win, d, probe.FileKey{}, "", t.devMeasure(d.dev), why, func(kb int) error { return t.setDevice(d, kb, true) })
+}
+
+// drive advances one knob's closed loop; it reports whether it did anything.
+func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m measure, why string, apply func(int) error) bool {
+	now := t.deps.Clock.Now()
+	max := t.cfg.MaxKB
+	if l.kind == KindPrefetch {
+		max = t.cfg.PrefetchMaxKB
+	}
+	act := func(kind ActionKind, from, to int, res Result, ev string) {
+		t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: file, Path: path, Kind: kind, FromKB: from, ToKB: to, Result: res, Evidence: ev})
+	}
+	if l.trial != 0 {
+		if now-l.trialAt < t.cfg.Settle {
+			return false
+		}
+		if !m.ok && now-l.trialAt < 4*t.cfg.Settle {
+			return false // no reads yet to judge by
+		}
+		gain := 0.0
+		if m.ok && l.before.tput > 0 {
+			gain = m.tput/l.before.tput - 1
+		}
+		ev := fmt.Sprintf("%s; before %s, after %s (%+.0f%%, keep margin %+.0f%%)", why, l.before, m, gain*100, t.cfg.Margin*100)
+		if m.ok && gain >= t.cfg.Margin {
+			act(l.kind, l.trialFrom, l.trial, ResultKept, ev)
+			l.cur, l.trial, l.failures = l.trial, 0, 0
+			return true
+		}
+		from := l.trial
+		l.trial = 0
+		if err := apply(l.cur); err != nil && !errors.Is(err, errNoReaders) {
+			// The step stays in force until an undo succeeds.
+			l.trial = from
+			act(undoOf(l.kind), from, l.cur, ResultFailed, ev+"; undo failed: "+err.Error())
+			return true
+		}
+		if l.cur == l.base {
+			l.failures++
+			l.retryAt = now + t.backoff(l.failures)
+			ev += fmt.Sprintf("; backing off %v", t.backoff(l.failures))
+		} else {
+			l.knee = true
+			l.retryAt = now + t.cfg.BackoffMax
+			ev += fmt.Sprintf("; knee at %d KB", l.cur)
+		}
+		act(undoOf(l.kind), from, l.cur, ResultUndone, ev)
+		return true
+	}
+	if now < l.retryAt {
+		return false
+	}
+	l.knee = false
+	next, ok := l.next(t.cfg.Growth, max)
+	if !ok || !m.ok {
+		return false
+	}
+	ev := fmt.Sprintf("%s; now %s", why, m)
+	if t.cfg.DryRun {
+		if l.dryAt != next {
+			l.dryAt = next
+			act(l.kind, l.cur, next, ResultDryRun, ev)
+		}
+		return false
+	}
+	if err := apply(next); err != nil {
+		if errors.Is(err, errRateLimited) || errors.Is(err, errNoReaders) || errors.Is(err, errOutOfScope) {
+			return false // deferred, or not ours to act on: no action
+		}
+		l.failures++
+		l.retryAt = now + t.backoff(l.failures)
+		act(l.kind, l.cur, next, ResultFailed, fmt.Sprintf("%s; %v; retry in %v", ev, err, t.backoff(l.failures)))
+		return true
+	}
+	l.trial, l.trialFrom, l.trialAt, l.before = next, l.cur, now, m
+	act(l.kind, l.cur, next, ResultTrial, ev)
+	return true
+}
+
+func (t *Tuner) backoff(failures int) time.Duration {
+	b := t.cfg.BackoffBase
+	for i := 1; i < failures && b < t.cfg.BackoffMax; i++ {
+		b *= 2
+	}
+	if b > t.cfg.BackoffMax {
+		b = t.cfg.BackoffMax
+	}
+	return b
+}
+
+func (t *Tuner) undoFile(fd *fileDec, why string) {
+	now := t.deps.Clock.Now()
+	if p := fd.pf.inForce(); p > 0 {
+		res := ResultUndone
+		if t.cfg.DryRun {
+			res = ResultDryRun
+		}
+		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindPrefetchUndo, FromKB: p, Result: res, Evidence: why})
+	}
+	fd.pf = ladder{}
+	w := fd.win.inForce()
+	if t.cfg.DryRun {
+		if fd.win.dryAt != 0 {
+			t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo, FromKB: fd.win.dryAt, ToKB: fd.win.base, Result: ResultDryRun, Evidence: why})
+		}
+		return
+	}
+	if w <= fd.win.base {
+		return
+	}
+	res := ResultUndone
+	err := t.pinFile(fd, fd.win.base, nil, false)
+	if err != nil {
+		if errors.Is(err, errNoReaders) {
+			why += "; readers gone (their open files closed)"
+		} else {
+			res = ResultFailed
+			why += "; " + err.Error()
+		}
+	}
+	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo, FromKB: w, ToKB: fd.win.base, Result: res, Evidence: why})
+}
+
+func (t *Tuner) undoDevice(d *devState, why string) {
+	now := t.deps.Clock.Now()
+	d.winActive = false
+	if t.cfg.DryRun {
+		if d.win.dryAt != 0 {
+			t.emit(Action{Time: now, Device: d.name, Dev: d.dev, Kind: KindDeviceWindowUndo, FromKB: d.win.dryAt, ToKB: d.orig, Result: ResultDryRun, Evidence: why})
+		}
+		return
+	}
+	if d.cur == d.orig {
+		return
+	}
+	from := d.cur
+	res := ResultUndone
+	if err := t.setDevice(d, d.orig, false); err != nil {
+		res = ResultFailed
+		why += "; " + err.Error()
+		d.winActive = true // try again next interval
+	}
+	t.emit(Action{Time: now, Device: d.name, Dev: d.dev, Kind: KindDeviceWindowUndo, FromKB: from, ToKB: d.orig, Result: res, Evidence: why})
+}
+
+// prefetchAll issues WILLNEED ahead of each prefetched reader, within each
+// device's byte budget.
+func (t *Tuner) prefetchAll() {
+	if t.cfg.DryRun {
+		return
+	}
+	now := t.deps.Clock.Now()
+	for _, fd := range t.files {
+		depth := fd.pf.inForce()
+		if depth == 0 {
+			continue
+		}
+		fs, ok := t.fstats[fd.key]
+		if !ok {
+			continue
+		}
+		d := fd.dev
+		d.pfBytes += (now - d.pfAt).Seconds() * t.cfg.PrefetchBytesPerSec
+		d.pfAt = now
+		if d.pfBytes > t.cfg.PrefetchBytesPerSec {
+			d.pfBytes = t.cfg.PrefetchBytesPerSec
+		}
+		start := fs.NextOffset
+		if fd.pfEnd > start && fd.pfEnd < start+uint64(depth)*1024 {
+			start = fd.pfEnd
+		}
+		end := fs.NextOffset + uint64(depth)*1024
+		if end <= start {
+			continue
+		}
+		n := end - start
+		if float64(n) > d.pfBytes {
+			n = uint64(d.pfBytes)
+		}
+		if n < 4096 {
+			continue
+		}
+		refs := t.refs(fd, nil)
+		if len(refs) == 0 {
+			continue
+		}
+		h, err := t.deps.Files.Dup(refs[0])
+		if err != nil {
+			t.fileFail++
+			t.log.Debug("tuner: prefetch: cannot take a descriptor", "file", fd.key.String(), "err", err)
+			continue
+		}
+		err = h.Fadvise(int64(start), int64(n), AdviceWillNeed)
+		h.Close()
+		if err != nil {
+			t.fileFail++
+			t.log.Warn("tuner: prefetch failed", "file", fd.key.String(), "path", fd.path, "err", err)
+			continue
+		}
+		d.pfBytes -= float64(n)
+		fd.pfEnd = start + n
+	}
+}
+
+func (t *Tuner) applyPendingLocked() {
+	if t.cfg.DryRun {
+		return
+	}
+	now := t.deps.Clock.Now()
+	for _, fd := range t.files {
+		w := fd.win.inForce()
+		if w <= fd.win.base {
+			continue
+		}
+		tg := map[uint32]bool{}
+		for tgid, r := range t.readers[fd.key] {
+			if r.pending {
+				tg[tgid] = true
+			}
+		}
+		if len(tg) == 0 {
+			continue
+		}
+		err := t.pinFile(fd, w, tg, true)
+		if errors.Is(err, errRateLimited) {
+			continue
+		}
+		res, ev := ResultApplied, fmt.Sprintf("new reader(s) of a file with a %d KB decision", w)
+		if err != nil {
+			res, ev = ResultFailed, ev+": "+err.Error()
+			for tgid := range tg {
+				t.readers[fd.key][tgid].pending = false // try again on its next event
+			}
+		}
+		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindow, FromKB: fd.win.base, ToKB: w, Result: res, Evidence: ev})
+	}
+}
+
+func (t *Tuner) pruneReaders(now time.Duration) {
+	for k, rs := range t.readers {
+		for tgid, r := range rs {
+			if now-r.lastSeen > 2*t.cfg.Grace && (r.appliedKB == 0 || t.files[k] == nil) {
+				delete(rs, tgid)
+			}
+		}
+		if len(rs) == 0 {
+			delete(t.readers, k)
+		}
+	}
+}
+
+func (t *Tuner) emit(a Action) {
+	t.out = append(t.out, a)
+	t.recent = append(t.recent, a)
+	if over := len(t.recent) - t.cfg.RecentActions; over > 0 {
+		t.recent = append(t.recent[:0:0], t.recent[over:]...)
+	}
+	t.counts[string(a.Kind)+"/"+string(a.Result)]++
+	lvl := slog.LevelInfo
+	if a.Result == ResultFailed {
+		lvl = slog.LevelWarn
+	}
+	attrs := []any{"kind", a.Kind, "result", a.Result, "device", a.Device, "from_kb", a.FromKB, "to_kb", a.ToKB, "evidence", a.Evidence}
+	if !a.File.IsZero() {
+		attrs = append(attrs, "file", a.File.String(), "path", a.Path)
+	}
+	if t.cfg.DryRun {
+		attrs = append(attrs, "dry_run", true)
+	}
+	t.log.Log(context.Background(), lvl, "tuner: action", attrs...)
+}
+
+// Status reports the tuner's state.
+func (t *Tuner) Status() Status {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	st := Status{DryRun: t.cfg.DryRun, Counts: map[string]uint64{}, FileOpFailures: t.fileFail, OutOfScope: t.refused, RateLimited: t.limited}
+	for k, v := range t.counts {
+		st.Counts[k] = v
+	}
+	st.Recent = append([]Action(nil), t.recent...)
+	for _, d := range t.devs {
+		if !d.known {
+			continue
+		}
+		ds := DeviceStatus{Device: d.name, Dev: d.dev, CurrentKB: d.cur, OriginalKB: d.orig}
+		for _, fd := range t.files {
+			if fd.dev == d && fd.win.inForce() != d.cur {
+				ds.FilesAdjusted++
+			}
+			if fd.dev == d && fd.pf.inForce() > 0 {
+				ds.Prefetching++
+			}
+		}
+		st.Devices = append(st.Devices, ds)
+	}
+	sort.Slice(st.Devices, func(i, j int) bool { return st.Devices[i].Device < st.Devices[j].Device })
+	for _, fd := range t.files {
+		s := "watching"
+		switch {
+		case fd.outOfScope:
+			s = "out_of_scope"
+		case fd.win.trial != 0 || fd.pf.trial != 0:
+			s = "trial"
+		case fd.win.knee:
+			s = "knee"
+		case fd.win.failures > 0 && fd.win.cur == fd.win.base:
+			s = "backing_off"
+		case fd.win.cur > fd.win.base:
+			s = "kept"
+		}
+		st.Files = append(st.Files, FileStatus{Device: fd.dev.name, File: fd.key, Path: fd.path, WindowKB: fd.win.inForce(),
+			BaseKB: fd.win.base, PrefetchKB: fd.pf.inForce(), Readers: len(t.readers[fd.key]), State: s})
+	}
+	sort.Slice(st.Files, func(i, j int) bool { return st.Files[i].File.String() < st.Files[j].File.String() })
+	return st
+}
+
+// RestoreAll undoes everything: each touched device back to its original,
+// each adjusted open file back to the device's window, prefetch stopped,
+// and the durable record cleared. Used on SIGTERM/SIGINT.
+func (t *Tuner) RestoreAll() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.out = nil
+	if t.cfg.DryRun {
+		return nil
+	}
+	var errs []error
+	for _, d := range t.devs {
+		if !d.known {
+			continue
+		}
+		d.winActive = false
+		if d.cur != d.orig || d.dirty {
+			from := d.cur
+			if err := t.setDevice(d, d.orig, false); err != nil {
+				errs = append(errs, fmt.Errorf("restore %s to %d KB: %w", d.name, d.orig, err))
+				continue
+			}
+			t.emit(Action{Time: t.deps.Clock.Now(), Device: d.name, Dev: d.dev, Kind: KindDeviceWindowUndo, FromKB: from, ToKB: d.orig, Result: ResultUndone, Evidence: "shutting down"})
+		}
+	}
+	for k, fd := range t.files {
+		t.undoFile(fd, "shutting down")
+		delete(t.files, k)
+	}
+	if t.deps.Store != nil {
+		if err := t.deps.Store.Restore(t.deps.Sysfs); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Restore puts back every original recorded in stateDir, for `readaheadd
+// restore` after a crash. It fails if a daemon holds the state directory.
+func Restore(stateDir string, sys state.Sysfs) error {
+	st, err := state.Open(stateDir, state.Options{})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	n := len(st.Entries())
+	if err := st.Restore(sys); err != nil {
+		return err
+	}
+	if left := len(st.Entries()); left > 0 {
+		slog.Warn("restore: some devices are gone; their originals stay recorded for a later restore", "file", st.Path(), "left", left, "restored", n-left)
+	} else {
+		slog.Info("restore: every recorded original is back", "restored", n)
+	}
+	return nil
+}

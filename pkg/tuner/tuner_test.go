@@ -1,0 +1,595 @@
+package tuner
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/readaheadd/readaheadd/pkg/blockdev"
+	"github.com/readaheadd/readaheadd/pkg/clock"
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/state"
+)
+
+var sdb = probe.MkDev(8, 16)
+
+type write struct {
+	name string
+	kb   int
+}
+
+// fakeSys is one disk, sdb, in a fake sysfs that logs every write.
+type fakeSys struct {
+	mu     sync.Mutex
+	kb     map[string]int
+	writes []write
+}
+
+func newFakeSys(kb int) *fakeSys { return &fakeSys{kb: map[string]int{"sdb": kb}} }
+
+func (f *fakeSys) ReadAheadKB(name string) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	v, ok := f.kb[name]
+	if !ok {
+		return 0, blockdev.ErrNoDevice
+	}
+	return v, nil
+}
+
+func (f *fakeSys) SetReadAheadKB(name string, kb int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.kb[name]; !ok {
+		return blockdev.ErrNoDevice
+	}
+	f.kb[name] = kb
+	f.writes = append(f.writes, write{name, kb})
+	return nil
+}
+
+func (f *fakeSys) ByDev(dev probe.Dev) (blockdev.Disk, error) {
+	if dev == sdb {
+		return blockdev.Disk{Name: "sdb", Dev: sdb}, nil
+	}
+	return blockdev.Disk{}, blockdev.ErrNoDevice
+}
+
+func (f *fakeSys) get(name string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.kb[name]
+}
+
+type advCall struct {
+	ref    FileRef
+	advice Advice
+	devKB  int // read_ahead_kb at the time of the call
+	off, n int64
+}
+
+// fakeFiles models readers' open files: each key's open files get the
+// window a real kernel would give them on fadvise.
+type fakeFiles struct {
+	sys    *fakeSys
+	fds    map[uint32][]FileRef
+	window map[probe.FileKey]int // window of the open files per key
+	calls  []advCall
+	gone   map[uint32]bool // exits between Find and Dup
+	dups   int
+	closed int
+}
+
+func newFakeFiles(sys *fakeSys) *fakeFiles {
+	return &fakeFiles{sys: sys, fds: map[uint32][]FileRef{}, window: map[probe.FileKey]int{}, gone: map[uint32]bool{}}
+}
+
+func (f *fakeFiles) open(tgid uint32, fd int, path string, key probe.FileKey) {
+	f.fds[tgid] = append(f.fds[tgid], FileRef{Tgid: tgid, FD: fd, Key: key, Path: path})
+	if _, ok := f.window[key]; !ok {
+		f.window[key] = f.sys.get("sdb") // copied at open
+	}
+}
+
+func (f *fakeFiles) Find(tgid uint32, key probe.FileKey) ([]FileRef, error) {
+	var out []FileRef
+	for _, r := range f.fds[tgid] {
+		if r.Key == key {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeFiles) Dup(ref FileRef) (Handle, error) {
+	if f.gone[ref.Tgid] {
+		return nil, ErrProcessGone
+	}
+	f.dups++
+	return &fakeHandle{f: f, ref: ref}, nil
+}
+
+type fakeHandle struct {
+	f   *fakeFiles
+	ref FileRef
+}
+
+func (h *fakeHandle) Fadvise(off, n int64, a Advice) error {
+	dev := h.f.sys.get("sdb")
+	h.f.calls = append(h.f.calls, advCall{ref: h.ref, advice: a, devKB: dev, off: off, n: n})
+	switch a {
+	case AdviceNormal:
+		h.f.window[h.ref.Key] = dev
+	case AdviceSequential:
+		h.f.window[h.ref.Key] = 2 * dev
+	}
+	return nil
+}
+
+func (h *fakeHandle) Close() error { h.f.closed++; return nil }
+
+// realFile creates a file and returns its path and key (scope checks stat it).
+func realFile(t *testing.T, dir, name string) (string, probe.FileKey) {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+	require.NoError(t, os.WriteFile(p, []byte("x"), 0o644))
+	var st unix.Stat_t
+	require.NoError(t, unix.Stat(p, &st))
+	return p, probe.FileKey{Dev: probe.DevFromUnix(st.Dev), Ino: st.Ino}
+}
+
+type rig struct {
+	t     *testing.T
+	clk   *clock.Fake
+	sys   *fakeSys
+	files *fakeFiles
+	store *state.Store
+	tn    *Tuner
+	dir   string
+	// tput maps a file's window to its busy throughput.
+	tput func(kb int) float64
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func newRig(t *testing.T, cfg Config, mutate func(*rig)) *rig {
+	t.Helper()
+	r := &rig{t: t, clk: clock.NewFake(time.Hour), sys: newFakeSys(128), dir: t.TempDir()}
+	r.files = newFakeFiles(r.sys)
+	require.NoError(t, os.MkdirAll(filepath.Join(r.dir, "data"), 0o755))
+	if cfg.AllowPaths == nil {
+		cfg.AllowPaths = []string{filepath.Join(r.dir, "data")}
+	}
+	if mutate != nil {
+		mutate(r)
+	}
+	st, err := state.Open(filepath.Join(r.dir, "state"), state.Options{BootID: "b"})
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close() })
+	r.store = st
+	r.tn, err = New(cfg, Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: st, Logger: quiet()})
+	require.NoError(t, err)
+	return r
+}
+
+// snap builds a snapshot in which the given files are in regime kind and
+// read at the throughput their current window gives.
+func (r *rig) snap(kind detector.RegimeKind, keys ...probe.FileKey) detector.Snapshot {
+	now := r.clk.Now()
+	s := detector.Snapshot{Now: now, Devices: []detector.DeviceStats{{Device: sdb, BusyThroughput: 100e6}}}
+	for _, k := range keys {
+		s.Files = append(s.Files, detector.FileStats{Key: k, Device: sdb, BusyThroughput: r.tput(r.files.window[k]),
+			Sequentiality: 1, NextOffset: 64 << 20, LastSeen: now, P50: time.Millisecond})
+		if kind != "" {
+			s.Regimes = append(s.Regimes, detector.Regime{Kind: kind, Device: sdb, File: k, Evidence: "test"})
+		}
+	}
+	return s
+}
+
+// run steps n intervals of one second, returning every action.
+func (r *rig) run(n int, mk func() detector.Snapshot) []Action {
+	var all []Action
+	for i := 0; i < n; i++ {
+		r.clk.Advance(time.Second)
+		all = append(all, r.tn.Step(mk())...)
+	}
+	return all
+}
+
+func (r *rig) reader(tgid uint32, fd int, path string, key probe.FileKey) {
+	r.files.open(tgid, fd, path, key)
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: tgid, File: key, Device: sdb, RaPages: uint32(r.files.window[key] / 4)})
+}
+
+func filter(as []Action, kind ActionKind, res Result) []Action {
+	var out []Action
+	for _, a := range as {
+		if a.Kind == kind && a.Result == res {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func kneeModel(kb int) float64 {
+	switch {
+	case kb >= 1024:
+		return 155e6
+	case kb >= 512:
+		return 150e6
+	case kb >= 256:
+		return 100e6
+	}
+	return 60e6
+}
+
+func TestEscalatesGeometricallyAndStopsAtTheKnee(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	acts := r.run(10, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	for _, a := range acts {
+		t.Logf("%v %s %d->%d %s %s", a.Time, a.Kind, a.FromKB, a.ToKB, a.Result, a.Evidence)
+	}
+
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trials, 3)
+	assert.Equal(t, [][2]int{{128, 256}, {256, 512}, {512, 1024}},
+		[][2]int{{trials[0].FromKB, trials[0].ToKB}, {trials[1].FromKB, trials[1].ToKB}, {trials[2].FromKB, trials[2].ToKB}})
+	kept := filter(acts, KindFileWindow, ResultKept)
+	require.Len(t, kept, 2)
+	undone := filter(acts, KindFileWindowUndo, ResultUndone)
+	require.Len(t, undone, 1)
+	assert.Equal(t, 1024, undone[0].FromKB)
+	assert.Equal(t, 512, undone[0].ToKB, "the knee keeps the previous step")
+	assert.Contains(t, undone[0].Evidence, "knee")
+	assert.Equal(t, 512, r.files.window[key])
+	assert.Equal(t, 128, r.sys.get("sdb"), "the device is back at its value after every pin")
+
+	// 256 = 2 x 128 needs no sysfs write (SEQUENTIAL); 512 and 1024 are
+	// raise-pin-restore: fadvise(NORMAL) while the device holds the window.
+	assert.Equal(t, AdviceSequential, r.files.calls[0].advice)
+	for _, c := range r.files.calls[1:] {
+		assert.Equal(t, AdviceNormal, c.advice)
+	}
+	assert.Equal(t, 512, r.files.calls[1].devKB)
+	assert.Equal(t, []write{{"sdb", 512}, {"sdb", 128}, {"sdb", 1024}, {"sdb", 128}, {"sdb", 512}, {"sdb", 128}}, r.sys.writes)
+	assert.Equal(t, r.files.dups, r.files.closed, "every taken descriptor is closed")
+
+	// The original was recorded before the first write.
+	kb, ok := r.store.Original("sdb")
+	require.True(t, ok)
+	assert.Equal(t, 128, kb)
+	st := r.tn.Status()
+	require.Len(t, st.Files, 1)
+	assert.Equal(t, "knee", st.Files[0].State)
+	assert.Equal(t, 1, st.Devices[0].FilesAdjusted)
+}
+
+func TestBacksOffExponentiallyWhenNothingPays(t *testing.T) {
+	r := newRig(t, Config{BackoffBase: 2 * time.Second, BackoffMax: time.Minute, Grace: time.Hour, DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 60e6 }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	var trialsAt []time.Duration
+	r.reader(100, 7, p, key)
+	for i := 0; i < 40; i++ {
+		r.clk.Advance(time.Second)
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: 32})
+		for _, a := range r.tn.Step(r.snap(detector.FileLatencyShift, key)) {
+			if a.Result == ResultTrial {
+				trialsAt = append(trialsAt, a.Time)
+			}
+			if a.Kind == KindFileWindowUndo {
+				assert.Equal(t, ResultUndone, a.Result)
+			}
+		}
+	}
+	require.GreaterOrEqual(t, len(trialsAt), 4)
+	var gaps []time.Duration
+	for i := 1; i < len(trialsAt); i++ {
+		gaps = append(gaps, trialsAt[i]-trialsAt[i-1])
+	}
+	// Each attempt takes 1s to judge, then waits 2s, 4s, 8s, 16s.
+	assert.Equal(t, []time.Duration{3 * time.Second, 5 * time.Second, 9 * time.Second, 17 * time.Second}, gaps[:4])
+	assert.Equal(t, 128, r.files.window[key], "no step that did not pay stays")
+	assert.Equal(t, 128, r.sys.get("sdb"))
+}
+
+func TestUndoWhenRegimeEndsAfterGrace(t *testing.T) {
+	r := newRig(t, Config{Grace: 5 * time.Second}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	r.run(6, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	require.Equal(t, 512, r.files.window[key])
+
+	// The regime ends but the file is still read: undo only after the grace period.
+	acts := r.run(4, func() detector.Snapshot { return r.snap("", key) })
+	assert.Empty(t, filter(acts, KindFileWindowUndo, ResultUndone))
+	acts = r.run(2, func() detector.Snapshot { return r.snap("", key) })
+	u := filter(acts, KindFileWindowUndo, ResultUndone)
+	require.Len(t, u, 1)
+	assert.Equal(t, 128, u[0].ToKB)
+	assert.Equal(t, 128, r.files.window[key])
+	assert.Empty(t, r.tn.Status().Files)
+}
+
+func TestStarvedStreamClearingIsSuccessNotUndo(t *testing.T) {
+	r := newRig(t, Config{Grace: 3 * time.Second}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	r.run(3, func() detector.Snapshot { return r.snap(detector.StarvedStream, key) })
+	require.Greater(t, r.files.window[key], 128)
+	// No longer starved, still read: kept.
+	acts := r.run(10, func() detector.Snapshot { return r.snap("", key) })
+	assert.Empty(t, filter(acts, KindFileWindowUndo, ResultUndone))
+	assert.Greater(t, r.files.window[key], 128)
+	// The reader stops: undone after the grace period.
+	acts = r.run(4, func() detector.Snapshot { return detector.Snapshot{Now: r.clk.Now()} })
+	assert.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1)
+}
+
+func TestBoundsMaxAndNeverBelowStart(t *testing.T) {
+	r := newRig(t, Config{MaxKB: 1024, DeviceMinFiles: 1, DeviceFileFraction: 0.1}, func(r *rig) { r.sys.kb["sdb"] = 256 })
+	r.tput = func(kb int) float64 { return float64(kb) * 1e5 } // always pays
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	r.run(12, func() detector.Snapshot {
+		s := r.snap(detector.FileLatencyShift, key)
+		s.Devices[0].BusyThroughput = float64(r.sys.get("sdb")) * 1e5
+		return s
+	})
+	for _, w := range r.sys.writes {
+		assert.LessOrEqual(t, w.kb, 1024)
+		assert.GreaterOrEqual(t, w.kb, 256)
+	}
+	for _, c := range r.files.calls {
+		assert.LessOrEqual(t, c.devKB, 1024)
+	}
+	assert.Equal(t, 1024, r.sys.get("sdb"), "one file is enough with DeviceMinFiles 1: device-wide window at the maximum")
+	require.NoError(t, r.tn.RestoreAll())
+	assert.Equal(t, 256, r.sys.get("sdb"))
+	assert.Empty(t, r.store.Entries())
+}
+
+func TestDryRunWritesNothing(t *testing.T) {
+	r := newRig(t, Config{DryRun: true, Grace: 2 * time.Second}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	acts := r.run(5, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	dr := filter(acts, KindFileWindow, ResultDryRun)
+	require.Len(t, dr, 1, "reported once, not every interval")
+	assert.Equal(t, 128, dr[0].FromKB)
+	assert.Equal(t, 256, dr[0].ToKB)
+	acts = r.run(3, func() detector.Snapshot { return detector.Snapshot{Now: r.clk.Now()} })
+	assert.Len(t, filter(acts, KindFileWindowUndo, ResultDryRun), 1)
+	assert.Empty(t, r.sys.writes)
+	assert.Zero(t, r.files.dups)
+	assert.Empty(t, r.store.Entries())
+	assert.True(t, r.tn.Status().DryRun)
+}
+
+func TestOriginalsFromACrashAreRestoredFirst(t *testing.T) {
+	dir := t.TempDir()
+	st, err := state.Open(dir, state.Options{BootID: "b"})
+	require.NoError(t, err)
+	require.NoError(t, st.Record("sdb", "8:16", 128))
+	sys := newFakeSys(2048) // the crashed daemon left the device raised
+	_, err = New(Config{}, Deps{Sysfs: sys, Files: newFakeFiles(sys), Clock: clock.NewFake(0), Store: st, Logger: quiet()})
+	require.NoError(t, err)
+	assert.Equal(t, []write{{"sdb", 128}}, sys.writes)
+	assert.Empty(t, st.Entries())
+	st.Close()
+
+	// The package-level Restore (readaheadd restore) does the same.
+	st, err = state.Open(dir, state.Options{})
+	require.NoError(t, err)
+	require.NoError(t, st.Record("sdb", "8:16", 64))
+	st.Close()
+	require.NoError(t, Restore(dir, sys))
+	assert.Equal(t, 64, sys.get("sdb"))
+}
+
+func TestCorruptStateIsReportedAndNothingWritten(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, state.FileName), []byte(`{"version":1,"dev`), 0o600))
+	sys := newFakeSys(2048)
+	err := Restore(dir, sys)
+	var ce *state.CorruptError
+	require.ErrorAs(t, err, &ce)
+	assert.Contains(t, err.Error(), filepath.Join(dir, state.FileName))
+	assert.Empty(t, sys.writes)
+}
+
+func TestScopeRules(t *testing.T) {
+	r := newRig(t, Config{}, nil)
+	r.tput = kneeModel
+	data := filepath.Join(r.dir, "data")
+	// A file outside, reached through a symlink inside the allow-path.
+	outPath, outKey := realFile(t, filepath.Join(r.dir, "outside"), "secret")
+	require.NoError(t, os.Symlink(outPath, filepath.Join(data, "link")))
+	r.reader(200, 3, filepath.Join(data, "link"), outKey)
+	// A file inside.
+	inPath, inKey := realFile(t, data, "sub/blk_2")
+	r.reader(201, 4, inPath, inKey)
+
+	acts := r.run(3, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, outKey, inKey) })
+	for _, a := range acts {
+		assert.NotEqual(t, outKey, a.File, "no action on a file outside the allow-paths")
+	}
+	assert.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
+	for _, c := range r.files.calls {
+		assert.Equal(t, inKey, c.ref.Key)
+	}
+	st := r.tn.Status()
+	assert.Positive(t, st.OutOfScope)
+
+	// The scope itself: prefix, symlinked prefix, sibling with a common prefix.
+	sc, err := NewScope([]string{data})
+	require.NoError(t, err)
+	_, err = sc.Check(inPath, inKey)
+	assert.NoError(t, err)
+	_, err = sc.Check(filepath.Join(data, "link"), outKey)
+	assert.Error(t, err)
+	sib, sibKey := realFile(t, r.dir, "data2/x")
+	_, err = sc.Check(sib, sibKey)
+	assert.Error(t, err, "data2 is not under data")
+	_, err = sc.Check(inPath, outKey)
+	assert.Error(t, err, "the path must name the open file")
+	require.NoError(t, os.Symlink(data, filepath.Join(r.dir, "datalink")))
+	sc2, err := NewScope([]string{filepath.Join(r.dir, "datalink")})
+	require.NoError(t, err)
+	_, err = sc2.Check(inPath, inKey)
+	assert.NoError(t, err, "an allow-path given through a symlink is resolved")
+}
+
+func TestNoAllowPathsMeansDeviceLevelOnly(t *testing.T) {
+	r := newRig(t, Config{DeviceMinFiles: 2}, func(r *rig) {})
+	// Rebuild without allow paths.
+	var err error
+	r.tn, err = New(Config{AllowPaths: []string{}, DeviceMinFiles: 2}, Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: r.store, Logger: quiet()})
+	require.NoError(t, err)
+	r.tput = kneeModel
+	_, k1 := realFile(t, r.dir, "a")
+	_, k2 := realFile(t, r.dir, "b")
+	acts := r.run(1, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, k1) })
+	assert.Empty(t, acts, "one file is not many: nothing")
+	acts = r.run(1, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, k1, k2) })
+	require.Len(t, acts, 1)
+	assert.Equal(t, KindDeviceWindow, acts[0].Kind)
+	assert.Equal(t, 256, r.sys.get("sdb"))
+	assert.Zero(t, r.files.dups)
+}
+
+func TestNewReadersOfAnActiveFileGetTheWindow(t *testing.T) {
+	r := newRig(t, Config{}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	r.run(6, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	require.Equal(t, 512, r.files.window[key])
+
+	// The DataNode opens the block again for a new read: the new open file
+	// starts at the device's 128 KB, which its readahead event shows.
+	r.files.calls = nil
+	r.files.fds[100] = append(r.files.fds[100], FileRef{Tgid: 100, FD: 9, Key: key, Path: p})
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: 32})
+	// And another process reads it too.
+	r.files.fds[300] = []FileRef{{Tgid: 300, FD: 5, Key: key, Path: p}}
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 300, File: key, Device: sdb, RaPages: 32})
+	acts := r.tn.ApplyPending()
+	require.Len(t, acts, 1)
+	assert.Equal(t, ResultApplied, acts[0].Result)
+	assert.Equal(t, 512, acts[0].ToKB)
+	fds := map[[2]int]bool{}
+	for _, c := range r.files.calls {
+		assert.Equal(t, 512, c.devKB)
+		fds[[2]int{int(c.ref.Tgid), c.ref.FD}] = true
+	}
+	assert.True(t, fds[[2]int{100, 9}] && fds[[2]int{300, 5}], "both new readers pinned: %v", fds)
+	assert.Equal(t, 128, r.sys.get("sdb"))
+	// Once pinned, their events show the window: nothing more to do.
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 300, File: key, Device: sdb, RaPages: 128})
+	assert.Empty(t, r.tn.ApplyPending())
+}
+
+func TestProcessGoneIsACountedFailure(t *testing.T) {
+	r := newRig(t, Config{}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	r.files.gone[100] = true
+	acts := r.run(1, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	f := filter(acts, KindFileWindow, ResultFailed)
+	require.Len(t, f, 1)
+	assert.Contains(t, f[0].Evidence, "process exited")
+	assert.Positive(t, r.tn.Status().FileOpFailures)
+	assert.Empty(t, r.sys.writes)
+}
+
+func TestSysfsWritesAreRateLimited(t *testing.T) {
+	r := newRig(t, Config{SysfsWritesPerSec: 0.5, SysfsBurst: 2, Settle: time.Second}, nil)
+	r.tput = func(kb int) float64 { return float64(kb) * 1e5 }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	r.run(8, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	// 8 s at 0.5 writes/s plus a burst of 2: at most 6 writes.
+	assert.LessOrEqual(t, len(r.sys.writes), 6)
+	assert.Positive(t, r.tn.Status().RateLimited)
+	assert.Equal(t, 128, r.sys.get("sdb"))
+}
+
+func TestDeviceWideRegimeIsJudgedOnTheDevice(t *testing.T) {
+	r := newRig(t, Config{Grace: 2 * time.Second}, nil)
+	mk := func() detector.Snapshot {
+		kb := r.sys.get("sdb")
+		tput := 100e6
+		if kb >= 256 {
+			tput = 130e6 // pays once, then nothing more
+		}
+		return detector.Snapshot{Now: r.clk.Now(),
+			Devices: []detector.DeviceStats{{Device: sdb, BusyThroughput: tput}},
+			Regimes: []detector.Regime{{Kind: detector.TailInflation, Device: sdb, Evidence: "p99 up"}}}
+	}
+	acts := r.run(6, mk)
+	assert.Len(t, filter(acts, KindDeviceWindow, ResultKept), 1)
+	assert.Len(t, filter(acts, KindDeviceWindowUndo, ResultUndone), 1)
+	assert.Equal(t, 256, r.sys.get("sdb"))
+	acts = r.run(3, func() detector.Snapshot { return detector.Snapshot{Now: r.clk.Now()} })
+	assert.Len(t, filter(acts, KindDeviceWindowUndo, ResultUndone), 1)
+	assert.Equal(t, 128, r.sys.get("sdb"))
+}
+
+func TestPrefetchWhenTheWindowIsNotEnough(t *testing.T) {
+	r := newRig(t, Config{MaxKB: 256}, nil)
+	prefetching := false
+	r.tput = func(kb int) float64 {
+		if prefetching {
+			return 150e6
+		}
+		if kb >= 256 {
+			return 90e6
+		}
+		return 60e6
+	}
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	var acts []Action
+	for i := 0; i < 6; i++ {
+		r.clk.Advance(time.Second)
+		acts = append(acts, r.tn.Step(r.snap(detector.FileLatencyShift, key))...)
+		for _, c := range r.files.calls {
+			if c.advice == AdviceWillNeed {
+				prefetching = true
+			}
+		}
+	}
+	tr := filter(acts, KindPrefetch, ResultTrial)
+	require.NotEmpty(t, tr)
+	assert.Equal(t, 0, tr[0].FromKB)
+	assert.Equal(t, 2048, tr[0].ToKB)
+	assert.NotEmpty(t, filter(acts, KindPrefetch, ResultKept))
+	var wn []advCall
+	for _, c := range r.files.calls {
+		if c.advice == AdviceWillNeed {
+			wn = append(wn, c)
+		}
+	}
+	require.NotEmpty(t, wn)
+	assert.Equal(t, int64(64<<20), wn[0].off, "prefetch starts at the reader's next offset")
+	assert.LessOrEqual(t, wn[0].n, int64(2048<<10))
+}

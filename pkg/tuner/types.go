@@ -1,0 +1,255 @@
+package tuner
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/blockdev"
+	"github.com/readaheadd/readaheadd/pkg/clock"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/state"
+)
+
+// Config bounds what the tuner may do. Zero fields take the defaults below.
+type Config struct {
+	// Devices the tuner may act on, by name in /sys/block; empty: any
+	// device the detector reports.
+	Devices []string
+	// AllowPaths are directories whose files may get per-file actions (the
+	// DataNode's data directories, say). Each covers only the filesystem
+	// it is on. Empty: no per-file actions, device-wide ones only.
+	AllowPaths []string
+	// MaxKB caps every window, device or file (default 4096).
+	MaxKB int
+	// Growth multiplies the window at each escalation step (default 2).
+	Growth int
+	// Margin is the relative busy-throughput gain an action must bring to
+	// be kept (default 0.10).
+	Margin float64
+	// Settle is how long after an action its effect is measured (default
+	// 1s). Set it to at least the detector's window so the measurement
+	// covers only the new setting.
+	Settle time.Duration
+	// BackoffBase and BackoffMax bound the exponential back-off after an
+	// action that did not pay (defaults 2s and 5m). At a knee the tuner
+	// waits BackoffMax before probing one step further again.
+	BackoffBase, BackoffMax time.Duration
+	// Grace is how long no regime may apply to a target before its
+	// actions are undone (default 10s).
+	Grace time.Duration
+	// DeviceMinFiles and DeviceFileFraction: a device-wide window is tried
+	// when at least this many files, and this share of the files read on
+	// the device, need a larger window (defaults 4 and 0.5).
+	DeviceMinFiles     int
+	DeviceFileFraction float64
+	// SysfsWritesPerSec and SysfsBurst rate-limit read_ahead_kb writes per
+	// device (defaults 10/s, burst 4). A raise-pin-restore takes two.
+	SysfsWritesPerSec float64
+	SysfsBurst        int
+	// PrefetchStartKB and PrefetchMaxKB bound how far ahead of a
+	// sequential reader prefetch runs (defaults 2048 and 16384).
+	PrefetchStartKB, PrefetchMaxKB int
+	// PrefetchBytesPerSec is each device's prefetch budget (default 64 MiB/s).
+	PrefetchBytesPerSec float64
+	// MinSequentiality is the least FileStats.Sequentiality for prefetch
+	// (default 0.6).
+	MinSequentiality float64
+	// DryRun logs and reports what would be done without writing anything.
+	DryRun bool
+	// DisablePrefetch turns the prefetch actuator off.
+	DisablePrefetch bool
+	// RecentActions is how many actions Status keeps (default 64).
+	RecentActions int
+}
+
+func (c Config) withDefaults() Config {
+	if c.MaxKB == 0 {
+		c.MaxKB = 4096
+	}
+	if c.Growth == 0 {
+		c.Growth = 2
+	}
+	if c.Margin == 0 {
+		c.Margin = 0.10
+	}
+	if c.Settle == 0 {
+		c.Settle = time.Second
+	}
+	if c.BackoffBase == 0 {
+		c.BackoffBase = 2 * time.Second
+	}
+	if c.BackoffMax == 0 {
+		c.BackoffMax = 5 * time.Minute
+	}
+	if c.Grace == 0 {
+		c.Grace = 10 * time.Second
+	}
+	if c.DeviceMinFiles == 0 {
+		c.DeviceMinFiles = 4
+	}
+	if c.DeviceFileFraction == 0 {
+		c.DeviceFileFraction = 0.5
+	}
+	if c.SysfsWritesPerSec == 0 {
+		c.SysfsWritesPerSec = 10
+	}
+	if c.SysfsBurst == 0 {
+		c.SysfsBurst = 4
+	}
+	if c.PrefetchStartKB == 0 {
+		c.PrefetchStartKB = 2048
+	}
+	if c.PrefetchMaxKB == 0 {
+		c.PrefetchMaxKB = 16384
+	}
+	if c.PrefetchBytesPerSec == 0 {
+		c.PrefetchBytesPerSec = 64 << 20
+	}
+	if c.MinSequentiality == 0 {
+		c.MinSequentiality = 0.6
+	}
+	if c.RecentActions == 0 {
+		c.RecentActions = 64
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.MaxKB < 4:
+		return fmt.Errorf("tuner: max window %d KB is too small (give at least 4 KB, default 4096)", c.MaxKB)
+	case c.Growth < 2:
+		return fmt.Errorf("tuner: growth factor %d must be at least 2", c.Growth)
+	case c.Margin < 0 || c.Margin > 10:
+		return fmt.Errorf("tuner: keep margin %.2f must be between 0 and 10 (0.10 means +10%% throughput)", c.Margin)
+	case c.DeviceFileFraction < 0 || c.DeviceFileFraction > 1:
+		return fmt.Errorf("tuner: device file fraction %.2f must be between 0 and 1", c.DeviceFileFraction)
+	case c.SysfsBurst < 2:
+		return fmt.Errorf("tuner: sysfs burst %d must be at least 2 (a raise-pin-restore writes twice)", c.SysfsBurst)
+	case c.SysfsWritesPerSec <= 0 || c.PrefetchBytesPerSec < 0:
+		return errors.New("tuner: rates must be positive")
+	case c.BackoffMax < c.BackoffBase:
+		return fmt.Errorf("tuner: back-off maximum %v is below its base %v", c.BackoffMax, c.BackoffBase)
+	}
+	for _, d := range c.Devices {
+		if err := blockdev.ValidName(d); err != nil {
+			return fmt.Errorf("tuner: %w", err)
+		}
+	}
+	return nil
+}
+
+// Sysfs is the part of blockdev.SysFS the tuner uses.
+type Sysfs interface {
+	ReadAheadKB(name string) (int, error)
+	SetReadAheadKB(name string, kb int) error
+	ByDev(dev probe.Dev) (blockdev.Disk, error)
+}
+
+var _ Sysfs = blockdev.SysFS{}
+
+// Deps are the tuner's seams to the system.
+type Deps struct {
+	Sysfs  Sysfs
+	Files  FileOps // NewProcFileOps() in production
+	Clock  clock.Clock
+	Store  *state.Store // may be nil only in dry-run mode
+	Logger *slog.Logger
+}
+
+// ActionKind names what an action changed.
+type ActionKind string
+
+const (
+	KindDeviceWindow     ActionKind = "device_window"
+	KindFileWindow       ActionKind = "file_window"
+	KindPrefetch         ActionKind = "prefetch"
+	KindDeviceWindowUndo ActionKind = "device_window_undo"
+	KindFileWindowUndo   ActionKind = "file_window_undo"
+	KindPrefetchUndo     ActionKind = "prefetch_undo"
+)
+
+func undoOf(k ActionKind) ActionKind {
+	switch k {
+	case KindDeviceWindow:
+		return KindDeviceWindowUndo
+	case KindFileWindow:
+		return KindFileWindowUndo
+	case KindPrefetch:
+		return KindPrefetchUndo
+	}
+	return k
+}
+
+// Result is what became of an action.
+type Result string
+
+const (
+	// ResultTrial: applied, its effect is measured after Config.Settle.
+	ResultTrial Result = "trial"
+	// ResultKept: the measured gain reached the margin; the step stays.
+	ResultKept Result = "kept"
+	// ResultApplied: a kept decision reached a new reader of its file.
+	ResultApplied Result = "applied"
+	// ResultUndone: put back (a step that did not pay, or the regime ended).
+	ResultUndone Result = "undone"
+	// ResultFailed: the system refused (process gone, write error...).
+	ResultFailed Result = "failed"
+	// ResultDryRun: would have been done; nothing was written.
+	ResultDryRun Result = "dry_run"
+)
+
+// Action is one thing the tuner did (or would do, in dry-run mode).
+type Action struct {
+	Time     time.Duration // CLOCK_MONOTONIC
+	Device   string
+	Dev      probe.Dev
+	File     probe.FileKey // zero for device-wide actions
+	Path     string        // the file's path, when known
+	Kind     ActionKind
+	FromKB   int // window (or prefetch depth) before
+	ToKB     int // window (or prefetch depth) after
+	Result   Result
+	Evidence string
+}
+
+// DeviceStatus describes one device the tuner touched or watches.
+type DeviceStatus struct {
+	Device        string
+	Dev           probe.Dev
+	CurrentKB     int // read_ahead_kb as the tuner last set or read it
+	OriginalKB    int // value found before the first write
+	FilesAdjusted int // open files with a window other than the device's
+	Prefetching   int // files being prefetched
+}
+
+// FileStatus describes one file with a decision.
+type FileStatus struct {
+	Device     string
+	File       probe.FileKey
+	Path       string
+	WindowKB   int // window in force on its readers' open files
+	BaseKB     int
+	PrefetchKB int
+	Readers    int
+	State      string
+}
+
+// Status is the tuner's state for metrics and `readaheadd status`.
+type Status struct {
+	DryRun  bool
+	Devices []DeviceStatus
+	Files   []FileStatus
+	Recent  []Action // oldest first
+	// Counts of actions by kind and result ("file_window/kept").
+	Counts map[string]uint64
+	// FileOpFailures counts per-file operations that failed (the process
+	// or descriptor went away, fd reuse, fadvise error).
+	FileOpFailures uint64
+	// OutOfScope counts descriptors refused by the allow-path rules.
+	OutOfScope uint64
+	// RateLimited counts steps deferred by the sysfs write rate limit.
+	RateLimited uint64
+}
