@@ -2,6 +2,7 @@ package hdfs
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -62,9 +63,16 @@ func TestRealHDFSReadOnLoopDevice(t *testing.T) {
 	t.Logf("wrote %d MiB in %.2f s", fileMB, w.Seconds)
 
 	require.NoError(t, DropCaches())
+	// While the client reads, the JVM whose PID we hold must have the block file open:
+	// that is the tgid the daemon's readahead events will name.
+	stop := make(chan struct{})
+	seen := make(chan bool, 1)
+	go func() { seen <- watchOpen(c.PID, w.Blocks[0], stop) }()
 	r, err := c.Read(ctx, 1, path)
+	close(stop)
 	require.NoError(t, err)
 	require.Equal(t, w.Bytes, r.Bytes, "the client read the whole file")
+	assert.True(t, <-seen, "process %d never had %s open during the read", c.PID, w.Blocks[0])
 	require.Len(t, r.Readers, 1)
 	t.Logf("HDFS client read of %d MiB after drop_caches: %.1f MB/s (%.2f s)", fileMB, r.MBps, r.Seconds)
 
@@ -114,4 +122,22 @@ func BenchmarkRealHDFSRead(b *testing.B) {
 		mbps += r.MBps
 	}
 	b.ReportMetric(mbps/float64(b.N), "MB/s")
+}
+
+// watchOpen polls /proc/PID/fd until stop and reports whether file was ever open there.
+func watchOpen(pid int, file string, stop <-chan struct{}) bool {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	for {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && l == file {
+				return true
+			}
+		}
+		select {
+		case <-stop:
+			return false
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
 }
