@@ -255,8 +255,8 @@ type Request struct {
 	Start   time.Duration `json:"-"` // CLOCK_MONOTONIC arrival at labfs
 	Off     uint64        `json:"off"`
 	Len     uint64        `json:"len"`
-	Latency time.Duration `json:"-"` // arrival to reply
-	Extra   time.Duration `json:"-"` // latency the regimes added
+	Latency time.Duration `json:"-"`   // arrival to reply
+	Extra   time.Duration `json:"-"`   // latency the regimes added
 	Why     string        `json:"why"` // regimes that added it: p, t, i
 	T       int64         `json:"t"`
 	LatNS   int64         `json:"lat_ns"`

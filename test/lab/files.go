@@ -66,6 +66,19 @@ func (l *Lab) WriteFragmented(a, b string, mb, chunkMB int) (string, string, err
 		return "", "", fmt.Errorf("fragmented files: need 1 <= chunk (%d MiB) <= size (%d MiB)", chunkMB, mb)
 	}
 	pa, pb := l.path(a), l.path(b)
+	// ext4 gives every large file its own preallocation, which keeps a
+	// file contiguous however its writes interleave. Treating all files as
+	// small ("stream" threshold raised) makes them share one allocation
+	// stream, so interleaved fsynced pieces alternate on the device.
+	knob := filepath.Join("/sys/fs/ext4", l.Name, "mb_stream_req")
+	old, err := os.ReadFile(knob)
+	if err != nil {
+		return "", "", fmt.Errorf("read %s: %w", knob, err)
+	}
+	if err := os.WriteFile(knob, []byte("1000000000\n"), 0); err != nil {
+		return "", "", fmt.Errorf("set %s: %w", knob, err)
+	}
+	defer os.WriteFile(knob, old, 0)
 	var files [2]*os.File
 	for i, p := range []string{pa, pb} {
 		f, err := os.OpenFile(p, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)

@@ -502,6 +502,7 @@ static void clear_intrinsic(void)
 // command handles one control line and writes the reply into out.
 static void command(char *line, char *out, size_t outn)
 {
+	line[strcspn(line, "\r\n")] = 0;
 	char *label = strstr(line, " #");
 	if (label) {
 		*label = 0;

@@ -1,0 +1,335 @@
+package lab_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/test/lab"
+)
+
+var raSweep = []int{128, 256, 512, 1024, 2048, 4096}
+
+// fileMB is the size of the file the throughput tests read: one HDFS block
+// in the full form, half of one in the short form CI runs.
+func fileMB() int {
+	if lab.Full() {
+		return 256
+	}
+	return 128
+}
+
+// sweep reads path once per read_ahead_kb value, the file's cache dropped
+// before each read, and returns MB/s per value.
+func sweep(t *testing.T, l *lab.Lab, path string, kbs []int) map[int]float64 {
+	t.Helper()
+	out := map[int]float64{}
+	for _, kb := range kbs {
+		require.NoError(t, l.SetReadAheadKB(kb))
+		require.NoError(t, lab.DropFileCache(path))
+		res, err := lab.ReadSeq(path)
+		require.NoError(t, err)
+		out[kb] = res.MBps()
+	}
+	require.NoError(t, l.SetReadAheadKB(128))
+	return out
+}
+
+func best(m map[int]float64) (int, float64) {
+	bk, bv := 0, 0.0
+	for k, v := range m {
+		if v > bv || (v == bv && k < bk) {
+			bk, bv = k, v
+		}
+	}
+	return bk, bv
+}
+
+func line(m map[int]float64) string {
+	var ks []int
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Ints(ks)
+	var b strings.Builder
+	for _, k := range ks {
+		fmt.Fprintf(&b, " %d:%.0f", k, m[k])
+	}
+	return strings.TrimSpace(b.String())
+}
+
+// TestLabHealthyAndPermanent checks the device model: healthy, the default
+// window is within 20% of the best static one; a permanent +1.5 ms slowdown
+// on the file costs the default window >= 30% and +3 ms more than half,
+// while the best static window recovers >= 90% of healthy. It also checks
+// that the block layer sees the injected latency (/proc/diskstats).
+func TestLabHealthyAndPermanent(t *testing.T) {
+	l := lab.New(t, lab.Options{})
+	p, err := l.WriteFile("block.dat", fileMB())
+	require.NoError(t, err)
+
+	healthy := sweep(t, l, p, raSweep)
+	_, hBest := best(healthy)
+	t.Logf("healthy %d MB, MB/s by read_ahead_kb: %s", fileMB(), line(healthy))
+	assert.GreaterOrEqual(t, healthy[128], 0.8*hBest, "healthy: default 128 KB within 20%% of the best")
+
+	// Block-layer latency at the default window, healthy.
+	require.NoError(t, lab.DropFileCache(p))
+	d0, err := l.DiskStats()
+	require.NoError(t, err)
+	_, err = lab.ReadSeq(p)
+	require.NoError(t, err)
+	d1, err := l.DiskStats()
+	require.NoError(t, err)
+	hLat := d1.Sub(d0).MeanReadLatency()
+
+	for _, c := range []struct {
+		extra   time.Duration
+		maxKeep float64 // default window keeps at most this share of healthy
+	}{{1500 * time.Microsecond, 0.70}, {3 * time.Millisecond, 0.50}} {
+		require.NoError(t, l.Clear())
+		require.NoError(t, l.SetPermanent(c.extra, p))
+		slow := sweep(t, l, p, raSweep)
+		bk, bv := best(slow)
+		keep := slow[128] / healthy[128]
+		t.Logf("permanent +%s, MB/s by read_ahead_kb: %s; default keeps %.0f%% of healthy; best %d KB recovers %.0f%%",
+			c.extra, line(slow), 100*keep, bk, 100*bv/hBest)
+		assert.Less(t, keep, c.maxKeep, "permanent +%s: default window must lose enough", c.extra)
+		assert.GreaterOrEqual(t, bv, 0.9*hBest, "permanent +%s: best static window recovers >= 90%% of healthy", c.extra)
+
+		require.NoError(t, lab.DropFileCache(p))
+		d0, err := l.DiskStats()
+		require.NoError(t, err)
+		_, err = lab.ReadSeq(p)
+		require.NoError(t, err)
+		d1, err := l.DiskStats()
+		require.NoError(t, err)
+		sLat := d1.Sub(d0).MeanReadLatency()
+		t.Logf("permanent +%s: /proc/diskstats mean read latency %s healthy -> %s (+%s)", c.extra, hLat, sLat, sLat-hLat)
+		// The block layer must see the added latency (the channel wait
+		// shrinks a little as the channel gets idle, hence the slack).
+		assert.InDelta(t, float64(c.extra), float64(sLat-hLat), 0.35*float64(c.extra),
+			"block-layer latency increase should match the injected +%s", c.extra)
+	}
+	st, err := l.Stats()
+	require.NoError(t, err)
+	assert.NotZero(t, st.HitsPermanent)
+	ev, err := l.GroundTruth()
+	require.NoError(t, err)
+	var perms int
+	for _, e := range ev {
+		if e.Event == "permanent" {
+			perms++
+			assert.Equal(t, p, e.Label)
+		}
+	}
+	assert.Equal(t, 2, perms, "ground truth records both permanent regimes")
+}
+
+// capture records what the block layer sees on the lab device with the
+// probe; it returns a stop function giving the records.
+func capture(t *testing.T, l *lab.Lab) func() []probe.Record {
+	t.Helper()
+	p, err := probe.Load(probe.Config{Devices: []probe.Dev{l.Dev}, Poll: 20 * time.Millisecond})
+	if err != nil {
+		t.Skipf("probe unavailable (%v): block-layer latency not checked", err)
+	}
+	var mu sync.Mutex
+	var recs []probe.Record
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- p.Run(ctx, probe.HandlerFuncs{Record: func(r probe.Record) {
+			mu.Lock()
+			recs = append(recs, r)
+			mu.Unlock()
+		}})
+	}()
+	var once sync.Once
+	stop := func() []probe.Record {
+		once.Do(func() {
+			time.Sleep(100 * time.Millisecond) // let the last records drain
+			cancel()
+			require.NoError(t, <-done)
+			require.NoError(t, p.Close())
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		return recs
+	}
+	t.Cleanup(func() { stop() })
+	return stop
+}
+
+func lats(recs []probe.Record, keep func(probe.Record) bool) []time.Duration {
+	var out []time.Duration
+	for _, r := range recs {
+		if r.Error || (keep != nil && !keep(r)) {
+			continue
+		}
+		out = append(out, r.Latency)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// TestLabTemporal: periodic windows in which 5% of reads wait 20 ms more
+// raise the p99 the block layer sees, not the median.
+func TestLabTemporal(t *testing.T) {
+	l := lab.New(t, lab.Options{})
+	p, err := l.WriteFile("t.dat", 64)
+	require.NoError(t, err)
+	read := func(d time.Duration) []probe.Record {
+		stop := capture(t, l)
+		deadline := time.Now().Add(d)
+		for time.Now().Before(deadline) {
+			require.NoError(t, lab.DropFileCache(p))
+			_, err := lab.ReadSeq(p)
+			require.NoError(t, err)
+		}
+		return stop()
+	}
+	d := 3 * time.Second
+	if lab.Full() {
+		d = 10 * time.Second
+	}
+	base := lats(read(d), nil)
+	require.NotEmpty(t, base)
+	// Windows cover the whole run (duration = period) so that the
+	// comparison is between regimes, not diluted by time outside windows.
+	_, err = l.SetTemporal(lab.Temporal{Period: time.Second, Duration: time.Second, Fraction: 0.05, Extra: 20 * time.Millisecond})
+	require.NoError(t, err)
+	slow := lats(read(d), nil)
+	require.NoError(t, l.Clear("temporal"))
+	require.NotEmpty(t, slow)
+	bm, b99 := lab.Quantile(base, 0.5), lab.Quantile(base, 0.99)
+	sm, s99 := lab.Quantile(slow, 0.5), lab.Quantile(slow, 0.99)
+	t.Logf("temporal (5%% of reads +20 ms): block-layer latency p50 %s -> %s, p99 %s -> %s (%d / %d requests)",
+		bm, sm, b99, s99, len(base), len(slow))
+	assert.Greater(t, s99, b99+10*time.Millisecond, "temporal: p99 must rise by most of the extra latency")
+	assert.Less(t, float64(sm), 1.5*float64(bm), "temporal: the median must stay about the same")
+}
+
+// TestLabIntrinsic: in a file fragmented on purpose, the first reads of
+// each extent are slower than the rest, as the block layer sees them.
+func TestLabIntrinsic(t *testing.T) {
+	l := lab.New(t, lab.Options{})
+	a, _, err := l.WriteFragmented("frag-a.dat", "frag-b.dat", 64, 4)
+	require.NoError(t, err)
+	exts, err := lab.Extents(a)
+	require.NoError(t, err)
+	t.Logf("fragmented file: %d extents", len(exts))
+	require.GreaterOrEqual(t, len(exts), 8, "interleaved fsynced writes must fragment the file")
+
+	const firstN, extra = 2, 3 * time.Millisecond
+	require.NoError(t, l.SetIntrinsic(firstN, extra, a))
+	stop := capture(t, l)
+	require.NoError(t, lab.DropFileCache(a))
+	res, err := lab.ReadSeq(a)
+	require.NoError(t, err)
+	recs := stop()
+
+	// Classify each request by where it falls in its extent: the first
+	// firstN requests after the read enters an extent are "starts".
+	sort.Slice(recs, func(i, j int) bool { return recs[i].Issue < recs[j].Issue })
+	cur, seen := -1, 0
+	var starts, rest []time.Duration
+	for _, r := range recs {
+		off := r.Sector * 512
+		e := -1
+		for i, x := range exts {
+			if off >= x.Physical && off < x.Physical+x.Length {
+				e = i
+			}
+		}
+		if e < 0 {
+			continue // metadata
+		}
+		if e != cur {
+			cur, seen = e, 0
+		}
+		seen++
+		if seen <= firstN {
+			starts = append(starts, r.Latency)
+		} else {
+			rest = append(rest, r.Latency)
+		}
+	}
+	require.NotEmpty(t, starts)
+	require.NotEmpty(t, rest)
+	sort.Slice(starts, func(i, j int) bool { return starts[i] < starts[j] })
+	sort.Slice(rest, func(i, j int) bool { return rest[i] < rest[j] })
+	ms, mr := lab.Quantile(starts, 0.5), lab.Quantile(rest, 0.5)
+	t.Logf("intrinsic (first %d requests of each extent +%s): block-layer median %s at extent starts (%d requests) vs %s elsewhere (%d); file read at %.0f MB/s",
+		firstN, extra, ms, len(starts), mr, len(rest), res.MBps())
+	assert.Greater(t, ms, mr+extra/2, "intrinsic: extent-start requests must be slower by most of the extra latency")
+}
+
+// TestLabContentionAndCleanup: a background reader takes device bandwidth
+// from a sequential reader; Down leaves no loop device, mount or process.
+func TestLabContentionAndCleanup(t *testing.T) {
+	if err := lab.Available(); err != nil {
+		t.Skipf("lab: %v", err)
+	}
+	l, err := lab.Up(lab.Options{})
+	require.NoError(t, err)
+	st := l.State()
+	downed := false
+	t.Cleanup(func() {
+		if !downed {
+			_ = l.Down()
+		}
+	})
+	p, err := l.WriteFile("fg.dat", 64)
+	require.NoError(t, err)
+	_, err = l.WriteFile("bg.dat", 64)
+	require.NoError(t, err)
+	alone, err := lab.ReadSeq(p)
+	require.NoError(t, err)
+	c, err := l.StartContention("bg.dat", 2, 1024)
+	require.NoError(t, err)
+	require.NoError(t, lab.DropFileCache(p))
+	shared, err := lab.ReadSeq(p)
+	require.NoError(t, err)
+	require.NoError(t, c.Stop())
+	t.Logf("contention: foreground %.0f MB/s alone, %.0f MB/s against 2 O_DIRECT readers (%d MB read in background)",
+		alone.MBps(), shared.MBps(), c.Bytes()>>20)
+	assert.Less(t, shared.MBps(), 0.8*alone.MBps(), "contention must take bandwidth")
+
+	ev, err := l.GroundTruth()
+	require.NoError(t, err)
+	var names []string
+	for _, e := range ev {
+		names = append(names, e.Event)
+	}
+	assert.Subset(t, names, []string{"start", "contention-start", "contention-stop"})
+
+	// An already-open reader keeps working across Down's preparations.
+	require.NoError(t, l.Down())
+	downed = true
+	require.NoError(t, l.Down(), "Down is idempotent")
+
+	losetup, _ := os.ReadFile("/proc/self/mounts")
+	assert.NotContains(t, string(losetup), st.Mount)
+	assert.NotContains(t, string(losetup), st.FuseDir)
+	_, err = os.Stat("/sys/block/" + l.Name + "/loop/backing_file")
+	if err == nil {
+		b, _ := os.ReadFile("/sys/block/" + l.Name + "/loop/backing_file")
+		assert.NotEqual(t, st.Image, strings.TrimSpace(string(b)), "loop device still attached to the lab image")
+	}
+	_, err = os.Stat(fmt.Sprintf("/proc/%d", st.PID))
+	assert.True(t, os.IsNotExist(err), "labfs process %d still exists", st.PID)
+	_, err = os.Stat(st.WorkDir)
+	assert.True(t, os.IsNotExist(err), "work directory remains")
+	_, err = os.Stat(lab.StateDir + "/" + st.ID + ".json")
+	assert.True(t, os.IsNotExist(err), "state file remains")
+}
