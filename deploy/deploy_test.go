@@ -1,0 +1,371 @@
+// Package deploy holds no code: its tests validate the deployment files
+// offline (systemd unit, Kubernetes manifests, Prometheus rules, Grafana
+// dashboard) against the tools and API types they are meant for.
+package deploy
+
+import (
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/readaheadd/readaheadd/pkg/config"
+	"github.com/readaheadd/readaheadd/pkg/metrics"
+)
+
+func read(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return b
+}
+
+// ---- systemd ----
+
+func TestSystemdUnitVerifies(t *testing.T) {
+	unit := string(read(t, "systemd/readaheadd.service"))
+	assert.Contains(t, unit, "\nType=notify\n")
+	assert.Contains(t, unit, "\nRestart=on-failure\n")
+	assert.Contains(t, unit, "\nExecStartPre=/usr/local/bin/readaheadd restore")
+	assert.Contains(t, unit, "\nStateDirectory=readaheadd\n")
+	assert.NotRegexp(t, `(?m)^ProtectKernelTunables=`, unit, "it makes /sys read-only")
+	assert.NotRegexp(t, `(?m)^ProtectProc=`, unit, "the daemon must see readers' /proc/PID/fd")
+	caps := regexp.MustCompile(`(?m)^CapabilityBoundingSet=(.*)$`).FindStringSubmatch(unit)
+	require.NotNil(t, caps)
+	for _, c := range []string{"CAP_BPF", "CAP_PERFMON", "CAP_SYS_ADMIN", "CAP_SYS_PTRACE", "CAP_DAC_OVERRIDE"} {
+		assert.Contains(t, strings.Fields(caps[1]), c)
+	}
+
+	sa, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze not installed (Debian package systemd)")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "readaheadd")
+	build := exec.Command("go", "build", "-o", bin, "../cmd/readaheadd")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "build readaheadd: %s", out)
+	// verify checks that the executables exist: point them at the build.
+	unitPath := filepath.Join(dir, "readaheadd.service")
+	require.NoError(t, os.WriteFile(unitPath, []byte(strings.ReplaceAll(unit, "/usr/local/bin/readaheadd", bin)), 0o644))
+	cmd := exec.Command(sa, "verify", unitPath)
+	cmd.Env = append(os.Environ(), "SYSTEMD_LOG_LEVEL=warning")
+	out, err = cmd.CombinedOutput()
+	// Messages about other units on this machine are not ours to fix.
+	var ours []string
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if strings.Contains(l, "readaheadd") {
+			ours = append(ours, l)
+		}
+	}
+	assert.NoError(t, err, "systemd-analyze verify: %s", out)
+	assert.Empty(t, ours, "systemd-analyze verify reported: %s", out)
+}
+
+func TestSystemdConfigParsesStrictly(t *testing.T) {
+	c, err := config.Parse(read(t, "systemd/config.yaml"), config.Default())
+	require.NoError(t, err)
+	assert.Equal(t, config.Default(), c, "the example states the defaults")
+}
+
+// ---- Kubernetes ----
+
+// serviceMonitor is the part of prometheus-operator's monitoring.coreos.com/v1
+// ServiceMonitor that the manifest uses; unknown fields fail the decode.
+type serviceMonitor struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Selector          metav1.LabelSelector `json:"selector"`
+		NamespaceSelector struct {
+			MatchNames []string `json:"matchNames"`
+		} `json:"namespaceSelector"`
+		Endpoints []struct {
+			Port          string `json:"port"`
+			Path          string `json:"path"`
+			Interval      string `json:"interval"`
+			ScrapeTimeout string `json:"scrapeTimeout"`
+			Relabelings   []struct {
+				SourceLabels []string `json:"sourceLabels"`
+				TargetLabel  string   `json:"targetLabel"`
+			} `json:"relabelings"`
+		} `json:"endpoints"`
+	} `json:"spec"`
+}
+
+type manifests struct {
+	ds  *appsv1.DaemonSet
+	svc *corev1.Service
+	cm  *corev1.ConfigMap
+	sm  *serviceMonitor
+	np  *networkingv1.NetworkPolicy
+	ns  *corev1.Namespace
+	sa  *corev1.ServiceAccount
+}
+
+func loadManifests(t *testing.T) manifests {
+	t.Helper()
+	files, err := filepath.Glob("kubernetes/*.yaml")
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	var m manifests
+	for _, f := range files {
+		data := read(t, f)
+		var tm metav1.TypeMeta
+		require.NoError(t, yaml.Unmarshal(data, &tm), f)
+		var obj any
+		switch tm.APIVersion + " " + tm.Kind {
+		case "apps/v1 DaemonSet":
+			m.ds = &appsv1.DaemonSet{}
+			obj = m.ds
+		case "v1 Service":
+			m.svc = &corev1.Service{}
+			obj = m.svc
+		case "v1 ConfigMap":
+			m.cm = &corev1.ConfigMap{}
+			obj = m.cm
+		case "v1 Namespace":
+			m.ns = &corev1.Namespace{}
+			obj = m.ns
+		case "v1 ServiceAccount":
+			m.sa = &corev1.ServiceAccount{}
+			obj = m.sa
+		case "networking.k8s.io/v1 NetworkPolicy":
+			m.np = &networkingv1.NetworkPolicy{}
+			obj = m.np
+		case "monitoring.coreos.com/v1 ServiceMonitor":
+			m.sm = &serviceMonitor{}
+			obj = m.sm
+		default:
+			t.Fatalf("%s: unexpected %s %s: add its type to this test", f, tm.APIVersion, tm.Kind)
+		}
+		require.NoError(t, yaml.UnmarshalStrict(data, obj), "%s does not decode strictly into its API type", f)
+	}
+	require.NotNil(t, m.ds, "DaemonSet")
+	require.NotNil(t, m.svc, "Service")
+	require.NotNil(t, m.cm, "ConfigMap")
+	require.NotNil(t, m.sm, "ServiceMonitor")
+	return m
+}
+
+func TestStrictDecodeCatchesMisspelling(t *testing.T) {
+	// (encoding/json matches names case-insensitively, so "hostPid" would
+	// pass; misspellings and misplaced fields do not.)
+	bad := []byte("apiVersion: apps/v1\nkind: DaemonSet\nspec:\n  template:\n    spec:\n      hostPIDs: true\n")
+	err := yaml.UnmarshalStrict(bad, &appsv1.DaemonSet{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "hostPIDs")
+	misplaced := []byte("apiVersion: apps/v1\nkind: DaemonSet\nspec:\n  hostPID: true\n")
+	require.Error(t, yaml.UnmarshalStrict(misplaced, &appsv1.DaemonSet{}))
+}
+
+func TestKubernetesManifests(t *testing.T) {
+	m := loadManifests(t)
+	ns := m.ds.Namespace
+	for _, o := range []metav1.Object{m.svc, m.cm, m.sm} {
+		assert.Equal(t, ns, o.GetNamespace(), o.GetName())
+	}
+
+	spec := m.ds.Spec.Template.Spec
+	assert.True(t, spec.HostPID, "pidfd_open on the readers needs host PIDs")
+	assert.Equal(t, "system-node-critical", spec.PriorityClassName)
+	require.NotEmpty(t, spec.Tolerations)
+	assert.Equal(t, corev1.TolerationOpExists, spec.Tolerations[0].Operator)
+	assert.Equal(t, m.ds.Spec.Selector.MatchLabels, m.ds.Spec.Template.Labels)
+	assert.Equal(t, m.svc.Spec.Selector, m.ds.Spec.Template.Labels)
+
+	require.Len(t, spec.Containers, 1)
+	c := spec.Containers[0]
+	require.NotNil(t, c.SecurityContext)
+	assert.False(t, c.SecurityContext.Privileged != nil && *c.SecurityContext.Privileged, "capabilities, not privileged")
+	var added []string
+	for _, cp := range c.SecurityContext.Capabilities.Add {
+		added = append(added, string(cp))
+	}
+	for _, want := range []string{"BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE", "DAC_OVERRIDE"} {
+		assert.Contains(t, added, want)
+	}
+	assert.Equal(t, []corev1.Capability{"ALL"}, c.SecurityContext.Capabilities.Drop)
+
+	// Probes hit /healthz on the port the config binds.
+	for _, p := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe} {
+		require.NotNil(t, p)
+		require.NotNil(t, p.HTTPGet)
+		assert.Equal(t, "/healthz", p.HTTPGet.Path)
+		assert.Equal(t, "metrics", p.HTTPGet.Port.String())
+	}
+	require.Len(t, c.Ports, 1)
+	assert.Equal(t, "metrics", c.Ports[0].Name)
+
+	cfgText, ok := m.cm.Data["config.yaml"]
+	require.True(t, ok)
+	cfg, err := config.Parse([]byte(cfgText), config.Default())
+	require.NoError(t, err, "the ConfigMap's config must pass the daemon's strict parse")
+	_, port, err := net.SplitHostPort(cfg.MetricsAddr)
+	require.NoError(t, err)
+	assert.Equal(t, port, itoa(c.Ports[0].ContainerPort))
+
+	mounts := map[string]corev1.VolumeMount{}
+	for _, vm := range c.VolumeMounts {
+		mounts[vm.MountPath] = vm
+	}
+	assert.False(t, mounts["/sys"].ReadOnly, "read_ahead_kb writes need a writable /sys")
+	assert.Contains(t, mounts, "/var/lib/readaheadd")
+	assert.Contains(t, mounts, "/etc/readaheadd")
+	for _, p := range cfg.AllowPaths {
+		_, ok := mounts[p]
+		assert.True(t, ok, "allow-path %s is mounted at the same path", p)
+	}
+	vols := map[string]corev1.Volume{}
+	for _, v := range spec.Volumes {
+		vols[v.Name] = v
+	}
+	for _, vm := range c.VolumeMounts {
+		assert.Contains(t, vols, vm.Name, "mount %s has a volume", vm.MountPath)
+	}
+	require.NotNil(t, vols["state"].HostPath, "the state dir survives pod restarts")
+
+	// A restore runs before the daemon starts; SIGTERM gives time to restore.
+	require.NotEmpty(t, spec.InitContainers)
+	assert.Equal(t, "restore", spec.InitContainers[0].Args[0])
+	require.NotNil(t, spec.TerminationGracePeriodSeconds)
+	assert.GreaterOrEqual(t, *spec.TerminationGracePeriodSeconds, int64(10))
+
+	// The ServiceMonitor scrapes the Service's port by name.
+	require.Len(t, m.sm.Spec.Endpoints, 1)
+	var svcPorts []string
+	for _, p := range m.svc.Spec.Ports {
+		svcPorts = append(svcPorts, p.Name)
+	}
+	assert.Contains(t, svcPorts, m.sm.Spec.Endpoints[0].Port)
+	assert.Equal(t, m.svc.Labels, m.sm.Spec.Selector.MatchLabels)
+	assert.Equal(t, "/metrics", m.sm.Spec.Endpoints[0].Path)
+}
+
+func itoa(i int32) string { b, _ := json.Marshal(i); return string(b) }
+
+// ---- Prometheus rules and Grafana dashboard ----
+
+func TestPromtoolRules(t *testing.T) {
+	pt, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("promtool not installed (Debian package prometheus)")
+	}
+	out, err := exec.Command(pt, "check", "rules", "prometheus/readaheadd-rules.yaml").CombinedOutput()
+	require.NoError(t, err, "promtool check rules: %s", out)
+	cmd := exec.Command(pt, "test", "rules", "readaheadd-rules.test.yaml")
+	cmd.Dir = "prometheus"
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, "promtool test rules: %s", out)
+}
+
+// exported lists the metric names readaheadd serves (histograms with their
+// series suffixes).
+func exported(t *testing.T) map[string]bool {
+	t.Helper()
+	ch := make(chan *prometheus.Desc, 64)
+	metrics.NewCollector(metrics.Sources{}).Describe(ch)
+	close(ch)
+	re := regexp.MustCompile(`fqName: "([a-z_]+)"`)
+	names := map[string]bool{}
+	for d := range ch {
+		m := re.FindStringSubmatch(d.String())
+		require.NotNil(t, m, d.String())
+		names[m[1]] = true
+		for _, s := range []string{"_bucket", "_sum", "_count"} {
+			names[m[1]+s] = true
+		}
+	}
+	require.True(t, names["readaheadd_read_latency_seconds_bucket"])
+	return names
+}
+
+var metricRef = regexp.MustCompile(`\breadaheadd_[a-z_]+\b`)
+
+func checkRefs(t *testing.T, where, expr string, names map[string]bool) {
+	t.Helper()
+	for _, ref := range metricRef.FindAllString(expr, -1) {
+		assert.True(t, names[ref], "%s uses %s, which readaheadd does not export", where, ref)
+	}
+}
+
+func TestRulesUseExportedMetrics(t *testing.T) {
+	var rf struct {
+		Groups []struct {
+			Name  string `json:"name"`
+			Rules []struct {
+				Alert       string            `json:"alert"`
+				Expr        string            `json:"expr"`
+				For         string            `json:"for"`
+				Labels      map[string]string `json:"labels"`
+				Annotations map[string]string `json:"annotations"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	require.NoError(t, yaml.UnmarshalStrict(read(t, "prometheus/readaheadd-rules.yaml"), &rf))
+	names := exported(t)
+	var alerts []string
+	for _, g := range rf.Groups {
+		for _, r := range g.Rules {
+			alerts = append(alerts, r.Alert)
+			checkRefs(t, r.Alert, r.Expr, names)
+			assert.NotEmpty(t, r.Labels["severity"], r.Alert)
+			assert.NotEmpty(t, r.Annotations["summary"], r.Alert)
+		}
+	}
+	sort.Strings(alerts)
+	for _, want := range []string{"ReadaheaddActionsFailing", "ReadaheaddDeviceStuckInRegime", "ReadaheaddEventsLost"} {
+		assert.Contains(t, alerts, want)
+	}
+}
+
+func TestGrafanaDashboard(t *testing.T) {
+	var dash struct {
+		Title  string `json:"title"`
+		UID    string `json:"uid"`
+		Panels []struct {
+			ID      int    `json:"id"`
+			Title   string `json:"title"`
+			Type    string `json:"type"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	data := read(t, "grafana/readaheadd.json")
+	require.True(t, json.Valid(data), "dashboard is valid JSON")
+	require.NoError(t, json.Unmarshal(data, &dash))
+	assert.NotEmpty(t, dash.UID)
+	require.NotEmpty(t, dash.Panels)
+	names := exported(t)
+	ids := map[int]bool{}
+	used := map[string]bool{}
+	for _, p := range dash.Panels {
+		assert.False(t, ids[p.ID], "panel id %d repeated", p.ID)
+		ids[p.ID] = true
+		require.NotEmpty(t, p.Targets, p.Title)
+		for _, tg := range p.Targets {
+			checkRefs(t, p.Title, tg.Expr, names)
+			for _, ref := range metricRef.FindAllString(tg.Expr, -1) {
+				used[strings.TrimSuffix(ref, "_bucket")] = true
+			}
+		}
+	}
+	for _, m := range []string{"readaheadd_read_latency_seconds", "readaheadd_read_ahead_kb", "readaheadd_regime_active", "readaheadd_actions_total", "readaheadd_bpf_events_lost_total"} {
+		assert.True(t, used[m], "the dashboard shows %s", m)
+	}
+}
