@@ -49,4 +49,4 @@ test-hdfs:
 	READAHEADD_HDFS=1 $(GOTEST) $(TESTFLAGS) -v -run RealHDFS ./test/hdfs/
 
 bench-hdfs:
-	READAHEADD_HDFS=1 $(GOTEST) -count=1 -timeout 25m -run '^$$' -bench RealHDFS -benchtime=3x ./test/hdfs/
+	READAHEADD_HDFS=1 $(GOTEST) -count=1 -timeout 25m -run '^$$' -bench RealHDFS -benchtime=3x ./test/hdfs/...
