@@ -1,78 +1,162 @@
 package main
 
 import (
+	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
+	"github.com/readaheadd/readaheadd/pkg/clock"
 	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/metrics"
 	"github.com/readaheadd/readaheadd/pkg/probe"
-	"github.com/readaheadd/readaheadd/pkg/state"
+	"github.com/readaheadd/readaheadd/pkg/tuner"
 )
 
-// observer is the controller used until regime detection and tuning are
-// connected: it watches, exports each device's window next to the value it
-// had at start, and changes nothing, so it has nothing to restore.
-type observer struct {
-	sys   blockdev.SysFS
-	store *state.Store
+// pipeline is the production controller: probe records feed the detector,
+// readahead events feed the tuner, and every interval the detector's
+// snapshot drives one tuner step.
+type pipeline struct {
+	det   *detector.Detector
+	tun   *tuner.Tuner
+	clk   clock.Clock
 	log   *slog.Logger
+	sys   blockdev.SysFS
 	disks []blockdev.Disk
 
-	mu       sync.Mutex
-	original map[string]int // read_ahead_kb at start
-	records  uint64
-	ra       uint64
+	mu     sync.Mutex
+	snap   detector.Snapshot
+	have   bool
+	counts map[[3]string]uint64 // device, action, result
 }
 
-func newController(d controlDeps) controller {
-	o := &observer{sys: d.sys, store: d.store, log: d.log, disks: d.cfg.Disks, original: map[string]int{}}
-	for _, disk := range d.cfg.Disks {
-		kb, err := d.sys.ReadAheadKB(disk.Name)
-		if err != nil {
-			d.log.Warn("read read_ahead_kb", "device", disk.Name, "error", err)
+func newController(d controlDeps) (controller, error) {
+	dc := detector.DefaultConfig()
+	// One detection window per evaluation, so a regime can be entered at
+	// the first evaluation after its onset.
+	dc.Window = d.cfg.Interval
+	if dc.LongWindow < 10*d.cfg.Interval {
+		dc.LongWindow = 10 * d.cfg.Interval
+	}
+	if err := dc.Validate(); err != nil {
+		return nil, err
+	}
+	tc := tuner.Config{
+		Devices:    d.cfg.Devices,
+		AllowPaths: d.cfg.AllowPaths,
+		MaxKB:      d.cfg.MaxReadAheadKB,
+		DryRun:     d.cfg.DryRun,
+		// Measure an action over at least one full detection window.
+		Settle: d.cfg.Interval,
+	}
+	tun, err := tuner.New(tc, tuner.Deps{
+		Sysfs: d.sys, Files: tuner.NewProcFileOps(), Clock: d.clk, Store: d.store, Logger: d.log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &pipeline{det: detector.New(dc), tun: tun, clk: d.clk, log: d.log, sys: d.sys, disks: d.cfg.Disks, counts: map[[3]string]uint64{}}, nil
+}
+
+func (p *pipeline) HandleRecord(r probe.Record) { p.det.Observe(r) }
+
+func (p *pipeline) HandleReadahead(e probe.ReadaheadEvent) { p.tun.ObserveReadahead(e) }
+
+func (p *pipeline) Step(now time.Duration) {
+	snap := p.det.Evaluate(now)
+	p.mu.Lock()
+	p.snap, p.have = snap, true
+	p.mu.Unlock()
+	p.count(p.tun.Step(snap))
+}
+
+func (p *pipeline) ApplyPending() { p.count(p.tun.ApplyPending()) }
+
+// count accumulates actions for readaheadd_actions_total: the action label
+// is the knob (an undo counts under its knob with result "undone").
+func (p *pipeline) count(acts []tuner.Action) {
+	if len(acts) == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, a := range acts {
+		p.counts[[3]string{a.Device, strings.TrimSuffix(string(a.Kind), "_undo"), string(a.Result)}]++
+	}
+}
+
+func (p *pipeline) Snapshot() (detector.Snapshot, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.snap, p.have
+}
+
+func (p *pipeline) TunerStatus() metrics.TunerStatus {
+	st := p.tun.Status()
+	ts := metrics.TunerStatus{DryRun: st.DryRun}
+	for _, d := range st.Devices {
+		ts.Devices = append(ts.Devices, metrics.DeviceState{
+			Name: d.Device, Dev: d.Dev.String(), ReadAheadKB: d.CurrentKB, OriginalKB: d.OriginalKB, FilesAdjusted: d.FilesAdjusted,
+		})
+	}
+	// Devices the tuner has not touched yet are at their original window.
+	known := map[string]bool{}
+	for _, d := range ts.Devices {
+		known[d.Name] = true
+	}
+	for _, d := range p.disks {
+		if known[d.Name] {
 			continue
 		}
-		o.original[disk.Name] = kb
-	}
-	d.log.Info("observing only: regime detection and tuning are not connected in this build; no setting will be changed")
-	return o
-}
-
-func (o *observer) HandleRecord(probe.Record) {
-	o.mu.Lock()
-	o.records++
-	o.mu.Unlock()
-}
-
-func (o *observer) HandleReadahead(probe.ReadaheadEvent) {
-	o.mu.Lock()
-	o.ra++
-	o.mu.Unlock()
-}
-
-func (o *observer) Step(time.Duration) {}
-
-func (o *observer) Snapshot() (detector.Snapshot, bool) { return detector.Snapshot{}, false }
-
-func (o *observer) TunerStatus() metrics.TunerStatus {
-	ts := metrics.TunerStatus{DryRun: true}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	for _, d := range o.disks {
-		cur, err := o.sys.ReadAheadKB(d.Name)
+		kb, err := p.sys.ReadAheadKB(d.Name)
 		if err != nil {
-			continue // gone; nothing to export
+			continue // gone: nothing to export
 		}
-		orig, ok := o.store.Original(d.Name)
-		if !ok {
-			orig = o.original[d.Name]
+		ts.Devices = append(ts.Devices, metrics.DeviceState{Name: d.Name, Dev: d.Dev.String(), ReadAheadKB: kb, OriginalKB: kb})
+	}
+	p.mu.Lock()
+	for k, n := range p.counts {
+		ts.Actions = append(ts.Actions, metrics.ActionCount{Device: k[0], Action: k[1], Result: k[2], Count: n})
+	}
+	p.mu.Unlock()
+	// Monotonic action times to wall-clock time for display.
+	wallNow, monoNow := time.Now(), p.clk.Now()
+	for _, a := range st.Recent {
+		ma := metrics.Action{
+			Time: wallNow.Add(a.Time - monoNow), Device: a.Device, Action: string(a.Kind),
+			FromKB: a.FromKB, ToKB: a.ToKB, Result: string(a.Result), Evidence: a.Evidence,
 		}
-		ts.Devices = append(ts.Devices, metrics.DeviceState{Name: d.Name, Dev: d.Dev.String(), ReadAheadKB: cur, OriginalKB: orig})
+		if !a.File.IsZero() {
+			ma.Target = a.File.String()
+			if a.Path != "" {
+				ma.Target = a.Path
+			}
+		}
+		// The tuner's evidence for a judged step is its measurement.
+		switch a.Result {
+		case tuner.ResultKept, tuner.ResultUndone, tuner.ResultFailed:
+			ma.Effect = a.Evidence
+		}
+		ts.Recent = append(ts.Recent, ma)
 	}
 	return ts
 }
 
-func (o *observer) RestoreAll() error { return nil }
+// FilePath names a file the tuner knows, for /debug/files and status.
+func (p *pipeline) FilePath(k probe.FileKey) string {
+	for _, f := range p.tun.Status().Files {
+		if f.File == k {
+			return f.Path
+		}
+	}
+	return ""
+}
+
+func (p *pipeline) RestoreAll() error {
+	if err := p.tun.RestoreAll(); err != nil {
+		return fmt.Errorf("tuner restore: %w", err)
+	}
+	return nil
+}

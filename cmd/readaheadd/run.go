@@ -36,7 +36,7 @@ type runEnv struct {
 	onListen   func(net.Addr) // tests learn the metrics address
 	stderr     io.Writer
 	bootID     string // state.Options.BootID override for tests
-	newControl func(controlDeps) controller
+	newControl func(controlDeps) (controller, error)
 }
 
 func defaultRunEnv() runEnv {
@@ -113,6 +113,11 @@ type controller interface {
 	Snapshot() (detector.Snapshot, bool)
 	// TunerStatus reports windows, originals and actions.
 	TunerStatus() metrics.TunerStatus
+	// ApplyPending reaches readers that opened a file after its decision;
+	// called more often than Step, since HDFS opens a block file per read.
+	ApplyPending()
+	// FilePath names a file for display, "" if unknown.
+	FilePath(probe.FileKey) string
 	// RestoreAll undoes every change the controller made.
 	RestoreAll() error
 }
@@ -172,7 +177,10 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 	}
 	defer src.Close()
 
-	ctl := env.newControl(controlDeps{cfg: v, sys: env.sys, clk: env.clk, store: store, log: log, names: devName})
+	ctl, err := env.newControl(controlDeps{cfg: v, sys: env.sys, clk: env.clk, store: store, log: log, names: devName})
+	if err != nil {
+		return err
+	}
 	d := &daemonState{clk: env.clk, interval: v.Interval}
 	d.attached.Store(true)
 
@@ -199,6 +207,7 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 		Detector:   ctl.Snapshot,
 		Tuner:      ctl.TunerStatus,
 		DeviceName: devName,
+		FilePath:   ctl.FilePath,
 	}
 	if ln != nil {
 		srv := metrics.NewServer(sources, metrics.NewRegistry(sources), d.health, version, log)
@@ -216,6 +225,8 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 		defer wg.Done()
 		t := time.NewTicker(v.Interval)
 		defer t.Stop()
+		pending := time.NewTicker(min(v.Interval/4, 100*time.Millisecond))
+		defer pending.Stop()
 		for {
 			select {
 			case <-ctx.Done():
@@ -224,6 +235,8 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 				now := env.clk.Now()
 				ctl.Step(now)
 				d.stepped(now)
+			case <-pending.C:
+				ctl.ApplyPending()
 			}
 		}
 	}()

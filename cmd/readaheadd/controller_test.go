@@ -1,0 +1,68 @@
+package main
+
+import (
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/pkg/clock"
+	"github.com/readaheadd/readaheadd/pkg/config"
+	"github.com/readaheadd/readaheadd/pkg/metrics"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/state"
+	"github.com/readaheadd/readaheadd/pkg/tuner"
+)
+
+func TestPipelineStatusAndActionCounts(t *testing.T) {
+	sys := fakeSysfs(t, map[string]int{"sdx": 256})
+	c := config.Default()
+	c.Devices = []string{"sdx"}
+	c.StateDir = filepath.Join(t.TempDir(), "state")
+	v, err := config.Validate(c, sys)
+	require.NoError(t, err)
+	st, err := state.Open(v.StateDir, state.Options{BootID: "b"})
+	require.NoError(t, err)
+	defer st.Close()
+	clk := clock.NewFake(time.Hour)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctl, err := newController(controlDeps{cfg: v, sys: sys, clk: clk, store: st, log: log})
+	require.NoError(t, err)
+	p := ctl.(*pipeline)
+
+	// Records reach the detector; a step produces a snapshot.
+	_, ok := p.Snapshot()
+	assert.False(t, ok, "no snapshot before the first step")
+	dev := v.Disks[0].Dev
+	for i := 0; i < 50; i++ {
+		p.HandleRecord(probe.Record{Device: dev, Bytes: 131072, Issue: clk.Now() - time.Millisecond, Latency: 500 * time.Microsecond,
+			Kind: probe.KindFile, File: probe.FileKey{Dev: dev, Ino: 7}, Offset: uint64(i) * 131072, Depth: 1})
+	}
+	p.Step(clk.Now())
+	snap, ok := p.Snapshot()
+	require.True(t, ok)
+	require.NotEmpty(t, snap.Devices)
+	assert.Equal(t, uint64(50), snap.Devices[0].Requests)
+
+	// Undo actions count under their knob, with their result.
+	p.count([]tuner.Action{
+		{Device: "sdx", Kind: tuner.KindFileWindow, Result: tuner.ResultKept},
+		{Device: "sdx", Kind: tuner.KindFileWindowUndo, Result: tuner.ResultUndone},
+		{Device: "sdx", Kind: tuner.KindFileWindowUndo, Result: tuner.ResultUndone},
+		{Device: "sdx", Kind: tuner.KindDeviceWindow, Result: tuner.ResultFailed},
+	})
+	ts := p.TunerStatus()
+	assert.ElementsMatch(t, []metrics.ActionCount{
+		{Device: "sdx", Action: "file_window", Result: "kept", Count: 1},
+		{Device: "sdx", Action: "file_window", Result: "undone", Count: 2},
+		{Device: "sdx", Action: "device_window", Result: "failed", Count: 1},
+	}, ts.Actions)
+	// An untouched device is exported at its current (= original) window.
+	require.Len(t, ts.Devices, 1)
+	assert.Equal(t, metrics.DeviceState{Name: "sdx", Dev: dev.String(), ReadAheadKB: 256, OriginalKB: 256}, ts.Devices[0])
+	require.NoError(t, p.RestoreAll())
+}
