@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -119,6 +120,9 @@ func loopFS(t *testing.T) (string, string) {
 	f.Close()
 	dev := run(t, "losetup", "--find", "--show", img)
 	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
+	// A loop device keeps the settings its previous user left: start from
+	// the kernel default on ours.
+	require.NoError(t, blockdev.SysFS{}.SetReadAheadKB(filepath.Base(dev), 128))
 	run(t, "mkfs.ext4", "-q", "-F", dev)
 	mnt := filepath.Join(dir, "mnt")
 	require.NoError(t, os.Mkdir(mnt, 0o755))
@@ -156,6 +160,25 @@ func dropCache(t *testing.T, path string) {
 	require.NoError(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED))
 }
 
+// quiesce waits until the device has no read in flight and its counters
+// stopped moving, so a readahead still running is not counted in the next
+// measurement.
+func quiesce(t *testing.T, name string) {
+	t.Helper()
+	last := sectorsRead(t, name)
+	for i := 0; i < 100; i++ {
+		time.Sleep(20 * time.Millisecond)
+		b, err := os.ReadFile(filepath.Join("/sys/block", name, "inflight"))
+		require.NoError(t, err)
+		now := sectorsRead(t, name)
+		if now == last && strings.Fields(string(b))[0] == "0" {
+			return
+		}
+		last = now
+	}
+	t.Fatalf("%s did not become idle", name)
+}
+
 // sectorsRead is field 3 of /sys/block/NAME/stat.
 func sectorsRead(t *testing.T, name string) uint64 {
 	b, err := os.ReadFile(filepath.Join("/sys/block", name, "stat"))
@@ -189,6 +212,7 @@ func TestProcFileOpsPinsAnOpenFileWindow(t *testing.T) {
 	// Baseline: 2 MB read with the window the file got at open.
 	before := sectorsRead(t, loop)
 	rd.read(t, 0, 2<<20)
+	quiesce(t, loop)
 	base := (sectorsRead(t, loop) - before) * 512
 	dropCache(t, path)
 
@@ -216,8 +240,10 @@ func TestProcFileOpsPinsAnOpenFileWindow(t *testing.T) {
 	require.True(t, ok, "the original was recorded before the raise")
 	assert.Equal(t, orig, recorded)
 
+	quiesce(t, loop)
 	before = sectorsRead(t, loop)
 	rd.read(t, 0, 2<<20)
+	quiesce(t, loop)
 	pinned := (sectorsRead(t, loop) - before) * 512
 	t.Logf("device bytes read for 2 MiB consumed: window %d KB at open: %d; pinned 4096 KB: %d (%.1fx)", orig, base, pinned, float64(pinned)/float64(base))
 	assert.Greater(t, pinned, 2*base, "the pinned window reads much further ahead")
@@ -225,8 +251,10 @@ func TestProcFileOpsPinsAnOpenFileWindow(t *testing.T) {
 	// A file opened now still gets the device's default.
 	dropCache(t, path)
 	rd2 := startReader(t, path)
+	quiesce(t, loop)
 	before = sectorsRead(t, loop)
 	rd2.read(t, 0, 2<<20)
+	quiesce(t, loop)
 	fresh := (sectorsRead(t, loop) - before) * 512
 	assert.Less(t, fresh, pinned/2, "a new open file is not affected: %d", fresh)
 
