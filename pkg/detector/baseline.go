@@ -31,6 +31,7 @@ type baseline struct {
 	classes    [maxClass + 1]classBaseline
 	inflight   float64 // requests in flight (Little's law) in healthy windows
 	inflightN  int
+	depth      float64 // mean device depth at issue (Record.Depth) in healthy windows
 	capacity   float64 // bytes/s: decaying peak of the device's busy throughput
 	capacityAt int64   // when capacity was last raised or decayed
 }
@@ -61,8 +62,9 @@ func (b *baseline) learnClass(c uint8, p50, p95, p99 float64, withTail bool, alp
 	}
 }
 
-func (b *baseline) learnInflight(x, alpha float64) {
+func (b *baseline) learnInflight(x, depth, alpha float64) {
 	ewma(&b.inflight, b.inflightN, x, alpha)
+	ewma(&b.depth, b.inflightN, depth, alpha)
 	b.inflightN++
 }
 
@@ -90,6 +92,7 @@ type baselineDevice struct {
 	Dev         uint32          `json:"dev"`    // kernel encoding
 	Inflight    float64         `json:"inflight"`
 	InflightN   int             `json:"inflight_windows"`
+	Depth       float64         `json:"depth"`
 	CapacityBPS float64         `json:"capacity_bytes_per_second"`
 	Classes     []baselineClass `json:"classes"`
 }
@@ -112,7 +115,7 @@ func (d *Detector) SaveBaseline(path string) error {
 	for _, ds := range d.devices {
 		bd := baselineDevice{
 			Device: ds.dev.String(), Dev: uint32(ds.dev),
-			Inflight: ds.base.inflight, InflightN: ds.base.inflightN, CapacityBPS: ds.base.capacity,
+			Inflight: ds.base.inflight, InflightN: ds.base.inflightN, Depth: ds.base.depth, CapacityBPS: ds.base.capacity,
 		}
 		for c := range ds.base.classes {
 			cb := &ds.base.classes[c]
@@ -189,10 +192,10 @@ func (d *Detector) LoadBaseline(path string) error {
 	loaded := make(map[probe.Dev]baseline, len(f.Devices))
 	for _, bd := range f.Devices {
 		var b baseline
-		if !finiteNonNeg(bd.Inflight, bd.CapacityBPS) || bd.InflightN < 0 {
+		if !finiteNonNeg(bd.Inflight, bd.Depth, bd.CapacityBPS) || bd.InflightN < 0 {
 			return fmt.Errorf("load detector baseline %s: device %s: invalid in-flight or capacity values (delete the file to relearn)", path, bd.Device)
 		}
-		b.inflight, b.inflightN, b.capacity = bd.Inflight, bd.InflightN, bd.CapacityBPS
+		b.inflight, b.inflightN, b.depth, b.capacity = bd.Inflight, bd.InflightN, bd.Depth, bd.CapacityBPS
 		for _, c := range bd.Classes {
 			if c.Class < 0 || c.Class > maxClass || !finiteNonNeg(c.P50, c.P95, c.P99) || c.Windows < 0 || c.TailWindows < 0 ||
 				c.P50 > c.P95 || (c.TailWindows > 0 && c.P95 > c.P99) {

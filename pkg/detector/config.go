@@ -55,11 +55,19 @@ type Config struct {
 	// ShiftMult: a file's median and p95 must both exceed ShiftMult times the
 	// device baseline median and p95 of the same size class.
 	ShiftMult float64
+	// ShiftTailMult is the p95 counterpart of ShiftMult (the tail of a
+	// shifted file moves less, relatively, than its median).
+	ShiftTailMult float64
+	// ShiftDepthMult: a file only enters a shift while its requests see at
+	// most this multiple of the device's healthy queue depth (plus one):
+	// latency that rose with depth is queueing, not the file.
+	ShiftDepthMult float64
 	// ShiftExitMult: the shift clears once the file's median is below
 	// ShiftExitMult times the baseline median.
 	ShiftExitMult float64
 	// PeerMult: the file's (normalised) median must also exceed PeerMult
-	// times its peers' median, and its p95 PeerMult times the peers' p95.
+	// times its peers' median, and its p95 PeerMult times the peers' p95
+	// (the smart-hedging rule: a multiple of the peers' high percentile).
 	PeerMult float64
 	// LoneFileShift allows a file-level shift to be reported when no other
 	// file is active to compare with (judged against the baseline only, at
@@ -141,9 +149,11 @@ func DefaultConfig() Config {
 		TailMinSamples:     100,
 		CapacityHalfLife:   time.Hour,
 
-		ShiftMult:     1.5,
-		ShiftExitMult: 1.2,
-		PeerMult:      1.3,
+		ShiftMult:      1.3,
+		ShiftTailMult:  1.2,
+		ShiftDepthMult: 1.5,
+		ShiftExitMult:  1.12,
+		PeerMult:       1.25,
 		LoneFileShift: true,
 
 		TailMult:      2,
@@ -217,6 +227,9 @@ func (c Config) Validate() error {
 	}
 	if c.StarvedDeviceSpare < c.StarvedThroughputFrac || c.StarvedDeviceSpare > 1 {
 		errs = append(errs, errors.New("detector config: need StarvedThroughputFrac <= StarvedDeviceSpare <= 1"))
+	}
+	if c.ShiftTailMult < 1 || c.ShiftDepthMult < 1 {
+		errs = append(errs, errors.New("detector config: need ShiftTailMult >= 1 and ShiftDepthMult >= 1"))
 	}
 	if c.PeerMult < 1 || c.ContentionDepthMult <= 1 || c.StarvedMinSequential < 0 || c.StarvedMinSequential > 1 {
 		errs = append(errs, errors.New("detector config: need PeerMult >= 1, ContentionDepthMult > 1, 0 <= StarvedMinSequential <= 1"))

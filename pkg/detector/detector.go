@@ -217,9 +217,10 @@ func (d *Detector) sequence(ds *deviceState, f *fileState, r *probe.Record, seq 
 			// p continues r but completed first (out-of-order completion in a
 			// readahead batch): r is sequential, and p may start an extent.
 			follows = true
-			if secEnd != p.secStart && ds.n-p.seq <= uint64(len(ds.ring)) {
+			if ds.n-p.seq <= uint64(len(ds.ring)) {
 				ps := &ds.ring[p.seq%uint64(len(ds.ring))]
-				if ps.flags&flagCross == 0 {
+				ps.flags |= flagSeq
+				if secEnd != p.secStart && ps.flags&flagCross == 0 {
 					ps.flags |= flagCross | flagJump | flagPostJump
 					f.crossings++
 				}
@@ -393,14 +394,13 @@ func (h *hyst) step(v verdict, now int64, cfg *Config, conf float64, evidence st
 		}
 	case between:
 		h.above, h.below = 0, 0
-		if h.active {
-			h.evidence = evidence
-		}
+		h.evidence = evidence
 	case belowExit:
 		h.above = 0
 		h.below++
+		h.evidence = evidence
 		if h.active && h.below >= cfg.ExitAfter {
-			*h = hyst{}
+			*h = hyst{below: h.below, evidence: evidence}
 		}
 	}
 }

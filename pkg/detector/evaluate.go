@@ -224,7 +224,7 @@ func (d *Detector) evalDevice(ds *deviceState, now int64, snap *Snapshot) {
 		if f.dev != ds.dev {
 			continue
 		}
-		d.stepShift(ds, f, a, peerN50, peerT95, peerN, now)
+		d.stepShift(ds, f, a, peerN50, peerT95, peerN, dst.BusyThroughput, dst.MeanSize, now)
 		d.stepExtent(ds, f, a, win, nShort, now)
 		d.stepStarved(ds, f, a, dst.BusyThroughput, now)
 	}
@@ -375,7 +375,7 @@ func (d *Detector) fileStats(ds *deviceState, a *fileAgg, win []sample) {
 		a.t95 = percentile(sc.vals2, 0.95)
 	}
 	cfg := &d.cfg
-	a.shifted = a.nl >= cfg.FileMinSamples && a.n50 >= cfg.ShiftMult && a.t95 >= cfg.ShiftMult
+	a.shifted = a.nl >= cfg.FileMinSamples && a.n50 >= cfg.ShiftMult && a.t95 >= cfg.ShiftTailMult
 }
 
 // peerStats returns the normalised median and p95 of requests not
@@ -403,7 +403,7 @@ func (d *Detector) peerStats(ds *deviceState, devSet []sample, aggOf func(int32)
 	return percentile(sc.vals, 0.5), percentile(sc.vals2, 0.95), len(sc.vals)
 }
 
-func (d *Detector) stepShift(ds *deviceState, f *fileState, a *fileAgg, peerN50, peerT95 float64, peerN int, now int64) {
+func (d *Detector) stepShift(ds *deviceState, f *fileState, a *fileAgg, peerN50, peerT95 float64, peerN int, devBT, devMeanSize float64, now int64) {
 	cfg := &d.cfg
 	switch {
 	case !a.inShort && f.shift.candidate():
@@ -423,7 +423,32 @@ func (d *Detector) stepShift(ds *deviceState, f *fileState, a *fileAgg, peerN50,
 		f.shift.step(between, now, cfg, 0, ev)
 		return
 	}
-	margin := min(a.n50, a.t95) / cfg.ShiftMult
+	if capBPS := ds.base.capacity; capBPS > 0 && devBT >= cfg.StarvedDeviceSpare*capBPS {
+		// The device is bandwidth-saturated: every request waits for the
+		// bytes queued ahead of it, so latency says nothing about a
+		// per-request shift (it would look the same with or without one).
+		// Hold an active shift (a larger window the tuner set keeps the
+		// channel busy; backing off is how the tuner finds out) and do not
+		// enter one.
+		queue := a.stats.MeanDepth * devMeanSize / capBPS
+		if a.stats.P50.Seconds() <= cfg.ShiftMult*queue {
+			ev += fmt.Sprintf("; device saturated (%s of %s): the median is explained by queueing behind %.1f requests (%s), holding",
+				fmtRate(devBT), fmtRate(capBPS), a.stats.MeanDepth, fmtDur(queue*1e9))
+			if f.shift.active {
+				f.shift.evidence = ev
+				f.shift.step(unknown, now, cfg, 0, ev)
+			} else {
+				f.shift.step(between, now, cfg, 0, ev)
+			}
+			return
+		}
+	}
+	if depthCap := cfg.ShiftDepthMult*ds.base.depth + 1; !f.shift.active && ds.base.inflightN >= cfg.BaselineMinWindows && a.stats.MeanDepth > depthCap {
+		// Its latency rose with the queue: queueing, not the file.
+		f.shift.step(between, now, cfg, 0, ev+fmt.Sprintf("; but its requests saw depth %.1f against a healthy %.1f", a.stats.MeanDepth, ds.base.depth))
+		return
+	}
+	margin := min(a.n50/cfg.ShiftMult, a.t95/cfg.ShiftTailMult)
 	if peerN >= cfg.PeerMinSamples {
 		if peerN50 >= cfg.ShiftMult || a.n50 < cfg.PeerMult*peerN50 || a.t95 < cfg.PeerMult*peerT95 {
 			// Others are slow too (device-wide) or the file is not clearly
@@ -512,10 +537,13 @@ func (d *Detector) stepStarved(ds *deviceState, f *fileState, a *fileAgg, devBT 
 		f.starved.step(unknown, now, cfg, 0, "")
 		return
 	}
-	meanLat := float64(st.Inflight) * float64(st.Bytes) / st.BusyThroughput / float64(st.Requests) // s, by Little's law
-	needed := meanLat * capBPS / st.MeanSize
-	ev := fmt.Sprintf("file %s: sequential %.0f%%, %.1f requests of %s in flight at mean latency %s give %s; hiding that latency at the device's capacity %s needs %.1f in flight (device busy at %s)",
-		f.key, 100*st.Sequentiality, st.Inflight, fmtBytes(st.MeanSize), fmtDur(meanLat*1e9), fmtRate(st.BusyThroughput), fmtRate(capBPS), needed, fmtRate(devBT))
+	// The median, not the mean: robust to a window that straddles the onset
+	// and to a few slow requests.
+	lat := st.P50.Seconds()
+	needed := lat * capBPS / st.MeanSize
+	bound := st.Inflight * st.MeanSize / lat
+	ev := fmt.Sprintf("file %s: sequential %.0f%%, %.1f requests of %s in flight at median latency %s bound it to %s (measured %s while busy); hiding that latency at the device's capacity %s needs %.1f in flight (device busy at %s)",
+		f.key, 100*st.Sequentiality, st.Inflight, fmtBytes(st.MeanSize), st.P50.Round(time.Microsecond), fmtRate(bound), fmtRate(st.BusyThroughput), fmtRate(capBPS), needed, fmtRate(devBT))
 	switch {
 	case st.Sequentiality < cfg.StarvedMinSequential || st.Inflight >= cfg.StarvedExitFrac*needed || st.BusyThroughput >= cfg.StarvedDeviceSpare*capBPS:
 		f.starved.step(belowExit, now, cfg, 0, ev)
@@ -675,7 +703,7 @@ func (d *Detector) stepContention(ds *deviceState, devSet []sample, devBusy int6
 func (d *Detector) learn(ds *deviceState, devSet []sample, devBusy int64, explained func(int32) bool) {
 	cfg := &d.cfg
 	var perClass [maxClass + 1][]float64
-	var sumLat float64
+	var sumLat, depth float64
 	var n int
 	for i := range devSet {
 		s := &devSet[i]
@@ -684,6 +712,7 @@ func (d *Detector) learn(ds *deviceState, devSet []sample, devBusy int64, explai
 		}
 		perClass[s.class] = append(perClass[s.class], float64(s.lat))
 		sumLat += float64(s.lat)
+		depth += float64(s.depth)
 		n++
 	}
 	for c := range perClass {
@@ -695,7 +724,7 @@ func (d *Detector) learn(ds *deviceState, devSet []sample, devBusy int64, explai
 		ds.base.learnClass(uint8(c), percentile(xs, 0.5), percentile(xs, 0.95), percentile(xs, 0.99), len(xs) >= cfg.TailMinSamples, cfg.BaselineAlpha)
 	}
 	if n >= cfg.BaselineMinSamples && devBusy > 0 {
-		ds.base.learnInflight(sumLat/float64(devBusy), cfg.BaselineAlpha)
+		ds.base.learnInflight(sumLat/float64(devBusy), depth/float64(n), cfg.BaselineAlpha)
 	}
 }
 
@@ -730,4 +759,3 @@ func (d *Detector) fillBaselines(ds *deviceState, devSet []sample, dst *DeviceSt
 	}
 	dst.CapacityBPS = ds.base.capacity
 }
-

@@ -1,0 +1,402 @@
+package detector
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+const (
+	sec      = time.Second
+	kib      = 1024
+	labBase  = 150 * time.Microsecond
+	labBW    = 150e6
+	interval = time.Second
+)
+
+// timeline records, per evaluation, the active regimes.
+type timeline struct {
+	snaps []Snapshot
+}
+
+func (tl *timeline) add(s Snapshot) { tl.snaps = append(tl.snaps, s) }
+
+// first returns the first evaluation time at or after from where a regime
+// of kind (for file, or any file if file is zero) is active.
+func (tl *timeline) first(kind RegimeKind, file probe.FileKey, from time.Duration) (time.Duration, bool) {
+	for _, s := range tl.snaps {
+		if s.Now >= from && has(s, kind, file) {
+			return s.Now, true
+		}
+	}
+	return 0, false
+}
+
+// clearedAt returns the first evaluation at or after from where it is not active.
+func (tl *timeline) clearedAt(kind RegimeKind, file probe.FileKey, from time.Duration) (time.Duration, bool) {
+	for _, s := range tl.snaps {
+		if s.Now >= from && !has(s, kind, file) {
+			return s.Now, true
+		}
+	}
+	return 0, false
+}
+
+func (tl *timeline) activeBetween(kind RegimeKind, file probe.FileKey, a, b time.Duration) []string {
+	var out []string
+	for _, s := range tl.snaps {
+		if s.Now < a || s.Now > b {
+			continue
+		}
+		for _, r := range s.Regimes {
+			if r.Kind == kind && (file.IsZero() || r.File == file) {
+				out = append(out, fmt.Sprintf("t=%s %s %s conf=%.2f: %s", s.Now, r.Kind, r.File, r.Confidence, r.Evidence))
+			}
+		}
+	}
+	return out
+}
+
+func (tl *timeline) anyRegime(a, b time.Duration, except ...RegimeKind) []string {
+	var out []string
+	for _, s := range tl.snaps {
+		if s.Now < a || s.Now > b {
+			continue
+		}
+	next:
+		for _, r := range s.Regimes {
+			for _, k := range except {
+				if r.Kind == k {
+					continue next
+				}
+			}
+			out = append(out, fmt.Sprintf("t=%s %s %s: %s", s.Now, r.Kind, r.File, r.Evidence))
+		}
+	}
+	return out
+}
+
+func has(s Snapshot, kind RegimeKind, file probe.FileKey) bool {
+	for _, r := range s.Regimes {
+		if r.Kind == kind && (file.IsZero() || r.File == file) {
+			return true
+		}
+	}
+	return false
+}
+
+// labMix is the healthy workload: one sequential 128 KiB reader with two
+// requests in flight (saturating the channel, as the lab's default window
+// does) and two background random 4 KiB readers.
+func labMix(seed uint64) (*sim, *reader) {
+	s := newSim(seed, labBase, labBW)
+	seq := s.addSeq(128*kib, 2)
+	s.addRandom(4*kib, 3*time.Millisecond)
+	s.addRandom(4*kib, 5*time.Millisecond)
+	return s, seq
+}
+
+func TestHealthyNoRegimes(t *testing.T) {
+	s, _ := labMix(1)
+	d := New(DefaultConfig())
+	var tl timeline
+	s.run(d, 120*sec, interval, tl.add)
+	assert.Empty(t, tl.anyRegime(0, 120*sec))
+	last := tl.snaps[len(tl.snaps)-1]
+	require.Len(t, last.Devices, 1)
+	dev := last.Devices[0]
+	assert.True(t, dev.BaselineLearned)
+	assert.Greater(t, dev.BaselineP50, time.Duration(0))
+	assert.Greater(t, dev.CapacityBPS, 100e6)
+	assert.Len(t, last.Files, 3)
+	for _, f := range last.Files {
+		if f.MeanSize > 64*kib {
+			assert.Greater(t, f.Sequentiality, 0.95, "sequential reader")
+			assert.InDelta(t, 2, f.Inflight, 0.3)
+			assert.Greater(t, f.BusyThroughput, 100e6)
+		} else {
+			assert.Less(t, f.Sequentiality, 0.1, "random reader")
+		}
+	}
+}
+
+func TestSlowButSteadyDeviceNotFlagged(t *testing.T) {
+	// Ten times slower, a third of the bandwidth, from the start.
+	s := newSim(2, 1500*time.Microsecond, 50e6)
+	s.addSeq(128*kib, 2)
+	s.addRandom(4*kib, 5*time.Millisecond)
+	s.addRandom(4*kib, 8*time.Millisecond)
+	d := New(DefaultConfig())
+	var tl timeline
+	s.run(d, 90*sec, interval, tl.add)
+	assert.Empty(t, tl.anyRegime(0, 90*sec))
+}
+
+func TestFileLatencyShiftDetectedPersistsUnderTunerAndClears(t *testing.T) {
+	s, seq := labMix(3)
+	onset, end := 30*sec+300*time.Millisecond, 60*sec+300*time.Millisecond
+	seq.extra = func(t time.Duration) time.Duration {
+		if t >= onset && t < end {
+			return 1500 * time.Microsecond
+		}
+		return 0
+	}
+	d := New(DefaultConfig())
+	var tl timeline
+	s.run(d, 40*sec, interval, tl.add)
+	// The tuner's action: a larger window on the slowed file (enough to
+	// saturate the channel again).
+	seq.window = 6
+	s.run(d, 62*sec, interval, tl.add)
+	// The tuner probes by restoring the default window after the slowdown ended.
+	restore := s.now
+	seq.window = 2
+	s.run(d, 75*sec, interval, tl.add)
+
+	at, ok := tl.first(FileLatencyShift, seq.file, onset)
+	require.True(t, ok, "shift never detected")
+	assert.LessOrEqual(t, at-onset, time.Second, "detection delay")
+	gone, ok := tl.clearedAt(FileLatencyShift, seq.file, at)
+	require.True(t, ok)
+	assert.GreaterOrEqual(t, gone, restore, "must persist while latency is shifted, even after the window grew")
+	assert.LessOrEqual(t, gone-restore, 3*time.Second, "clearing delay once latency can be seen again")
+	assert.Empty(t, tl.anyRegime(0, 75*sec, FileLatencyShift, StarvedStream), "no device-level or other false regimes (the window increase must not look like contention)")
+	var other []string
+	for _, s := range tl.snaps {
+		for _, r := range s.Regimes {
+			if r.File != seq.file {
+				other = append(other, string(r.Kind)+" "+r.File.String())
+			}
+		}
+	}
+	assert.Empty(t, other)
+	ev := tl.activeBetween(FileLatencyShift, seq.file, at, at)
+	require.NotEmpty(t, ev)
+	assert.Contains(t, ev[0], "baseline")
+	t.Log(ev[0])
+}
+
+func TestFileLatencyShiftClearsWithoutTuner(t *testing.T) {
+	s, seq := labMix(11)
+	onset, end := 30*sec+300*time.Millisecond, 45*sec+300*time.Millisecond
+	seq.extra = func(t time.Duration) time.Duration {
+		if t >= onset && t < end {
+			return 1500 * time.Microsecond
+		}
+		return 0
+	}
+	d := New(DefaultConfig())
+	var tl timeline
+	s.run(d, 60*sec, interval, tl.add)
+	at, ok := tl.first(FileLatencyShift, seq.file, onset)
+	require.True(t, ok, "shift never detected")
+	assert.LessOrEqual(t, at-onset, time.Second, "detection delay")
+	gone, ok := tl.clearedAt(FileLatencyShift, seq.file, at)
+	require.True(t, ok)
+	assert.GreaterOrEqual(t, gone, end)
+	assert.LessOrEqual(t, gone-end, 3*time.Second, "clearing delay")
+	assert.Empty(t, tl.anyRegime(0, 60*sec, FileLatencyShift, StarvedStream))
+}
+
+func TestStarvedStreamWhileShiftedClearsWhenWindowGrows(t *testing.T) {
+	s, seq := labMix(4)
+	onset := 30*sec + 300*time.Millisecond
+	seq.extra = func(t time.Duration) time.Duration {
+		if t >= onset {
+			return 3 * time.Millisecond
+		}
+		return 0
+	}
+	d := New(DefaultConfig())
+	var tl timeline
+	s.run(d, 40*sec, interval, tl.add)
+	at, ok := tl.first(StarvedStream, seq.file, onset)
+	require.True(t, ok, "starved stream never detected")
+	assert.LessOrEqual(t, at-onset, time.Second)
+	t.Log(tl.activeBetween(StarvedStream, seq.file, at, at))
+	grow := s.now
+	seq.window = 8 // enough in flight to hide 3 ms at 150 MB/s
+	s.run(d, 50*sec, interval, tl.add)
+	gone, ok := tl.clearedAt(StarvedStream, seq.file, grow)
+	require.True(t, ok, "starved stream must clear once the window hides the latency")
+	assert.LessOrEqual(t, gone-grow, 3*time.Second)
+	assert.True(t, has(tl.snaps[len(tl.snaps)-1], FileLatencyShift, seq.file), "the cause stays reported")
+}
+
+func TestTailInflation(t *testing.T) {
+	s, _ := labMix(5)
+	onset, end := 30*sec+300*time.Millisecond, 45*sec+300*time.Millisecond
+	s.tailOn = during(onset, end)
+	s.tailP = 0.06
+	s.tailExtra = 8 * time.Millisecond
+	d := New(DefaultConfig())
+	var tl timeline
+	s.run(d, 60*sec, interval, tl.add)
+	at, ok := tl.first(TailInflation, probe.FileKey{}, onset)
+	require.True(t, ok, "tail inflation never detected")
+	assert.LessOrEqual(t, at-onset, time.Second)
+	gone, ok := tl.clearedAt(TailInflation, probe.FileKey{}, at)
+	require.True(t, ok)
+	assert.GreaterOrEqual(t, gone, end)
+	assert.LessOrEqual(t, gone-end, 3*time.Second)
+	assert.Empty(t, tl.anyRegime(0, 60*sec, TailInflation, StarvedStream))
+	t.Log(tl.activeBetween(TailInflation, probe.FileKey{}, at, at))
+}
+
+func TestTailBlipIsNotARegime(t *testing.T) {
+	s, _ := labMix(6)
+	s.tailOn = during(30*sec+400*time.Millisecond, 30*sec+550*time.Millisecond)
+	s.tailP = 0.3
+	s.tailExtra = 8 * time.Millisecond
+	d := New(DefaultConfig())
+	var tl timeline
+	s.run(d, 40*sec, interval, tl.add)
+	assert.Empty(t, tl.anyRegime(0, 40*sec, StarvedStream))
+}
+
+func TestExtentStart(t *testing.T) {
+	s, seq := labMix(7)
+	seq.extent = 4 << 20 // 64 extents in 256 MiB
+	onset, end := 30*sec+300*time.Millisecond, 45*sec+300*time.Millisecond
+	seq.extentOn = during(onset, end)
+	seq.extentExtra = 3 * time.Millisecond
+	d := New(DefaultConfig())
+	var tl timeline
+	s.run(d, 60*sec, interval, tl.add)
+	at, ok := tl.first(ExtentStart, seq.file, onset)
+	require.True(t, ok, "extent start never detected")
+	assert.LessOrEqual(t, at-onset, time.Second)
+	gone, ok := tl.clearedAt(ExtentStart, seq.file, at)
+	require.True(t, ok)
+	assert.GreaterOrEqual(t, gone, end)
+	assert.LessOrEqual(t, gone-end, 3*time.Second)
+	assert.Empty(t, tl.anyRegime(0, 60*sec, ExtentStart, StarvedStream))
+	ev := tl.activeBetween(ExtentStart, seq.file, at, at)
+	t.Log(ev)
+	last := tl.snaps[len(tl.snaps)-1]
+	for _, f := range last.Files {
+		if f.Key == seq.file {
+			assert.Greater(t, f.ExtentCrossings, uint64(100), "fragmented file's crossings counted")
+		}
+	}
+}
+
+func TestContention(t *testing.T) {
+	s, _ := labMix(8)
+	onset, end := 30*sec+300*time.Millisecond, 45*sec+300*time.Millisecond
+	var crowd []*reader
+	for range 5 {
+		r := s.addSeq(128*kib, 2)
+		r.startAt, r.stopAt = onset, end
+		crowd = append(crowd, r)
+	}
+	d := New(DefaultConfig())
+	var tl timeline
+	s.run(d, 60*sec, interval, tl.add)
+	at, ok := tl.first(Contention, probe.FileKey{}, onset)
+	require.True(t, ok, "contention never detected")
+	assert.LessOrEqual(t, at-onset, time.Second)
+	gone, ok := tl.clearedAt(Contention, probe.FileKey{}, at)
+	require.True(t, ok)
+	assert.LessOrEqual(t, gone-end, 3*time.Second)
+	assert.Empty(t, tl.anyRegime(0, 60*sec, Contention), "queueing must not be mistaken for file shifts or tail inflation")
+	t.Log(tl.activeBetween(Contention, probe.FileKey{}, at, at))
+}
+
+func TestBorderlineShiftJustUnderThreshold(t *testing.T) {
+	s, seq := labMix(9)
+	// The sequential reader's healthy median is about 1.75 ms (two in flight on
+	// the channel); +0.5 ms is about 1.3x: under the 1.5x entry threshold.
+	seq.extra = func(t time.Duration) time.Duration {
+		if t >= 30*sec {
+			return 500 * time.Microsecond
+		}
+		return 0
+	}
+	d := New(DefaultConfig())
+	var tl timeline
+	s.run(d, 50*sec, interval, tl.add)
+	assert.Empty(t, tl.anyRegime(0, 50*sec, StarvedStream))
+}
+
+func TestShiftBlipIsNotARegime(t *testing.T) {
+	s, seq := labMix(10)
+	seq.extra = func(t time.Duration) time.Duration {
+		if t >= 30*sec+200*time.Millisecond && t < 30*sec+500*time.Millisecond {
+			return 3 * time.Millisecond
+		}
+		return 0
+	}
+	d := New(DefaultConfig())
+	var tl timeline
+	s.run(d, 40*sec, interval, tl.add)
+	assert.Empty(t, tl.anyRegime(0, 40*sec, StarvedStream))
+}
+
+func TestTrackedFilesBoundedAndIdleEvicted(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.MaxFiles = 10
+	cfg.FileIdleTimeout = 5 * sec
+	d := New(cfg)
+	dev := probe.MkDev(8, 0)
+	for i := range 50 {
+		d.Observe(probe.Record{Device: dev, Bytes: 4096, Issue: time.Duration(i) * time.Millisecond, Latency: time.Millisecond,
+			Depth: 1, Kind: probe.KindFile, File: probe.FileKey{Dev: dev, Ino: uint64(i + 1)}})
+	}
+	assert.Equal(t, 10, d.TrackedFiles())
+	assert.Equal(t, uint64(40), d.Evicted())
+	snap := d.Evaluate(time.Second)
+	require.Len(t, snap.Files, 10)
+	assert.Equal(t, uint64(41), snap.Files[0].Key.Ino, "the most recently seen are kept, sorted by key")
+	// One file keeps reading; the others go idle and are evicted.
+	for i := range 10 {
+		d.Observe(probe.Record{Device: dev, Bytes: 4096, Issue: time.Duration(i+1) * time.Second, Latency: time.Millisecond,
+			Depth: 1, Kind: probe.KindFile, File: probe.FileKey{Dev: dev, Ino: 50}})
+	}
+	d.Evaluate(10 * sec)
+	assert.Equal(t, 1, d.TrackedFiles())
+	// Non-file reads feed the device only.
+	d.Observe(probe.Record{Device: dev, Bytes: 4096, Issue: 10 * sec, Latency: time.Millisecond, Kind: probe.KindMeta})
+	assert.Equal(t, 1, d.TrackedFiles())
+	d.Forget(dev)
+	assert.Equal(t, 0, d.TrackedFiles())
+	assert.Empty(t, d.Evaluate(11*sec).Devices)
+}
+
+func TestSequentialityOutOfOrderAndExtentCrossing(t *testing.T) {
+	d := New(DefaultConfig())
+	dev := probe.MkDev(8, 0)
+	file := probe.FileKey{Dev: dev, Ino: 7}
+	rec := func(off, sector uint64, issue time.Duration) probe.Record {
+		return probe.Record{Device: dev, Bytes: 128 * kib, Sector: sector, Offset: off, Issue: issue, Latency: time.Millisecond,
+			Depth: 2, Kind: probe.KindFile, File: file}
+	}
+	const spr = 128 * kib / 512 // sectors per request
+	// 0, then 2 completes before 1 (readahead batch), then 3 continues on a new
+	// extent (contiguous offset, far sector).
+	d.Observe(rec(0, 1000, 0))
+	d.Observe(rec(2*128*kib, 1000+2*spr, 2*time.Millisecond))
+	d.Observe(rec(128*kib, 1000+spr, time.Millisecond))
+	d.Observe(rec(3*128*kib, 900000, 3*time.Millisecond))
+	snap := d.Evaluate(10 * time.Millisecond)
+	require.Len(t, snap.Files, 1)
+	f := snap.Files[0]
+	assert.InDelta(t, 0.75, f.Sequentiality, 1e-9, "all but the first continue a recent request")
+	assert.Equal(t, uint64(1), f.ExtentCrossings)
+	assert.Equal(t, uint64(1), f.Jumps)
+	assert.Equal(t, uint64(4*128*kib), f.NextOffset)
+}
+
+func TestConfigValidate(t *testing.T) {
+	require.NoError(t, DefaultConfig().Validate())
+	c := DefaultConfig()
+	c.ShiftExitMult = c.ShiftMult
+	require.ErrorContains(t, c.Validate(), "hysteresis")
+	assert.Panics(t, func() { New(c) })
+	assert.NotPanics(t, func() { New(Config{}) })
+}
