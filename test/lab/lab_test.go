@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/readaheadd/readaheadd/pkg/probe"
 	"github.com/readaheadd/readaheadd/test/lab"
@@ -28,17 +29,28 @@ func fileMB() int {
 	return 128
 }
 
+func passes() int {
+	if lab.Full() {
+		return 3
+	}
+	return 2
+}
+
 // sweep reads path once per read_ahead_kb value, the file's cache dropped
 // before each read, and returns MB/s per value.
 func sweep(t *testing.T, l *lab.Lab, path string, kbs []int) map[int]float64 {
 	t.Helper()
 	out := map[int]float64{}
-	for _, kb := range kbs {
-		require.NoError(t, l.SetReadAheadKB(kb))
-		require.NoError(t, lab.DropFileCache(path))
-		res, err := lab.ReadSeq(path)
-		require.NoError(t, err)
-		out[kb] = res.MBps()
+	// Other work on this machine can only slow a pass down: keep the best
+	// of several interleaved passes per setting.
+	for pass := 0; pass < passes(); pass++ {
+		for _, kb := range kbs {
+			require.NoError(t, l.SetReadAheadKB(kb))
+			require.NoError(t, lab.DropFileCache(path))
+			res, err := lab.ReadSeq(path)
+			require.NoError(t, err)
+			out[kb] = max(out[kb], res.MBps())
+		}
 	}
 	require.NoError(t, l.SetReadAheadKB(128))
 	return out
@@ -82,15 +94,10 @@ func TestLabHealthyAndPermanent(t *testing.T) {
 	t.Logf("healthy %d MB, MB/s by read_ahead_kb: %s", fileMB(), line(healthy))
 	assert.GreaterOrEqual(t, healthy[128], 0.8*hBest, "healthy: default 128 KB within 20%% of the best")
 
-	// Block-layer latency at the default window, healthy.
-	require.NoError(t, lab.DropFileCache(p))
-	d0, err := l.DiskStats()
-	require.NoError(t, err)
-	_, err = lab.ReadSeq(p)
-	require.NoError(t, err)
-	d1, err := l.DiskStats()
-	require.NoError(t, err)
-	hLat := d1.Sub(d0).MeanReadLatency()
+	// Block-layer latency of single 128 KB requests, one in flight (the
+	// thesis' method): the channel never queues, so any rise is the
+	// regime's.
+	hLat := singleLatency(t, l, p)
 
 	for _, c := range []struct {
 		extra   time.Duration
@@ -106,18 +113,9 @@ func TestLabHealthyAndPermanent(t *testing.T) {
 		assert.Less(t, keep, c.maxKeep, "permanent +%s: default window must lose enough", c.extra)
 		assert.GreaterOrEqual(t, bv, 0.9*hBest, "permanent +%s: best static window recovers >= 90%% of healthy", c.extra)
 
-		require.NoError(t, lab.DropFileCache(p))
-		d0, err := l.DiskStats()
-		require.NoError(t, err)
-		_, err = lab.ReadSeq(p)
-		require.NoError(t, err)
-		d1, err := l.DiskStats()
-		require.NoError(t, err)
-		sLat := d1.Sub(d0).MeanReadLatency()
-		t.Logf("permanent +%s: /proc/diskstats mean read latency %s healthy -> %s (+%s)", c.extra, hLat, sLat, sLat-hLat)
-		// The block layer must see the added latency (the channel wait
-		// shrinks a little as the channel gets idle, hence the slack).
-		assert.InDelta(t, float64(c.extra), float64(sLat-hLat), 0.35*float64(c.extra),
+		sLat := singleLatency(t, l, p)
+		t.Logf("permanent +%s: block-layer median latency of single 128 KB reads %s healthy -> %s (+%s)", c.extra, hLat, sLat, sLat-hLat)
+		assert.InDelta(t, float64(c.extra), float64(sLat-hLat), 0.15*float64(c.extra),
 			"block-layer latency increase should match the injected +%s", c.extra)
 	}
 	st, err := l.Stats()
@@ -133,6 +131,27 @@ func TestLabHealthyAndPermanent(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 2, perms, "ground truth records both permanent regimes")
+}
+
+// singleLatency reads path with O_DIRECT in 128 KB requests, one at a
+// time (the thesis' method: the channel never queues, so any rise is the
+// regime's), and returns the median latency the block layer saw (probe).
+func singleLatency(t *testing.T, l *lab.Lab, path string) time.Duration {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_DIRECT, 0)
+	require.NoError(t, err)
+	defer f.Close()
+	buf, err := unix.Mmap(-1, 0, 128<<10, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	defer unix.Munmap(buf)
+	stop := capture(t, l)
+	for off := int64(0); off < 32<<20; off += int64(len(buf)) {
+		_, err := f.ReadAt(buf, off)
+		require.NoError(t, err)
+	}
+	ls := lats(stop(), func(r probe.Record) bool { return r.Bytes == 128<<10 })
+	require.GreaterOrEqual(t, len(ls), 200, "the probe must see the 128 KB reads")
+	return lab.Quantile(ls, 0.5)
 }
 
 // capture records what the block layer sees on the lab device with the

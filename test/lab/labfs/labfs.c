@@ -40,6 +40,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -706,7 +707,7 @@ static void usage(void)
 {
 	fprintf(stderr,
 		"usage: labfs MOUNTPOINT --size=BYTES --ctl=SOCKET --truth=FILE [--reqlog=FILE]\n"
-		"             [--lat-us=150] [--bw-mbps=150] [--slots=16] [--threads=64]\n"
+		"             [--lat-us=150] [--bw-mbps=150] [--slots=16] [--threads=64] [--nice=-10]\n"
 		"Serves MOUNTPOINT/image, a RAM-backed file with an SSD-like latency model.\n");
 }
 
@@ -720,7 +721,7 @@ int main(int argc, char **argv)
 {
 	const char *mnt = NULL, *ctl = NULL, *truthp = NULL, *reqlogp = NULL, *v;
 	double lat_us = 150, bw = 150;
-	int slots = 16, threads = 64;
+	int slots = 16, threads = 64, nice_v = -10;
 	for (int i = 1; i < argc; i++) {
 		if ((v = opt(argv[i], "--size")))
 			g.size = strtoull(v, NULL, 10);
@@ -738,6 +739,8 @@ int main(int argc, char **argv)
 			slots = atoi(v);
 		else if ((v = opt(argv[i], "--threads")))
 			threads = atoi(v);
+		else if ((v = opt(argv[i], "--nice")))
+			nice_v = atoi(v);
 		else if (argv[i][0] != '-' && !mnt)
 			mnt = argv[i];
 		else {
@@ -779,6 +782,10 @@ int main(int argc, char **argv)
 	// Sleep precision matters at 150 us: drop the default 50 us timer slack
 	// (inherited by the worker threads created below).
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+	// A real drive keeps its timing when the host is busy; the emulation
+	// needs the CPU promptly to do the same. Inherited by the workers.
+	if (setpriority(PRIO_PROCESS, 0, nice_v) != 0)
+		perror("labfs: setpriority (continuing at normal priority)");
 
 	int lfd = control_listen(ctl);
 	if (lfd < 0) {
