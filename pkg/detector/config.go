@@ -154,7 +154,7 @@ func DefaultConfig() Config {
 		ShiftDepthMult: 1.5,
 		ShiftExitMult:  1.12,
 		PeerMult:       1.25,
-		LoneFileShift: true,
+		LoneFileShift:  true,
 
 		TailMult:      2,
 		TailShare:     0.02,
