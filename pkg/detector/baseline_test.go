@@ -27,7 +27,7 @@ func TestBaselineRoundTrip(t *testing.T) {
 	require.NoError(t, d.SaveBaseline(path))
 	d2 := New(DefaultConfig())
 	require.NoError(t, d2.LoadBaseline(path))
-	a, b := d.Evaluate(21*sec).Devices[0], d2.Evaluate(21*sec).Devices[0]
+	a, b := d.Evaluate(21 * sec).Devices[0], d2.Evaluate(21 * sec).Devices[0]
 	assert.Equal(t, a.Baselines, b.Baselines)
 	assert.InDelta(t, a.BaselineInflight, b.BaselineInflight, 1e-9)
 	assert.Greater(t, b.CapacityBPS, 100e6)
