@@ -50,3 +50,18 @@ test-hdfs:
 
 bench-hdfs:
 	READAHEADD_HDFS=1 $(GOTEST) -count=1 -timeout 25m -run '^$$' -bench RealHDFS -benchtime=3x ./test/hdfs/...
+
+# The lab device (test/lab): LAB_DIR is where its ext4 file system is mounted.
+LAB_DIR  ?= /tmp/readaheadd-lab
+LAB_SIZE ?= 2G
+.PHONY: lab-up lab-down bench-lab
+lab-up: labfs
+	$(GO) run ./test/lab/cmd/lab up --dir $(LAB_DIR) --size $(LAB_SIZE)
+
+# Removes every lab and anything a crashed run left behind.
+lab-down:
+	$(GO) run ./test/lab/cmd/lab down
+
+# The lab's acceptance benchmarks in their full form (256 MB files).
+bench-lab: labfs
+	READAHEADD_BENCH=full $(GOTEST) $(TESTFLAGS) -v -run 'TestLab' ./test/lab/

@@ -352,3 +352,55 @@ func TestLabContentionAndCleanup(t *testing.T) {
 	_, err = os.Stat(lab.StateDir + "/" + st.ID + ".json")
 	assert.True(t, os.IsNotExist(err), "state file remains")
 }
+
+// TestLabScenario runs the short scenario file and checks that its steps
+// are in the ground truth in order, and the reader saw the permanent phase.
+func TestLabScenario(t *testing.T) {
+	l := lab.New(t, lab.Options{})
+	sc, err := lab.LoadScenario("scenarios/short.yaml")
+	require.NoError(t, err)
+	samples, err := sc.Run(context.Background(), l)
+	require.NoError(t, err)
+	byPhase := map[string][]float64{}
+	for _, s := range samples {
+		byPhase[s.Phase] = append(byPhase[s.Phase], s.MBps)
+	}
+	for ph, v := range byPhase {
+		t.Logf("scenario phase %-10s %d samples, MB/s %v", ph, len(v), v)
+	}
+	assert.NotEmpty(t, byPhase["permanent"], "the reader ran during the permanent phase")
+	ev, err := l.GroundTruth()
+	require.NoError(t, err)
+	var seq []string
+	for _, e := range ev {
+		seq = append(seq, e.Event)
+	}
+	want := []string{"scenario-start", "permanent", "clear", "temporal", "clear", "intrinsic", "clear", "contention-start", "contention-stop", "clear", "scenario-end"}
+	assert.Equal(t, want, seq[1:], "ground truth in scenario order")
+	for i := 1; i < len(ev); i++ {
+		assert.GreaterOrEqual(t, ev[i].Mono, ev[i-1].Mono)
+	}
+}
+
+// TestLabCleanupFindsLeftovers: a lab whose owner "crashed" (state file
+// claims a dead owner) is removed by Cleanup.
+func TestLabCleanupFindsLeftovers(t *testing.T) {
+	l := lab.New(t, lab.Options{})
+	st := l.State()
+	// Pretend the owner died: rewrite the state file with a dead pid.
+	b, err := os.ReadFile(lab.StateDir + "/" + st.ID + ".json")
+	require.NoError(t, err)
+	dead := strings.Replace(string(b), fmt.Sprintf(`"owner": %d`, st.Owner), `"owner": 999999999`, 1)
+	require.NotEqual(t, string(b), dead)
+	require.NoError(t, os.WriteFile(lab.StateDir+"/"+st.ID+".json", []byte(dead), 0o600))
+	removed, err := lab.Cleanup(false)
+	require.NoError(t, err)
+	t.Logf("cleanup removed %v", removed)
+	assert.Contains(t, removed, "lab "+st.ID)
+	mounts, _ := os.ReadFile("/proc/self/mounts")
+	assert.NotContains(t, string(mounts), st.WorkDir)
+	_, err = os.Stat(fmt.Sprintf("/proc/%d", st.PID))
+	assert.True(t, os.IsNotExist(err), "labfs still running")
+	_, err = os.Stat(st.WorkDir)
+	assert.True(t, os.IsNotExist(err))
+}

@@ -172,11 +172,11 @@ func alive(pid int) bool {
 }
 
 // Cleanup removes what labs left behind: labs recorded in StateDir whose
-// owning process has died, and any tagged FUSE mount, loop device or labfs
-// process no live lab claims (a crash before the first state write). With
-// all, it also removes running labs, detached ones included. It returns
-// what it removed.
-func Cleanup(all bool) ([]string, error) {
+// owning process has died, detached labs (lab up) when detached is set, and
+// any tagged FUSE mount, loop device or labfs process no remaining lab
+// claims (a crash before the first state write). A lab whose owner process
+// is alive (a running test) is never touched. It returns what it removed.
+func Cleanup(detached bool) ([]string, error) {
 	var removed []string
 	var errs []error
 	states, err := States()
@@ -185,8 +185,8 @@ func Cleanup(all bool) ([]string, error) {
 	}
 	claimed := map[string]bool{}
 	for _, st := range states {
-		live := st.Owner == 0 || alive(st.Owner)
-		if live && !all {
+		keep := (st.Owner != 0 && alive(st.Owner)) || (st.Owner == 0 && !detached)
+		if keep {
 			claimed[st.Image] = true
 			claimed[st.WorkDir] = true
 			claimed[fmt.Sprint(st.PID)] = true

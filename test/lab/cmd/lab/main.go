@@ -83,7 +83,7 @@ func root() *cobra.Command {
 
 	down := &cobra.Command{
 		Use:   "down",
-		Short: "Remove the lab at --dir, or every lab and leftover when --dir is not given",
+		Short: "Remove the lab at --dir, or every detached lab and crash leftover (never a running test's lab)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dir != "" {
