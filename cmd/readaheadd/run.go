@@ -315,7 +315,7 @@ func probeStats(src probe.Source, attached bool, name func(probe.Dev) string, lo
 	for dev, d := range st.Devices {
 		n := name(dev)
 		if n == "" {
-			n = dev.String()
+			continue // not a disk this machine knows (gone, or not watched)
 		}
 		ps.Devices = append(ps.Devices, metrics.DeviceIO{
 			Device: n, LatencyLog2US: append([]uint64(nil), d.Hist[:]...),
