@@ -83,16 +83,9 @@ struct bio {
 	struct bio_vec *bi_io_vec;
 };
 
-enum rqf_flags {
-	__RQF_STATS = 11,
-};
-
 struct request {
 	struct request_queue *q;
 	unsigned int cmd_flags;
-	unsigned int rq_flags;
-	unsigned long long start_time_ns;
-	unsigned long long io_start_time_ns;
 	unsigned int __data_len;
 	unsigned long long __sector;
 	struct bio *bio;

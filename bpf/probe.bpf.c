@@ -54,7 +54,7 @@ enum lost_reason {
 	LOST_DEVSTATS = 2,    /* per-disk map full: disk not aggregated */
 	LOST_FILESTATS = 3,   /* per-file map insert failed */
 	LOST_RA_RINGBUF = 4,  /* ring buffer full: readahead event dropped */
-	LOST_NOTIME = 5,      /* no issue time for a request: not recorded */
+	LOST_STALE = 5,       /* in-flight slot taken over after 60 s: completion never seen */
 	LOST_MAX = 8,
 };
 
@@ -93,18 +93,36 @@ struct ra_event {
 	char comm[16];
 };
 
+/*
+ * In-flight requests and per-disk aggregates live in direct-mapped tables
+ * (ARRAY maps, whose lookups the verifier inlines into address arithmetic)
+ * rather than hash maps. Per run, the cost of these programs is cache
+ * misses, not instructions: a hash-map update plus lookup plus delete
+ * touches several cold lines (bucket, element, free list, lock); a slot
+ * touches one. A slot is claimed with a compare-and-swap of its key word,
+ * probing up to *_PROBES slots from a multiplicative hash of the key.
+ */
+#define INFLIGHT_BITS 12
+#define INFLIGHT_SLOTS (1 << INFLIGHT_BITS)
+#define INFLIGHT_PROBES 4
+/* A slot held this long lost its completion (e.g. a request issued just
+ * before a detach): the next claimer may take it over. */
+#define INFLIGHT_STALE_NS (60ULL * 1000000000ULL)
+
 struct inflight_val {
-	u64 issue_ns;
-	u32 dev;
+	u64 rq;       /* request address; 0 = free */
+	u64 issue_ns; /* 0 while being claimed or free */
+	u32 dev_slot;
 	u32 depth;
 };
 
+#define DEV_BITS 6
+#define DEV_SLOTS (1 << DEV_BITS)
+#define DEV_PROBES 8
+
 struct dev_stats {
+	u64 dev; /* whole disk; 0 = free slot (64 bits for cmpxchg) */
 	s64 inflight; /* read requests issued and not yet completed */
-	/* The kernel stamps this disk's requests at issue (rq->io_start_time_ns,
-	 * when the queue collects I/O statistics, e.g. for writeback throttling):
-	 * issue need not read the clock. Learned at completion. */
-	u64 kernel_stamps;
 	u64 requests;
 	u64 bytes;
 	u64 latency_ns;
@@ -134,19 +152,16 @@ const volatile u32 n_filter_devs = 0;
 /* Force a reader wake-up once this many bytes wait in the ring. */
 const volatile u64 wakeup_bytes = 1 << 20;
 
-/* Requests between issue and completion. LRU so that a request whose
- * completion was never seen (traced while the probe attached) ages out
- * instead of filling the map. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, u64);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, INFLIGHT_SLOTS);
+	__type(key, u32);
 	__type(value, struct inflight_val);
 } inflight SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 256);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, DEV_SLOTS);
 	__type(key, u32);
 	__type(value, struct dev_stats);
 } devstats SEC(".maps");
@@ -212,18 +227,44 @@ static __always_inline u32 rq_disk_dev(struct request *rq)
 	return MKDEV(disk->major, disk->first_minor);
 }
 
-static __always_inline struct dev_stats *dev_stats_of(u32 dev)
+/* Multiplicative hash: the top bits of the product are the well-mixed ones. */
+static __always_inline u32 hash_bits(u64 v, u32 bits)
 {
-	struct dev_stats *ds = bpf_map_lookup_elem(&devstats, &dev);
-	if (ds)
-		return ds;
-	static const struct dev_stats zero = {};
-	/* EEXIST from a concurrent insert is fine: look up either way. */
-	bpf_map_update_elem(&devstats, &dev, &zero, BPF_NOEXIST);
-	ds = bpf_map_lookup_elem(&devstats, &dev);
-	if (!ds)
-		count_lost(LOST_DEVSTATS);
-	return ds;
+	return (u32)((v * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
+}
+
+/* The request's address as a plain number, to hash and compare. The
+ * verifier forbids arithmetic on the trusted pointer itself; reading the
+ * tracepoint's argument word yields the same value as a scalar. */
+static __always_inline u64 rq_addr(void *ctx)
+{
+	u64 a = 0;
+	bpf_probe_read_kernel(&a, sizeof(a), ctx);
+	return a;
+}
+
+/* Finds or claims dev's slot in devstats. */
+static __always_inline struct dev_stats *dev_stats_of(u32 dev, u32 *slot)
+{
+	u32 h = hash_bits(dev, DEV_BITS);
+	for (u32 i = 0; i < DEV_PROBES; i++) {
+		u32 k = (h + i) & (DEV_SLOTS - 1);
+		struct dev_stats *ds = bpf_map_lookup_elem(&devstats, &k);
+		if (!ds)
+			return 0;
+		u64 cur = ds->dev;
+		if (cur == 0) {
+			cur = __sync_val_compare_and_swap(&ds->dev, 0, (u64)dev);
+			if (cur == 0)
+				cur = dev;
+		}
+		if (cur == dev) {
+			*slot = k;
+			return ds;
+		}
+	}
+	count_lost(LOST_DEVSTATS);
+	return 0;
 }
 
 SEC("tp_btf/block_rq_issue")
@@ -232,29 +273,54 @@ int BPF_PROG(block_rq_issue, struct request *rq)
 	if ((rq->cmd_flags & REQ_OP_MASK) != REQ_OP_READ)
 		return 0;
 	u32 dev = rq_disk_dev(rq);
-	if (!watched(dev))
+	if (!dev || !watched(dev))
 		return 0;
-
-	struct dev_stats *ds = dev_stats_of(dev);
+	u32 dslot = 0;
+	struct dev_stats *ds = dev_stats_of(dev, &dslot);
 	if (!ds)
 		return 0;
-	s64 depth = __sync_fetch_and_add(&ds->inflight, 1) + 1;
-	struct inflight_val v = {
-		.issue_ns = ds->kernel_stamps ? 0 : bpf_ktime_get_ns(),
-		.dev = dev,
-		.depth = depth > 0 ? (u32)depth : 1,
-	};
-	u64 key = (u64)rq;
-	if (bpf_map_update_elem(&inflight, &key, &v, BPF_NOEXIST) == 0)
+	u64 key = rq_addr(ctx);
+	if (!key)
 		return 0;
-	/* Already in flight: a requeued request issued again. Count it once,
-	 * and time it from its last issue. */
-	__sync_fetch_and_add(&ds->inflight, -1);
-	struct inflight_val *old = bpf_map_lookup_elem(&inflight, &key);
-	if (old)
-		old->issue_ns = v.issue_ns;
-	else
-		count_lost(LOST_INFLIGHT);
+	u64 now = bpf_ktime_get_ns();
+	u32 h = hash_bits(key, INFLIGHT_BITS);
+	for (u32 i = 0; i < INFLIGHT_PROBES; i++) {
+		u32 k = (h + i) & (INFLIGHT_SLOTS - 1);
+		struct inflight_val *v = bpf_map_lookup_elem(&inflight, &k);
+		if (!v)
+			return 0;
+		u64 cur = v->rq;
+		if (cur == key) {
+			/* A requeued request issued again: in flight once, timed
+			 * from its last issue. */
+			v->issue_ns = now;
+			return 0;
+		}
+		if (cur == 0) {
+			if (__sync_val_compare_and_swap(&v->rq, 0, key) != 0)
+				continue; /* another CPU took it */
+		} else {
+			u64 ts = v->issue_ns;
+			if (ts == 0 || now - ts < INFLIGHT_STALE_NS)
+				continue;
+			/* Take over a stale slot: claim its timestamp first, so
+			 * no one else sees it stale meanwhile. */
+			if (__sync_val_compare_and_swap(&v->issue_ns, ts, now) != ts)
+				continue;
+			count_lost(LOST_STALE);
+			u32 os = v->dev_slot;
+			struct dev_stats *ods = bpf_map_lookup_elem(&devstats, &os);
+			if (ods)
+				__sync_fetch_and_add(&ods->inflight, -1);
+			v->rq = key;
+		}
+		s64 depth = __sync_fetch_and_add(&ds->inflight, 1) + 1;
+		v->dev_slot = dslot;
+		v->depth = depth > 0 ? (u32)depth : 1;
+		v->issue_ns = now;
+		return 0;
+	}
+	count_lost(LOST_INFLIGHT);
 	return 0;
 }
 
@@ -397,42 +463,39 @@ static __always_inline void attribute(struct request *rq, struct rec *r)
 SEC("tp_btf/block_rq_complete")
 int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 {
-	u64 key = (u64)rq;
-	struct inflight_val *v = bpf_map_lookup_elem(&inflight, &key);
-	if (!v)
+	u64 key = rq_addr(ctx);
+	if (!key)
 		return 0;
+	u32 h = hash_bits(key, INFLIGHT_BITS);
+	struct inflight_val *v = 0;
+	for (u32 i = 0; i < INFLIGHT_PROBES; i++) {
+		u32 k = (h + i) & (INFLIGHT_SLOTS - 1);
+		struct inflight_val *c = bpf_map_lookup_elem(&inflight, &k);
+		if (!c)
+			return 0;
+		if (c->rq == key) {
+			v = c;
+			break;
+		}
+	}
+	if (!v)
+		return 0; /* not a traced read */
 	unsigned int len = rq->__data_len;
 	/* A partial completion (more calls follow for this request): wait for the last. */
 	if (nr_bytes < len)
 		return 0;
 	u64 now = bpf_ktime_get_ns();
 	u64 issue = v->issue_ns;
-	u32 dev = v->dev, depth = v->depth;
-	bpf_map_delete_elem(&inflight, &key);
+	u32 dslot = v->dev_slot, depth = v->depth;
+	if (!issue)
+		return 0; /* claimed on another CPU this instant: not ours to end */
+	/* Release: timestamp first (a zero one is never stale), then the key
+	 * (xchg: ordered after the loads above). */
+	v->issue_ns = 0;
+	__sync_lock_test_and_set(&v->rq, 0);
 
-	struct dev_stats *ds = bpf_map_lookup_elem(&devstats, &dev);
-	/* Use the kernel's own issue stamp when it took one (set right after
-	 * the issue tracepoint); learn per disk whether it does. */
-	bool stamped = false;
-	if (bpf_core_enum_value_exists(enum rqf_flags, __RQF_STATS)) {
-		u32 bit = bpf_core_enum_value(enum rqf_flags, __RQF_STATS);
-		stamped = (rq->rq_flags >> (bit & 31)) & 1;
-	}
-	if (stamped && rq->io_start_time_ns)
-		issue = rq->io_start_time_ns;
-	if (ds && ds->kernel_stamps != stamped)
-		ds->kernel_stamps = stamped;
-	if (!issue) {
-		/* Issue relied on a stamp the kernel did not take (statistics just
-		 * turned off): fall back to the allocation stamp, else drop. */
-		issue = rq->start_time_ns;
-		if (!issue || issue > now) {
-			count_lost(LOST_NOTIME);
-			if (ds)
-				__sync_fetch_and_add(&ds->inflight, -1);
-			return 0;
-		}
-	}
+	struct dev_stats *ds = bpf_map_lookup_elem(&devstats, &dslot);
+	u32 dev = ds ? (u32)ds->dev : 0;
 	u64 lat = now - issue;
 	if (ds) {
 		__sync_fetch_and_add(&ds->inflight, -1);

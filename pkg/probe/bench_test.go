@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -12,15 +11,26 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // emptyTracing loads and attaches a tp_btf program that returns at once:
 // the fixed cost of a BPF program run (trampoline and run-time accounting)
 // on this machine, measured side by side with the probe.
 func emptyTracing(t testing.TB, tp string) (*ebpf.Program, link.Link) {
+	return baseline(t, tp, "empty", asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()})
+}
+
+// clockTracing is a tp_btf program that only reads bpf_ktime_get_ns: what
+// one clock read costs here, the floor under any latency measurement.
+func clockTracing(t testing.TB, tp string) (*ebpf.Program, link.Link) {
+	return baseline(t, tp, "clock", asm.Instructions{asm.FnKtimeGetNs.Call(), asm.Mov.Imm(asm.R0, 0), asm.Return()})
+}
+
+func baseline(t testing.TB, tp, what string, insns asm.Instructions) (*ebpf.Program, link.Link) {
 	t.Helper()
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Name:       "empty_" + tp,
+		Name:       what + "_" + tp[:8],
 		Type:       ebpf.Tracing,
 		AttachType: ebpf.AttachTraceRawTp,
 		AttachTo:   tp,
@@ -47,10 +57,6 @@ func TestBenchProbeCost(t *testing.T) {
 	}
 	needRoot(t, "loads BPF programs and creates a loop device")
 	l := newLab(t, 640)
-	// Smaller requests than the default give more of them per MB; this is
-	// the test's own device.
-	name := filepath.Base(l.Loop)
-	require.NoError(t, os.WriteFile("/sys/block/"+name+"/queue/max_sectors_kb", []byte("128\n"), 0))
 	var paths []string
 	for i := range 4 {
 		p, _ := l.writeFile(t, fmt.Sprintf("f%d", i), mb(128))
@@ -71,14 +77,19 @@ func TestBenchProbeCost(t *testing.T) {
 	t.Cleanup(func() { lIssue.Close(); eIssue.Close() })
 	eDone, lDone := emptyTracing(t, "block_rq_complete")
 	t.Cleanup(func() { lDone.Close(); eDone.Close() })
+	cDone, lcDone := clockTracing(t, "block_rq_complete")
+	t.Cleanup(func() { lcDone.Close(); cDone.Close() })
 
 	var c collector
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx, &c) }()
 	start := time.Now()
+	// 128 KiB reads with readahead off for the file (FADV_RANDOM): one
+	// 128 KiB request per read, whatever the device's window, without
+	// touching device settings.
 	for _, path := range paths {
-		readAll(t, path)
+		readChunks(t, path, 128<<10)
 	}
 	elapsed := time.Since(start)
 	time.Sleep(300 * time.Millisecond)
@@ -91,6 +102,8 @@ func TestBenchProbeCost(t *testing.T) {
 	emptyIssue, err := eIssue.Stats()
 	require.NoError(t, err)
 	emptyDone, err := eDone.Stats()
+	require.NoError(t, err)
+	clockDone, err := cDone.Stats()
 	require.NoError(t, err)
 	per := func(ps ProgramStats) float64 {
 		if ps.Runs == 0 {
@@ -109,6 +122,8 @@ func TestBenchProbeCost(t *testing.T) {
 	}
 	fmt.Printf("probe cost: %-20s %8d runs %7.0f ns/run\n", "empty block_rq_issue", ei.Runs, per(ei))
 	fmt.Printf("probe cost: %-20s %8d runs %7.0f ns/run\n", "empty block_rq_complete", ec.Runs, per(ec))
+	cc := ProgramStats{Runs: clockDone.RunCount, RunTime: clockDone.Runtime}
+	fmt.Printf("probe cost: %-20s %8d runs %7.0f ns/run\n", "one clock read (complete)", cc.Runs, per(cc))
 	var reqs uint64
 	for _, d := range s.Devices {
 		reqs += d.Requests
@@ -120,4 +135,20 @@ func TestBenchProbeCost(t *testing.T) {
 			per(pi)+per(pc), perReq, reqs, base)
 	}
 	require.NotZero(t, ds.Requests, "no requests traced on %s", l.Loop)
+}
+
+// readChunks reads path in chunk-sized reads with the file's readahead off.
+func readChunks(t testing.TB, path string, chunk int) {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_RANDOM))
+	buf := make([]byte, chunk)
+	for {
+		n, err := f.Read(buf)
+		if n == 0 || err != nil {
+			return
+		}
+	}
 }

@@ -101,7 +101,12 @@ func dropCaches(t testing.TB) {
 // from the test's) and returns the child's pid.
 func readAll(t testing.TB, p string) int {
 	t.Helper()
-	cmd := exec.Command("dd", "if="+p, "of=/dev/null", "bs=1M")
+	return readAllBS(t, p, "1M")
+}
+
+func readAllBS(t testing.TB, p, bs string) int {
+	t.Helper()
+	cmd := exec.Command("dd", "if="+p, "of=/dev/null", "bs="+bs)
 	var out bytes.Buffer
 	cmd.Stderr = &out
 	require.NoError(t, cmd.Start())

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -57,7 +58,7 @@ type Probe struct {
 
 	mu        sync.Mutex
 	closed    bool
-	undecoded uint64
+	undecoded atomic.Uint64
 }
 
 var _ Source = (*Probe)(nil)
@@ -191,9 +192,10 @@ func (p *Probe) attachments() []attachment {
 	}
 }
 
-// Run implements Source: it delivers records until ctx is done. The kernel
-// submits without waking the reader, so Run waits at most Config.Poll
-// before collecting what is there.
+// Run implements Source: it delivers records until ctx is done, then
+// delivers what the kernel had submitted by then and returns nil. The
+// kernel submits without waking the reader, so Run waits at most
+// Config.Poll before collecting what is there. One Run at a time.
 func (p *Probe) Run(ctx context.Context, h Handler) error {
 	p.mu.Lock()
 	if p.closed {
@@ -204,13 +206,19 @@ func (p *Probe) Run(ctx context.Context, h Handler) error {
 	p.mu.Unlock()
 	var rec ringbuf.Record
 	for {
-		if ctx.Err() != nil {
-			return nil
+		deadline := time.Now().Add(p.cfg.Poll)
+		stop := ctx.Err() != nil
+		if stop {
+			// Deliver what was submitted before ctx ended, then return.
+			deadline = time.Now()
 		}
-		rd.SetDeadline(time.Now().Add(p.cfg.Poll))
+		rd.SetDeadline(deadline)
 		for {
 			err := rd.ReadInto(&rec)
 			if errors.Is(err, os.ErrDeadlineExceeded) {
+				if stop {
+					return nil
+				}
 				break
 			}
 			if errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, os.ErrClosed) {
@@ -223,12 +231,7 @@ func (p *Probe) Run(ctx context.Context, h Handler) error {
 				return fmt.Errorf("read BPF ring buffer: %w", err)
 			}
 			if err := dispatch(rec.RawSample, h); err != nil {
-				p.mu.Lock()
-				p.undecoded++
-				p.mu.Unlock()
-			}
-			if ctx.Err() != nil {
-				return nil
+				p.undecoded.Add(1)
 			}
 		}
 	}
@@ -246,10 +249,13 @@ func (p *Probe) Stats() (Stats, error) {
 	var dv probeDevStats
 	it := p.objs.Devstats.Iterate()
 	for it.Next(&dk, &dv) {
+		if dv.Dev == 0 {
+			continue // free slot
+		}
 		d := DeviceStats{Requests: dv.Requests, Bytes: dv.Bytes, Errors: dv.Errors,
 			LatencySum: time.Duration(dv.LatencyNs), InFlight: dv.Inflight}
 		copy(d.Hist[:], dv.Hist[:])
-		s.Devices[Dev(dk)] = d
+		s.Devices[Dev(uint32(dv.Dev))] = d
 	}
 	if err := it.Err(); err != nil {
 		return Stats{}, fmt.Errorf("read per-device BPF stats: %w", err)
@@ -276,7 +282,7 @@ func (p *Probe) Stats() (Stats, error) {
 		}
 	}
 	s.Lost = Lost{Records: lost[0], Inflight: lost[1], DeviceMap: lost[2], FileMap: lost[3],
-		Readahead: lost[4], NoTime: lost[5], Undecoded: p.undecoded}
+		Readahead: lost[4], Undecoded: p.undecoded.Load(), Stale: lost[5]}
 	for _, a := range p.attachments() {
 		ps, err := a.prog.Stats()
 		if err != nil {

@@ -14,14 +14,14 @@ import (
 )
 
 type probeDevStats struct {
-	_            structs.HostLayout
-	Inflight     int64
-	KernelStamps uint64
-	Requests     uint64
-	Bytes        uint64
-	LatencyNs    uint64
-	Errors       uint64
-	Hist         [28]uint64
+	_         structs.HostLayout
+	Dev       uint64
+	Inflight  int64
+	Requests  uint64
+	Bytes     uint64
+	LatencyNs uint64
+	Errors    uint64
+	Hist      [28]uint64
 }
 
 type probeFileKey struct {
@@ -44,8 +44,9 @@ type probeFileStats struct {
 
 type probeInflightVal struct {
 	_       structs.HostLayout
+	Rq      uint64
 	IssueNs uint64
-	Dev     uint32
+	DevSlot uint32
 	Depth   uint32
 }
 

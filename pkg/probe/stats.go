@@ -65,13 +65,13 @@ type Lost struct {
 	Inflight  uint64 // in-flight map full at issue: requests not traced
 	DeviceMap uint64 // per-disk map full
 	FileMap   uint64 // per-file map insert failed
-	NoTime    uint64 // no issue timestamp (the kernel stopped stamping mid-request)
 	Undecoded uint64 // ring records user space could not decode
+	Stale     uint64 // in-flight slots taken over after a minute without completion
 }
 
 // Total sums all lost counters.
 func (l Lost) Total() uint64 {
-	return l.Records + l.NoTime + l.Readahead + l.Inflight + l.DeviceMap + l.FileMap + l.Undecoded
+	return l.Records + l.Readahead + l.Inflight + l.DeviceMap + l.FileMap + l.Undecoded + l.Stale
 }
 
 // ProgramStats is a BPF program's cumulative run time and run count, as
