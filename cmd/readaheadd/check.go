@@ -1,50 +1,172 @@
 package main
 
 import (
+	"bufio"
+	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
+	"github.com/readaheadd/readaheadd/pkg/blockdev"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// checkProbe loads and attaches the probe and reports what works; it is a
-// variable so that a more detailed check can replace it.
-var checkProbe = func(w io.Writer) error {
+// capability numbers (linux/capability.h).
+const (
+	capDACOverride = 1
+	capSysPtrace   = 19
+	capSysAdmin    = 21
+	capSysResource = 24
+	capPerfmon     = 38
+	capBPF         = 39
+)
+
+var capNames = map[int]string{
+	capDACOverride: "CAP_DAC_OVERRIDE", capSysPtrace: "CAP_SYS_PTRACE", capSysAdmin: "CAP_SYS_ADMIN",
+	capSysResource: "CAP_SYS_RESOURCE", capPerfmon: "CAP_PERFMON", capBPF: "CAP_BPF",
+}
+
+// effectiveCaps reads the CapEff mask from a /proc/PID/status file.
+func effectiveCaps(statusPath string) (uint64, error) {
+	f, err := os.Open(statusPath)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "CapEff:"); ok {
+			return strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+		}
+	}
+	return 0, fmt.Errorf("%s has no CapEff line", statusPath)
+}
+
+// checker runs the checks of `readaheadd check`; fields are seams for tests.
+type checker struct {
+	w          io.Writer
+	statusPath string // /proc/self/status
+	sys        blockdev.SysFS
+	devices    []string // empty: the default disks
+	loadProbe  func() (map[string]bool, error)
+	failed     bool
+}
+
+func (c *checker) report(ok bool, fatal bool, format string, args ...any) {
+	tag := "ok  "
+	switch {
+	case !ok && fatal:
+		tag = "FAIL"
+		c.failed = true
+	case !ok:
+		tag = "warn"
+	}
+	fmt.Fprintf(c.w, "%s %s\n", tag, fmt.Sprintf(format, args...))
+}
+
+func (c *checker) run() error {
+	caps, err := effectiveCaps(c.statusPath)
+	if err != nil {
+		c.report(false, true, "read capabilities: %v", err)
+		caps = 0
+	}
+	has := func(n int) bool { return caps&(1<<n) != 0 }
+	for _, n := range []int{capBPF, capPerfmon, capSysAdmin, capSysResource, capSysPtrace, capDACOverride} {
+		c.report(has(n), false, "%s %s", capNames[n], map[bool]string{true: "held", false: "missing"}[has(n)])
+	}
+	// Tracing programs need CAP_BPF with CAP_PERFMON, or CAP_SYS_ADMIN.
+	if !(has(capBPF) && has(capPerfmon)) && !has(capSysAdmin) {
+		c.report(false, true, "BPF tracing needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN): run as root or add them to the unit's CapabilityBoundingSet / the container's capabilities")
+	}
+	if !has(capSysPtrace) {
+		c.report(false, false, "per-file actions need CAP_SYS_PTRACE (pidfd_getfd on the readers' files); without it only device-wide actions work")
+	}
+
+	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
+		c.report(false, true, "kernel BTF: %v (needs CONFIG_DEBUG_INFO_BTF=y)", err)
+	} else {
+		c.report(true, true, "kernel BTF at /sys/kernel/btf/vmlinux")
+	}
+
+	progs, err := c.loadProbe()
+	if err != nil {
+		c.report(false, true, "load and attach the BPF programs: %v", err)
+	} else {
+		for _, name := range []string{probe.ProgBlockRqIssue, probe.ProgBlockRqComplete, probe.ProgPageCacheSyncRa, probe.ProgPageCacheAsyncRa} {
+			c.report(progs[name], true, "BPF program %s attached", name)
+		}
+	}
+
+	devices := c.devices
+	if len(devices) == 0 {
+		disks, err := c.sys.DefaultDisks()
+		if err != nil {
+			c.report(false, true, "list disks: %v", err)
+		}
+		for _, d := range disks {
+			devices = append(devices, d.Name)
+		}
+	}
+	root := c.sys.Root
+	if root == "" {
+		root = blockdev.DefaultRoot
+	}
+	for _, name := range devices {
+		p := filepath.Join(root, "block", name, "queue", "read_ahead_kb")
+		// Effective-ID access check: nothing is written.
+		err := unix.Faccessat(unix.AT_FDCWD, p, unix.W_OK, unix.AT_EACCESS)
+		if err == nil {
+			c.report(true, true, "%s writable", p)
+		} else {
+			c.report(false, true, "%s not writable: %v (needs root or CAP_DAC_OVERRIDE, and a writable /sys: no ProtectKernelTunables)", p, err)
+		}
+	}
+	if c.failed {
+		return errors.New("readaheadd cannot run here: see FAIL lines above")
+	}
+	fmt.Fprintln(c.w, "readaheadd can run here")
+	return nil
+}
+
+func loadProbeForCheck() (map[string]bool, error) {
 	p, err := probe.Load(probe.Config{})
 	if err != nil {
-		fmt.Fprintf(w, "FAIL load and attach BPF programs: %v\n", err)
-		return fmt.Errorf("this kernel or these privileges cannot run readaheadd: %w", err)
+		return nil, err
 	}
 	defer p.Close()
 	st, err := p.Stats()
 	if err != nil {
-		fmt.Fprintf(w, "FAIL read BPF statistics: %v\n", err)
-		return err
+		return nil, err
 	}
-	for _, name := range []string{probe.ProgBlockRqIssue, probe.ProgBlockRqComplete, probe.ProgPageCacheSyncRa, probe.ProgPageCacheAsyncRa} {
-		if _, ok := st.Programs[name]; ok {
-			fmt.Fprintf(w, "ok   %s attached\n", name)
-		} else {
-			fmt.Fprintf(w, "FAIL %s not attached\n", name)
-			return fmt.Errorf("program %s did not attach", name)
-		}
+	out := map[string]bool{}
+	for name := range st.Programs {
+		out[name] = true
 	}
-	return nil
+	return out, nil
 }
 
 func newCheckCmd() *cobra.Command {
-	return &cobra.Command{
+	var devices []string
+	cmd := &cobra.Command{
 		Use:   "check",
-		Short: "Load and attach the BPF programs and report what works on this kernel (exit 0 or 1)",
+		Short: "Check capabilities, BTF, the BPF programs and sysfs access on this machine (exit 0 or 1)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkProbe(cmd.OutOrStdout()); err != nil {
-				return err
+			for _, d := range devices {
+				if err := blockdev.ValidName(d); err != nil {
+					return usageError{err}
+				}
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), "readaheadd can run on this kernel")
-			return nil
+			c := &checker{w: cmd.OutOrStdout(), statusPath: "/proc/self/status", devices: devices, loadProbe: loadProbeForCheck}
+			return c.run()
 		},
 	}
+	cmd.Flags().StringArrayVar(&devices, "device", nil, "disk whose read_ahead_kb must be writable (repeatable; default: the default disks of run)")
+	return cmd
 }

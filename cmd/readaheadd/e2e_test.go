@@ -65,7 +65,16 @@ func freeAddr(t *testing.T) string {
 func startDaemon(t *testing.T, args ...string) *daemonProc {
 	t.Helper()
 	d := &daemonProc{addr: freeAddr(t), logs: &syncBuffer{}, done: make(chan error, 1)}
-	d.cmd = exec.Command(os.Args[0], append([]string{"run", "--metrics-addr", d.addr}, args...)...)
+	argv := append([]string{os.Args[0], "run", "--metrics-addr", d.addr}, args...)
+	// Run with exactly the capabilities the systemd unit grants, so that
+	// this test proves the unit's set is enough.
+	if caps := unitCapabilities(t); caps != "" {
+		if sp, err := exec.LookPath("setpriv"); err == nil {
+			argv = append([]string{sp, "--bounding-set", "-all," + caps, "--inh-caps", "-all", "--"}, argv...)
+			t.Logf("daemon capabilities (from the systemd unit): %s", caps)
+		}
+	}
+	d.cmd = exec.Command(argv[0], argv[1:]...)
 	d.cmd.Env = append(os.Environ(), "READAHEADD_AS_MAIN=1", "NOTIFY_SOCKET=")
 	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs
 	require.NoError(t, d.cmd.Start())
@@ -88,6 +97,21 @@ func startDaemon(t *testing.T, args ...string) *daemonProc {
 		return resp.StatusCode == http.StatusOK
 	}, 30*time.Second, 100*time.Millisecond, "daemon did not become healthy:\n%s", d.logs)
 	return d
+}
+
+// unitCapabilities returns the unit's CapabilityBoundingSet in setpriv's
+// form ("+bpf,+perfmon,...").
+func unitCapabilities(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("../../deploy/systemd/readaheadd.service")
+	require.NoError(t, err)
+	m := regexp.MustCompile(`(?m)^CapabilityBoundingSet=(.*)$`).FindSubmatch(b)
+	require.NotNil(t, m)
+	var caps []string
+	for _, c := range strings.Fields(string(m[1])) {
+		caps = append(caps, "+"+strings.ToLower(strings.TrimPrefix(c, "CAP_")))
+	}
+	return strings.Join(caps, ",")
 }
 
 // stop sends SIGTERM and returns the exit code.
