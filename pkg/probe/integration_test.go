@@ -2,6 +2,8 @@ package probe
 
 import (
 	"context"
+	"errors"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -111,4 +113,28 @@ func TestProbeAttributesReadsOnLoopDevice(t *testing.T) {
 	require.Len(t, top, 1)
 	assert.Equal(t, keyB, top[0].File)
 	assert.Equal(t, l.Dev, top[0].Disk)
+}
+
+func TestCheckReportsEveryProgram(t *testing.T) {
+	needRoot(t, "loads BPF programs")
+	rep := Check()
+	require.NoError(t, rep.BTF)
+	require.Len(t, rep.Programs, 4)
+	for _, p := range rep.Programs {
+		assert.True(t, p.Attached, "%s (%s): %v", p.Name, p.Attach, p.Err)
+		assert.NoError(t, p.Err)
+	}
+	assert.True(t, rep.OK())
+}
+
+func TestLoadWithoutPrivilegeSaysWhatToDo(t *testing.T) {
+	if os.Geteuid() == 0 {
+		t.Skip("needs an unprivileged user: checks the error Load gives without CAP_BPF")
+	}
+	_, err := Load(Config{})
+	require.Error(t, err)
+	if !errors.Is(err, ErrNoBTF) {
+		assert.ErrorIs(t, err, ErrPermission)
+		assert.ErrorContains(t, err, "run as root")
+	}
 }
