@@ -22,15 +22,9 @@ const (
 	capDACOverride = 1
 	capSysPtrace   = 19
 	capSysAdmin    = 21
-	capSysResource = 24
 	capPerfmon     = 38
 	capBPF         = 39
 )
-
-var capNames = map[int]string{
-	capDACOverride: "CAP_DAC_OVERRIDE", capSysPtrace: "CAP_SYS_PTRACE", capSysAdmin: "CAP_SYS_ADMIN",
-	capSysResource: "CAP_SYS_RESOURCE", capPerfmon: "CAP_PERFMON", capBPF: "CAP_BPF",
-}
 
 // effectiveCaps reads the CapEff mask from a /proc/PID/status file.
 func effectiveCaps(statusPath string) (uint64, error) {
@@ -54,7 +48,7 @@ type checker struct {
 	statusPath string // /proc/self/status
 	sys        blockdev.SysFS
 	devices    []string // empty: the default disks
-	loadProbe  func() (map[string]bool, error)
+	probeCheck func() probe.CheckReport
 	failed     bool
 }
 
@@ -77,29 +71,40 @@ func (c *checker) run() error {
 		caps = 0
 	}
 	has := func(n int) bool { return caps&(1<<n) != 0 }
-	for _, n := range []int{capBPF, capPerfmon, capSysAdmin, capSysResource, capSysPtrace, capDACOverride} {
-		c.report(has(n), false, "%s %s", capNames[n], map[bool]string{true: "held", false: "missing"}[has(n)])
-	}
 	// Tracing programs need CAP_BPF with CAP_PERFMON, or CAP_SYS_ADMIN.
-	if !(has(capBPF) && has(capPerfmon)) && !has(capSysAdmin) {
+	switch {
+	case has(capBPF) && has(capPerfmon):
+		c.report(true, true, "CAP_BPF and CAP_PERFMON held (BPF tracing programs)")
+	case has(capSysAdmin):
+		c.report(true, true, "CAP_SYS_ADMIN held (BPF tracing programs; CAP_BPF with CAP_PERFMON is enough)")
+	default:
 		c.report(false, true, "BPF tracing needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN): run as root or add them to the unit's CapabilityBoundingSet / the container's capabilities")
 	}
-	if !has(capSysPtrace) {
+	if has(capSysPtrace) {
+		c.report(true, false, "CAP_SYS_PTRACE held (per-file actions: pidfd_getfd on the readers' files)")
+	} else {
 		c.report(false, false, "per-file actions need CAP_SYS_PTRACE (pidfd_getfd on the readers' files); without it only device-wide actions work")
 	}
-
-	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
-		c.report(false, true, "kernel BTF: %v (needs CONFIG_DEBUG_INFO_BTF=y)", err)
+	if has(capDACOverride) {
+		c.report(true, false, "CAP_DAC_OVERRIDE held (files in data directories owned by other users)")
 	} else {
-		c.report(true, true, "kernel BTF at /sys/kernel/btf/vmlinux")
+		c.report(false, false, "CAP_DAC_OVERRIDE missing: files under data directories owned by another user (0700 hdfs) cannot be reached for per-file actions")
 	}
 
-	progs, err := c.loadProbe()
-	if err != nil {
-		c.report(false, true, "load and attach the BPF programs: %v", err)
+	rep := c.probeCheck()
+	if rep.BTF != nil {
+		c.report(false, true, "kernel BTF: %v", rep.BTF)
 	} else {
-		for _, name := range []string{probe.ProgBlockRqIssue, probe.ProgBlockRqComplete, probe.ProgPageCacheSyncRa, probe.ProgPageCacheAsyncRa} {
-			c.report(progs[name], true, "BPF program %s attached", name)
+		c.report(true, true, "kernel BTF at /sys/kernel/btf/vmlinux")
+		if len(rep.Programs) == 0 {
+			c.report(false, true, "no BPF program found in the embedded object")
+		}
+	}
+	for _, pc := range rep.Programs {
+		if pc.Attached && pc.Err == nil {
+			c.report(true, true, "BPF program %s loads and attaches (%s)", pc.Name, pc.Attach)
+		} else {
+			c.report(false, true, "BPF program %s (%s): loaded=%v attached=%v: %v", pc.Name, pc.Attach, pc.Loaded, pc.Attached, pc.Err)
 		}
 	}
 
@@ -134,23 +139,6 @@ func (c *checker) run() error {
 	return nil
 }
 
-func loadProbeForCheck() (map[string]bool, error) {
-	p, err := probe.Load(probe.Config{})
-	if err != nil {
-		return nil, err
-	}
-	defer p.Close()
-	st, err := p.Stats()
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]bool{}
-	for name := range st.Programs {
-		out[name] = true
-	}
-	return out, nil
-}
-
 func newCheckCmd() *cobra.Command {
 	var devices []string
 	cmd := &cobra.Command{
@@ -163,7 +151,7 @@ func newCheckCmd() *cobra.Command {
 					return usageError{err}
 				}
 			}
-			c := &checker{w: cmd.OutOrStdout(), statusPath: "/proc/self/status", devices: devices, loadProbe: loadProbeForCheck}
+			c := &checker{w: cmd.OutOrStdout(), statusPath: "/proc/self/status", devices: devices, probeCheck: probe.Check}
 			return c.run()
 		},
 	}

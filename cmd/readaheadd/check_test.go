@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
 func statusFile(t *testing.T, capEff uint64) string {
@@ -19,8 +21,12 @@ func statusFile(t *testing.T, capEff uint64) string {
 	return p
 }
 
-func allProgs() (map[string]bool, error) {
-	return map[string]bool{"block_rq_issue": true, "block_rq_complete": true, "page_cache_sync_ra": true, "page_cache_async_ra": true}, nil
+func allProgs() probe.CheckReport {
+	var r probe.CheckReport
+	for _, n := range []string{"block_rq_complete", "block_rq_issue", "page_cache_async_ra", "page_cache_sync_ra"} {
+		r.Programs = append(r.Programs, probe.ProgramCheck{Name: n, Attach: "tp_btf/" + n, Loaded: true, Attached: true})
+	}
+	return r
 }
 
 func TestEffectiveCaps(t *testing.T) {
@@ -32,39 +38,53 @@ func TestEffectiveCaps(t *testing.T) {
 }
 
 func TestCheckNamesMissingCapabilities(t *testing.T) {
-	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
-		t.Skip("no kernel BTF on this machine")
-	}
 	sys := fakeSysfs(t, map[string]int{"sdx": 128})
-	all := uint64(1<<capBPF | 1<<capPerfmon | 1<<capSysAdmin | 1<<capSysResource | 1<<capSysPtrace | 1<<capDACOverride)
+	all := uint64(1<<capBPF | 1<<capPerfmon | 1<<capSysAdmin | 1<<capSysPtrace | 1<<capDACOverride)
 
 	var out bytes.Buffer
-	c := &checker{w: &out, statusPath: statusFile(t, all), sys: sys, loadProbe: allProgs}
+	c := &checker{w: &out, statusPath: statusFile(t, all), sys: sys, probeCheck: allProgs}
 	require.NoError(t, c.run(), out.String())
 	assert.Contains(t, out.String(), "readaheadd can run here")
 
 	// Without CAP_BPF/CAP_PERFMON/CAP_SYS_ADMIN: a FAIL naming them, exit 1.
 	out.Reset()
 	c = &checker{w: &out, statusPath: statusFile(t, 1<<capSysPtrace|1<<capDACOverride), sys: sys,
-		loadProbe: func() (map[string]bool, error) { return nil, errors.New("operation not permitted") }}
+		probeCheck: func() probe.CheckReport {
+			r := allProgs()
+			for i := range r.Programs {
+				r.Programs[i].Loaded, r.Programs[i].Attached = false, false
+				r.Programs[i].Err = errors.New("operation not permitted")
+			}
+			return r
+		}}
 	require.Error(t, c.run())
-	assert.Contains(t, out.String(), "warn CAP_BPF missing")
 	assert.Contains(t, out.String(), "FAIL BPF tracing needs CAP_BPF and CAP_PERFMON")
-	assert.Contains(t, out.String(), "FAIL load and attach the BPF programs: operation not permitted")
+	assert.Contains(t, out.String(), "FAIL BPF program block_rq_issue (tp_btf/block_rq_issue): loaded=false attached=false: operation not permitted")
 
 	// Without CAP_SYS_PTRACE: a warning only (device-wide actions still work).
 	out.Reset()
-	c = &checker{w: &out, statusPath: statusFile(t, all&^(1<<capSysPtrace)), sys: sys, loadProbe: allProgs}
+	c = &checker{w: &out, statusPath: statusFile(t, all&^(1<<capSysPtrace)), sys: sys, probeCheck: allProgs}
 	require.NoError(t, c.run())
 	assert.Contains(t, out.String(), "warn per-file actions need CAP_SYS_PTRACE")
 
 	// A program that did not attach fails the check.
 	out.Reset()
-	c = &checker{w: &out, statusPath: statusFile(t, all), sys: sys, loadProbe: func() (map[string]bool, error) {
-		return map[string]bool{"block_rq_issue": true, "block_rq_complete": true}, nil
+	c = &checker{w: &out, statusPath: statusFile(t, all), sys: sys, probeCheck: func() probe.CheckReport {
+		r := allProgs()
+		r.Programs[3].Attached = false
+		r.Programs[3].Err = probe.ErrTracepointMissing
+		return r
 	}}
 	require.Error(t, c.run())
-	assert.Contains(t, out.String(), "FAIL BPF program page_cache_sync_ra attached")
+	assert.Contains(t, out.String(), "FAIL BPF program page_cache_sync_ra (tp_btf/page_cache_sync_ra): loaded=true attached=false: the kernel lacks a tracepoint")
+
+	// No BTF: said so, exit 1.
+	out.Reset()
+	c = &checker{w: &out, statusPath: statusFile(t, all), sys: sys, probeCheck: func() probe.CheckReport {
+		return probe.CheckReport{BTF: probe.ErrNoBTF}
+	}}
+	require.Error(t, c.run())
+	assert.Contains(t, out.String(), "FAIL kernel BTF: the kernel exposes no BTF")
 }
 
 func TestCheckSysfsNotWritable(t *testing.T) {
@@ -74,7 +94,7 @@ func TestCheckSysfsNotWritable(t *testing.T) {
 	sys := fakeSysfs(t, map[string]int{"sdx": 128})
 	require.NoError(t, os.Chmod(filepath.Join(sys.Root, "block", "sdx", "queue", "read_ahead_kb"), 0o444))
 	var out bytes.Buffer
-	c := &checker{w: &out, statusPath: statusFile(t, ^uint64(0)), sys: sys, loadProbe: allProgs}
+	c := &checker{w: &out, statusPath: statusFile(t, ^uint64(0)), sys: sys, probeCheck: allProgs}
 	require.Error(t, c.run())
 	assert.Contains(t, out.String(), "read_ahead_kb not writable")
 }

@@ -21,6 +21,7 @@ import (
 type pipeline struct {
 	det   *detector.Detector
 	tun   *tuner.Tuner
+	res   *probe.Resolver // paths for display only
 	clk   clock.Clock
 	log   *slog.Logger
 	sys   blockdev.SysFS
@@ -57,12 +58,15 @@ func newController(d controlDeps) (controller, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &pipeline{det: detector.New(dc), tun: tun, clk: d.clk, log: d.log, sys: d.sys, disks: d.cfg.Disks, counts: map[[3]string]uint64{}}, nil
+	return &pipeline{det: detector.New(dc), tun: tun, res: &probe.Resolver{}, clk: d.clk, log: d.log, sys: d.sys, disks: d.cfg.Disks, counts: map[[3]string]uint64{}}, nil
 }
 
 func (p *pipeline) HandleRecord(r probe.Record) { p.det.Observe(r) }
 
-func (p *pipeline) HandleReadahead(e probe.ReadaheadEvent) { p.tun.ObserveReadahead(e) }
+func (p *pipeline) HandleReadahead(e probe.ReadaheadEvent) {
+	p.res.Observe(e)
+	p.tun.ObserveReadahead(e)
+}
 
 func (p *pipeline) Step(now time.Duration) {
 	snap := p.det.Evaluate(now)
@@ -144,12 +148,16 @@ func (p *pipeline) TunerStatus() metrics.TunerStatus {
 	return ts
 }
 
-// FilePath names a file the tuner knows, for /debug/files and status.
+// FilePath names a file for /debug/files and status: the tuner's path if
+// it acted on the file, else what the probe's resolver finds.
 func (p *pipeline) FilePath(k probe.FileKey) string {
 	for _, f := range p.tun.Status().Files {
-		if f.File == k {
+		if f.File == k && f.Path != "" {
 			return f.Path
 		}
+	}
+	if path, ok := p.res.Resolve(k); ok {
+		return path
 	}
 	return ""
 }
