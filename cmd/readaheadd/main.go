@@ -39,6 +39,7 @@ func newRootCmd() *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(newVersionCmd())
+	root.AddCommand(newTraceCmd())
 	root.AddCommand(newRunCmd(defaultRunEnv()), newRestoreCmd(blockdev.SysFS{}), newStatusCmd(), newCheckCmd())
 	return root
 }
