@@ -71,3 +71,9 @@ bench-lab: labfs
 # actions taken and the restore on SIGTERM.
 demo: labfs build
 	$(GOTEST) -count=1 -v -run '^TestEndToEndPermanentSlowdown$$' ./cmd/readaheadd
+
+.PHONY: bench-probe
+# What the BPF probe costs per block read request, from the kernel's BPF
+# run-time statistics while reading 512 MB from a loop device (root).
+bench-probe:
+	READAHEADD_BENCH=1 $(GOTEST) -count=1 -v -run '^TestBenchProbeCost$$' ./pkg/probe/
