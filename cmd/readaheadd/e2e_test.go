@@ -273,8 +273,8 @@ func TestEndToEndPermanentSlowdown(t *testing.T) {
 	rd, err := lab.OpenSeq(target)
 	require.NoError(t, err)
 	defer rd.Close()
-	require.NoError(t, l.SetPermanent(3*time.Millisecond, target))
-	t.Logf("permanent slowdown: +3 ms on every read of %s", filepath.Base(target))
+	require.NoError(t, l.SetPermanent(8*time.Millisecond, target))
+	t.Logf("permanent slowdown: +8 ms on every read of %s", filepath.Base(target))
 
 	// Watch the metrics while the reader runs.
 	var (
