@@ -102,9 +102,9 @@ struct ra_event {
  * touches one. A slot is claimed with a compare-and-swap of its key word,
  * probing up to *_PROBES slots from a multiplicative hash of the key.
  */
-#define INFLIGHT_BITS 12
+#define INFLIGHT_BITS 10
 #define INFLIGHT_SLOTS (1 << INFLIGHT_BITS)
-#define INFLIGHT_PROBES 4
+#define INFLIGHT_PROBES 8
 /* A slot held this long lost its completion (e.g. a request issued just
  * before a detach): the next claimer may take it over. */
 #define INFLIGHT_STALE_NS (60ULL * 1000000000ULL)
@@ -120,9 +120,16 @@ struct inflight_val {
 #define DEV_SLOTS (1 << DEV_BITS)
 #define DEV_PROBES 8
 
-struct dev_stats {
+/* Shared per disk: identity and the in-flight count (depth needs one
+ * global number). */
+struct dev_slot {
 	u64 dev; /* whole disk; 0 = free slot (64 bits for cmpxchg) */
 	s64 inflight; /* read requests issued and not yet completed */
+};
+
+/* Per disk and per CPU: totals, added without atomics on CPU-local lines;
+ * user space sums the CPUs. */
+struct dev_stats {
 	u64 requests;
 	u64 bytes;
 	u64 latency_ns;
@@ -163,13 +170,20 @@ struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, DEV_SLOTS);
 	__type(key, u32);
+	__type(value, struct dev_slot);
+} devslots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, DEV_SLOTS);
+	__type(key, u32);
 	__type(value, struct dev_stats);
 } devstats SEC(".maps");
 
-/* Per-file totals since load; LRU keeps the active files when more than
- * max_entries files are read. */
+/* Per-file totals since load, per CPU (no atomics); LRU keeps the active
+ * files when more than max_entries files are read. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
 	__uint(max_entries, 65536);
 	__type(key, struct file_key);
 	__type(value, struct file_stats);
@@ -243,13 +257,13 @@ static __always_inline u64 rq_addr(void *ctx)
 	return a;
 }
 
-/* Finds or claims dev's slot in devstats. */
-static __always_inline struct dev_stats *dev_stats_of(u32 dev, u32 *slot)
+/* Finds or claims dev's slot in devslots. */
+static __always_inline struct dev_slot *dev_slot_of(u32 dev, u32 *slot)
 {
 	u32 h = hash_bits(dev, DEV_BITS);
 	for (u32 i = 0; i < DEV_PROBES; i++) {
 		u32 k = (h + i) & (DEV_SLOTS - 1);
-		struct dev_stats *ds = bpf_map_lookup_elem(&devstats, &k);
+		struct dev_slot *ds = bpf_map_lookup_elem(&devslots, &k);
 		if (!ds)
 			return 0;
 		u64 cur = ds->dev;
@@ -276,7 +290,7 @@ int BPF_PROG(block_rq_issue, struct request *rq)
 	if (!dev || !watched(dev))
 		return 0;
 	u32 dslot = 0;
-	struct dev_stats *ds = dev_stats_of(dev, &dslot);
+	struct dev_slot *ds = dev_slot_of(dev, &dslot);
 	if (!ds)
 		return 0;
 	u64 key = rq_addr(ctx);
@@ -309,7 +323,7 @@ int BPF_PROG(block_rq_issue, struct request *rq)
 				continue;
 			count_lost(LOST_STALE);
 			u32 os = v->dev_slot;
-			struct dev_stats *ods = bpf_map_lookup_elem(&devstats, &os);
+			struct dev_slot *ods = bpf_map_lookup_elem(&devslots, &os);
 			if (ods)
 				__sync_fetch_and_add(&ods->inflight, -1);
 			v->rq = key;
@@ -460,24 +474,29 @@ static __always_inline void attribute(struct request *rq, struct rec *r)
 	r->offset = ((index + sub) << PAGE_SHIFT) + in;
 }
 
+/* The slot holding key, or NULL. A real loop (not unrolled): clang 14
+ * miscompiles the unrolled form into code the verifier rejects. */
+static __noinline struct inflight_val *find_inflight(u64 key)
+{
+	u32 h = hash_bits(key, INFLIGHT_BITS);
+	for (u32 i = 0; i < INFLIGHT_PROBES; i++) {
+		u32 k = (h + i) & (INFLIGHT_SLOTS - 1);
+		struct inflight_val *c = bpf_map_lookup_elem(&inflight, &k);
+		if (!c)
+			return 0;
+		if (c->rq == key)
+			return c;
+	}
+	return 0;
+}
+
 SEC("tp_btf/block_rq_complete")
 int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 {
 	u64 key = rq_addr(ctx);
 	if (!key)
 		return 0;
-	u32 h = hash_bits(key, INFLIGHT_BITS);
-	struct inflight_val *v = 0;
-	for (u32 i = 0; i < INFLIGHT_PROBES; i++) {
-		u32 k = (h + i) & (INFLIGHT_SLOTS - 1);
-		struct inflight_val *c = bpf_map_lookup_elem(&inflight, &k);
-		if (!c)
-			return 0;
-		if (c->rq == key) {
-			v = c;
-			break;
-		}
-	}
+	struct inflight_val *v = find_inflight(key);
 	if (!v)
 		return 0; /* not a traced read */
 	unsigned int len = rq->__data_len;
@@ -494,20 +513,24 @@ int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_b
 	v->issue_ns = 0;
 	__sync_lock_test_and_set(&v->rq, 0);
 
-	struct dev_stats *ds = bpf_map_lookup_elem(&devstats, &dslot);
-	u32 dev = ds ? (u32)ds->dev : 0;
+	struct dev_slot *dsl = bpf_map_lookup_elem(&devslots, &dslot);
+	u32 dev = 0;
+	if (dsl) {
+		dev = (u32)dsl->dev;
+		__sync_fetch_and_add(&dsl->inflight, -1);
+	}
 	u64 lat = now - issue;
+	struct dev_stats *ds = bpf_map_lookup_elem(&devstats, &dslot);
 	if (ds) {
-		__sync_fetch_and_add(&ds->inflight, -1);
-		__sync_fetch_and_add(&ds->requests, 1);
-		__sync_fetch_and_add(&ds->bytes, len);
-		__sync_fetch_and_add(&ds->latency_ns, lat);
+		ds->requests++;
+		ds->bytes += len;
+		ds->latency_ns += lat;
 		if (error)
-			__sync_fetch_and_add(&ds->errors, 1);
+			ds->errors++;
 		u32 b = log2_bucket(lat / 1000);
 		if (b >= HIST_BUCKETS)
 			b = HIST_BUCKETS - 1;
-		__sync_fetch_and_add(&ds->hist[b], 1);
+		ds->hist[b]++;
 	}
 
 	/* Built on the stack and copied with bpf_ringbuf_output: the per-file
@@ -539,10 +562,10 @@ int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_b
 				count_lost(LOST_FILESTATS);
 		}
 		if (fs) {
-			__sync_fetch_and_add(&fs->requests, 1);
-			__sync_fetch_and_add(&fs->bytes, len);
-			__sync_fetch_and_add(&fs->latency_ns, lat);
-			__sync_fetch_and_add(&fs->depth_sum, depth);
+			fs->requests++;
+			fs->bytes += len;
+			fs->latency_ns += lat;
+			fs->depth_sum += depth;
 			fs->last_ns = now;
 		}
 	}

@@ -120,6 +120,11 @@ func classify(what string, err error) error {
 	if err == nil {
 		return nil
 	}
+	// The verifier reports rejections as EACCES: not a privilege problem.
+	var ve *ebpf.VerifierError
+	if errors.As(err, &ve) {
+		return fmt.Errorf("%s: the kernel's verifier rejected the program (please report with this log): %+v", what, ve)
+	}
 	switch {
 	case errors.Is(err, unix.EPERM) || errors.Is(err, os.ErrPermission):
 		return fmt.Errorf("%s: %w (%v)", what, ErrPermission, err)
@@ -149,10 +154,6 @@ func Load(cfg Config) (*Probe, error) {
 	}
 	p := &Probe{cfg: cfg}
 	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("load BPF programs: the kernel's verifier rejected them (please report with this log): %+v", ve)
-		}
 		return nil, classify("load BPF programs", err)
 	}
 	for _, a := range p.attachments() {
@@ -245,28 +246,54 @@ func (p *Probe) Stats() (Stats, error) {
 		return Stats{}, ErrClosed
 	}
 	s := Stats{Devices: map[Dev]DeviceStats{}, Files: map[FileKey]FileStats{}, Programs: map[string]ProgramStats{}}
+	// Disk identities and in-flight counts are shared; totals are per CPU.
 	var dk uint32
-	var dv probeDevStats
-	it := p.objs.Devstats.Iterate()
-	for it.Next(&dk, &dv) {
-		if dv.Dev == 0 {
-			continue // free slot
+	var slot probeDevSlot
+	slots := map[uint32]probeDevSlot{}
+	it := p.objs.Devslots.Iterate()
+	for it.Next(&dk, &slot) {
+		if slot.Dev != 0 {
+			slots[dk] = slot
 		}
-		d := DeviceStats{Requests: dv.Requests, Bytes: dv.Bytes, Errors: dv.Errors,
-			LatencySum: time.Duration(dv.LatencyNs), InFlight: dv.Inflight}
-		copy(d.Hist[:], dv.Hist[:])
-		s.Devices[Dev(uint32(dv.Dev))] = d
 	}
 	if err := it.Err(); err != nil {
-		return Stats{}, fmt.Errorf("read per-device BPF stats: %w", err)
+		return Stats{}, fmt.Errorf("read per-device BPF slots: %w", err)
+	}
+	for k, slot := range slots {
+		var percpu []probeDevStats
+		if err := p.objs.Devstats.Lookup(k, &percpu); err != nil {
+			return Stats{}, fmt.Errorf("read per-device BPF stats: %w", err)
+		}
+		d := DeviceStats{InFlight: slot.Inflight}
+		for _, v := range percpu {
+			d.Requests += v.Requests
+			d.Bytes += v.Bytes
+			d.Errors += v.Errors
+			d.LatencySum += time.Duration(v.LatencyNs)
+			for i := range d.Hist {
+				d.Hist[i] += v.Hist[i]
+			}
+		}
+		s.Devices[Dev(uint32(slot.Dev))] = d
 	}
 	var fk probeFileKey
-	var fv probeFileStats
+	var fv []probeFileStats
 	fit := p.objs.Filestats.Iterate()
 	for fit.Next(&fk, &fv) {
 		k := FileKey{Dev: Dev(fk.Dev), Ino: fk.Ino}
-		s.Files[k] = FileStats{File: k, Disk: Dev(fv.Disk), Requests: fv.Requests, Bytes: fv.Bytes,
-			LatencySum: time.Duration(fv.LatencyNs), DepthSum: fv.DepthSum, Last: time.Duration(fv.LastNs)}
+		f := FileStats{File: k}
+		for _, v := range fv {
+			if v.Requests == 0 {
+				continue
+			}
+			f.Disk = Dev(v.Disk)
+			f.Requests += v.Requests
+			f.Bytes += v.Bytes
+			f.LatencySum += time.Duration(v.LatencyNs)
+			f.DepthSum += v.DepthSum
+			f.Last = max(f.Last, time.Duration(v.LastNs))
+		}
+		s.Files[k] = f
 	}
 	if err := fit.Err(); err != nil {
 		return Stats{}, fmt.Errorf("read per-file BPF stats: %w", err)

@@ -13,10 +13,14 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type probeDevSlot struct {
+	_        structs.HostLayout
+	Dev      uint64
+	Inflight int64
+}
+
 type probeDevStats struct {
 	_         structs.HostLayout
-	Dev       uint64
-	Inflight  int64
 	Requests  uint64
 	Bytes     uint64
 	LatencyNs uint64
@@ -90,6 +94,7 @@ type probeRec struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	probeMapDevslots          = "devslots"
 	probeMapDevstats          = "devstats"
 	probeMapEvents            = "events"
 	probeMapFilestats         = "filestats"
@@ -158,6 +163,7 @@ type probeProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type probeMapSpecs struct {
+	Devslots  *ebpf.MapSpec `ebpf:"devslots"`
 	Devstats  *ebpf.MapSpec `ebpf:"devstats"`
 	Events    *ebpf.MapSpec `ebpf:"events"`
 	Filestats *ebpf.MapSpec `ebpf:"filestats"`
@@ -196,6 +202,7 @@ func (o *probeObjects) Close() error {
 //
 // It can be passed to loadProbeObjects or ebpf.CollectionSpec.LoadAndAssign.
 type probeMaps struct {
+	Devslots  *ebpf.Map `ebpf:"devslots"`
 	Devstats  *ebpf.Map `ebpf:"devstats"`
 	Events    *ebpf.Map `ebpf:"events"`
 	Filestats *ebpf.Map `ebpf:"filestats"`
@@ -205,6 +212,7 @@ type probeMaps struct {
 
 func (m *probeMaps) Close() error {
 	return _ProbeClose(
+		m.Devslots,
 		m.Devstats,
 		m.Events,
 		m.Filestats,
