@@ -77,3 +77,25 @@ demo: labfs build
 # run-time statistics while reading 512 MB from a loop device (root).
 bench-probe:
 	READAHEADD_BENCH=1 $(GOTEST) -count=1 -v -run '^TestBenchProbeCost$$' ./pkg/probe/
+
+# Detector acceptance on the lab (root): records live runs (regimes in turn,
+# healthy) into test/integration/detector/testdata, then replays them and
+# prints precision, recall and detection delay per regime kind. Without root
+# the replay runs on the committed recordings only. See docs/detector.md.
+DETECTOR_TESTDATA := $(CURDIR)/test/integration/detector/testdata
+.PHONY: bench-detector
+bench-detector: labfs
+	READAHEADD_BENCH=full READAHEADD_DETECTOR_RECORD=$(DETECTOR_TESTDATA) $(GOTEST) $(TESTFLAGS) -v -run 'TestDetectorLab' ./test/integration/detector/
+	$(GOTEST) -count=1 -run '^$$' -bench DetectorReplay -benchtime=1x ./test/integration/detector/
+
+# Evaluation (test/bench): every workload and regime on the lab, side by side
+# for the default read_ahead_kb, each static value and readaheadd; writes
+# docs/results/ (report, results.json, PNG plots). Needs root; HDFS needs Java 17
+# and Maven. See docs/benchmarks.md.
+bench: labfs build
+	$(GO) run ./test/bench/cmd/benchrun -full -out docs/results
+
+# The reduced matrix CI runs (a few minutes; HDFS only with READAHEADD_HDFS=1).
+# Skips without root.
+bench-short: labfs build
+	$(GOTEST) -count=1 -timeout 20m -v -run 'TestBenchShort|TestRecovery|TestTargets' ./test/bench/

@@ -1,0 +1,108 @@
+package detector_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+)
+
+// cadence is one way of driving the detector over a recording.
+type cadence struct {
+	name     string
+	interval time.Duration
+	cfg      func() detector.Config
+}
+
+var cadences = []cadence{
+	// The daemon's cadence: one evaluation per 1 s window.
+	{"1s", time.Second, detector.DefaultConfig},
+	// Four evaluations per 1 s window; the exit count is scaled so that a
+	// regime still needs 2 s below its exit threshold to clear.
+	{"250ms", 250 * time.Millisecond, func() detector.Config {
+		c := detector.DefaultConfig()
+		c.ExitAfter = int(2 * time.Second / (250 * time.Millisecond))
+		return c
+	}},
+}
+
+func recordings(tb testing.TB) []string {
+	paths, err := filepath.Glob("testdata/*.rec.gz")
+	require.NoError(tb, err)
+	if len(paths) == 0 {
+		tb.Skip("no recordings in testdata: record them with `make bench-detector` as root")
+	}
+	return paths
+}
+
+// BenchmarkDetectorReplay replays recorded lab runs (probe records of the
+// lab device plus the lab's ground truth) through the detector at each
+// cadence and prints precision, recall, detection and clear delay per
+// regime kind. ns/op is the detector's cost for one whole recording.
+func BenchmarkDetectorReplay(b *testing.B) {
+	for _, path := range recordings(b) {
+		rec, err := LoadRecording(path)
+		require.NoError(b, err)
+		eps, err := rec.Episodes()
+		require.NoError(b, err)
+		name := strings.TrimSuffix(filepath.Base(path), ".rec.gz")
+		for _, c := range cadences {
+			b.Run(name+"/"+c.name, func(b *testing.B) {
+				var evals []Eval
+				for b.Loop() {
+					evals = Replay(rec, c.cfg(), c.interval)
+				}
+				sc := ScoreRun(eps, evals, c.interval)
+				fmt.Fprintf(os.Stdout, "\n%s (%d records over %s, %d episodes), %s", name, len(rec.Records),
+					(rec.End - rec.Start).Round(time.Second), len(eps), sc.Table())
+				for _, k := range sc.Labs {
+					if k.Episodes == 0 {
+						continue
+					}
+					b.ReportMetric(float64(k.Detected)/float64(k.Episodes), k.Lab+"-recall")
+					if d := median(k.Delays); d >= 0 {
+						b.ReportMetric(d.Seconds(), k.Lab+"-delay-s")
+					}
+				}
+				var correct, false_ int
+				for _, is := range sc.Instances {
+					correct += is.Correct
+					false_ += is.False
+				}
+				b.ReportMetric(float64(false_), "false-regimes")
+				if correct+false_ > 0 {
+					b.ReportMetric(float64(correct)/float64(correct+false_), "precision")
+				}
+			})
+		}
+	}
+}
+
+// TestDetectorReplay checks the committed recordings without root: the
+// replayed detector meets the acceptance figures on them.
+func TestDetectorReplay(t *testing.T) {
+	for _, path := range recordings(t) {
+		rec, err := LoadRecording(path)
+		require.NoError(t, err)
+		eps, err := rec.Episodes()
+		require.NoError(t, err)
+		sc := ScoreRun(eps, Replay(rec, detector.DefaultConfig(), time.Second), time.Second)
+		t.Logf("%s:\n%s", filepath.Base(path), sc.Table())
+		for _, k := range sc.Labs {
+			require.Equal(t, k.Episodes, k.Detected, "%s: every episode detected", k.Lab)
+			if k.Episodes > 0 {
+				require.LessOrEqual(t, median(k.Delays), time.Second, "%s median delay", k.Lab)
+				require.LessOrEqual(t, median(k.Clears), 3*time.Second, "%s median clear", k.Lab)
+			}
+		}
+		for _, is := range sc.Instances {
+			require.Zero(t, is.False, "%s: false regimes: %v", is.Kind, is.Evidence)
+		}
+	}
+}

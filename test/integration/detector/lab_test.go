@@ -1,0 +1,354 @@
+package detector_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/readaheadd/readaheadd/pkg/clock"
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/test/lab"
+)
+
+// RecordEnv names a file to save a lab run's recording to (gzip'd gob), for
+// the replay benchmark's testdata.
+const RecordEnv = "READAHEADD_DETECTOR_RECORD"
+
+// workload is the lab's healthy background: sequential readers (one on a
+// plain file, one on a fragmented file) re-reading their files from the
+// device, and random 4 KiB readers of a third file, like a DataNode serving
+// block reads next to a service's index lookups.
+type workload struct {
+	seqA, frag, rnd, bg string
+	cancel              context.CancelFunc
+	wg                  sync.WaitGroup
+	mu                  sync.Mutex
+	err                 error
+}
+
+func prepareFiles(t *testing.T, l *lab.Lab) *workload {
+	t.Helper()
+	w := &workload{}
+	var err error
+	w.seqA, err = l.WriteFile("seq-a.dat", 256)
+	require.NoError(t, err)
+	w.frag, _, err = l.WriteFragmented("frag.dat", "frag-other.dat", 64, 2)
+	require.NoError(t, err)
+	w.rnd, err = l.WriteFile("random.dat", 256)
+	require.NoError(t, err)
+	w.bg, err = l.WriteFile("background.dat", 256)
+	require.NoError(t, err)
+	exts, err := lab.Extents(w.frag)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(exts), 8, "the fragmented file must have many extents (it has %d)", len(exts))
+	return w
+}
+
+func (w *workload) fail(err error) {
+	w.mu.Lock()
+	if w.err == nil {
+		w.err = err
+	}
+	w.mu.Unlock()
+}
+
+func (w *workload) start(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	for _, p := range []string{w.seqA, w.frag} {
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			for ctx.Err() == nil {
+				if err := lab.DropFileCache(p); err != nil {
+					w.fail(err)
+					return
+				}
+				r, err := lab.OpenSeq(p)
+				if err != nil {
+					w.fail(err)
+					return
+				}
+				_, err = r.Read(ctx, 0)
+				r.Close()
+				if err != nil {
+					w.fail(err)
+					return
+				}
+			}
+		}()
+	}
+	for i := range 2 {
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			if err := randomReads(ctx, w.rnd, uint64(i+1)); err != nil {
+				w.fail(err)
+			}
+		}()
+	}
+	t.Cleanup(w.stop)
+}
+
+func (w *workload) stop() {
+	if w.cancel != nil {
+		w.cancel()
+		w.wg.Wait()
+	}
+}
+
+// randomReads reads random 4 KiB pages with pread on a file advised
+// POSIX_FADV_RANDOM (so each miss is one 4 KiB device read), with a short
+// think time, and drops the file's cache now and then so that reads keep
+// reaching the device.
+func randomReads(ctx context.Context, path string, seed uint64) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_RANDOM); err != nil {
+		return err
+	}
+	pages := st.Size() / 4096
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	buf := make([]byte, 4096)
+	lastDrop := time.Now()
+	for ctx.Err() == nil {
+		if _, err := f.ReadAt(buf, rng.Int64N(pages)*4096); err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		time.Sleep(2 * time.Millisecond)
+		if time.Since(lastDrop) > 10*time.Second {
+			if err := lab.DropFileCache(path); err != nil {
+				return err
+			}
+			lastDrop = time.Now()
+		}
+	}
+	return nil
+}
+
+// live runs the probe on the lab device into a detector evaluated every
+// interval of CLOCK_MONOTONIC (as the daemon does), and records the probe's
+// stream.
+type live struct {
+	rec     *Recording
+	det     *detector.Detector
+	p       *probe.Probe
+	mu      sync.Mutex
+	evals   []Eval
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	runErr  error
+	stopped bool
+}
+
+func startLive(t *testing.T, l *lab.Lab, w *workload, interval time.Duration) *live {
+	t.Helper()
+	p, err := probe.Load(probe.Config{Devices: []probe.Dev{l.Dev}, Poll: 20 * time.Millisecond})
+	if err != nil {
+		if errors.Is(err, probe.ErrPermission) || errors.Is(err, probe.ErrNoBTF) || errors.Is(err, probe.ErrTracepointMissing) {
+			t.Skipf("probe unavailable: %v", err)
+		}
+		require.NoError(t, err, "load the BPF probe")
+	}
+	lv := &live{det: detector.New(detector.DefaultConfig()), p: p, rec: &Recording{Device: l.Dev, Files: map[string]probe.FileKey{}}}
+	for _, path := range []string{w.seqA, w.frag, w.rnd, w.bg} {
+		var st unix.Stat_t
+		require.NoError(t, unix.Stat(path, &st))
+		lv.rec.Files[path] = probe.FileKey{Dev: probe.DevFromUnix(st.Dev), Ino: st.Ino}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	lv.cancel = cancel
+	lv.rec.Start = clock.Monotonic{}.Now()
+	lv.wg.Add(2)
+	go func() {
+		defer lv.wg.Done()
+		lv.runErr = p.Run(ctx, probe.HandlerFuncs{Record: func(r probe.Record) {
+			lv.det.Observe(r)
+			lv.mu.Lock()
+			lv.rec.Records = append(lv.rec.Records, r)
+			lv.mu.Unlock()
+		}})
+	}()
+	go func() {
+		defer lv.wg.Done()
+		next := lv.rec.Start + interval
+		for {
+			now := clock.Monotonic{}.Now()
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(next - now):
+			}
+			snap := lv.det.Evaluate(clock.Monotonic{}.Now())
+			lv.mu.Lock()
+			lv.evals = append(lv.evals, Eval{Now: snap.Now, Regimes: snap.Regimes})
+			lv.mu.Unlock()
+			for _, r := range snap.Regimes {
+				if r.Since == snap.Now {
+					t.Logf("entered %s dev %s file %s conf %.2f: %s", r.Kind, r.Device, r.File, r.Confidence, r.Evidence)
+				}
+			}
+			next += interval
+		}
+	}()
+	t.Cleanup(func() { lv.stop(t) })
+	return lv
+}
+
+// stop ends the probe and evaluations; it returns the live evaluations.
+func (lv *live) stop(t *testing.T) []Eval {
+	lv.mu.Lock()
+	stopped := lv.stopped
+	lv.stopped = true
+	lv.mu.Unlock()
+	if !stopped {
+		lv.rec.End = clock.Monotonic{}.Now()
+		lv.cancel()
+		lv.wg.Wait()
+		assert.NoError(t, lv.runErr, "probe run")
+		assert.NoError(t, lv.p.Close(), "probe close")
+		lv.rec.sortRecords()
+	}
+	lv.mu.Lock()
+	defer lv.mu.Unlock()
+	return lv.evals
+}
+
+// sleepJitter sleeps d plus a random part of a second, so that regime
+// changes fall at every phase of the evaluation ticker.
+func sleepJitter(d time.Duration, rng *rand.Rand) {
+	time.Sleep(d + time.Duration(rng.Int64N(int64(time.Second))))
+}
+
+// TestDetectorLabRegimes induces each lab regime in turn on a healthy
+// workload and checks that the live detector reports it with the right kind
+// and target within 1 s of onset (median over episodes) and clears it
+// within 3 s of its end.
+func TestDetectorLabRegimes(t *testing.T) {
+	rounds, on, off, warm := 2, 6*time.Second, 6*time.Second, 15*time.Second
+	if lab.Full() {
+		rounds = 4
+	}
+	t.Logf("%d rounds of permanent, temporal, intrinsic and contention (%s on, %s+jitter off; READAHEADD_BENCH=full: 4 rounds)", rounds, on, off)
+	l := lab.New(t, lab.Options{})
+	w := prepareFiles(t, l)
+	w.start(t)
+	lv := startLive(t, l, w, time.Second)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+
+	time.Sleep(warm)
+	for range rounds {
+		for _, regime := range []string{"permanent", "temporal", "intrinsic", "contention"} {
+			sleepJitter(off, rng)
+			switch regime {
+			case "permanent":
+				require.NoError(t, l.SetPermanent(1500*time.Microsecond, w.seqA))
+				time.Sleep(on)
+				require.NoError(t, l.Clear("permanent"))
+			case "temporal":
+				_, err := l.SetTemporal(lab.Temporal{Period: 2 * time.Second, Duration: time.Second, Fraction: 0.05, Extra: 20 * time.Millisecond})
+				require.NoError(t, err)
+				time.Sleep(on)
+				require.NoError(t, l.Clear("temporal"))
+			case "intrinsic":
+				require.NoError(t, l.SetIntrinsic(4, 2*time.Millisecond, w.frag))
+				time.Sleep(on)
+				require.NoError(t, l.Clear("intrinsic"))
+			case "contention":
+				c, err := l.StartContention(w.bg, 2, 1024)
+				require.NoError(t, err)
+				time.Sleep(on)
+				require.NoError(t, c.Stop())
+			}
+		}
+	}
+	time.Sleep(off)
+	w.stop()
+	require.NoError(t, w.err, "workload")
+	evals := lv.stop(t)
+	truth, err := l.GroundTruth()
+	require.NoError(t, err)
+	lv.rec.Name = "lab-regimes"
+	lv.rec.Truth = truthFromLab(truth)
+	saveIfAsked(t, lv.rec)
+
+	eps, err := lv.rec.Episodes()
+	require.NoError(t, err)
+	sc := ScoreRun(eps, evals, time.Second)
+	t.Logf("live detector, %d records, %d evaluations:\n%s", len(lv.rec.Records), len(evals), sc.Table())
+	for _, k := range sc.Labs {
+		assert.Equal(t, k.Episodes, k.Detected, "%s: every episode must be detected as %s", k.Lab, k.Kind)
+		if len(k.Delays) > 0 {
+			assert.LessOrEqual(t, median(k.Delays), time.Second, "%s: median detection delay (all: %v)", k.Lab, k.Delays)
+		}
+		if len(k.Clears) > 0 {
+			assert.LessOrEqual(t, median(k.Clears), 3*time.Second, "%s: median clear delay (all: %v)", k.Lab, k.Clears)
+		}
+		assert.Zero(t, k.Uncleared, "%s: episodes still reported 10 s after their end", k.Lab)
+	}
+}
+
+// TestDetectorLabHealthy runs the healthy workload (sequential readers and
+// background random reads) and requires zero regimes: 30 s by default, the
+// 2-minute acceptance form with READAHEADD_BENCH=full.
+func TestDetectorLabHealthy(t *testing.T) {
+	d := 30 * time.Second
+	if lab.Full() {
+		d = 2 * time.Minute
+	}
+	t.Logf("healthy run of %s (READAHEADD_BENCH=full: 2 minutes)", d)
+	l := lab.New(t, lab.Options{})
+	w := prepareFiles(t, l)
+	w.start(t)
+	lv := startLive(t, l, w, time.Second)
+	time.Sleep(d)
+	w.stop()
+	require.NoError(t, w.err, "workload")
+	evals := lv.stop(t)
+	truth, err := l.GroundTruth()
+	require.NoError(t, err)
+	lv.rec.Name = "lab-healthy"
+	lv.rec.Truth = truthFromLab(truth)
+	saveIfAsked(t, lv.rec)
+	var reported []detector.Regime
+	for _, e := range evals {
+		reported = append(reported, e.Regimes...)
+	}
+	t.Logf("%d records, %d evaluations, %d regime reports", len(lv.rec.Records), len(evals), len(reported))
+	for i, r := range reported {
+		if i < 5 {
+			t.Logf("reported %s dev %s file %s since %s: %s", r.Kind, r.Device, r.File, r.Since, r.Evidence)
+		}
+	}
+	assert.Empty(t, reported, "a healthy lab must give no regime")
+	assert.GreaterOrEqual(t, len(evals), int(d/time.Second)-2)
+}
+
+func saveIfAsked(t *testing.T, rec *Recording) {
+	dir := os.Getenv(RecordEnv)
+	if dir == "" {
+		return
+	}
+	path := dir + "/" + rec.Name + ".rec.gz"
+	require.NoError(t, rec.Save(path))
+	st, err := os.Stat(path)
+	require.NoError(t, err)
+	t.Logf("recording saved to %s (%d records, %.1f MB)", path, len(rec.Records), float64(st.Size())/1e6)
+}
