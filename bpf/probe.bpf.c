@@ -184,7 +184,7 @@ struct {
  * files when more than max_entries files are read. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, 16384); /* set by the loader (Config.FileEntries) */
 	__type(key, struct file_key);
 	__type(value, struct file_stats);
 } filestats SEC(".maps");

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,11 @@ type Config struct {
 	// waking it; 0 means 100 ms. The kernel wakes Run early when a quarter
 	// of the ring is used.
 	Poll time.Duration
+	// FileEntries is how many files the kernel keeps per-file totals for
+	// (least recently read files are evicted). The map is per CPU, so it
+	// takes FileEntries x CPUs x 48 bytes; 0 means 16384, or fewer so that
+	// the map stays under 32 MiB.
+	FileEntries int
 	// EnableStats holds a BPF_ENABLE_STATS descriptor while the probe is
 	// loaded, so that Stats().Programs has run times even when the sysctl
 	// kernel.bpf_stats_enabled is 0. It costs two clock reads per run of
@@ -77,10 +83,27 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Poll < 0 {
 		return c, fmt.Errorf("probe poll interval %s: must be positive", c.Poll)
 	}
+	if c.FileEntries < 0 {
+		return c, fmt.Errorf("probe file entries %d: must not be negative", c.FileEntries)
+	}
+	if c.FileEntries == 0 {
+		c.FileEntries = defaultFileEntries(runtime.NumCPU())
+	}
 	if len(c.Devices) > MaxDevices {
 		return c, fmt.Errorf("probe: %d devices given, at most %d can be filtered in the kernel; give none to trace all", len(c.Devices), MaxDevices)
 	}
 	return c, nil
+}
+
+// fileStatsBytes is the size of one per-CPU struct file_stats value.
+const fileStatsBytes = 48
+
+func defaultFileEntries(cpus int) int {
+	n := 16384
+	for n > 1024 && n*cpus*fileStatsBytes > 32<<20 {
+		n /= 2
+	}
+	return n
 }
 
 // spec returns the collection spec with cfg's constants and sizes set.
@@ -103,6 +126,7 @@ func (c Config) spec() (*ebpf.CollectionSpec, error) {
 		return nil, fmt.Errorf("set wake-up threshold: %w", err)
 	}
 	spec.Maps["events"].MaxEntries = uint32(c.RingBytes)
+	spec.Maps["filestats"].MaxEntries = uint32(c.FileEntries)
 	return spec, nil
 }
 

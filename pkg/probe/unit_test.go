@@ -161,6 +161,11 @@ func TestConfigValidation(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 4<<20, c.RingBytes)
 	assert.Equal(t, 100*time.Millisecond, c.Poll)
+	assert.Positive(t, c.FileEntries)
+	assert.Equal(t, 16384, defaultFileEntries(2))
+	assert.Equal(t, 8192, defaultFileEntries(64)) // 8192 x 64 x 48 B = 24 MiB
+	assert.Equal(t, 1024, defaultFileEntries(4096))
+	assert.Equal(t, fileStatsBytes, binary.Size(probeFileStats{}))
 }
 
 func TestClassifyErrors(t *testing.T) {
