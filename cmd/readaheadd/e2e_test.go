@@ -30,10 +30,21 @@ import (
 // daemonProc is `readaheadd run` as a subprocess (the test binary re-run
 // as main).
 type daemonProc struct {
-	cmd  *exec.Cmd
-	addr string
-	logs *syncBuffer
-	done chan error
+	cmd    *exec.Cmd
+	addr   string
+	logs   *syncBuffer
+	done   chan error
+	notify *net.UnixConn // the NOTIFY_SOCKET, as systemd listens on it
+}
+
+// nextNotify returns the next sd_notify datagram.
+func (d *daemonProc) nextNotify(t *testing.T) string {
+	t.Helper()
+	buf := make([]byte, 4096)
+	require.NoError(t, d.notify.SetReadDeadline(time.Now().Add(30*time.Second)))
+	n, err := d.notify.Read(buf)
+	require.NoError(t, err, "no sd_notify message")
+	return string(buf[:n])
 }
 
 type syncBuffer struct {
@@ -75,7 +86,12 @@ func startDaemon(t *testing.T, args ...string) *daemonProc {
 		}
 	}
 	d.cmd = exec.Command(argv[0], argv[1:]...)
-	d.cmd.Env = append(os.Environ(), "READAHEADD_AS_MAIN=1", "NOTIFY_SOCKET=")
+	sock := filepath.Join(t.TempDir(), "notify")
+	var err error
+	d.notify, err = net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	require.NoError(t, err)
+	t.Cleanup(func() { d.notify.Close() })
+	d.cmd.Env = append(os.Environ(), "READAHEADD_AS_MAIN=1", "NOTIFY_SOCKET="+sock)
 	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs
 	require.NoError(t, d.cmd.Start())
 	go func() { d.done <- d.cmd.Wait() }()
@@ -259,6 +275,7 @@ func TestEndToEndPermanentSlowdown(t *testing.T) {
 
 	stateDir := filepath.Join(t.TempDir(), "state")
 	d := startDaemon(t, "--device", l.Name, "--allow-path", l.Mount, "--state-dir", stateDir, "--interval", "1s")
+	assert.Contains(t, d.nextNotify(t), "READY=1", "Type=notify: ready once attached")
 	prom := prometheusServer(t, d.addr)
 
 	// Healthy reads teach the detector the device's baseline.
@@ -359,6 +376,7 @@ func TestEndToEndPermanentSlowdown(t *testing.T) {
 
 	require.NoError(t, l.Clear())
 	assert.Equal(t, 0, d.stop(t), "SIGTERM exits 0")
+	assert.Equal(t, "STOPPING=1", d.nextNotify(t))
 	assert.Contains(t, d.logs.String(), "restored; exiting")
 	kb, err := l.ReadAheadKB()
 	require.NoError(t, err)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -36,6 +37,7 @@ type runEnv struct {
 	onListen   func(net.Addr) // tests learn the metrics address
 	stderr     io.Writer
 	bootID     string // state.Options.BootID override for tests
+	capStatus  string // /proc/self/status, for the capability check; "" skips it
 	newControl func(controlDeps) (controller, error)
 }
 
@@ -55,6 +57,7 @@ func defaultRunEnv() runEnv {
 		},
 		notify:     sdnotify.Notify,
 		stderr:     os.Stderr,
+		capStatus:  "/proc/self/status",
 		newControl: newController,
 	}
 }
@@ -142,15 +145,12 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 		}
 	}
 
-	store, err := state.Open(v.StateDir, state.Options{Logger: log, BootID: env.bootID})
-	if err != nil {
-		return err
-	}
-	defer store.Close()
-	// A previous run that was killed left its changes recorded: undo them
-	// before anything else, so that originals are originals.
-	if err := store.Restore(env.sys); err != nil {
-		return fmt.Errorf("restore settings left by a previous run: %w", err)
+	// Without the capabilities for BPF tracing nothing below can work: say
+	// which are missing before anything is written.
+	if env.capStatus != "" {
+		if err := requireTracingCaps(env.capStatus); err != nil {
+			return err
+		}
 	}
 
 	names := map[probe.Dev]string{}
@@ -169,13 +169,24 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 		return ""
 	}
 	if len(devs) > probe.MaxDevices {
-		devs = nil // the kernel filter holds MaxDevices; trace all and filter here
+		devs = nil // more than the kernel filter holds: trace all; the tuner still acts only on the configured devices
 	}
 	src, err := env.openProbe(probe.Config{Devices: devs})
 	if err != nil {
 		return fmt.Errorf("attach the BPF probe: %w (run `readaheadd check` for details)", err)
 	}
 	defer src.Close()
+
+	store, err := state.Open(v.StateDir, state.Options{Logger: log, BootID: env.bootID})
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	// A previous run that was killed left its changes recorded: undo them
+	// before anything else, so that originals are originals.
+	if err := store.Restore(env.sys); err != nil {
+		return fmt.Errorf("restore settings left by a previous run: %w", err)
+	}
 
 	ctl, err := env.newControl(controlDeps{cfg: v, sys: env.sys, clk: env.clk, store: store, log: log, names: devName})
 	if err != nil {
@@ -336,4 +347,26 @@ func noArgs(cmd *cobra.Command, args []string) error {
 		return usageErrorf("unexpected argument %q for %q: it takes flags only (see --help)", args[0], cmd.CommandPath())
 	}
 	return nil
+}
+
+// requireTracingCaps fails, naming what is missing, when the process cannot
+// load BPF tracing programs (CAP_BPF with CAP_PERFMON, or CAP_SYS_ADMIN).
+func requireTracingCaps(statusPath string) error {
+	caps, err := effectiveCaps(statusPath)
+	if err != nil {
+		return fmt.Errorf("read capabilities: %w", err)
+	}
+	has := func(n int) bool { return caps&(1<<n) != 0 }
+	if has(capSysAdmin) || has(capBPF) && has(capPerfmon) {
+		return nil
+	}
+	var missing []string
+	if !has(capBPF) {
+		missing = append(missing, "CAP_BPF")
+	}
+	if !has(capPerfmon) {
+		missing = append(missing, "CAP_PERFMON")
+	}
+	return fmt.Errorf("missing %s: readaheadd needs CAP_BPF and CAP_PERFMON to trace block reads; run it as root (the systemd unit and the DaemonSet grant them), and `readaheadd check` lists everything it needs",
+		strings.Join(missing, " and "))
 }

@@ -323,3 +323,36 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	defer s.mu.Unlock()
 	return s.w.Write(p)
 }
+
+func TestRunWithoutCapabilitiesNamesThem(t *testing.T) {
+	sys := fakeSysfs(t, map[string]int{"sdx": 128})
+	c := config.Default()
+	c.Devices = []string{"sdx"}
+	c.StateDir = filepath.Join(t.TempDir(), "state")
+	c.MetricsAddr = ""
+	v, err := config.Validate(c, sys)
+	require.NoError(t, err)
+	env := defaultRunEnv()
+	env.sys = sys
+	env.stderr = io.Discard
+	env.openProbe = func(probe.Config) (probe.Source, error) {
+		t.Fatal("probe loaded without the capabilities")
+		return nil, nil
+	}
+	for caps, want := range map[uint64]string{
+		0:                                   "missing CAP_BPF and CAP_PERFMON",
+		1 << capBPF:                         "missing CAP_PERFMON",
+		1 << capPerfmon:                     "missing CAP_BPF:",
+		1 << capSysPtrace:                   "missing CAP_BPF and CAP_PERFMON",
+		1<<capDACOverride | 1<<capSysPtrace: "missing CAP_BPF and CAP_PERFMON",
+	} {
+		env.capStatus = statusFile(t, caps)
+		err := runDaemon(context.Background(), v, env)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), want)
+		_, statErr := os.Stat(c.StateDir)
+		assert.True(t, os.IsNotExist(statErr), "nothing written without the capabilities")
+	}
+	assert.NoError(t, requireTracingCaps(statusFile(t, 1<<capSysAdmin)))
+	assert.NoError(t, requireTracingCaps(statusFile(t, 1<<capBPF|1<<capPerfmon)))
+}
