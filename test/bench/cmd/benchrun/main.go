@@ -1,0 +1,57 @@
+// Command benchrun runs readaheadd's benchmark matrix on the lab (as root)
+// and writes the report and plots: `make bench` runs it with -full.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/readaheadd/readaheadd/test/bench"
+	"github.com/readaheadd/readaheadd/test/hdfs"
+)
+
+func main() {
+	full := flag.Bool("full", false, "the full matrix (256 MB files, every static value, HDFS)")
+	out := flag.String("out", "docs/results", "directory for README.md, results.json and the PNG plots")
+	noHDFS := flag.Bool("no-hdfs", false, "skip the real-HDFS cases")
+	work := flag.String("work", "", "keep daemon logs here (default: a temporary directory)")
+	flag.Parse()
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "benchrun needs root: it creates a loop device and a FUSE mount and sets read_ahead_kb")
+		os.Exit(2)
+	}
+	cfg := bench.ShortConfig()
+	if *full {
+		cfg = bench.FullConfig()
+	}
+	if hdfs.Enabled() {
+		cfg.HDFS = true
+	}
+	if *noHDFS {
+		cfg.HDFS = false
+	}
+	cfg.WorkDir = *work
+	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	// SIGINT/SIGTERM cancel the run; Run tears down daemons, clusters and labs.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	rep, err := bench.Run(ctx, cfg)
+	if rep != nil {
+		rep.Short = !*full
+		fmt.Print(rep.Summary())
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchmark failed:", err)
+		os.Exit(1)
+	}
+	if err := bench.Write(rep, *out); err != nil {
+		fmt.Fprintln(os.Stderr, "write report:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("report written to %s/README.md\n", *out)
+}

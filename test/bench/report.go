@@ -1,0 +1,416 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Report is one run of the matrix.
+type Report struct {
+	Date     time.Time `json:"date"`
+	Machine  string    `json:"machine"`
+	Commit   string    `json:"commit"`
+	Device   string    `json:"device"`
+	Short    bool      `json:"short"`
+	FileMB   int       `json:"file_mb"`
+	Measure  float64   `json:"measure_s"`
+	StaticKB []int     `json:"static_kb"`
+	Results  []Result  `json:"results"`
+	Targets  []Target  `json:"targets"`
+}
+
+func newReport(cfg Config) *Report {
+	r := &Report{Date: time.Now().UTC(), FileMB: cfg.FileMB, Measure: cfg.Measure.Seconds(), StaticKB: cfg.StaticKB}
+	host, _ := os.Hostname()
+	kern, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	r.Machine = fmt.Sprintf("%s, Linux %s, %d CPUs, %s", host, strings.TrimSpace(string(kern)), runtime.NumCPU(), memTotal())
+	if root, err := moduleRoot(); err == nil {
+		if b, err := exec.Command("git", "-C", root, "rev-parse", "--short", "HEAD").Output(); err == nil {
+			r.Commit = strings.TrimSpace(string(b))
+		}
+	}
+	return r
+}
+
+func memTotal() string {
+	b, _ := os.ReadFile("/proc/meminfo")
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "MemTotal:" {
+			var kb float64
+			fmt.Sscan(f[1], &kb)
+			return fmt.Sprintf("%.0f GiB RAM", kb/(1<<20))
+		}
+	}
+	return ""
+}
+
+func (r *Report) add(res Result) { r.Results = append(r.Results, res) }
+
+// Group is one (workload, regime) with its arms.
+type Group struct {
+	Workload, Regime string
+	Arms             []*Result
+}
+
+// Get returns the arm's result.
+func (g Group) Get(arm string) *Result {
+	for _, a := range g.Arms {
+		if a.Arm == arm {
+			return a
+		}
+	}
+	return nil
+}
+
+// Default is the default window's result.
+func (g Group) Default() *Result { return g.Get(Static(DefaultKB).Name) }
+
+// Daemon is readaheadd's result.
+func (g Group) Daemon() *Result { return g.Get(Readaheadd.Name) }
+
+// Oracle is the best static arm by throughput.
+func (g Group) Oracle() *Result {
+	var best *Result
+	for _, a := range g.Arms {
+		if a.Arm != Readaheadd.Name && (best == nil || a.MBps > best.MBps) {
+			best = a
+		}
+	}
+	return best
+}
+
+// Groups returns the results grouped, in run order.
+func (r *Report) Groups() []Group {
+	var out []Group
+	idx := map[[2]string]int{}
+	for i := range r.Results {
+		res := &r.Results[i]
+		k := [2]string{res.Workload, res.Regime}
+		j, ok := idx[k]
+		if !ok {
+			j = len(out)
+			idx[k] = j
+			out = append(out, Group{Workload: res.Workload, Regime: res.Regime})
+		}
+		out[j].Arms = append(out[j].Arms, res)
+	}
+	return out
+}
+
+// Group finds one group.
+func (r *Report) Group(workload, regime string) (Group, bool) {
+	for _, g := range r.Groups() {
+		if g.Workload == workload && g.Regime == regime {
+			return g, true
+		}
+	}
+	return Group{}, false
+}
+
+// RecoveryWindow is the trailing mean over which recovery is judged.
+const RecoveryWindow = 500 * time.Millisecond
+
+// Recovery returns the seconds from onset until the trailing mean of the
+// timeline over RecoveryWindow first reaches frac of target, 0 if it never
+// dropped below, -1 if it never got there.
+func Recovery(tl []Point, target, frac float64, sample time.Duration) float64 {
+	n := int(RecoveryWindow / sample)
+	if n < 1 {
+		n = 1
+	}
+	var post []Point
+	for _, p := range tl {
+		if p.T > 0 {
+			post = append(post, p)
+		}
+	}
+	for i := n - 1; i < len(post); i++ {
+		var s float64
+		for _, p := range post[i-n+1 : i+1] {
+			s += p.MBps
+		}
+		if s/float64(n) >= frac*target {
+			// Reached at the start of the window that first qualifies.
+			t := post[i-n+1].T - sample.Seconds()
+			if t < 0 {
+				t = 0
+			}
+			return t
+		}
+	}
+	return -1
+}
+
+func (r *Report) finish() {
+	for _, g := range r.Groups() {
+		o := g.Oracle()
+		if o == nil {
+			continue
+		}
+		for _, a := range g.Arms {
+			a.RecoverySec = Recovery(a.Timeline, o.MBps, 0.9, 100*time.Millisecond)
+		}
+	}
+	r.Targets = r.targets()
+}
+
+// Target is one goal checked as a ratio.
+type Target struct {
+	Name   string `json:"name"`
+	Goal   string `json:"goal"`
+	Figure string `json:"figure"`
+	Met    bool   `json:"met"`
+	// Missing: the run did not include what the target needs.
+	Missing bool `json:"missing"`
+}
+
+// Verdict is PASS, NOT MET or NOT RUN.
+func (t Target) Verdict() string {
+	switch {
+	case t.Missing:
+		return "NOT RUN"
+	case t.Met:
+		return "PASS"
+	}
+	return "NOT MET"
+}
+
+func (r *Report) targets() []Target {
+	var ts []Target
+	perm := func(regime, name string, severe bool) {
+		g, ok := r.Group(WSeq, regime)
+		t := Target{Name: name, Goal: "readaheadd >= 0.95 x oracle throughput; gain over default next to the oracle's"}
+		if severe {
+			t.Goal += "; default loses > 50% of healthy"
+		}
+		if !ok || g.Daemon() == nil || g.Default() == nil {
+			t.Missing = true
+			ts = append(ts, t)
+			return
+		}
+		d, def, o := g.Daemon(), g.Default(), g.Oracle()
+		ratio := d.MBps / o.MBps
+		t.Met = ratio >= 0.95
+		t.Figure = fmt.Sprintf("readaheadd/oracle(%s) = %.2f; gain over default: readaheadd %.2fx, oracle %.2fx",
+			o.Arm, ratio, d.MBps/def.MBps, o.MBps/def.MBps)
+		if severe {
+			if h, ok := r.Group(WSeq, RHealthy); ok && h.Default() != nil {
+				keep := def.MBps / h.Default().MBps
+				t.Figure += fmt.Sprintf("; default keeps %.2f of healthy", keep)
+				t.Met = t.Met && keep < 0.5
+			} else {
+				t.Figure += "; (no healthy run to compare the default with)"
+			}
+		}
+		ts = append(ts, t)
+	}
+	perm(RPerm, "permanent +1.5ms (seq)", false)
+	perm(RPermSev, "severe permanent +3ms (seq)", true)
+
+	// Mixed sequential + mmap random.
+	for _, regime := range []string{RPerm, RPermSev} {
+		g, ok := r.Group(WMixed, regime)
+		t := Target{Name: "seq + mmap random, " + regime,
+			Goal: "seq >= 0.90 x oracle; random p99 and bytes read <= 1.05 x default's; no static value meets both"}
+		if !ok || g.Daemon() == nil || g.Default() == nil {
+			continue
+		}
+		d, def, o := g.Daemon(), g.Default(), g.Oracle()
+		seqOK := d.MBps >= 0.9*o.MBps
+		rndOK := d.RandP99ms <= 1.05*def.RandP99ms && d.RandMB <= 1.05*def.RandMB
+		var staticsBoth []string
+		for _, a := range g.Arms {
+			if a.Arm == Readaheadd.Name {
+				continue
+			}
+			if a.MBps >= 0.9*o.MBps && a.RandP99ms <= 1.05*def.RandP99ms && a.RandMB <= 1.05*def.RandMB {
+				staticsBoth = append(staticsBoth, a.Arm)
+			}
+		}
+		t.Met = seqOK && rndOK
+		t.Figure = fmt.Sprintf("seq readaheadd/oracle(%s) = %.2f; random p99 %.2f/%.2f ms = %.2f x default; random MB %.1f/%.1f = %.2f x default",
+			o.Arm, d.MBps/o.MBps, d.RandP99ms, def.RandP99ms, d.RandP99ms/def.RandP99ms,
+			d.RandMB, def.RandMB, safeDiv(d.RandMB, def.RandMB))
+		if len(staticsBoth) > 0 {
+			t.Figure += "; static values that also meet both: " + strings.Join(staticsBoth, ", ")
+		} else {
+			t.Figure += "; no static value meets both"
+		}
+		ts = append(ts, t)
+	}
+
+	// Healthy.
+	for _, w := range []string{WSeq, WSendfile, WHDFS} {
+		g, ok := r.Group(w, RHealthy)
+		if !ok || g.Daemon() == nil || g.Default() == nil {
+			continue
+		}
+		d, def := g.Daemon(), g.Default()
+		ratio := d.MBps / def.MBps
+		acts := len(d.Actions)
+		ts = append(ts, Target{Name: "healthy, " + w, Goal: "readaheadd >= 0.99 x default throughput and no action",
+			Figure: fmt.Sprintf("readaheadd/default = %.3f; actions %d (actions_total %.0f)", ratio, acts, d.ActionsTotal),
+			Met:    ratio >= 0.99 && acts == 0 && d.ActionsTotal == 0})
+	}
+
+	// Reaction: every lab run with a regime where the default is below 90%
+	// of the oracle (something to recover from) and a per-100ms timeline.
+	var recs []float64
+	var parts []string
+	unrec := 0
+	for _, g := range r.Groups() {
+		if g.Regime == RHealthy || strings.HasPrefix(g.Workload, "hdfs") {
+			continue
+		}
+		d, def, o := g.Daemon(), g.Default(), g.Oracle()
+		if d == nil || def == nil || def.MBps >= 0.9*o.MBps {
+			continue
+		}
+		rs := d.RecoverySec
+		if rs < 0 {
+			unrec++
+			rs = r.Measure // never: counts as the whole measured period
+		}
+		recs = append(recs, rs)
+		parts = append(parts, fmt.Sprintf("%s/%s %s", g.Workload, g.Regime, fmtRec(d.RecoverySec)))
+	}
+	rt := Target{Name: "reaction on already-open files", Goal: "median onset-to-recovery <= 3 s"}
+	if len(recs) == 0 {
+		rt.Missing = true
+	} else {
+		sort.Float64s(recs)
+		med := recs[len(recs)/2]
+		if len(recs)%2 == 0 {
+			med = (recs[len(recs)/2-1] + recs[len(recs)/2]) / 2
+		}
+		rt.Met = med <= 3
+		rt.Figure = fmt.Sprintf("median %.1f s over %d runs (%d never recovered); %s", med, len(recs), unrec, strings.Join(parts, "; "))
+	}
+	ts = append(ts, rt)
+
+	// HDFS.
+	for _, c := range []struct{ w, regime string }{{WHDFS, RPerm}, {WHDFS, RPermSev}, {WHDFSConc, RPermSev}} {
+		g, ok := r.Group(c.w, c.regime)
+		t := Target{Name: c.w + ", " + c.regime, Goal: "readaheadd >= 0.90 x best static"}
+		severe := c.regime == RPermSev
+		if severe {
+			t.Goal += " and >= 2x default"
+		}
+		if !ok || g.Daemon() == nil || g.Default() == nil {
+			t.Missing = true
+			ts = append(ts, t)
+			continue
+		}
+		d, def, o := g.Daemon(), g.Default(), g.Oracle()
+		t.Met = d.MBps >= 0.9*o.MBps && (!severe || d.MBps >= 2*def.MBps)
+		t.Figure = fmt.Sprintf("readaheadd/best static(%s) = %.2f; readaheadd/default = %.2fx (oracle/default %.2fx)",
+			o.Arm, d.MBps/o.MBps, d.MBps/def.MBps, o.MBps/def.MBps)
+		ts = append(ts, t)
+	}
+	return ts
+}
+
+func safeDiv(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+func fmtRec(s float64) string {
+	if s < 0 {
+		return "never"
+	}
+	return fmt.Sprintf("%.1f s", s)
+}
+
+// Markdown renders the report (plots are referenced by file name).
+func (r *Report) Markdown(plots []string) string {
+	var b strings.Builder
+	form := "full (`make bench`)"
+	if r.Short {
+		form = "short (`make bench-short`)"
+	}
+	fmt.Fprintf(&b, "# readaheadd benchmark results\n\n")
+	fmt.Fprintf(&b, "- Date: %s\n- Machine: %s\n- Commit: %s\n- Device: %s\n- Form: %s; %d MB files; %.0f s measured after each onset; static windows %v KB\n\n",
+		r.Date.Format("2006-01-02 15:04 UTC"), r.Machine, r.Commit, r.Device, form, r.FileMB, r.Measure, r.StaticKB)
+	b.WriteString("Method: docs/benchmarks.md. Throughput is the measured reader's MB/s (10^6 B/s) after onset; " +
+		"latency is the block layer's per request (the project's probe); device MB is what the device read after onset " +
+		"(/sys/block/DEV/stat); recovery is onset to the first 500 ms trailing mean >= 90% of the oracle's throughput.\n\n")
+	b.WriteString("## Targets\n\n| Target | Goal | Figure | Verdict |\n|---|---|---|---|\n")
+	for _, t := range r.Targets {
+		fmt.Fprintf(&b, "| %s | %s | %s | **%s** |\n", t.Name, t.Goal, t.Figure, t.Verdict())
+	}
+	b.WriteString("\n## Figures per workload and regime\n\n")
+	for _, g := range r.Groups() {
+		fmt.Fprintf(&b, "### %s, %s\n\n", g.Workload, g.Regime)
+		mixed := g.Workload == WMixed
+		hdr := "| Arm | MB/s | x default | x oracle | p50 ms | p99 ms | device MB | MB read | recovery |"
+		sep := "|---|---|---|---|---|---|---|---|---|"
+		if mixed {
+			hdr += " random p99 ms | random MB | random touches/s |"
+			sep += "---|---|---|"
+		}
+		b.WriteString(hdr + "\n" + sep + "\n")
+		def, o := g.Default(), g.Oracle()
+		for _, a := range g.Arms {
+			name := a.Arm
+			if a == o {
+				name += " (oracle)"
+			}
+			fmt.Fprintf(&b, "| %s | %.1f | %.2f | %.2f | %.2f | %.2f | %.0f | %.0f | %s |", name, a.MBps,
+				safeDiv(a.MBps, def.MBps), safeDiv(a.MBps, o.MBps), a.P50ms, a.P99ms, a.DevMB, a.ReaderMB, fmtRec(a.RecoverySec))
+			if mixed {
+				fmt.Fprintf(&b, " %.2f | %.1f | %.0f |", a.RandP99ms, a.RandMB, a.RandTouchesPerSec)
+			}
+			b.WriteString("\n")
+		}
+		if d := g.Daemon(); d != nil {
+			fmt.Fprintf(&b, "\nreadaheadd: %d actions seen (actions_total %.0f), regimes reported %v, CPU %.2f s over %.0f s (%.1f%% of a core), RSS %.1f MB (peak %.1f MB).\n",
+				len(d.Actions), d.ActionsTotal, d.DaemonRegimes, d.Usage.CPUSeconds, d.Usage.WallSec, d.Usage.CPUPercent(), d.Usage.RSSMB, d.Usage.HWMMB)
+			for _, a := range d.Actions {
+				fmt.Fprintf(&b, "- %+.1f s: %s %s %d -> %d KB, %s %s\n", a.At.Seconds(), a.Action, a.Target, a.FromKB, a.ToKB, a.Result, a.Evidence)
+			}
+		}
+		if len(g.Arms) > 0 && g.Arms[0].Note != "" {
+			fmt.Fprintf(&b, "\nNote: %s\n", g.Arms[0].Note)
+		}
+		b.WriteString("\n")
+	}
+	if len(plots) > 0 {
+		b.WriteString("## Plots\n\n")
+		for _, p := range plots {
+			fmt.Fprintf(&b, "![%s](%s)\n\n", p, p)
+		}
+	}
+	return b.String()
+}
+
+// Summary is the compact text printed by the short form.
+func (r *Report) Summary() string {
+	var b strings.Builder
+	for _, g := range r.Groups() {
+		fmt.Fprintf(&b, "%-16s %-16s", g.Workload, g.Regime)
+		for _, a := range g.Arms {
+			fmt.Fprintf(&b, " %s=%.0f", a.Arm, a.MBps)
+		}
+		if d := g.Daemon(); d != nil {
+			fmt.Fprintf(&b, " | actions=%d recovery=%s", len(d.Actions), fmtRec(d.RecoverySec))
+		}
+		if g.Workload == WMixed {
+			for _, a := range g.Arms {
+				fmt.Fprintf(&b, " %s:rndp99=%.1fms,rndMB=%.0f", a.Arm, a.RandP99ms, a.RandMB)
+			}
+		}
+		b.WriteString("\n")
+	}
+	for _, t := range r.Targets {
+		fmt.Fprintf(&b, "TARGET %-40s %-8s %s\n", t.Name, t.Verdict(), t.Figure)
+	}
+	return b.String()
+}
