@@ -356,3 +356,36 @@ func TestRunWithoutCapabilitiesNamesThem(t *testing.T) {
 	assert.NoError(t, requireTracingCaps(statusFile(t, 1<<capSysAdmin)))
 	assert.NoError(t, requireTracingCaps(statusFile(t, 1<<capBPF|1<<capPerfmon)))
 }
+
+func TestRunCorruptStateFileChangesNothing(t *testing.T) {
+	sys := fakeSysfs(t, map[string]int{"sdx": 512})
+	stateDir := filepath.Join(t.TempDir(), "state")
+	require.NoError(t, os.MkdirAll(stateDir, 0o700))
+	corrupt := []byte(`{"version":1,"devices":[{"device":"sdx","read_ahe`)
+	require.NoError(t, os.WriteFile(filepath.Join(stateDir, state.FileName), corrupt, 0o600))
+
+	c := config.Default()
+	c.Devices = []string{"sdx"}
+	c.StateDir = stateDir
+	c.MetricsAddr = ""
+	v, err := config.Validate(c, sys)
+	require.NoError(t, err)
+	env := defaultRunEnv()
+	env.sys = sys
+	env.stderr = io.Discard
+	env.capStatus = ""
+	env.openProbe = func(probe.Config) (probe.Source, error) { return probe.NewReplay(), nil }
+	env.newControl = func(controlDeps) (controller, error) {
+		t.Fatal("controller built on a corrupt state file")
+		return nil, nil
+	}
+	err = runDaemon(context.Background(), v, env)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "unusable")
+	kb, err := sys.ReadAheadKB("sdx")
+	require.NoError(t, err)
+	assert.Equal(t, 512, kb, "nothing written to sysfs")
+	b, err := os.ReadFile(filepath.Join(stateDir, state.FileName))
+	require.NoError(t, err)
+	assert.Equal(t, corrupt, b, "the state file is left for the operator")
+}
