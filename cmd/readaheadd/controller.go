@@ -136,6 +136,8 @@ func (p *pipeline) TunerStatus() metrics.TunerStatus {
 			ma.Target = a.File.String()
 			if a.Path != "" {
 				ma.Target = a.Path
+			} else if path, ok := p.res.Resolve(a.File); ok {
+				ma.Target = path
 			}
 		}
 		// The tuner's evidence for a judged step is its measurement.
