@@ -93,9 +93,9 @@ bench-detector: labfs
 # docs/results/ (report, results.json, PNG plots). Needs root; HDFS needs Java 17
 # and Maven. See docs/benchmarks.md.
 bench: labfs build
-	$(GO) run ./test/bench/cmd/benchrun -full -out docs/results
+	READAHEADD_BIN=$(CURDIR)/$(BIN)/readaheadd $(GO) run ./test/bench/cmd/benchrun -full -out docs/results
 
 # The reduced matrix CI runs (a few minutes; HDFS only with READAHEADD_HDFS=1).
 # Skips without root.
 bench-short: labfs build
-	$(GOTEST) -count=1 -timeout 20m -v -run 'TestBenchShort|TestRecovery|TestTargets' ./test/bench/
+	READAHEADD_BIN=$(CURDIR)/$(BIN)/readaheadd 	$(GOTEST) -count=1 -timeout 20m -v -run 'TestBenchShort|TestRecovery|TestTargets' ./test/bench/

@@ -181,7 +181,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, fmt.Errorf("the lab cannot run here: %w", err)
 	}
 	work := cfg.WorkDir
-	if work == "" {
+	if work != "" {
+		if err := os.MkdirAll(work, 0o755); err != nil {
+			return nil, err
+		}
+	} else {
 		d, err := os.MkdirTemp("", "readaheadd-bench-")
 		if err != nil {
 			return nil, err

@@ -152,20 +152,24 @@ func timelinePlot(g Group, path string) error {
 		}
 	}
 	if d != nil && len(d.Actions) > 0 {
+		// Decisions only: re-applications to new descriptors would hide them.
 		var pts plotter.XYs
 		var labels []string
-		for _, a := range d.Actions {
+		dec, _ := decisions(d.Actions)
+		for _, a := range dec {
 			pts = append(pts, plotter.XY{X: a.At.Seconds(), Y: ymax * 0.95})
 			labels = append(labels, fmt.Sprintf("%s %d->%d %s", strings.TrimSuffix(a.Action, "_window"), a.FromKB, a.ToKB, a.Result))
 		}
-		sc, err := plotter.NewScatter(pts)
-		if err != nil {
-			return err
+		if len(pts) > 0 {
+			sc, err := plotter.NewScatter(pts)
+			if err != nil {
+				return err
+			}
+			sc.Color = colDaemon
+			sc.Radius = vg.Points(3)
+			p.Add(sc)
+			p.Legend.Add("readaheadd action", sc)
 		}
-		sc.Color = colDaemon
-		sc.Radius = vg.Points(3)
-		p.Add(sc)
-		p.Legend.Add("readaheadd action", sc)
 	}
 	p.Y.Min, p.Y.Max = 0, ymax*1.3
 	p.Legend.Top = false

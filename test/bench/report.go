@@ -373,8 +373,16 @@ func (r *Report) Markdown(plots []string) string {
 		if d := g.Daemon(); d != nil {
 			fmt.Fprintf(&b, "\nreadaheadd: %d actions seen (actions_total %.0f), regimes reported %v, CPU %.2f s over %.0f s (%.1f%% of a core), RSS %.1f MB (peak %.1f MB).\n",
 				len(d.Actions), d.ActionsTotal, d.DaemonRegimes, d.Usage.CPUSeconds, d.Usage.WallSec, d.Usage.CPUPercent(), d.Usage.RSSMB, d.Usage.HWMMB)
-			for _, a := range d.Actions {
-				fmt.Fprintf(&b, "- %+.1f s: %s %s %d -> %d KB, %s %s\n", a.At.Seconds(), a.Action, a.Target, a.FromKB, a.ToKB, a.Result, a.Evidence)
+			dec, applied := decisions(d.Actions)
+			for i, a := range dec {
+				if i == 30 {
+					fmt.Fprintf(&b, "- ... %d more\n", len(dec)-30)
+					break
+				}
+				fmt.Fprintf(&b, "- %+.1f s: %s %s %d -> %d KB, %s: %s\n", a.At.Seconds(), a.Action, a.Target, a.FromKB, a.ToKB, a.Result, a.Evidence)
+			}
+			if applied > 0 {
+				fmt.Fprintf(&b, "- and %d re-applications of a decision to newly opened descriptors of the file (result \"applied\")\n", applied)
 			}
 		}
 		if len(g.Arms) > 0 && g.Arms[0].Note != "" {
@@ -400,7 +408,8 @@ func (r *Report) Summary() string {
 			fmt.Fprintf(&b, " %s=%.0f", a.Arm, a.MBps)
 		}
 		if d := g.Daemon(); d != nil {
-			fmt.Fprintf(&b, " | actions=%d recovery=%s", len(d.Actions), fmtRec(d.RecoverySec))
+			dec, applied := decisions(d.Actions)
+			fmt.Fprintf(&b, " | decisions=%d reapplied=%d recovery=%s", len(dec), applied, fmtRec(d.RecoverySec))
 		}
 		if g.Workload == WMixed {
 			for _, a := range g.Arms {
@@ -413,4 +422,20 @@ func (r *Report) Summary() string {
 		fmt.Fprintf(&b, "TARGET %-40s %-8s %s\n", t.Name, t.Verdict(), t.Figure)
 	}
 	return b.String()
+}
+
+// decisions drops the "applied" entries (a decision re-applied to a
+// descriptor opened later), which the tuner reports on every new open, and
+// returns how many it dropped.
+func decisions(acts []ActionRecord) ([]ActionRecord, int) {
+	var out []ActionRecord
+	n := 0
+	for _, a := range acts {
+		if a.Result == "applied" {
+			n++
+			continue
+		}
+		out = append(out, a)
+	}
+	return out, n
 }

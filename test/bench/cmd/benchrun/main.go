@@ -19,6 +19,7 @@ func main() {
 	full := flag.Bool("full", false, "the full matrix (256 MB files, every static value, HDFS)")
 	out := flag.String("out", "docs/results", "directory for README.md, results.json and the PNG plots")
 	noHDFS := flag.Bool("no-hdfs", false, "skip the real-HDFS cases")
+	onlyHDFS := flag.Bool("only-hdfs", false, "run the real-HDFS cases only")
 	work := flag.String("work", "", "keep daemon logs here (default: a temporary directory)")
 	flag.Parse()
 	if os.Geteuid() != 0 {
@@ -34,6 +35,9 @@ func main() {
 	}
 	if *noHDFS {
 		cfg.HDFS = false
+	}
+	if *onlyHDFS {
+		cfg.Cases, cfg.HDFS = nil, true
 	}
 	cfg.WorkDir = *work
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
