@@ -296,6 +296,9 @@ func sweepPlot(r *Report, workload, path string) (bool, error) {
 	if n == 0 {
 		return false, nil
 	}
+	if l, err := line(plotter.XYs{{X: 128, Y: 0}}, colEvent, true); err == nil {
+		p.Legend.Add("readaheadd (dashed, circle at its start window)", l)
+	}
 	p.Legend.Top = false
 	p.Legend.Left = false
 	p.Add(plotter.NewGrid())

@@ -346,6 +346,16 @@ func (r *Report) Markdown(plots []string) string {
 	for _, t := range r.Targets {
 		fmt.Fprintf(&b, "| %s | %s | %s | **%s** |\n", t.Name, t.Goal, t.Figure, t.Verdict())
 	}
+	b.WriteString("\n## readaheadd's own cost\n\n| Workload | Regime | CPU s | wall s | % of one core | RSS MB | peak RSS MB | decisions | re-applications |\n|---|---|---|---|---|---|---|---|---|\n")
+	for _, g := range r.Groups() {
+		d := g.Daemon()
+		if d == nil {
+			continue
+		}
+		dec, applied := decisions(d.Actions)
+		fmt.Fprintf(&b, "| %s | %s | %.2f | %.0f | %.1f | %.1f | %.1f | %d | %d |\n", g.Workload, g.Regime,
+			d.Usage.CPUSeconds, d.Usage.WallSec, d.Usage.CPUPercent(), d.Usage.RSSMB, d.Usage.HWMMB, len(dec), applied)
+	}
 	b.WriteString("\n## Figures per workload and regime\n\n")
 	for _, g := range r.Groups() {
 		fmt.Fprintf(&b, "### %s, %s\n\n", g.Workload, g.Regime)

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -21,7 +22,22 @@ func main() {
 	noHDFS := flag.Bool("no-hdfs", false, "skip the real-HDFS cases")
 	onlyHDFS := flag.Bool("only-hdfs", false, "run the real-HDFS cases only")
 	work := flag.String("work", "", "keep daemon logs here (default: a temporary directory)")
+	from := flag.String("from", "", "only re-render the report and plots from a results.json of an earlier run")
 	flag.Parse()
+	if *from != "" {
+		b, err := os.ReadFile(*from)
+		if err == nil {
+			var rep bench.Report
+			if err = json.Unmarshal(b, &rep); err == nil {
+				err = bench.Write(&rep, *out)
+			}
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "re-render:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "benchrun needs root: it creates a loop device and a FUSE mount and sets read_ahead_kb")
 		os.Exit(2)
