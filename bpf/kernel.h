@@ -84,8 +84,14 @@ struct bio {
 	struct bio_vec *bi_io_vec;
 };
 
+struct blk_mq_hw_ctx {
+	unsigned int queue_num;
+};
+
 struct request {
 	struct request_queue *q;
+	struct blk_mq_hw_ctx *mq_hctx;
+	int tag;
 	unsigned int cmd_flags;
 	unsigned int __data_len;
 	unsigned long long __sector;

@@ -96,14 +96,19 @@ struct ra_event {
 /*
  * In-flight requests and per-disk aggregates live in direct-mapped tables
  * (ARRAY maps, whose lookups the verifier inlines into address arithmetic)
- * rather than hash maps. Per run, the cost of these programs is cache
- * misses, not instructions: a hash-map update plus lookup plus delete
- * touches several cold lines (bucket, element, free list, lock); a slot
- * touches one. A slot is claimed with a compare-and-swap of its key word,
- * probing up to *_PROBES slots from a multiplicative hash of the key.
+ * rather than hash maps: per run, the cost of these programs is cache misses,
+ * not instructions, and a hash-map update + lookup + delete touches several
+ * cold lines (bucket, element, free list, lock).
+ *
+ * The in-flight table has a region of INFLIGHT_REGION slots per disk slot;
+ * a request's home slot in it is its driver tag (mixed with its hardware
+ * queue). Tags are small and reused in order, so the slots of requests in
+ * flight share a few lines that stay in cache; the slot holds the request's
+ * address to tell requests apart, and a claim is a compare-and-swap of it,
+ * probing up to INFLIGHT_PROBES slots in the region.
  */
-#define INFLIGHT_BITS 10
-#define INFLIGHT_SLOTS (1 << INFLIGHT_BITS)
+#define INFLIGHT_REGION_BITS 9
+#define INFLIGHT_REGION (1 << INFLIGHT_REGION_BITS)
 #define INFLIGHT_PROBES 8
 /* A slot held this long lost its completion (e.g. a request issued just
  * before a detach): the next claimer may take it over. */
@@ -161,7 +166,7 @@ const volatile u64 wakeup_bytes = 1 << 20;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, INFLIGHT_SLOTS);
+	__uint(max_entries, DEV_SLOTS * INFLIGHT_REGION);
 	__type(key, u32);
 	__type(value, struct inflight_val);
 } inflight SEC(".maps");
@@ -188,6 +193,26 @@ struct {
 	__type(key, struct file_key);
 	__type(value, struct file_stats);
 } filestats SEC(".maps");
+
+struct file_cache_entry {
+	struct file_key key;
+	struct file_stats delta; /* not yet in filestats */
+};
+
+#define FILE_CACHE_WAYS 4
+
+struct file_cache {
+	struct file_cache_entry e[FILE_CACHE_WAYS];
+	u32 next; /* round-robin victim */
+	u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct file_cache);
+} filecache SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -257,6 +282,20 @@ static __always_inline u64 rq_addr(void *ctx)
 	return a;
 }
 
+/* The request's home slot in its disk's in-flight region: its driver tag
+ * mixed with its hardware queue, or -1 without a tag. */
+static __always_inline int rq_home(struct request *rq)
+{
+	int tag = rq->tag;
+	if (tag < 0)
+		return -1;
+	u32 hq = 0;
+	struct blk_mq_hw_ctx *hctx = rq->mq_hctx;
+	if (hctx)
+		hq = hctx->queue_num;
+	return (int)(((u32)tag + hq * 61) & (INFLIGHT_REGION - 1));
+}
+
 /* Finds or claims dev's slot in devslots. */
 static __always_inline struct dev_slot *dev_slot_of(u32 dev, u32 *slot)
 {
@@ -296,17 +335,19 @@ int BPF_PROG(block_rq_issue, struct request *rq)
 	u64 key = rq_addr(ctx);
 	if (!key)
 		return 0;
+	int home = rq_home(rq);
+	if (home < 0)
+		return 0;
 	u64 now = bpf_ktime_get_ns();
-	u32 h = hash_bits(key, INFLIGHT_BITS);
 	for (u32 i = 0; i < INFLIGHT_PROBES; i++) {
-		u32 k = (h + i) & (INFLIGHT_SLOTS - 1);
+		u32 k = dslot * INFLIGHT_REGION + ((home + i) & (INFLIGHT_REGION - 1));
 		struct inflight_val *v = bpf_map_lookup_elem(&inflight, &k);
 		if (!v)
 			return 0;
 		u64 cur = v->rq;
 		if (cur == key) {
-			/* A requeued request issued again: in flight once, timed
-			 * from its last issue. */
+			/* Issued again without a requeue event seen: in flight
+			 * once, timed from its last issue. */
 			v->issue_ns = now;
 			return 0;
 		}
@@ -474,13 +515,35 @@ static __always_inline void attribute(struct request *rq, struct rec *r)
 	r->offset = ((index + sub) << PAGE_SHIFT) + in;
 }
 
-/* The slot holding key, or NULL. A real loop (not unrolled): clang 14
- * miscompiles the unrolled form into code the verifier rejects. */
-static __noinline struct inflight_val *find_inflight(u64 key)
+/* The in-flight slot of rq, or NULL if rq is not a traced read. A real
+ * loop (not unrolled): clang 14 miscompiles the unrolled form into code the
+ * verifier rejects. */
+static __noinline struct inflight_val *find_inflight(struct request *rq, u64 key)
 {
-	u32 h = hash_bits(key, INFLIGHT_BITS);
+	u32 dev = rq_disk_dev(rq);
+	if (!dev)
+		return 0;
+	u32 dslot = 0;
+	u32 h = hash_bits(dev, DEV_BITS);
+	struct dev_slot *ds = 0;
+	for (u32 i = 0; i < DEV_PROBES; i++) {
+		u32 k = (h + i) & (DEV_SLOTS - 1);
+		ds = bpf_map_lookup_elem(&devslots, &k);
+		if (!ds)
+			return 0;
+		if (ds->dev == dev) {
+			dslot = k;
+			break;
+		}
+		ds = 0;
+	}
+	if (!ds)
+		return 0;
+	int home = rq_home(rq);
+	if (home < 0)
+		return 0;
 	for (u32 i = 0; i < INFLIGHT_PROBES; i++) {
-		u32 k = (h + i) & (INFLIGHT_SLOTS - 1);
+		u32 k = dslot * INFLIGHT_REGION + ((home + i) & (INFLIGHT_REGION - 1));
 		struct inflight_val *c = bpf_map_lookup_elem(&inflight, &k);
 		if (!c)
 			return 0;
@@ -490,13 +553,104 @@ static __noinline struct inflight_val *find_inflight(u64 key)
 	return 0;
 }
 
+/* Frees a slot: timestamp first (a zero one is never stale), then the key
+ * (xchg: ordered after the caller's loads). */
+static __always_inline void release(struct inflight_val *v)
+{
+	v->issue_ns = 0;
+	__sync_lock_test_and_set(&v->rq, 0);
+}
+
+/* A request put back on the queue gives up its driver tag, and will be
+ * issued again, maybe with another: free its slot now. */
+SEC("tp_btf/block_rq_requeue")
+int BPF_PROG(block_rq_requeue, struct request *rq)
+{
+	u64 key = rq_addr(ctx);
+	if (!key)
+		return 0;
+	struct inflight_val *v = find_inflight(rq, key);
+	if (!v || !v->issue_ns)
+		return 0;
+	u32 dslot = v->dev_slot;
+	release(v);
+	struct dev_slot *dsl = bpf_map_lookup_elem(&devslots, &dslot);
+	if (dsl)
+		__sync_fetch_and_add(&dsl->inflight, -1);
+	return 0;
+}
+
+/* Adds a cached per-CPU delta to the file's totals in filestats. */
+static __always_inline void flush_file(struct file_cache_entry *fc)
+{
+	struct file_stats *fs = bpf_map_lookup_elem(&filestats, &fc->key);
+	if (!fs) {
+		struct file_stats init = { .disk = fc->delta.disk };
+		bpf_map_update_elem(&filestats, &fc->key, &init, BPF_NOEXIST);
+		fs = bpf_map_lookup_elem(&filestats, &fc->key);
+		if (!fs) {
+			count_lost(LOST_FILESTATS);
+			return;
+		}
+	}
+	fs->requests += fc->delta.requests;
+	fs->bytes += fc->delta.bytes;
+	fs->latency_ns += fc->delta.latency_ns;
+	fs->depth_sum += fc->delta.depth_sum;
+	fs->last_ns = fc->delta.last_ns;
+}
+
+/*
+ * Per-file totals. A hash lookup per request was the largest single cost of
+ * the completion program (~270 ns here: cold lines), so each CPU accumulates
+ * the requests of the last FILE_CACHE_WAYS files it saw in filecache and
+ * folds an entry into filestats when it is evicted for another file:
+ * consecutive requests mostly belong to a few sequential readers (and a
+ * loop device's file sits on a disk's file). User space adds the pending
+ * deltas when it reads.
+ */
+static __always_inline void count_file(struct rec *r, u32 dev, u32 len, u64 lat, u32 depth, u64 now)
+{
+	u32 zero = 0;
+	struct file_cache *fc = bpf_map_lookup_elem(&filecache, &zero);
+	if (!fc)
+		return;
+	struct file_cache_entry *e = 0;
+	for (u32 i = 0; i < FILE_CACHE_WAYS; i++) {
+		if (fc->e[i].key.ino == r->ino && fc->e[i].key.dev == r->file_dev) {
+			e = &fc->e[i];
+			break;
+		}
+	}
+	if (!e) {
+		u32 v = fc->next & (FILE_CACHE_WAYS - 1);
+		fc->next = v + 1;
+		e = &fc->e[v];
+		if (e->delta.requests)
+			flush_file(e);
+		e->key.dev = r->file_dev;
+		e->key._pad = 0;
+		e->key.ino = r->ino;
+		e->delta.requests = 0;
+		e->delta.bytes = 0;
+		e->delta.latency_ns = 0;
+		e->delta.depth_sum = 0;
+		e->delta.disk = dev;
+	}
+	e->delta.requests++;
+	e->delta.bytes += len;
+	e->delta.latency_ns += lat;
+	e->delta.depth_sum += depth;
+	e->delta.last_ns = now;
+}
+
 SEC("tp_btf/block_rq_complete")
 int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 {
 	u64 key = rq_addr(ctx);
 	if (!key)
 		return 0;
-	struct inflight_val *v = find_inflight(key);
+	struct inflight_val *v = find_inflight(rq, key);
 	if (!v)
 		return 0; /* not a traced read */
 	unsigned int len = rq->__data_len;
@@ -508,10 +662,7 @@ int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_b
 	u32 dslot = v->dev_slot, depth = v->depth;
 	if (!issue)
 		return 0; /* claimed on another CPU this instant: not ours to end */
-	/* Release: timestamp first (a zero one is never stale), then the key
-	 * (xchg: ordered after the loads above). */
-	v->issue_ns = 0;
-	__sync_lock_test_and_set(&v->rq, 0);
+	release(v);
 
 	struct dev_slot *dsl = bpf_map_lookup_elem(&devslots, &dslot);
 	u32 dev = 0;
@@ -551,24 +702,8 @@ int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_b
 	r->offset = 0;
 	attribute(rq, r);
 
-	if (r->kind == KIND_FILE) {
-		struct file_key fk = { .dev = r->file_dev, .ino = r->ino };
-		struct file_stats *fs = bpf_map_lookup_elem(&filestats, &fk);
-		if (!fs) {
-			struct file_stats init = { .disk = dev };
-			bpf_map_update_elem(&filestats, &fk, &init, BPF_NOEXIST);
-			fs = bpf_map_lookup_elem(&filestats, &fk);
-			if (!fs)
-				count_lost(LOST_FILESTATS);
-		}
-		if (fs) {
-			fs->requests++;
-			fs->bytes += len;
-			fs->latency_ns += lat;
-			fs->depth_sum += depth;
-			fs->last_ns = now;
-		}
-	}
+	if (r->kind == KIND_FILE)
+		count_file(r, dev, len, lat, depth, now);
 
 	u64 flags = BPF_RB_NO_WAKEUP;
 	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)

@@ -116,7 +116,7 @@ func TestBenchProbeCost(t *testing.T) {
 	ec := ProgramStats{Runs: emptyDone.RunCount, RunTime: emptyDone.Runtime}
 	fmt.Printf("probe cost: read %s in %d requests (%.0f MB/s, %d records streamed, lost %d)\n",
 		fmtMB(ds.Bytes), ds.Requests, float64(ds.Bytes)/(1<<20)/elapsed.Seconds(), len(c.recs), s.Lost.Total())
-	for _, name := range []string{ProgBlockRqIssue, ProgBlockRqComplete, ProgPageCacheSyncRa, ProgPageCacheAsyncRa} {
+	for _, name := range []string{ProgBlockRqIssue, ProgBlockRqComplete, ProgBlockRqRequeue, ProgPageCacheSyncRa, ProgPageCacheAsyncRa} {
 		ps := s.Programs[name]
 		fmt.Printf("probe cost: %-20s %8d runs %7.0f ns/run\n", name, ps.Runs, per(ps))
 	}

@@ -212,6 +212,7 @@ func (p *Probe) attachments() []attachment {
 	return []attachment{
 		{ProgBlockRqIssue, p.objs.BlockRqIssue},
 		{ProgBlockRqComplete, p.objs.BlockRqComplete},
+		{ProgBlockRqRequeue, p.objs.BlockRqRequeue},
 		{ProgPageCacheSyncRa, p.objs.PageCacheSyncRa},
 		{ProgPageCacheAsyncRa, p.objs.PageCacheAsyncRa},
 	}
@@ -322,6 +323,16 @@ func (p *Probe) Stats() (Stats, error) {
 	if err := fit.Err(); err != nil {
 		return Stats{}, fmt.Errorf("read per-file BPF stats: %w", err)
 	}
+	// Each CPU's requests for the file it saw last are not in filestats yet.
+	var pending []probeFileCache
+	if err := p.objs.Filecache.Lookup(uint32(0), &pending); err != nil {
+		return Stats{}, fmt.Errorf("read per-CPU file cache: %w", err)
+	}
+	for _, cpu := range pending {
+		for _, c := range cpu.E {
+			addPending(s.Files, c)
+		}
+	}
 	var lost [8]uint64
 	for i := range lost {
 		var percpu []uint64
@@ -364,4 +375,22 @@ func (p *Probe) Close() error {
 	}
 	errs = append(errs, p.objs.Close())
 	return errors.Join(errs...)
+}
+
+// addPending adds one per-CPU cached delta to files.
+func addPending(files map[FileKey]FileStats, c probeFileCacheEntry) {
+	if c.Delta.Requests == 0 {
+		return
+	}
+	k := FileKey{Dev: Dev(c.Key.Dev), Ino: c.Key.Ino}
+	f, ok := files[k]
+	if !ok {
+		f = FileStats{File: k, Disk: Dev(c.Delta.Disk)}
+	}
+	f.Requests += c.Delta.Requests
+	f.Bytes += c.Delta.Bytes
+	f.LatencySum += time.Duration(c.Delta.LatencyNs)
+	f.DepthSum += c.Delta.DepthSum
+	f.Last = max(f.Last, time.Duration(c.Delta.LastNs))
+	files[k] = f
 }

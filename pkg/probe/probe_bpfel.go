@@ -28,6 +28,19 @@ type probeDevStats struct {
 	Hist      [28]uint64
 }
 
+type probeFileCache struct {
+	_    structs.HostLayout
+	E    [4]probeFileCacheEntry
+	Next uint32
+	Pad  uint32
+}
+
+type probeFileCacheEntry struct {
+	_     structs.HostLayout
+	Key   probeFileKey
+	Delta probeFileStats
+}
+
 type probeFileKey struct {
 	_   structs.HostLayout
 	Dev uint32
@@ -97,11 +110,13 @@ const (
 	probeMapDevslots          = "devslots"
 	probeMapDevstats          = "devstats"
 	probeMapEvents            = "events"
+	probeMapFilecache         = "filecache"
 	probeMapFilestats         = "filestats"
 	probeMapInflight          = "inflight"
 	probeMapLost              = "lost"
 	probeProgBlockRqComplete  = "block_rq_complete"
 	probeProgBlockRqIssue     = "block_rq_issue"
+	probeProgBlockRqRequeue   = "block_rq_requeue"
 	probeProgPageCacheAsyncRa = "page_cache_async_ra"
 	probeProgPageCacheSyncRa  = "page_cache_sync_ra"
 	probeVarFilterDevs        = "filter_devs"
@@ -155,6 +170,7 @@ type probeSpecs struct {
 type probeProgramSpecs struct {
 	BlockRqComplete  *ebpf.ProgramSpec `ebpf:"block_rq_complete"`
 	BlockRqIssue     *ebpf.ProgramSpec `ebpf:"block_rq_issue"`
+	BlockRqRequeue   *ebpf.ProgramSpec `ebpf:"block_rq_requeue"`
 	PageCacheAsyncRa *ebpf.ProgramSpec `ebpf:"page_cache_async_ra"`
 	PageCacheSyncRa  *ebpf.ProgramSpec `ebpf:"page_cache_sync_ra"`
 }
@@ -166,6 +182,7 @@ type probeMapSpecs struct {
 	Devslots  *ebpf.MapSpec `ebpf:"devslots"`
 	Devstats  *ebpf.MapSpec `ebpf:"devstats"`
 	Events    *ebpf.MapSpec `ebpf:"events"`
+	Filecache *ebpf.MapSpec `ebpf:"filecache"`
 	Filestats *ebpf.MapSpec `ebpf:"filestats"`
 	Inflight  *ebpf.MapSpec `ebpf:"inflight"`
 	Lost      *ebpf.MapSpec `ebpf:"lost"`
@@ -205,6 +222,7 @@ type probeMaps struct {
 	Devslots  *ebpf.Map `ebpf:"devslots"`
 	Devstats  *ebpf.Map `ebpf:"devstats"`
 	Events    *ebpf.Map `ebpf:"events"`
+	Filecache *ebpf.Map `ebpf:"filecache"`
 	Filestats *ebpf.Map `ebpf:"filestats"`
 	Inflight  *ebpf.Map `ebpf:"inflight"`
 	Lost      *ebpf.Map `ebpf:"lost"`
@@ -215,6 +233,7 @@ func (m *probeMaps) Close() error {
 		m.Devslots,
 		m.Devstats,
 		m.Events,
+		m.Filecache,
 		m.Filestats,
 		m.Inflight,
 		m.Lost,
@@ -238,6 +257,7 @@ type probeVariables struct {
 type probePrograms struct {
 	BlockRqComplete  *ebpf.Program `ebpf:"block_rq_complete"`
 	BlockRqIssue     *ebpf.Program `ebpf:"block_rq_issue"`
+	BlockRqRequeue   *ebpf.Program `ebpf:"block_rq_requeue"`
 	PageCacheAsyncRa *ebpf.Program `ebpf:"page_cache_async_ra"`
 	PageCacheSyncRa  *ebpf.Program `ebpf:"page_cache_sync_ra"`
 }
@@ -246,6 +266,7 @@ func (p *probePrograms) Close() error {
 	return _ProbeClose(
 		p.BlockRqComplete,
 		p.BlockRqIssue,
+		p.BlockRqRequeue,
 		p.PageCacheAsyncRa,
 		p.PageCacheSyncRa,
 	)

@@ -94,6 +94,7 @@ func (p ProgramStats) PerRun() time.Duration {
 const (
 	ProgBlockRqIssue     = "block_rq_issue"
 	ProgBlockRqComplete  = "block_rq_complete"
+	ProgBlockRqRequeue   = "block_rq_requeue"
 	ProgPageCacheSyncRa  = "page_cache_sync_ra"
 	ProgPageCacheAsyncRa = "page_cache_async_ra"
 )
