@@ -85,7 +85,7 @@ func TestWindowTopFilesAndDevices(t *testing.T) {
 	out := buf.String()
 	assert.Contains(t, out, "loop3")
 	assert.Contains(t, out, "42/dd+1")
-	assert.Contains(t, out, "12.5M") // 12.5 MiB/s over one second
+	assert.Contains(t, out, "12.5M")                  // 12.5 MiB/s over one second
 	assert.Equal(t, 6, strings.Count(out, "\n"), out) // title, two tables of header+row, blank
 }
 
