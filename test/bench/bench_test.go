@@ -96,3 +96,24 @@ func TestBenchShort(t *testing.T) {
 	}
 	require.NotEmpty(t, rep.Targets)
 }
+
+func TestDecisionsAndCostTable(t *testing.T) {
+	r := &Report{Measure: 5}
+	r.add(Result{Workload: WSeq, Regime: RPerm, Arm: "ra128", KB: 128, MBps: 90})
+	r.add(Result{Workload: WSeq, Regime: RPerm, Arm: "readaheadd", KB: 128, MBps: 140,
+		Usage: Usage{CPUSeconds: 0.5, WallSec: 10, RSSMB: 30, HWMMB: 32},
+		Actions: []ActionRecord{
+			{Action: "file_window", FromKB: 128, ToKB: 256, Result: "trial", At: time.Second},
+			{Action: "file_window", FromKB: 128, ToKB: 256, Result: "applied", At: time.Second},
+			{Action: "file_window", FromKB: 128, ToKB: 256, Result: "kept", At: 2 * time.Second},
+		}})
+	r.finish()
+	dec, applied := decisions(r.Results[1].Actions)
+	assert.Len(t, dec, 2)
+	assert.Equal(t, 1, applied)
+	md := r.Markdown([]string{"x.png"})
+	assert.Contains(t, md, "| seq | permanent+1.5ms | 0.50 | 10 | 5.0 | 30.0 | 32.0 | 2 | 1 |")
+	assert.Contains(t, md, "re-applications")
+	assert.Contains(t, md, "![x.png](x.png)")
+	assert.Contains(t, r.Summary(), "decisions=2 reapplied=1")
+}
