@@ -81,6 +81,7 @@ type fileState struct {
 	lastIssue  int64
 	seqEWMA    float64
 	postLeft   int
+	jumpSeq    uint64 // device sequence number of the last plain jump (not a crossing), +1; 0 if none
 	requests   uint64
 	bytes      uint64
 	crossings  uint64
@@ -220,6 +221,14 @@ func (d *Detector) sequence(ds *deviceState, f *fileState, r *probe.Record, seq 
 			if ds.n-p.seq <= uint64(len(ds.ring)) {
 				ps := &ds.ring[p.seq%uint64(len(ds.ring))]
 				ps.flags |= flagSeq
+				if f.jumpSeq == p.seq+1 && ps.flags&flagCross == 0 {
+					// p looked like a jump only because r, issued before
+					// it, completed after it: undo the jump and the
+					// post-jump run it started.
+					ps.flags &^= flagJump | flagPostJump
+					f.postLeft = 0
+					f.jumpSeq = 0
+				}
 				if secEnd != p.secStart && ps.flags&flagCross == 0 {
 					ps.flags |= flagCross | flagJump | flagPostJump
 					f.crossings++
@@ -239,9 +248,12 @@ func (d *Detector) sequence(ds *deviceState, f *fileState, r *probe.Record, seq 
 		f.crossings++
 		f.postLeft = d.cfg.ExtentRequests - 1
 	case !follows && f.recentN > 0 && f.seqEWMA >= 0.5:
-		// A mostly sequential reader jumped elsewhere in the file.
+		// A mostly sequential reader jumped elsewhere in the file (or a
+		// request completed ahead of its predecessor: undone above when
+		// the predecessor arrives).
 		flags |= flagJump | flagPostJump
 		f.postLeft = d.cfg.ExtentRequests - 1
+		f.jumpSeq = seq + 1
 	case f.postLeft > 0:
 		flags |= flagPostJump
 		f.postLeft--

@@ -545,7 +545,11 @@ func (d *Detector) stepStarved(ds *deviceState, f *fileState, a *fileAgg, devBT 
 	ev := fmt.Sprintf("file %s: sequential %.0f%%, %.1f requests of %s in flight at median latency %s bound it to %s (measured %s while busy); hiding that latency at the device's capacity %s needs %.1f in flight (device busy at %s)",
 		f.key, 100*st.Sequentiality, st.Inflight, fmtBytes(st.MeanSize), st.P50.Round(time.Microsecond), fmtRate(bound), fmtRate(st.BusyThroughput), fmtRate(capBPS), needed, fmtRate(devBT))
 	switch {
-	case st.Sequentiality < cfg.StarvedMinSequential || st.Inflight >= cfg.StarvedExitFrac*needed || st.BusyThroughput >= cfg.StarvedDeviceSpare*capBPS:
+	case st.Sequentiality < cfg.StarvedMinSequential || st.Inflight >= cfg.StarvedExitFrac*needed || st.BusyThroughput >= cfg.StarvedDeviceSpare*capBPS ||
+		devBT >= cfg.StarvedDeviceSpare*capBPS:
+		// A saturated device has no spare bandwidth for a larger window to
+		// use: the stream is not starved (holding here would keep a regime
+		// entered in a brief lull alive while the device stays busy).
 		f.starved.step(belowExit, now, cfg, 0, ev)
 	case st.Inflight < cfg.StarvedInflightFrac*needed && st.BusyThroughput < cfg.StarvedThroughputFrac*capBPS && devBT < cfg.StarvedDeviceSpare*capBPS:
 		margin := min(cfg.StarvedInflightFrac*needed/st.Inflight, cfg.StarvedThroughputFrac*capBPS/st.BusyThroughput)
