@@ -259,6 +259,12 @@ func (p *Probe) Run(ctx context.Context, h Handler) error {
 			if err := dispatch(rec.RawSample, h); err != nil {
 				p.undecoded.Add(1)
 			}
+			if !stop && ctx.Err() != nil {
+				// Under a steady stream the deadline is never reached: drain
+				// what is there now and stop.
+				stop = true
+				rd.SetDeadline(time.Now())
+			}
 		}
 	}
 }
