@@ -389,3 +389,38 @@ func TestRunCorruptStateFileChangesNothing(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, corrupt, b, "the state file is left for the operator")
 }
+
+// failingSource is a probe whose event stream breaks.
+type failingSource struct{ *probe.Replay }
+
+func (f failingSource) Run(ctx context.Context, h probe.Handler) error {
+	time.Sleep(200 * time.Millisecond)
+	return errors.New("read BPF ring buffer: boom")
+}
+
+func TestRunProbeFailureStopsAndRestores(t *testing.T) {
+	sys := fakeSysfs(t, map[string]int{"sdx": 128})
+	c := config.Default()
+	c.Devices = []string{"sdx"}
+	c.StateDir = filepath.Join(t.TempDir(), "state")
+	c.MetricsAddr = ""
+	v, err := config.Validate(c, sys)
+	require.NoError(t, err)
+	var n notes
+	var logs bytes.Buffer
+	env := defaultRunEnv()
+	env.sys = sys
+	env.stderr = &syncWriter{w: &logs}
+	env.capStatus = ""
+	env.bootID = "b"
+	env.notify = n.notify
+	env.openProbe = func(probe.Config) (probe.Source, error) { return failingSource{probe.NewReplay()}, nil }
+	err = runDaemon(context.Background(), v, env)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "probe stopped: read BPF ring buffer: boom")
+	msgs := n.all()
+	require.Len(t, msgs, 2)
+	assert.Contains(t, msgs[0], "READY=1")
+	assert.Equal(t, "STOPPING=1", msgs[1])
+	assert.Contains(t, logs.String(), "restored; exiting")
+}
