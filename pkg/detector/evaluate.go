@@ -216,6 +216,14 @@ func (d *Detector) evalDevice(ds *deviceState, now int64, snap *Snapshot) {
 	// Peers: requests of files not shifted on their own (and not already in
 	// a shift), plus non-file requests.
 	peerN50, peerT95, peerN := d.peerStats(ds, devSet, aggOf)
+	// Files slow on their own: when more than one is, the slowdown is not
+	// one file's (a file is judged "lone" only when no other file is read).
+	shiftedFiles := 0
+	for ai := range sc.aggs {
+		if sc.aggs[ai].shifted && sc.aggs[ai].inShort {
+			shiftedFiles++
+		}
+	}
 
 	// Per-file regimes.
 	for ai := range sc.aggs {
@@ -224,7 +232,7 @@ func (d *Detector) evalDevice(ds *deviceState, now int64, snap *Snapshot) {
 		if f.dev != ds.dev {
 			continue
 		}
-		d.stepShift(ds, f, a, peerN50, peerT95, peerN, dst.BusyThroughput, dst.MeanSize, now)
+		d.stepShift(ds, f, a, peerN50, peerT95, peerN, shiftedFiles, dst.BusyThroughput, dst.MeanSize, now)
 		d.stepExtent(ds, f, a, win, nShort, now)
 		d.stepStarved(ds, f, a, dst.BusyThroughput, now)
 	}
@@ -403,7 +411,7 @@ func (d *Detector) peerStats(ds *deviceState, devSet []sample, aggOf func(int32)
 	return percentile(sc.vals, 0.5), percentile(sc.vals2, 0.95), len(sc.vals)
 }
 
-func (d *Detector) stepShift(ds *deviceState, f *fileState, a *fileAgg, peerN50, peerT95 float64, peerN int, devBT, devMeanSize float64, now int64) {
+func (d *Detector) stepShift(ds *deviceState, f *fileState, a *fileAgg, peerN50, peerT95 float64, peerN, shiftedFiles int, devBT, devMeanSize float64, now int64) {
 	cfg := &d.cfg
 	switch {
 	case !a.inShort && f.shift.candidate():
@@ -459,6 +467,11 @@ func (d *Detector) stepShift(ds *deviceState, f *fileState, a *fileAgg, peerN50,
 		margin = min(margin, a.n50/(cfg.PeerMult*max(peerN50, 1e-9)), a.t95/(cfg.PeerMult*max(peerT95, 1e-9)))
 		ev += fmt.Sprintf("; other files normal: median %.2fx, p95 %.2fx baseline (%d requests)", peerN50, peerT95, peerN)
 		f.shift.step(aboveEntry, now, cfg, confidence(margin, a.nl, cfg.FileMinSamples), ev)
+		return
+	}
+	if shiftedFiles > 1 && !f.shift.active {
+		// No normal peer, but other files are as slow: device-wide.
+		f.shift.step(between, now, cfg, 0, ev+fmt.Sprintf("; %d files are slow at once: not a file-level shift", shiftedFiles))
 		return
 	}
 	if !cfg.LoneFileShift {

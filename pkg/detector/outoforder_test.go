@@ -47,3 +47,48 @@ func TestOutOfOrderCompletionInSequentialStreamIsNotAJump(t *testing.T) {
 	snap = d.Evaluate(at() + 2*time.Millisecond)
 	assert.Equal(t, uint64(1), snap.Files[0].Jumps)
 }
+
+// Two files slowed at once with no normal file to compare with are not two
+// file-level shifts (seen on the lab under a device-wide stall); one slowed
+// file read alone still is.
+func TestTwoSlowFilesWithoutPeersAreNotFileShifts(t *testing.T) {
+	dev := probe.MkDev(8, 0)
+	const spr = 128 * kib / 512
+	run := func(slowFiles int) []Regime {
+		d := New(DefaultConfig())
+		files := []probe.FileKey{{Dev: dev, Ino: 1}, {Dev: dev, Ino: 2}}
+		var next [2]uint64
+		var now time.Duration
+		for sec := 0; sec < 20; sec++ {
+			for k := 0; k < 100; k++ {
+				for fi := 0; fi < 2; fi++ {
+					if sec >= 10 && fi >= slowFiles {
+						continue // only the slowed files are read after the onset
+					}
+					lat := time.Millisecond
+					if sec >= 10 {
+						lat = 2500 * time.Microsecond
+					}
+					i := next[fi]
+					next[fi]++
+					d.Observe(probe.Record{Device: dev, Bytes: 128 * kib, Sector: uint64(fi)<<30 + i*spr, Offset: i * 128 * kib,
+						Issue: now, Latency: lat, Depth: 2, Kind: probe.KindFile, File: files[fi]})
+				}
+				now += 10 * time.Millisecond
+			}
+			snap := d.Evaluate(now)
+			if sec == 19 {
+				var out []Regime
+				for _, r := range snap.Regimes {
+					if r.Kind == FileLatencyShift {
+						out = append(out, r)
+					}
+				}
+				return out
+			}
+		}
+		return nil
+	}
+	assert.Empty(t, run(2), "two files slow at once, no normal peer")
+	assert.Len(t, run(1), 1, "one file slow, read alone")
+}
