@@ -1,8 +1,11 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -27,11 +30,23 @@ type pipeline struct {
 	sys   blockdev.SysFS
 	disks []blockdev.Disk
 
+	// The detector's healthy baseline is kept in the state directory so
+	// that a slowdown already present at the next start is still seen as one.
+	baselinePath string
+	lastSave     time.Duration
+
 	mu     sync.Mutex
 	snap   detector.Snapshot
 	have   bool
 	counts map[[3]string]uint64 // device, action, result
 }
+
+// BaselineFile is the detector's learned baseline in the state directory.
+const BaselineFile = "baseline.json"
+
+// baselineSaveEvery bounds what a crash loses of the learned baseline; it
+// adapts slowly, so minutes are plenty.
+const baselineSaveEvery = time.Minute
 
 func newController(d controlDeps) (controller, error) {
 	dc := detector.DefaultConfig()
@@ -58,7 +73,26 @@ func newController(d controlDeps) (controller, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &pipeline{det: detector.New(dc), tun: tun, res: &probe.Resolver{}, clk: d.clk, log: d.log, sys: d.sys, disks: d.cfg.Disks, counts: map[[3]string]uint64{}}, nil
+	p := &pipeline{det: detector.New(dc), tun: tun, res: &probe.Resolver{}, clk: d.clk, log: d.log, sys: d.sys, disks: d.cfg.Disks,
+		counts: map[[3]string]uint64{}, baselinePath: filepath.Join(d.cfg.StateDir, BaselineFile), lastSave: d.clk.Now()}
+	switch err := p.det.LoadBaseline(p.baselinePath); {
+	case err == nil:
+		d.log.Info("loaded the detector's healthy baseline", "file", p.baselinePath)
+	case errors.Is(err, fs.ErrNotExist):
+		d.log.Info("no saved detector baseline: learning one while devices are healthy", "file", p.baselinePath)
+	default:
+		// Not fatal: the baseline is relearned, and the next save replaces the bad file.
+		d.log.Warn("ignoring the saved detector baseline; learning afresh", "err", err)
+	}
+	return p, nil
+}
+
+// saveBaseline writes the detector's baseline; a failure is logged, since
+// the daemon works without it (it relearns after a restart).
+func (p *pipeline) saveBaseline() {
+	if err := p.det.SaveBaseline(p.baselinePath); err != nil {
+		p.log.Warn("could not save the detector baseline", "err", err)
+	}
 }
 
 func (p *pipeline) HandleRecord(r probe.Record) { p.det.Observe(r) }
@@ -74,6 +108,10 @@ func (p *pipeline) Step(now time.Duration) {
 	p.snap, p.have = snap, true
 	p.mu.Unlock()
 	p.count(p.tun.Step(snap))
+	if now-p.lastSave >= baselineSaveEvery {
+		p.lastSave = now
+		p.saveBaseline()
+	}
 }
 
 func (p *pipeline) ApplyPending() { p.count(p.tun.ApplyPending()) }
@@ -165,6 +203,7 @@ func (p *pipeline) FilePath(k probe.FileKey) string {
 }
 
 func (p *pipeline) RestoreAll() error {
+	p.saveBaseline()
 	if err := p.tun.RestoreAll(); err != nil {
 		return fmt.Errorf("tuner restore: %w", err)
 	}

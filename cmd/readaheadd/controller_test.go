@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -65,4 +66,66 @@ func TestPipelineStatusAndActionCounts(t *testing.T) {
 	require.Len(t, ts.Devices, 1)
 	assert.Equal(t, metrics.DeviceState{Name: "sdx", Dev: dev.String(), ReadAheadKB: 256, OriginalKB: 256}, ts.Devices[0])
 	require.NoError(t, p.RestoreAll())
+}
+
+// The detector's baseline survives a restart through the state directory,
+// and a corrupt baseline file only costs relearning.
+func TestPipelineKeepsBaselineAcrossRestarts(t *testing.T) {
+	sys := fakeSysfs(t, map[string]int{"sdx": 128})
+	c := config.Default()
+	c.Devices = []string{"sdx"}
+	c.StateDir = filepath.Join(t.TempDir(), "state")
+	v, err := config.Validate(c, sys)
+	require.NoError(t, err)
+	require.NoError(t, os.MkdirAll(v.StateDir, 0o700))
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var st *state.Store
+	start := func(clk *clock.Fake) *pipeline {
+		if st != nil {
+			require.NoError(t, st.Close()) // the previous daemon has exited
+		}
+		st, err = state.Open(v.StateDir, state.Options{BootID: "b"})
+		require.NoError(t, err)
+		ctl, err := newController(controlDeps{cfg: v, sys: sys, clk: clk, store: st, log: log})
+		require.NoError(t, err)
+		return ctl.(*pipeline)
+	}
+
+	clk := clock.NewFake(time.Hour)
+	p := start(clk)
+	dev := v.Disks[0].Dev
+	// Two minutes of healthy sequential reads: enough windows to learn a baseline.
+	for s := 0; s < 120; s++ {
+		for i := 0; i < 200; i++ {
+			at := clk.Now() + time.Duration(i)*5*time.Millisecond
+			off := uint64(s*200+i) * 131072
+			p.HandleRecord(probe.Record{Device: dev, Sector: off / 512, Bytes: 131072, Issue: at, Latency: 400 * time.Microsecond,
+				Kind: probe.KindFile, File: probe.FileKey{Dev: dev, Ino: 7}, Offset: off, Depth: 1})
+		}
+		clk.Advance(time.Second)
+		p.Step(clk.Now())
+	}
+	snap, _ := p.Snapshot()
+	require.True(t, snap.Devices[0].BaselineLearned, "a healthy period teaches a baseline")
+	path := filepath.Join(v.StateDir, BaselineFile)
+	assert.FileExists(t, path, "saved periodically while running")
+	require.NoError(t, p.RestoreAll())
+
+	// A new daemon starts with the learned baseline before seeing any record.
+	p2 := start(clock.NewFake(2 * time.Hour))
+	p2.Step(2 * time.Hour)
+	snap2, _ := p2.Snapshot()
+	require.NotEmpty(t, snap2.Devices)
+	assert.True(t, snap2.Devices[0].BaselineLearned)
+	assert.Equal(t, snap.Devices[0].BaselineP50, snap2.Devices[0].BaselineP50)
+
+	// A corrupt file is ignored (relearned), not fatal.
+	require.NoError(t, os.WriteFile(path, []byte("{not json"), 0o600))
+	p3 := start(clock.NewFake(3 * time.Hour))
+	p3.Step(3 * time.Hour)
+	snap3, _ := p3.Snapshot()
+	for _, d := range snap3.Devices {
+		assert.False(t, d.BaselineLearned)
+	}
+	require.NoError(t, st.Close())
 }

@@ -121,7 +121,8 @@ type controller interface {
 	ApplyPending()
 	// FilePath names a file for display, "" if unknown.
 	FilePath(probe.FileKey) string
-	// RestoreAll undoes every change the controller made.
+	// RestoreAll undoes every change the controller made (and saves what
+	// it learned that outlives a restart).
 	RestoreAll() error
 }
 
