@@ -29,6 +29,10 @@ import (
 // Version is the format version this package writes and reads.
 const Version = 1
 
+// MaxReadAheadKB bounds a recorded original (1 GiB, far above any window a
+// kernel is given); a larger value marks the file as corrupt.
+const MaxReadAheadKB = 1 << 20
+
 const (
 	// FileName is the state file inside the state directory.
 	FileName = "originals.json"
@@ -188,7 +192,10 @@ func (s *Store) load() error {
 		return &CorruptError{Path: p, Reason: "unexpected content: " + err.Error()}
 	}
 	for i, e := range ff.Devices {
-		if e.Device == "" || strings.ContainsAny(e.Device, "/\x00") || e.ReadAheadKB < 0 {
+		// Restore writes these names and values into sysfs: a name that is
+		// not a plain device name, or a value no kernel had, means the file
+		// was not written by readaheadd.
+		if blockdev.ValidName(e.Device) != nil || e.ReadAheadKB < 0 || e.ReadAheadKB > MaxReadAheadKB {
 			return &CorruptError{Path: p, Reason: fmt.Sprintf("entry %d (%q, %d KB) is not a valid device setting", i, e.Device, e.ReadAheadKB)}
 		}
 	}
@@ -227,6 +234,13 @@ func (s *Store) Original(device string) (int, bool) {
 // the first write to the device. If an original is already recorded it is
 // kept: the first value seen is the one to restore.
 func (s *Store) Record(device, dev string, kb int) error {
+	// What Record accepts, load must accept back.
+	if err := blockdev.ValidName(device); err != nil {
+		return fmt.Errorf("record original: %w", err)
+	}
+	if kb < 0 || kb > MaxReadAheadKB {
+		return fmt.Errorf("record original of %s: %d KB is not a read_ahead_kb value", device, kb)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.entries[device]; ok {

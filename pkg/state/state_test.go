@@ -155,3 +155,25 @@ func TestStaleTempFileIsIgnored(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, 128, kb)
 }
+
+func TestLoadRejectsEntriesRestoreCouldNotWriteSafely(t *testing.T) {
+	for name, body := range map[string]string{
+		"dotdot":      `{"version":1,"devices":[{"device":"..","dev":"7:0","read_ahead_kb":128}]}`,
+		"dot":         `{"version":1,"devices":[{"device":".","dev":"7:0","read_ahead_kb":128}]}`,
+		"absurd size": `{"version":1,"devices":[{"device":"sdb","dev":"8:16","read_ahead_kb":99999999999}]}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			require.NoError(t, os.WriteFile(filepath.Join(dir, FileName), []byte(body), 0o600))
+			_, err := Open(dir, Options{BootID: "b"})
+			var ce *CorruptError
+			require.ErrorAs(t, err, &ce)
+		})
+	}
+	st, err := Open(t.TempDir(), Options{BootID: "b"})
+	require.NoError(t, err)
+	defer st.Close()
+	assert.Error(t, st.Record("..", "7:0", 128))
+	assert.Error(t, st.Record("sdb", "8:16", MaxReadAheadKB+1))
+	assert.Empty(t, st.Entries())
+}
