@@ -137,7 +137,9 @@ func (p *pipeline) Snapshot() (detector.Snapshot, bool) {
 
 func (p *pipeline) TunerStatus() metrics.TunerStatus {
 	st := p.tun.Status()
-	ts := metrics.TunerStatus{DryRun: st.DryRun}
+	ts := metrics.TunerStatus{DryRun: st.DryRun, Errors: map[string]uint64{
+		metrics.ErrFileOp: st.FileOpFailures, metrics.ErrOutOfScope: st.OutOfScope, metrics.ErrRateLimited: st.RateLimited,
+	}}
 	for _, d := range st.Devices {
 		ts.Devices = append(ts.Devices, metrics.DeviceState{
 			Name: d.Device, Dev: d.Dev.String(), ReadAheadKB: d.CurrentKB, OriginalKB: d.OriginalKB, FilesAdjusted: d.FilesAdjusted,

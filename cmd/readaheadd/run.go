@@ -39,6 +39,7 @@ type runEnv struct {
 	bootID     string // state.Options.BootID override for tests
 	capStatus  string // /proc/self/status, for the capability check; "" skips it
 	newControl func(controlDeps) (controller, error)
+	ringBytes  int // probe.Config.RingBytes; 0 is the probe's default
 }
 
 func defaultRunEnv() runEnv {
@@ -72,7 +73,14 @@ configuration exit with code 2 before anything is changed on the machine.`,
 		Args: noArgs,
 	}
 	flags := config.AddFlags(cmd.Flags())
+	// Hidden: the ring size only matters to tests that make it overflow.
+	ringKB := cmd.Flags().Int("probe-ring-kb", 0, "BPF ring buffer size in KiB (a power of two, at least a page; 0: 4096)")
+	_ = cmd.Flags().MarkHidden("probe-ring-kb")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if *ringKB < 0 || *ringKB > 1<<20 || *ringKB&(*ringKB-1) != 0 || *ringKB != 0 && *ringKB*1024 < os.Getpagesize() {
+			return usageErrorf("probe-ring-kb %d: must be 0 or a power of two from the page size up to 1048576", *ringKB)
+		}
+		env.ringBytes = *ringKB * 1024
 		c, err := flags.Config()
 		if err != nil {
 			return usageError{err}
@@ -172,7 +180,7 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 	if len(devs) > probe.MaxDevices {
 		devs = nil // more than the kernel filter holds: trace all; the tuner still acts only on the configured devices
 	}
-	src, err := env.openProbe(probe.Config{Devices: devs})
+	src, err := env.openProbe(probe.Config{Devices: devs, RingBytes: env.ringBytes})
 	if err != nil {
 		return fmt.Errorf("attach the BPF probe: %w (run `readaheadd check` for details)", err)
 	}

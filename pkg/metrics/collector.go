@@ -31,6 +31,7 @@ var (
 	descRunTime  = desc("bpf_run_seconds_total", "Kernel CPU time spent in each BPF program (needs kernel.bpf_stats_enabled=1).", "program")
 	descAttached = desc("probe_attached", "1 when the BPF programs are loaded and attached.")
 	descDryRun   = desc("dry_run", "1 when the tuner only logs and exports what it would do.")
+	descTunerErr = desc("tuner_errors_total", "Tuner operations that did not happen: file_op (a reader's descriptor could not be taken or advised: process exited, file closed or deleted), out_of_scope (a descriptor outside the allow-paths was refused), rate_limited (a sysfs write deferred).", "kind")
 )
 
 // Collector is a prometheus.Collector reading Sources at scrape time.
@@ -44,7 +45,7 @@ func NewCollector(src Sources) *Collector { return &Collector{src: src} }
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLatency, descBytes, descRequests, descRA, descRAOrig,
-		descRegime, descActions, descFiles, descLost, descRunTime, descAttached, descDryRun} {
+		descRegime, descActions, descFiles, descLost, descRunTime, descAttached, descDryRun, descTunerErr} {
 		ch <- d
 	}
 }
@@ -75,6 +76,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if c.src.Tuner != nil {
 		ts := c.src.Tuner()
 		ch <- prometheus.MustNewConstMetric(descDryRun, prometheus.GaugeValue, b2f(ts.DryRun))
+		for _, k := range []string{ErrFileOp, ErrOutOfScope, ErrRateLimited} {
+			ch <- prometheus.MustNewConstMetric(descTunerErr, prometheus.CounterValue, float64(ts.Errors[k]), k)
+		}
 		for _, d := range ts.Devices {
 			devices = append(devices, d.Name)
 			ch <- prometheus.MustNewConstMetric(descRA, prometheus.GaugeValue, float64(d.ReadAheadKB), d.Name)

@@ -346,3 +346,17 @@ func TestServeAndShutdown(t *testing.T) {
 		t.Fatal("server did not shut down")
 	}
 }
+
+func TestTunerErrorsExported(t *testing.T) {
+	src := Sources{Tuner: func() TunerStatus {
+		return TunerStatus{Errors: map[string]uint64{ErrFileOp: 3, ErrOutOfScope: 2}}
+	}}
+	want := `
+# HELP readaheadd_tuner_errors_total Tuner operations that did not happen: file_op (a reader's descriptor could not be taken or advised: process exited, file closed or deleted), out_of_scope (a descriptor outside the allow-paths was refused), rate_limited (a sysfs write deferred).
+# TYPE readaheadd_tuner_errors_total counter
+readaheadd_tuner_errors_total{kind="file_op"} 3
+readaheadd_tuner_errors_total{kind="out_of_scope"} 2
+readaheadd_tuner_errors_total{kind="rate_limited"} 0
+`
+	require.NoError(t, testutil.CollectAndCompare(NewCollector(src), strings.NewReader(want), "readaheadd_tuner_errors_total"))
+}

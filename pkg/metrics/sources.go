@@ -69,9 +69,19 @@ type Action struct {
 	Evidence string    `json:"evidence,omitempty"`
 }
 
+// Kinds of readaheadd_tuner_errors_total.
+const (
+	ErrFileOp      = "file_op"
+	ErrOutOfScope  = "out_of_scope"
+	ErrRateLimited = "rate_limited"
+)
+
 // TunerStatus is what the tuner reports at scrape time.
 type TunerStatus struct {
-	DryRun  bool
+	DryRun bool
+	// Errors counts operations that did not happen, by kind (ErrFileOp,
+	// ErrOutOfScope, ErrRateLimited); missing kinds are zero.
+	Errors  map[string]uint64
 	Devices []DeviceState
 	Actions []ActionCount
 	Recent  []Action // newest last, bounded by the tuner
