@@ -123,6 +123,10 @@ type Config struct {
 	// fraction of its capacity (there is spare bandwidth for a bigger
 	// window to use); a stream at this fraction of capacity is not starved.
 	StarvedDeviceSpare float64
+	// StarvedMinBusy: the stream must have had a request in flight for at
+	// least this share of the window; a stream idle for longer is paced by
+	// its reader (a client at its link rate), not starved by latency.
+	StarvedMinBusy float64
 
 	// MaxFiles caps tracked files (least recently seen evicted first).
 	MaxFiles int
@@ -177,6 +181,7 @@ func DefaultConfig() Config {
 		StarvedExitFrac:       0.75,
 		StarvedThroughputFrac: 0.7,
 		StarvedDeviceSpare:    0.85,
+		StarvedMinBusy:        0.9,
 
 		MaxFiles:        4096,
 		FileIdleTimeout: time.Minute,
@@ -224,6 +229,9 @@ func (c Config) Validate() error {
 	}
 	if c.StarvedExitFrac <= c.StarvedInflightFrac || c.StarvedInflightFrac <= 0 || c.StarvedThroughputFrac <= 0 || c.StarvedThroughputFrac > 1 {
 		errs = append(errs, errors.New("detector config: need 0 < StarvedInflightFrac < StarvedExitFrac and 0 < StarvedThroughputFrac <= 1"))
+	}
+	if c.StarvedMinBusy < 0 || c.StarvedMinBusy > 1 {
+		errs = append(errs, errors.New("detector config: need 0 <= StarvedMinBusy <= 1"))
 	}
 	if c.StarvedDeviceSpare < c.StarvedThroughputFrac || c.StarvedDeviceSpare > 1 {
 		errs = append(errs, errors.New("detector config: need StarvedThroughputFrac <= StarvedDeviceSpare <= 1"))

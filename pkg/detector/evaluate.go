@@ -516,7 +516,7 @@ func (d *Detector) stepExtent(ds *deviceState, f *fileState, a *fileAgg, win []s
 			sc.vals2 = append(sc.vals2, float64(s.lat))
 		}
 	}
-	if len(sc.vals) < cfg.ExtentMinSamples || jumps < 2 || len(sc.vals2) < cfg.ExtentMinSamples {
+	if len(sc.vals) < cfg.ExtentMinSamples || crossings < 2 || len(sc.vals2) < cfg.ExtentMinSamples {
 		f.extent.step(unknown, now, cfg, 0, "")
 		return
 	}
@@ -564,12 +564,22 @@ func (d *Detector) stepStarved(ds *deviceState, f *fileState, a *fileAgg, devBT 
 		// use: the stream is not starved (holding here would keep a regime
 		// entered in a brief lull alive while the device stays busy).
 		f.starved.step(belowExit, now, cfg, 0, ev)
-	case st.Inflight < cfg.StarvedInflightFrac*needed && st.BusyThroughput < cfg.StarvedThroughputFrac*capBPS && devBT < cfg.StarvedDeviceSpare*capBPS:
+	case st.Inflight < cfg.StarvedInflightFrac*needed && st.BusyThroughput < cfg.StarvedThroughputFrac*capBPS && devBT < cfg.StarvedDeviceSpare*capBPS &&
+		busyShare(st, cfg.Window) >= cfg.StarvedMinBusy:
 		margin := min(cfg.StarvedInflightFrac*needed/st.Inflight, cfg.StarvedThroughputFrac*capBPS/st.BusyThroughput)
 		f.starved.step(aboveEntry, now, cfg, confidence(margin, int(st.Requests), cfg.FileMinSamples), ev)
 	default:
 		f.starved.step(between, now, cfg, 0, ev)
 	}
+}
+
+// busyShare is the share of the window the file had a request in flight:
+// its throughput over the window against its throughput while busy.
+func busyShare(st *FileStats, window time.Duration) float64 {
+	if st.BusyThroughput <= 0 {
+		return 0
+	}
+	return float64(st.Bytes) / window.Seconds() / st.BusyThroughput
 }
 
 func (d *Detector) stepTail(ds *deviceState, devSet []sample, nShort int, now int64, explained func(int32) bool) {
