@@ -24,8 +24,8 @@ import (
 // the replay benchmark's testdata.
 const RecordEnv = "READAHEADD_DETECTOR_RECORD"
 
-// workload is the lab's healthy background: sequential readers (one on a
-// plain file, one on a fragmented file) re-reading their files from the
+// workload is the lab's healthy background: paced sequential readers (one
+// on a plain file, one on a fragmented file) re-reading their files from the
 // device, and random 4 KiB readers of a third file, like a DataNode serving
 // block reads next to a service's index lookups.
 type workload struct {
@@ -70,18 +70,7 @@ func (w *workload) start(t *testing.T) {
 		go func() {
 			defer w.wg.Done()
 			for ctx.Err() == nil {
-				if err := lab.DropFileCache(p); err != nil {
-					w.fail(err)
-					return
-				}
-				r, err := lab.OpenSeq(p)
-				if err != nil {
-					w.fail(err)
-					return
-				}
-				_, err = r.Read(ctx, 0)
-				r.Close()
-				if err != nil {
+				if err := pacedRead(ctx, p, seqRate); err != nil {
 					w.fail(err)
 					return
 				}
@@ -105,6 +94,52 @@ func (w *workload) stop() {
 		w.cancel()
 		w.wg.Wait()
 	}
+}
+
+// seqRate is each sequential reader's pace: a client fetching a block at
+// 50 MB/s (about a 1 GbE link's worth of payload with protocol overhead
+// left over). Two readers keep the 150 MB/s lab device two-thirds busy, so
+// a per-file slowdown shows in latency without the other reader taking up
+// the slack at once. Unpaced readers saturate the device; see
+// docs/detector.md for how the detector fares then.
+const seqRate = 50e6
+
+// pacedRead reads path once from the device (its cache dropped first) with
+// buffered 64 KiB reads at no more than rate bytes/s.
+func pacedRead(ctx context.Context, path string, rate float64) error {
+	if err := lab.DropFileCache(path); err != nil {
+		return err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	buf := make([]byte, lab.SeqBlock)
+	start := time.Now()
+	var n int64
+	for ctx.Err() == nil {
+		k, err := f.Read(buf)
+		n += int64(k)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		ahead := time.Duration(float64(n)/rate*1e9) - time.Since(start)
+		switch {
+		case ahead > 0:
+			time.Sleep(ahead)
+		case ahead < 0:
+			// Behind after a slow read: carry on at the pace rather than
+			// catch up in a burst (a network-bound client cannot either;
+			// a burst would queue on the device and raise every reader's
+			// latency after each stall).
+			start, n = time.Now(), 0
+		}
+	}
+	return nil
 }
 
 // randomReads reads random 4 KiB pages with pread on a file advised
