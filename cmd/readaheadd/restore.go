@@ -35,7 +35,7 @@ func newRestoreCmd(sys blockdev.SysFS) *cobra.Command {
 			if !fi.IsDir() {
 				return usageErrorf("state-dir %s is not a directory", dir)
 			}
-			st, err := state.Open(dir, state.Options{})
+			st, err := state.Open(dir, state.Options{DiskSeq: sys.DiskSeq})
 			if err != nil {
 				return err
 			}

@@ -186,7 +186,7 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 	}
 	defer src.Close()
 
-	store, err := state.Open(v.StateDir, state.Options{Logger: log, BootID: env.bootID})
+	store, err := state.Open(v.StateDir, state.Options{Logger: log, BootID: env.bootID, DiskSeq: env.sys.DiskSeq})
 	if err != nil {
 		return err
 	}

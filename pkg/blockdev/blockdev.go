@@ -179,6 +179,31 @@ func (s SysFS) SetReadAheadKB(name string, kb int) error {
 	return nil
 }
 
+// DiskSeq reads /sys/block/NAME/diskseq, the kernel's sequence number of
+// the media in a disk (Linux >= 5.15): it changes when a loop device is
+// detached or attached and when a disk is replaced, even if the name and
+// device number are reused. 0 with a nil error: this kernel has no diskseq.
+func (s SysFS) DiskSeq(name string) (uint64, error) {
+	if err := ValidName(name); err != nil {
+		return 0, err
+	}
+	if _, err := os.Stat(s.blockPath(name)); err != nil {
+		return 0, fmt.Errorf("block device %q: %w", name, ErrNoDevice)
+	}
+	b, err := os.ReadFile(s.blockPath(name, "diskseq"))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read diskseq of %q: %w", name, err)
+	}
+	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("diskseq of %q is %q, not a number", name, strings.TrimSpace(string(b)))
+	}
+	return v, nil
+}
+
 // DiskOf returns the whole disk that holds dev, which may be a partition
 // (the s_dev of a filesystem on sda1 is sda1's number, not sda's).
 func (s SysFS) DiskOf(dev probe.Dev) (Disk, error) {

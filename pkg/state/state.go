@@ -47,6 +47,11 @@ type Entry struct {
 	Dev         string    `json:"dev"`    // major:minor when recorded, for the operator
 	ReadAheadKB int       `json:"read_ahead_kb"`
 	RecordedAt  time.Time `json:"recorded_at"`
+	// DiskSeq is the disk's /sys/block/NAME/diskseq when recorded (0:
+	// unknown). A different value later means the name now belongs to
+	// other media (a loop device detached and reused, a disk replaced),
+	// whose setting the original is not for.
+	DiskSeq uint64 `json:"diskseq,omitempty"`
 }
 
 type fileFormat struct {
@@ -82,6 +87,9 @@ type Options struct {
 	// BootID overrides the kernel's boot id (read from /proc when empty).
 	BootID string
 	Logger *slog.Logger
+	// DiskSeq reads a disk's media sequence number (blockdev.SysFS.DiskSeq);
+	// nil records none and restores by name alone.
+	DiskSeq func(device string) (uint64, error)
 }
 
 // Store is an open, locked state directory.
@@ -90,6 +98,7 @@ type Store struct {
 	bootID string
 	log    *slog.Logger
 	lock   *os.File
+	seq    func(string) (uint64, error)
 
 	mu      sync.Mutex
 	entries map[string]Entry
@@ -134,7 +143,7 @@ func Open(dir string, opt Options) (*Store, error) {
 			boot = strings.TrimSpace(string(b))
 		}
 	}
-	s := &Store{dir: dir, bootID: boot, log: log, lock: lf, entries: map[string]Entry{}}
+	s := &Store{dir: dir, bootID: boot, log: log, lock: lf, seq: opt.DiskSeq, entries: map[string]Entry{}}
 	if err := s.load(); err != nil {
 		s.Close()
 		return nil, err
@@ -246,7 +255,13 @@ func (s *Store) Record(device, dev string, kb int) error {
 	if _, ok := s.entries[device]; ok {
 		return nil
 	}
-	s.entries[device] = Entry{Device: device, Dev: dev, ReadAheadKB: kb, RecordedAt: time.Now().UTC()}
+	e := Entry{Device: device, Dev: dev, ReadAheadKB: kb, RecordedAt: time.Now().UTC()}
+	if s.seq != nil {
+		if seq, err := s.seq(device); err == nil {
+			e.DiskSeq = seq
+		}
+	}
+	s.entries[device] = e
 	if err := s.persistLocked(); err != nil {
 		delete(s.entries, device)
 		return err
@@ -277,6 +292,20 @@ func (s *Store) Forget(device string) error {
 func (s *Store) Restore(sys Sysfs) error {
 	var errs []error
 	for _, e := range s.Entries() {
+		if e.DiskSeq != 0 && s.seq != nil {
+			seq, err := s.seq(e.Device)
+			if err == nil && seq != 0 && seq != e.DiskSeq {
+				// The name now belongs to other media, which the kernel
+				// set up with its own default: writing the old value would
+				// change a device readaheadd never touched.
+				s.log.Warn("state: the device of a recorded original was replaced since (its diskseq changed); not writing the old value to the new device, dropping the record",
+					"device", e.Device, "dev", e.Dev, "original_kb", e.ReadAheadKB, "recorded_diskseq", e.DiskSeq, "diskseq", seq)
+				if err := s.Forget(e.Device); err != nil {
+					errs = append(errs, err)
+				}
+				continue
+			}
+		}
 		if err := sys.SetReadAheadKB(e.Device, e.ReadAheadKB); err != nil {
 			if isNoDevice(err) {
 				s.log.Warn("state: device of a recorded original is gone; keeping its record for a later restore",

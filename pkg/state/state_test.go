@@ -177,3 +177,35 @@ func TestLoadRejectsEntriesRestoreCouldNotWriteSafely(t *testing.T) {
 	assert.Error(t, st.Record("sdb", "8:16", MaxReadAheadKB+1))
 	assert.Empty(t, st.Entries())
 }
+
+func TestRestoreSkipsReplacedDevice(t *testing.T) {
+	root := t.TempDir()
+	for name, seq := range map[string]string{"loop7": "40", "sdb": "12"} {
+		q := filepath.Join(root, "block", name, "queue")
+		require.NoError(t, os.MkdirAll(q, 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(q, "read_ahead_kb"), []byte("128\n"), 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join(root, "block", name, "diskseq"), []byte(seq+"\n"), 0o644))
+	}
+	sys := blockdev.SysFS{Root: root}
+	dir := t.TempDir()
+	st, err := Open(dir, Options{BootID: "b", DiskSeq: sys.DiskSeq})
+	require.NoError(t, err)
+	require.NoError(t, st.Record("loop7", "7:7", 96))
+	require.NoError(t, st.Record("sdb", "8:16", 256))
+	assert.Equal(t, uint64(40), st.Entries()[0].DiskSeq)
+	require.NoError(t, st.Close())
+	require.NoError(t, sys.SetReadAheadKB("loop7", 1024))
+	require.NoError(t, sys.SetReadAheadKB("sdb", 1024))
+
+	// loop7 was detached and attached to other media: diskseq moved on.
+	require.NoError(t, os.WriteFile(filepath.Join(root, "block", "loop7", "diskseq"), []byte("42\n"), 0o644))
+	st, err = Open(dir, Options{BootID: "b", DiskSeq: sys.DiskSeq})
+	require.NoError(t, err)
+	defer st.Close()
+	require.NoError(t, st.Restore(sys))
+	kb, _ := sys.ReadAheadKB("loop7")
+	assert.Equal(t, 1024, kb, "the new media's setting is not touched")
+	kb, _ = sys.ReadAheadKB("sdb")
+	assert.Equal(t, 256, kb, "the same media gets its original back")
+	assert.Empty(t, st.Entries(), "the replaced device's record is dropped")
+}
