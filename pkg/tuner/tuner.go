@@ -47,6 +47,9 @@ type ladder struct {
 	failures  int
 	retryAt   time.Duration
 	dryAt     int // value last reported in dry-run mode
+	// hint is the window Little's law says the reader needs (KB, 0 if
+	// unknown): the first step from base skips steps smaller than it.
+	hint int
 }
 
 func (l *ladder) inForce() int {
@@ -60,6 +63,11 @@ func (l *ladder) next(growth, max int) (int, bool) {
 	n := l.cur * growth
 	if l.cur == 0 {
 		n = l.first
+	}
+	// From base, skip steps that cannot hide the reader's latency: each
+	// would cost an interval of slow reading to learn only that.
+	for l.cur == l.base && l.cur > 0 && n < l.hint && n < max {
+		n *= growth
 	}
 	if n > max {
 		n = max
@@ -292,7 +300,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	for _, k := range keys {
 		fd := t.files[k]
 		if _, needed := fileNeeds[k]; needed {
-			t.driveFile(fd)
+			t.driveFile(fd, true)
 			continue
 		}
 		// StarvedStream clearing while the file is still read with the
@@ -305,7 +313,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			t.undoFile(fd, fmt.Sprintf("no regime applies to the file for %v", t.cfg.Grace))
 			delete(t.files, k)
 		} else if fd.win.trial != 0 || fd.pf.trial != 0 {
-			t.driveFile(fd) // finish judging a step under trial
+			t.driveFile(fd, false) // finish judging a step under trial
 		}
 	}
 
@@ -320,7 +328,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			d.win = ladder{kind: KindDeviceWindow, base: d.orig, cur: d.cur}
 		}
 		d.lastNeeded = now
-		t.driveDevice(d, why)
+		t.driveDevice(d, why, true)
 	}
 	for dev, d := range t.devs {
 		if !d.winActive {
@@ -330,7 +338,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			continue
 		}
 		if d.win.trial != 0 {
-			t.driveDevice(d, "judging the last step")
+			t.driveDevice(d, "judging the last step", false)
 		}
 		if now-d.lastNeeded >= t.cfg.Grace {
 			t.undoDevice(d, fmt.Sprintf("no device-wide regime for %v", t.cfg.Grace))
@@ -596,6 +604,21 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 	return measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50}
 }
 
+// windowHint is the window (KB) that keeps enough bytes in flight to hide
+// the file's median latency at the device's learned capacity (Little's
+// law), 0 when the detector has not measured both.
+func (t *Tuner) windowHint(k probe.FileKey) int {
+	fs, ok := t.fstats[k]
+	if !ok || fs.P50 <= 0 {
+		return 0
+	}
+	ds, ok := t.dstats[fs.Device]
+	if !ok || ds.CapacityBPS <= 0 {
+		return 0
+	}
+	return int(fs.P50.Seconds() * ds.CapacityBPS / 1024)
+}
+
 func (t *Tuner) devMeasure(dev probe.Dev) measure {
 	ds, ok := t.dstats[dev]
 	if !ok || ds.BusyThroughput <= 0 {
@@ -604,22 +627,25 @@ func (t *Tuner) devMeasure(dev probe.Dev) measure {
 	return measure{ok: true, tput: ds.BusyThroughput, p50: ds.P50}
 }
 
-func (t *Tuner) driveFile(fd *fileDec) {
+// driveFile advances the file's knobs; with escalate false it only judges
+// a step under trial (the regime ended: no new step).
+func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 	if fd.outOfScope && t.deps.Clock.Now()-fd.scopeAt < t.cfg.BackoffMax {
 		return
 	}
 	why := fmt.Sprintf("regimes %v", fd.regimes)
 	m := t.fileMeasure(fd.key)
+	fd.win.hint = t.windowHint(fd.key)
 	applyWin := func(kb int) error { return t.pinFile(fd, kb, nil, true) }
 	if fd.pf.trial == 0 {
-		if t.drive(&fd.win, fd.dev, fd.key, fd.path, m, why, applyWin) || fd.win.trial != 0 {
+		if t.drive(&fd.win, fd.dev, fd.key, fd.path, m, why, escalate, applyWin) || fd.win.trial != 0 {
 			return
 		}
 	}
 	// Prefetch when the window alone is not enough.
-	if fd.win.exhausted(t.cfg.MaxKB) && !t.cfg.DisablePrefetch {
+	if fd.win.exhausted(t.cfg.MaxKB) && !t.cfg.DisablePrefetch && (escalate || fd.pf.trial != 0) {
 		if fs, ok := t.fstats[fd.key]; ok && fs.Sequentiality >= t.cfg.MinSequentiality || fd.pf.trial != 0 {
-			t.drive(&fd.pf, fd.dev, fd.key, fd.path, m, why+", window at its knee or maximum", func(kb int) error {
+			t.drive(&fd.pf, fd.dev, fd.key, fd.path, m, why+", window at its knee or maximum", escalate, func(kb int) error {
 				if len(t.refs(fd, nil)) == 0 {
 					return errNoReaders
 				}
@@ -629,12 +655,13 @@ func (t *Tuner) driveFile(fd *fileDec) {
 	}
 }
 
-func (t *Tuner) driveDevice(d *devState, why string) {
-	t.drive(&d.win, d, probe.FileKey{}, "", t.devMeasure(d.dev), why, func(kb int) error { return t.setDevice(d, kb, true) })
+func (t *Tuner) driveDevice(d *devState, why string, escalate bool) {
+	t.drive(&d.win, d, probe.FileKey{}, "", t.devMeasure(d.dev), why, escalate, func(kb int) error { return t.setDevice(d, kb, true) })
 }
 
-// drive advances one knob's closed loop; it reports whether it did anything.
-func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m measure, why string, apply func(int) error) bool {
+// drive advances one knob's closed loop: it judges a step under trial and,
+// if escalate, takes the next one. It reports whether it did anything.
+func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m measure, why string, escalate bool, apply func(int) error) bool {
 	now := t.deps.Clock.Now()
 	max := t.cfg.MaxKB
 	if l.kind == KindPrefetch {
@@ -643,8 +670,12 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 	act := func(kind ActionKind, from, to int, res Result, ev string) {
 		t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: file, Path: path, Kind: kind, FromKB: from, ToKB: to, Result: res, Evidence: ev})
 	}
+	did := false
 	if l.trial != 0 {
-		if now-l.trialAt < t.cfg.Settle {
+		// Steps are taken on interval ticks: the tick one Settle after the
+		// step may read the clock a little early, and must still judge it
+		// (otherwise every step would take two intervals).
+		if now-l.trialAt < t.cfg.Settle-t.cfg.Settle/10 {
 			return false
 		}
 		if !m.ok && now-l.trialAt < 4*t.cfg.Settle {
@@ -655,38 +686,23 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 			gain = m.tput/l.before.tput - 1
 		}
 		ev := fmt.Sprintf("%s; before %s, after %s (%+.0f%%, keep margin %+.0f%%)", why, l.before, m, gain*100, t.cfg.Margin*100)
-		if m.ok && gain >= t.cfg.Margin {
-			act(l.kind, l.trialFrom, l.trial, ResultKept, ev)
-			l.cur, l.trial, l.failures = l.trial, 0, 0
-			return true
+		if !m.ok || gain < t.cfg.Margin {
+			return t.undoStep(l, now, ev, apply, act)
 		}
-		from := l.trial
-		l.trial = 0
-		if err := apply(l.cur); err != nil && !errors.Is(err, errNoReaders) {
-			// The step stays in force until an undo succeeds.
-			l.trial = from
-			act(undoOf(l.kind), from, l.cur, ResultFailed, ev+"; undo failed: "+err.Error())
-			return true
-		}
-		if l.cur == l.base {
-			l.failures++
-			l.retryAt = now + t.backoff(l.failures)
-			ev += fmt.Sprintf("; backing off %v", t.backoff(l.failures))
-		} else {
-			l.knee = true
-			l.retryAt = now + t.cfg.BackoffMax
-			ev += fmt.Sprintf("; knee at %d KB", l.cur)
-		}
-		act(undoOf(l.kind), from, l.cur, ResultUndone, ev)
-		return true
+		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)
+		l.cur, l.trial, l.failures = l.trial, 0, 0
+		// The next step follows at once, measured against this one: a
+		// slowed reader regains its throughput one interval per step,
+		// not two.
+		did = true
 	}
-	if now < l.retryAt {
-		return false
+	if !escalate || now < l.retryAt {
+		return did
 	}
 	l.knee = false
 	next, ok := l.next(t.cfg.Growth, max)
 	if !ok || !m.ok {
-		return false
+		return did
 	}
 	ev := fmt.Sprintf("%s; now %s", why, m)
 	if t.cfg.DryRun {
@@ -698,7 +714,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 	}
 	if err := apply(next); err != nil {
 		if errors.Is(err, errRateLimited) || errors.Is(err, errNoReaders) || errors.Is(err, errOutOfScope) {
-			return false // deferred, or not ours to act on: no action
+			return did // deferred, or not ours to act on: no action
 		}
 		l.failures++
 		l.retryAt = now + t.backoff(l.failures)
@@ -707,6 +723,30 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 	}
 	l.trial, l.trialFrom, l.trialAt, l.before = next, l.cur, now, m
 	act(l.kind, l.cur, next, ResultTrial, ev)
+	return true
+}
+
+// undoStep takes back a step that did not pay: back-off if it was the
+// first, the knee if an earlier step had paid.
+func (t *Tuner) undoStep(l *ladder, now time.Duration, ev string, apply func(int) error, act func(ActionKind, int, int, Result, string)) bool {
+	from := l.trial
+	l.trial = 0
+	if err := apply(l.cur); err != nil && !errors.Is(err, errNoReaders) {
+		// The step stays in force until an undo succeeds.
+		l.trial = from
+		act(undoOf(l.kind), from, l.cur, ResultFailed, ev+"; undo failed: "+err.Error())
+		return true
+	}
+	if l.cur == l.base {
+		l.failures++
+		l.retryAt = now + t.backoff(l.failures)
+		ev += fmt.Sprintf("; backing off %v", t.backoff(l.failures))
+	} else {
+		l.knee = true
+		l.retryAt = now + t.cfg.BackoffMax
+		ev += fmt.Sprintf("; knee at %d KB", l.cur)
+	}
+	act(undoOf(l.kind), from, l.cur, ResultUndone, ev)
 	return true
 }
 

@@ -331,7 +331,8 @@ func TestStarvedStreamClearingIsSuccessNotUndo(t *testing.T) {
 	r.tput = kneeModel
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.reader(100, 7, p, key)
-	r.run(3, func() detector.Snapshot { return r.snap(detector.StarvedStream, key) })
+	// Two intervals: 256 kept, 512 under trial (it pays once judged).
+	r.run(2, func() detector.Snapshot { return r.snap(detector.StarvedStream, key) })
 	require.Greater(t, r.files.window[key], 128)
 	// No longer starved, still read: kept.
 	acts := r.run(10, func() detector.Snapshot { return r.snap("", key) })
@@ -592,4 +593,63 @@ func TestPrefetchWhenTheWindowIsNotEnough(t *testing.T) {
 	require.NotEmpty(t, wn)
 	assert.Equal(t, int64(64<<20), wn[0].off, "prefetch starts at the reader's next offset")
 	assert.LessOrEqual(t, wn[0].n, int64(2048<<10))
+}
+
+func TestFirstStepSizedByLittlesLaw(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	// 3 ms median at a 150 MB/s capacity: about 440 KB must be in flight,
+	// so 256 KB cannot be enough and the first step is 512 KB.
+	mk := func() detector.Snapshot {
+		s := r.snap(detector.FileLatencyShift, key)
+		s.Devices[0].CapacityBPS = 150e6
+		s.Files[0].P50 = 3 * time.Millisecond
+		return s
+	}
+	acts := r.run(1, mk)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trials, 1)
+	assert.Equal(t, [2]int{128, 512}, [2]int{trials[0].FromKB, trials[0].ToKB})
+	// Later steps grow by the factor again.
+	acts = r.run(1, mk)
+	trials = filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trials, 1)
+	assert.Equal(t, [2]int{512, 1024}, [2]int{trials[0].FromKB, trials[0].ToKB})
+}
+
+func TestKeptStepIsFollowedAtTheNextTickEvenIfItReadsTheClockEarly(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	mk := func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) }
+	r.clk.Advance(time.Second)
+	acts := r.tn.Step(mk())
+	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)
+	// The next tick comes 2 ms early (scheduling): the step is judged, kept,
+	// and the next one taken in the same interval.
+	r.clk.Advance(998 * time.Millisecond)
+	acts = r.tn.Step(mk())
+	kept := filter(acts, KindFileWindow, ResultKept)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, kept, 1)
+	require.Len(t, trials, 1)
+	assert.Equal(t, 256, kept[0].ToKB)
+	assert.Equal(t, [2]int{256, 512}, [2]int{trials[0].FromKB, trials[0].ToKB})
+	assert.Equal(t, 512, r.files.window[key])
+}
+
+func TestJudgingAfterTheRegimeEndedTakesNoNewStep(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, Grace: time.Hour}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	r.run(1, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	require.Equal(t, 256, r.files.window[key])
+	acts := r.run(3, func() detector.Snapshot { return r.snap("", key) })
+	assert.Len(t, filter(acts, KindFileWindow, ResultKept), 1, "the step under trial is judged")
+	assert.Empty(t, filter(acts, KindFileWindow, ResultTrial), "no new step without a regime")
+	assert.Equal(t, 256, r.files.window[key])
 }

@@ -1,0 +1,249 @@
+package tuner
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/test/lab"
+)
+
+const (
+	slowdown = 1500 * time.Microsecond // the acceptance condition: +1.5 ms on the file
+	win      = 500 * time.Millisecond  // throughput window
+)
+
+// staticSweep measures a fresh reader of path at each static
+// read_ahead_kb (the file opened after the setting, so it has that
+// window), interleaving passes and keeping each setting's best median of
+// half-second windows. The random reader keeps running, as it does under
+// the daemon.
+func staticSweep(t *testing.T, l *lab.Lab, path string, kbs []int, passes int, each time.Duration) map[int]float64 {
+	t.Helper()
+	best := map[int]float64{}
+	for p := 0; p < passes; p++ {
+		for _, kb := range kbs {
+			require.NoError(t, l.SetReadAheadKB(kb))
+			require.NoError(t, lab.DropFileCache(path))
+			c := startChild(t, "seq", path)
+			require.NoError(t, l.SetReadAheadKB(128))
+			c.goRead(t)
+			start := monoNow()
+			time.Sleep(each)
+			c.stop()
+			// Skip the first window: the reader ramps up.
+			m := median(rates(windows(c.points(), start+win, start+each, win), func(w window) float64 { return w.Rate / 1e6 }))
+			if m > best[kb] {
+				best[kb] = m
+			}
+		}
+	}
+	return best
+}
+
+// TestAcceptancePermanentSlowdown: a reader process that opened a 256 MB
+// file before a permanent +1.5 ms slowdown on that file, and keeps reading
+// it with 64 KB reads, regains at least 90% of the best static setting's
+// throughput within 3 s of the onset through the running daemon, without a
+// restart; a random mmap reader of another file on the same device keeps
+// its request sizes; SIGTERM puts the device and the open file back.
+func TestAcceptancePermanentSlowdown(t *testing.T) {
+	needRoot(t)
+	l := newLab(t)
+	target, err := l.WriteFile("blk_target", 256)
+	require.NoError(t, err)
+	other, err := l.WriteFile("index_other", 512)
+	require.NoError(t, err)
+	daemonBin(t) // build before measuring: the build loads the CPUs
+
+	// The service-like random reader of the other file runs throughout,
+	// opened with the default window.
+	rnd := startChild(t, "random", other)
+	rnd.goRead(t)
+
+	// Oracle: the best static window on the slowed file, same run.
+	require.NoError(t, l.SetPermanent(slowdown, target))
+	kbs := []int{128, 256, 512, 1024, 2048, 4096}
+	sweepStart := monoNow()
+	static := staticSweep(t, l, target, kbs, 2, 3*time.Second)
+	sweepEnd := monoNow()
+	bestKB, oracle := 0, 0.0
+	var line []string
+	for _, kb := range kbs {
+		line = append(line, fmt.Sprintf("%d KB %.0f", kb, static[kb]))
+		if static[kb] > oracle {
+			bestKB, oracle = kb, static[kb]
+		}
+	}
+	t.Logf("static sweep on the +1.5 ms file (MB/s, best median of 0.5 s windows, 2 passes): %s", strings.Join(line, ", "))
+	t.Logf("oracle: %d KB at %.0f MB/s; the default 128 KB keeps %.0f%% of it", bestKB, oracle, 100*static[128]/oracle)
+	require.Greater(t, oracle, 1.15*static[128], "the slowdown must cost the default window throughput for this test to mean anything")
+	require.NoError(t, l.Clear())
+	require.NoError(t, l.SetReadAheadKB(128))
+
+	// The daemon, then the reader, which opens its file now (window 128 KB).
+	stateDir := filepath.Join(t.TempDir(), "state")
+	d := runDaemon(t, l, stateDir)
+	require.NoError(t, lab.DropFileCache(target))
+	seq := startChild(t, "seq", target)
+	seq.goRead(t)
+
+	// Watch the random file's request sizes as the daemon's probe sees them.
+	var (
+		fmu   sync.Mutex
+		sizes []struct {
+			at time.Duration
+			kb float64
+		}
+		otherKey  string
+		targetKey string
+	)
+	var st syscall.Stat_t
+	require.NoError(t, syscall.Stat(other, &st))
+	otherIno := st.Ino
+	require.NoError(t, syscall.Stat(target, &st))
+	targetIno := st.Ino
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		for ctx.Err() == nil {
+			fs, err := d.files(ctx)
+			if err == nil {
+				fmu.Lock()
+				for _, f := range fs {
+					if strings.HasSuffix(f.File, fmt.Sprintf("/%d", otherIno)) {
+						otherKey = f.File
+						sizes = append(sizes, struct {
+							at time.Duration
+							kb float64
+						}{monoNow(), f.MeanSizeKB})
+					}
+					if strings.HasSuffix(f.File, fmt.Sprintf("/%d", targetIno)) {
+						targetKey = f.File
+					}
+				}
+				fmu.Unlock()
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+	}()
+
+	// Healthy reads teach the detector the device's baseline.
+	time.Sleep(6 * time.Second)
+	onset := monoNow()
+	require.NoError(t, l.SetPermanent(slowdown, target))
+	t.Logf("onset: +%v on every read of %s (the reader, pid %d, opened it %v before)", slowdown, filepath.Base(target), seq.Pid, 6*time.Second)
+	time.Sleep(10 * time.Second)
+	end := monoNow()
+
+	// SIGTERM while the slowdown lasts: the device and the reader's open
+	// file go back to the original window.
+	actions := d.actions()
+	termAt := monoNow()
+	require.Equal(t, 0, d.signal(t, syscall.SIGTERM), "SIGTERM exits 0:\n%s", d.logs.String())
+	time.Sleep(3 * time.Second)
+	afterTerm := monoNow()
+	cancel()
+	<-watchDone
+	require.True(t, seq.alive(), "the reader was never restarted")
+	seq.stop()
+	rnd.stop()
+	assert.Empty(t, seq.failures(), "reader errors")
+
+	// Throughput timeline around the onset.
+	pts := seq.points()
+	ws := windows(pts, onset-3*time.Second, end, win)
+	var tl []string
+	for _, w := range ws {
+		tl = append(tl, fmt.Sprintf("%+.1fs %.0f", (w.Start-onset).Seconds(), w.Rate/1e6))
+	}
+	t.Logf("reader timeline (window start since onset, MB/s): %s", strings.Join(tl, " | "))
+	before := median(rates(windows(pts, onset-3*time.Second, onset, win), func(w window) float64 { return w.Rate / 1e6 }))
+	slowed := rates(windows(pts, onset, onset+time.Second, win), func(w window) float64 { return w.Rate / 1e6 })
+	afterWs := windows(pts, onset+3*time.Second, end, win)
+	after := median(rates(afterWs, func(w window) float64 { return w.Rate / 1e6 }))
+	// Recovery: the first window from which the median of it and the
+	// next three (2 s) reaches 90% of the oracle.
+	recovery := time.Duration(-1)
+	post := windows(pts, onset, end, win)
+	for i := 0; i+4 <= len(post); i++ {
+		if median(rates(post[i:i+4], func(w window) float64 { return w.Rate / 1e6 })) >= 0.9*oracle {
+			recovery = post[i].End - onset
+			break
+		}
+	}
+	term := median(rates(windows(pts, termAt+time.Second, afterTerm, win), func(w window) float64 { return w.Rate / 1e6 }))
+	t.Logf("reader: %.0f MB/s healthy before onset, %v in the first second after, median %.0f MB/s from onset+3 s = %.0f%% of the oracle (%d KB, %.0f MB/s); recovered (2 s median >= 90%%) %v after onset; %.0f MB/s after SIGTERM",
+		before, fmtRates(slowed), after, 100*after/oracle, bestKB, oracle, recovery.Round(10*time.Millisecond), term)
+	for _, a := range actions {
+		t.Logf("  action %s %s %d->%d KB %s: %s", a.Action, filepath.Base(a.Target), a.FromKB, a.ToKB, a.Result, a.Evidence)
+	}
+
+	// The random reader of the other file: bytes read per page touch from
+	// its own read_bytes (before the daemon ran vs while it acted), and
+	// the request sizes the probe attributed to its file.
+	rp := rnd.points()
+	perTouch := func(from, to time.Duration) (float64, float64) {
+		ws := windows(rp, from, to, time.Second)
+		return median(rates(ws, func(w window) float64 { return w.PerCount / 1024 })), median(rates(ws, func(w window) float64 { return w.Rate }))
+	}
+	noDaemonKB, noDaemonRate := perTouch(sweepStart, sweepEnd)
+	actKB, actRate := perTouch(onset+2*time.Second, end)
+	fmu.Lock()
+	var healthySizes, actSizes []float64
+	for _, s := range sizes {
+		switch {
+		case s.at < onset && s.kb > 0:
+			healthySizes = append(healthySizes, s.kb)
+		case s.at > onset+2*time.Second && s.at < end && s.kb > 0:
+			actSizes = append(actSizes, s.kb)
+		}
+	}
+	fmu.Unlock()
+	t.Logf("random reader of %s: %.0f KB read per touch without the daemon (%.0f touches/s), %.0f KB with the daemon acting (%.0f touches/s); probe's mean request size for its file (%s): %.0f KB before onset, %.0f KB while the daemon acted",
+		filepath.Base(other), noDaemonKB, noDaemonRate, actKB, actRate, otherKey, median(healthySizes), median(actSizes))
+
+	// Acceptance.
+	assert.GreaterOrEqual(t, after, 0.9*oracle, "the reader regains >= 90%% of the best static setting's throughput")
+	assert.True(t, recovery >= 0 && recovery <= 3*time.Second, "recovered within 3 s of onset (took %v)", recovery)
+	require.NotZero(t, noDaemonKB, "the random reader read from the device")
+	assert.InDelta(t, 1, actKB/noDaemonKB, 0.15, "the random reader's bytes per touch do not change (%.0f KB vs %.0f KB)", actKB, noDaemonKB)
+	if len(healthySizes) > 0 && len(actSizes) > 0 {
+		assert.InDelta(t, 1, median(actSizes)/median(healthySizes), 0.15, "the probe sees the same request sizes for the random file")
+	}
+	var actedOnOther bool
+	for _, a := range actions {
+		if a.Target == other || (otherKey != "" && a.Target == otherKey) {
+			actedOnOther = true
+		}
+	}
+	assert.False(t, actedOnOther, "no action on the random reader's file")
+	_ = targetKey
+
+	// SIGTERM restored the device and the open file's window.
+	kb, err := l.ReadAheadKB()
+	require.NoError(t, err)
+	assert.Equal(t, 128, kb, "SIGTERM restores read_ahead_kb")
+	_, err = os.Stat(filepath.Join(stateDir, "originals.json"))
+	assert.True(t, os.IsNotExist(err), "nothing left to restore")
+	assert.Less(t, term, 0.9*after, "after SIGTERM the reader's open file is back at the original window (slower again under the slowdown)")
+}
+
+func fmtRates(v []float64) string {
+	var s []string
+	for _, x := range v {
+		s = append(s, fmt.Sprintf("%.0f", x))
+	}
+	return "[" + strings.Join(s, " ") + "] MB/s"
+}
