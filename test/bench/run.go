@@ -277,14 +277,19 @@ func (e *labEnv) runOne(ctx context.Context, c Case, arm Arm) (res Result, err e
 	defer stopReaders()
 	var wg sync.WaitGroup
 	smp := &sampler{}
-	var readErr error
+	var readErr, rndErr error
 	wg.Add(1)
 	go func() { defer wg.Done(); smp.run(rctx, e.cfg.Sample, e.l.Name, s.bytes.Load) }()
 	wg.Add(1)
 	go func() { defer wg.Done(); readErr = s.run(rctx) }()
 	if rnd != nil {
 		wg.Add(1)
-		go func() { defer wg.Done(); rnd.run(rctx, 42) }()
+		go func() {
+			defer wg.Done()
+			if err := rnd.run(rctx, 42); err != nil {
+				rndErr = fmt.Errorf("random reader: %w", err)
+			}
+		}()
 	}
 
 	select {
@@ -322,6 +327,9 @@ func (e *labEnv) runOne(ctx context.Context, c Case, arm Arm) (res Result, err e
 	}
 	if readErr != nil {
 		return res, readErr
+	}
+	if rndErr != nil {
+		return res, rndErr
 	}
 	if ctx.Err() != nil {
 		return res, ctx.Err()
