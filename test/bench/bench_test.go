@@ -117,3 +117,18 @@ func TestDecisionsAndCostTable(t *testing.T) {
 	assert.Contains(t, md, "![x.png](x.png)")
 	assert.Contains(t, r.Summary(), "decisions=2 reapplied=1")
 }
+
+func TestDedupeActions(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	a := ActionRecord{Action: "file_window", Target: "/x", FromKB: 128, ToKB: 256, Result: "trial", Evidence: "e"}
+	b := a
+	b.Time = t0.Add(30 * time.Microsecond) // the same action, seen by a later poll
+	a.Time = t0
+	c := a
+	c.Time = t0.Add(2 * time.Second) // the same step again, later: a new action
+	d := a
+	d.Result = "kept"
+	out := DedupeActions([]ActionRecord{a, b, d, c})
+	require.Len(t, out, 3)
+	assert.Equal(t, "kept", out[1].Result)
+}

@@ -76,7 +76,6 @@ type Daemon struct {
 	waitErr error
 
 	mu      sync.Mutex
-	seen    map[string]bool
 	actions []ActionRecord
 	regimes map[string]bool
 	stopPol chan struct{}
@@ -112,8 +111,7 @@ func StartDaemon(ctx context.Context, bin, dev, mount, work string) (*Daemon, er
 		return nil, fmt.Errorf("start %s: %w", bin, err)
 	}
 	logf.Close()
-	d := &Daemon{cmd: cmd, addr: addr, LogPath: logf.Name(), done: make(chan struct{}), seen: map[string]bool{},
-		regimes: map[string]bool{}, stopPol: make(chan struct{}), polled: make(chan struct{}), startT: time.Now()}
+	d := &Daemon{cmd: cmd, addr: addr, LogPath: logf.Name(), done: make(chan struct{}), regimes: map[string]bool{}, stopPol: make(chan struct{}), polled: make(chan struct{}), startT: time.Now()}
 	go func() { d.waitErr = cmd.Wait(); close(d.done) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -206,15 +204,31 @@ func (d *Daemon) pollOnce() {
 		d.regimes[r.Kind] = true
 	}
 	for _, a := range st.RecentActions {
-		// A pending action is reported again once judged: keep each state.
-		key := fmt.Sprintf("%d|%s|%s|%d|%d|%s", a.Time.UnixNano(), a.Action, a.Target, a.FromKB, a.ToKB, a.Result)
-		if d.seen[key] {
-			continue
-		}
-		d.seen[key] = true
 		d.actions = append(d.actions, ActionRecord{Time: a.Time, Action: a.Action, Target: a.Target,
 			FromKB: a.FromKB, ToKB: a.ToKB, Result: a.Result, Evidence: a.Evidence})
 	}
+	d.actions = DedupeActions(d.actions)
+}
+
+// DedupeActions drops repeated sightings of one action: /debug/status
+// lists recent actions on every poll, with wall-clock times converted from
+// the daemon's monotonic clock at each request (so they jitter by
+// microseconds). Two entries are one action when everything but the time
+// is equal and the times are within 50 ms.
+func DedupeActions(acts []ActionRecord) []ActionRecord {
+	var out []ActionRecord
+	last := map[string]time.Time{}
+	for _, a := range acts {
+		k := fmt.Sprintf("%s|%s|%d|%d|%s|%s", a.Action, a.Target, a.FromKB, a.ToKB, a.Result, a.Evidence)
+		if t, ok := last[k]; ok {
+			if dt := a.Time.Sub(t); dt < 50*time.Millisecond && dt > -50*time.Millisecond {
+				continue
+			}
+		}
+		last[k] = a.Time
+		out = append(out, a)
+	}
+	return out
 }
 
 // Actions returns the actions seen so far, At relative to onset.

@@ -147,6 +147,9 @@ func Recovery(tl []Point, target, frac float64, sample time.Duration) float64 {
 }
 
 func (r *Report) finish() {
+	for i := range r.Results {
+		r.Results[i].Actions = DedupeActions(r.Results[i].Actions)
+	}
 	for _, g := range r.Groups() {
 		o := g.Oracle()
 		if o == nil {
@@ -158,6 +161,10 @@ func (r *Report) finish() {
 	}
 	r.Targets = r.targets()
 }
+
+// Rescore recomputes recovery times, action lists and targets (after
+// loading a report from results.json).
+func (r *Report) Rescore() { r.finish() }
 
 // Target is one goal checked as a ratio.
 type Target struct {

@@ -29,6 +29,7 @@ func main() {
 		if err == nil {
 			var rep bench.Report
 			if err = json.Unmarshal(b, &rep); err == nil {
+				rep.Rescore()
 				err = bench.Write(&rep, *out)
 			}
 		}
