@@ -135,6 +135,10 @@ func (p *pipeline) Snapshot() (detector.Snapshot, bool) {
 	return p.snap, p.have
 }
 
+// DetectorFiles is the size of the detector's file table and how many
+// files it has dropped, for the metrics that show it stays bounded.
+func (p *pipeline) DetectorFiles() (int, uint64) { return p.det.TrackedFiles(), p.det.Evicted() }
+
 func (p *pipeline) TunerStatus() metrics.TunerStatus {
 	st := p.tun.Status()
 	ts := metrics.TunerStatus{DryRun: st.DryRun, Errors: map[string]uint64{

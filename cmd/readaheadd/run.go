@@ -229,6 +229,9 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 		DeviceName: devName,
 		FilePath:   ctl.FilePath,
 	}
+	if fc, ok := ctl.(interface{ DetectorFiles() (int, uint64) }); ok {
+		sources.DetectorFiles = fc.DetectorFiles
+	}
 	if ln != nil {
 		srv := metrics.NewServer(sources, metrics.NewRegistry(sources), d.health, version, log)
 		wg.Add(1)

@@ -31,6 +31,8 @@ var (
 	descRunTime  = desc("bpf_run_seconds_total", "Kernel CPU time spent in each BPF program (needs kernel.bpf_stats_enabled=1).", "program")
 	descAttached = desc("probe_attached", "1 when the BPF programs are loaded and attached.")
 	descDryRun   = desc("dry_run", "1 when the tuner only logs and exports what it would do.")
+	descTracked  = desc("detector_files_tracked", "Files the detector keeps state for (bounded by its MaxFiles; idle files age out).")
+	descEvicted  = desc("detector_files_evicted_total", "Files whose detector state was dropped: idle too long, or the oldest when the table was full.")
 	descTunerErr = desc("tuner_errors_total", "Tuner operations that did not happen: file_op (a reader's descriptor could not be taken or advised: process exited, file closed or deleted), out_of_scope (a descriptor outside the allow-paths was refused), rate_limited (a sysfs write deferred).", "kind")
 )
 
@@ -45,7 +47,7 @@ func NewCollector(src Sources) *Collector { return &Collector{src: src} }
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLatency, descBytes, descRequests, descRA, descRAOrig,
-		descRegime, descActions, descFiles, descLost, descRunTime, descAttached, descDryRun, descTunerErr} {
+		descRegime, descActions, descFiles, descLost, descRunTime, descAttached, descDryRun, descTunerErr, descTracked, descEvicted} {
 		ch <- d
 	}
 }
@@ -100,6 +102,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		for _, k := range order {
 			ch <- prometheus.MustNewConstMetric(descActions, prometheus.CounterValue, float64(sums[k]), k.dev, k.act, k.res)
 		}
+	}
+
+	if c.src.DetectorFiles != nil {
+		tracked, evicted := c.src.DetectorFiles()
+		ch <- prometheus.MustNewConstMetric(descTracked, prometheus.GaugeValue, float64(tracked))
+		ch <- prometheus.MustNewConstMetric(descEvicted, prometheus.CounterValue, float64(evicted))
 	}
 
 	if c.src.Detector != nil {

@@ -93,6 +93,9 @@ type Sources struct {
 	Probe    func() ProbeStats
 	Detector func() (detector.Snapshot, bool) // the latest evaluation, false before the first
 	Tuner    func() TunerStatus
+	// DetectorFiles reports how many files the detector tracks and how
+	// many it has evicted; optional.
+	DetectorFiles func() (tracked int, evicted uint64)
 	// DeviceName maps a device number to its name in /sys/block; "" if unknown.
 	DeviceName func(probe.Dev) string
 	// FilePath resolves a file for display in /debug/files; optional.
