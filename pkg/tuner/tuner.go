@@ -50,9 +50,17 @@ type ladder struct {
 	// hint is the window Little's law says the reader needs (KB, 0 if
 	// unknown): the first step from base skips steps smaller than it.
 	hint int
+	// Re-probe of a kept file window: when cur last changed, when the
+	// current probe (window back at base) ends, and the period.
+	keptAt     time.Duration
+	probeUntil time.Duration
+	probeEvery time.Duration
 }
 
 func (l *ladder) inForce() int {
+	if l.probeUntil != 0 {
+		return l.base
+	}
 	if l.trial != 0 {
 		return l.trial
 	}
@@ -299,8 +307,15 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	})
 	for _, k := range keys {
 		fd := t.files[k]
-		if _, needed := fileNeeds[k]; needed {
-			t.driveFile(fd, true)
+		_, needed := fileNeeds[k]
+		if fd.win.probeUntil != 0 {
+			t.reprobeJudge(fd, needed)
+			continue
+		}
+		if needed {
+			if !t.reprobeStart(fd) {
+				t.driveFile(fd, true)
+			}
 			continue
 		}
 		// StarvedStream clearing while the file is still read with the
@@ -604,6 +619,72 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 	return measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50}
 }
 
+// reprobeStart drops a file window kept for long enough back to the
+// device's window, to learn whether its regime is over: under a window
+// that keeps the device bandwidth-saturated the detector cannot tell and
+// holds the regime. It reports whether it started a probe.
+func (t *Tuner) reprobeStart(fd *fileDec) bool {
+	now := t.deps.Clock.Now()
+	l := &fd.win
+	if t.cfg.DryRun || l.trial != 0 || fd.pf.inForce() != 0 || l.cur <= l.base ||
+		slices.Contains(fd.regimes, detector.StarvedStream) { // starved: the window is visibly needed
+		return false
+	}
+	if l.probeEvery == 0 {
+		l.probeEvery = t.cfg.ReprobeAfter
+	}
+	if now-l.keptAt < l.probeEvery {
+		return false
+	}
+	if err := t.pinFile(fd, l.base, nil, true); err != nil {
+		if !errors.Is(err, errRateLimited) {
+			l.keptAt = now // try again a period later
+			t.log.Debug("tuner: re-probe not started", "file", fd.key.String(), "err", err)
+		}
+		return false
+	}
+	l.probeUntil = now + t.cfg.ReprobeHold
+	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
+		FromKB: l.cur, ToKB: l.base, Result: ResultTrial,
+		Evidence: fmt.Sprintf("re-probe: window kept for %v under regimes %v; back to the device's window for %v to see whether the regime is over", (now - l.keptAt).Round(time.Second), fd.regimes, t.cfg.ReprobeHold)})
+	return true
+}
+
+// reprobeJudge ends a re-probe: the regime cleared at the device's window
+// (the decision ends), or it persisted for ReprobeHold (the kept window is
+// put back and the next probe waits twice as long).
+func (t *Tuner) reprobeJudge(fd *fileDec, needed bool) {
+	now := t.deps.Clock.Now()
+	l := &fd.win
+	if !needed {
+		kept := l.cur
+		l.probeUntil, l.cur = 0, l.base
+		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
+			FromKB: kept, ToKB: l.base, Result: ResultUndone,
+			Evidence: fmt.Sprintf("re-probe: no regime at the device's window (was %v): the %d KB window is no longer needed", fd.regimes, kept)})
+		t.undoFile(fd, "re-probe ended the decision") // stops prefetch; the window is already back
+		delete(t.files, fd.key)
+		return
+	}
+	fd.lastNeeded = now
+	if now < l.probeUntil {
+		return
+	}
+	if err := t.pinFile(fd, l.cur, nil, true); err != nil && !errors.Is(err, errNoReaders) {
+		if errors.Is(err, errRateLimited) {
+			return // next interval
+		}
+		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindow,
+			FromKB: l.base, ToKB: l.cur, Result: ResultFailed, Evidence: "re-probe: putting the kept window back failed: " + err.Error()})
+	} else {
+		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindow,
+			FromKB: l.base, ToKB: l.cur, Result: ResultKept,
+			Evidence: fmt.Sprintf("re-probe: regimes %v persist at the device's window after %v; the kept window is back, next re-probe in %v", fd.regimes, t.cfg.ReprobeHold, min(2*l.probeEvery, t.cfg.BackoffMax))})
+	}
+	l.probeUntil, l.keptAt = 0, now
+	l.probeEvery = min(2*l.probeEvery, t.cfg.BackoffMax)
+}
+
 // windowHint is the window (KB) that keeps enough bytes in flight to hide
 // the file's median latency at the device's learned capacity (Little's
 // law), 0 when the detector has not measured both.
@@ -690,7 +771,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 			return t.undoStep(l, now, ev, apply, act)
 		}
 		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)
-		l.cur, l.trial, l.failures = l.trial, 0, 0
+		l.cur, l.trial, l.failures, l.keptAt = l.trial, 0, 0, now
 		// The next step follows at once, measured against this one: a
 		// slowed reader regains its throughput one interval per step,
 		// not two.

@@ -653,3 +653,67 @@ func TestJudgingAfterTheRegimeEndedTakesNoNewStep(t *testing.T) {
 	assert.Empty(t, filter(acts, KindFileWindow, ResultTrial), "no new step without a regime")
 	assert.Equal(t, 256, r.files.window[key])
 }
+
+func TestReprobeEndsAWindowWhoseRegimeIsOver(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, Grace: time.Hour, ReprobeAfter: 20 * time.Second}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	// The detector holds the shift as long as the window is raised (a
+	// saturated device), and clears it once the window is back at 128.
+	held := func() detector.Snapshot {
+		if r.files.window[key] > 128 {
+			return r.snap(detector.FileLatencyShift, key)
+		}
+		return r.snap("", key)
+	}
+	acts := r.run(5, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	require.Equal(t, 512, r.files.window[key], "knee at 512")
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultKept))
+
+	acts = r.run(30, held)
+	probes := filter(acts, KindFileWindowUndo, ResultTrial)
+	require.Len(t, probes, 1, "one re-probe once the window was kept for ReprobeAfter")
+	assert.Contains(t, probes[0].Evidence, "re-probe")
+	undone := filter(acts, KindFileWindowUndo, ResultUndone)
+	require.Len(t, undone, 1)
+	assert.Equal(t, 512, undone[0].FromKB)
+	assert.Equal(t, 128, undone[0].ToKB)
+	assert.Equal(t, 128, r.files.window[key])
+	assert.Empty(t, r.tn.Status().Files, "the decision ended")
+	assert.Equal(t, 128, r.sys.get("sdb"))
+}
+
+func TestReprobePutsTheWindowBackWhileTheRegimeLasts(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, Grace: time.Hour, ReprobeAfter: 20 * time.Second, BackoffMax: time.Minute}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	slowed := func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) }
+	r.run(5, slowed)
+	require.Equal(t, 512, r.files.window[key])
+
+	var probesAt []time.Duration
+	var atBase int
+	for i := 0; i < 150; i++ {
+		r.clk.Advance(time.Second)
+		for _, a := range r.tn.Step(slowed()) {
+			if a.Kind == KindFileWindowUndo && a.Result == ResultTrial {
+				probesAt = append(probesAt, a.Time)
+			}
+			if a.Kind == KindFileWindow && a.Result == ResultTrial && a.FromKB == 128 {
+				t.Fatalf("no escalation from the probe's base window: %+v", a)
+			}
+		}
+		if r.files.window[key] == 128 {
+			atBase++
+		}
+	}
+	require.GreaterOrEqual(t, len(probesAt), 3)
+	// Each probe holds 3 s; the period doubles after each: 40 s, then 60 s
+	// (capped at BackoffMax).
+	assert.Equal(t, []time.Duration{43 * time.Second, 63 * time.Second}, []time.Duration{probesAt[1] - probesAt[0], probesAt[2] - probesAt[1]})
+	assert.Equal(t, 512, r.files.window[key], "the kept window is back after each probe")
+	assert.LessOrEqual(t, atBase, 3*len(probesAt), "only the probes' intervals ran at the base window")
+	assert.NotEmpty(t, r.tn.Status().Files)
+}

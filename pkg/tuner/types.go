@@ -56,6 +56,18 @@ type Config struct {
 	// MinSequentiality is the least FileStats.Sequentiality for prefetch
 	// (default 0.6).
 	MinSequentiality float64
+	// ReprobeAfter: a file window kept this long is dropped back to the
+	// device's window for ReprobeHold to learn whether its regime is over
+	// (default 1m; doubled after each re-probe that found the regime still
+	// there, up to BackoffMax). A window that keeps the device
+	// bandwidth-saturated hides whether the file is still slow: the
+	// detector then holds the regime, and only backing off tells.
+	ReprobeAfter time.Duration
+	// ReprobeHold is how long a re-probe holds the device's window before
+	// restoring the kept one if the regime persists (default 3 x Settle:
+	// the detector clears a regime after two evaluations below its exit
+	// threshold).
+	ReprobeHold time.Duration
 	// DryRun logs and reports what would be done without writing anything.
 	DryRun bool
 	// DisablePrefetch turns the prefetch actuator off.
@@ -82,6 +94,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BackoffMax == 0 {
 		c.BackoffMax = 5 * time.Minute
+	}
+	if c.ReprobeAfter == 0 {
+		c.ReprobeAfter = time.Minute
+	}
+	if c.ReprobeHold == 0 {
+		c.ReprobeHold = 3 * c.Settle
 	}
 	if c.Grace == 0 {
 		c.Grace = 10 * time.Second

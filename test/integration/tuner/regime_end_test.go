@@ -1,0 +1,69 @@
+package tuner
+
+import (
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/test/lab"
+)
+
+// TestWindowUndoneAfterSlowdownEnds: once a permanent slowdown ends, the
+// window the daemon kept on the reader's open file is taken back, even
+// though the larger window keeps the device bandwidth-saturated (where
+// latency cannot tell a slowed file from queueing, and the detector holds
+// the regime): the tuner has to back off to find out.
+func TestWindowUndoneAfterSlowdownEnds(t *testing.T) {
+	needRoot(t)
+	l := newLab(t)
+	target, err := l.WriteFile("blk_target", 256)
+	require.NoError(t, err)
+	other, err := l.WriteFile("index_other", 512)
+	require.NoError(t, err)
+	daemonBin(t)
+	// As in the acceptance test, a random reader of another file shares
+	// the device (and gives the detector peers to compare the file with).
+	startChild(t, "random", other).goRead(t)
+	d := runDaemon(t, l, filepath.Join(t.TempDir(), "state"))
+	require.NoError(t, lab.DropFileCache(target))
+	seq := startChild(t, "seq", target)
+	seq.goRead(t)
+	time.Sleep(6 * time.Second)
+	require.NoError(t, l.SetPermanent(slowdown, target))
+
+	kept := func() bool {
+		for _, a := range d.actions() {
+			if a.Action == "file_window" && a.Result == "kept" {
+				return true
+			}
+		}
+		return false
+	}
+	require.Eventually(t, kept, 15*time.Second, 100*time.Millisecond, "a file window is kept under the slowdown")
+	time.Sleep(5 * time.Second) // the window settles at its knee
+	require.NoError(t, l.Clear())
+	end := time.Now()
+	t.Logf("slowdown ended")
+
+	var undoneAfter time.Duration
+	deadline := end.Add(90 * time.Second)
+	for time.Now().Before(deadline) && undoneAfter == 0 {
+		for _, a := range d.actions() {
+			if a.Action == "file_window_undo" && a.Result == "undone" && a.Time.After(end) && a.ToKB == 128 {
+				undoneAfter = time.Since(end)
+				t.Logf("undone %v after the slowdown ended: %s", undoneAfter.Round(100*time.Millisecond), a.Evidence)
+			}
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	for _, a := range d.actions() {
+		t.Logf("  %s %s %s %d->%d %s: %s", a.Time.Format("15:04:05.0"), a.Action, filepath.Base(a.Target), a.FromKB, a.ToKB, a.Result, a.Evidence)
+	}
+	assert.NotZero(t, undoneAfter, "the file window is taken back after the slowdown ends")
+	assert.True(t, seq.alive())
+	assert.Equal(t, 0, d.signal(t, syscall.SIGTERM))
+}
