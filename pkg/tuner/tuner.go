@@ -105,6 +105,7 @@ type readerInfo struct {
 	lastSeen  time.Duration
 	raKB      int // the open file's window as the last event saw it
 	appliedKB int // window the tuner last pinned on its descriptors
+	appliedAt time.Duration
 	pending   bool
 }
 
@@ -219,7 +220,10 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 	r.lastSeen = now
 	r.raKB = int(ev.RaPages) * probe.PageSize / 1024
 	if fd := t.files[ev.File]; fd != nil {
-		if w := fd.win.inForce(); w > fd.win.base && r.raKB < w {
+		// Events emitted before the last pin (still queued in the ring
+		// buffer) show the old window of a descriptor already pinned.
+		stale := ev.Time != 0 && ev.Time < r.appliedAt
+		if w := fd.win.inForce(); w > fd.win.base && r.raKB < w && !stale {
 			// A descriptor opened after the decision (HDFS opens the
 			// block file per read): apply within the interval.
 			r.pending = true
@@ -604,7 +608,7 @@ func (t *Tuner) pinFile(fd *fileDec, kb int, tgids map[uint32]bool, limit bool) 
 	}
 	for tgid := range seen {
 		if r := t.readers[fd.key][tgid]; r != nil {
-			r.appliedKB, r.pending = kb, false
+			r.appliedKB, r.pending, r.appliedAt = kb, false, t.deps.Clock.Now()
 		}
 	}
 	_ = n

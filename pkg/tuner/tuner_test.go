@@ -717,3 +717,24 @@ func TestReprobePutsTheWindowBackWhileTheRegimeLasts(t *testing.T) {
 	assert.LessOrEqual(t, atBase, 3*len(probesAt), "only the probes' intervals ran at the base window")
 	assert.NotEmpty(t, r.tn.Status().Files)
 }
+
+func TestEventsQueuedBeforeAPinDoNotRepinTheSameReader(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	r.run(1, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	require.Equal(t, 256, r.files.window[key])
+	pinnedAt := r.clk.Now()
+	dups := r.files.dups
+	// An event the reader emitted just before the pin, read afterwards.
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Time: pinnedAt - time.Millisecond, Tgid: 100, File: key, Device: sdb, RaPages: 32})
+	assert.Empty(t, r.tn.ApplyPending(), "no second pin for the same descriptor")
+	assert.Equal(t, dups, r.files.dups)
+	// A descriptor opened after the pin (HDFS opens a block file per read).
+	r.clk.Advance(10 * time.Millisecond)
+	r.files.open(100, 8, p, key)
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Time: r.clk.Now(), Tgid: 100, File: key, Device: sdb, RaPages: 32})
+	acts := r.tn.ApplyPending()
+	require.Len(t, filter(acts, KindFileWindow, ResultApplied), 1)
+}
