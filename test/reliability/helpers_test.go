@@ -163,9 +163,17 @@ func startDaemon(t *testing.T, args ...string) *daemon {
 
 func startDaemonNoWait(t *testing.T, args ...string) *daemon {
 	t.Helper()
+	return startDaemonIn(t, nil, args...)
+}
+
+// startDaemonIn starts the daemon behind wrapper (a command that ends by
+// exec'ing its arguments, so that the process is the daemon itself), without
+// waiting for it to be healthy.
+func startDaemonIn(t *testing.T, wrapper []string, args ...string) *daemon {
+	t.Helper()
 	d := &daemon{Addr: freeAddr(t), Logs: &syncBuffer{}, done: make(chan struct{})}
-	argv := append([]string{"run", "--metrics-addr", d.Addr}, args...)
-	d.cmd = exec.Command(bin, argv...)
+	argv := append(append(append([]string(nil), wrapper...), bin, "run", "--metrics-addr", d.Addr), args...)
+	d.cmd = exec.Command(argv[0], argv[1:]...)
 	d.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET=")
 	d.cmd.Stdout, d.cmd.Stderr = d.Logs, d.Logs
 	require.NoError(t, d.cmd.Start())
@@ -183,7 +191,9 @@ func startDaemonNoWait(t *testing.T, args ...string) *daemon {
 			}
 		}
 		if t.Failed() {
-			t.Logf("daemon log (tail):\n%s", tail(d.Logs.String(), 60))
+			full := filepath.Join(os.TempDir(), "readaheadd-"+strings.ReplaceAll(t.Name(), "/", "_")+".log")
+			_ = os.WriteFile(full, []byte(d.Logs.String()), 0o644)
+			t.Logf("daemon log (tail; all of it in %s):\n%s", full, tail(d.Logs.String(), 60))
 		}
 	})
 	return d
