@@ -99,3 +99,11 @@ bench: labfs build
 # Skips without root.
 bench-short: labfs build
 	READAHEADD_BIN=$(CURDIR)/$(BIN)/readaheadd 	$(GOTEST) -count=1 -timeout 20m -v -run 'TestBenchShort|TestRecovery|TestTargets' ./test/bench/
+
+# The full soak (root, about 11 minutes): the daemon under churning
+# sequential readers, random readers and many small files while the lab's
+# regimes switch; prints memory, goroutines, tracked files, lost events and
+# actions over time. See docs/reliability.md.
+.PHONY: soak
+soak: labfs
+	READAHEADD_BENCH=full $(GOTEST) -count=1 -timeout 20m -v -run '^TestSoak$$' ./test/reliability/
