@@ -827,9 +827,16 @@ func (t *Tuner) undoStep(l *ladder, now time.Duration, ev string, apply func(int
 		l.retryAt = now + t.backoff(l.failures)
 		ev += fmt.Sprintf("; backing off %v", t.backoff(l.failures))
 	} else {
+		// A knee found by one noisy interval would hold the window short
+		// for BackoffMax: confirm it once, BackoffBase later.
 		l.knee = true
-		l.retryAt = now + t.cfg.BackoffMax
-		ev += fmt.Sprintf("; knee at %d KB", l.cur)
+		l.failures++
+		wait := t.cfg.BackoffMax
+		if l.failures == 1 {
+			wait = t.cfg.BackoffBase
+		}
+		l.retryAt = now + wait
+		ev += fmt.Sprintf("; knee at %d KB, probing further in %v", l.cur, wait)
 	}
 	act(undoOf(l.kind), from, l.cur, ResultUndone, ev)
 	return true

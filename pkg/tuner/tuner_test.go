@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -244,17 +245,26 @@ func TestEscalatesGeometricallyAndStopsAtTheKnee(t *testing.T) {
 		t.Logf("%v %s %d->%d %s %s", a.Time, a.Kind, a.FromKB, a.ToKB, a.Result, a.Evidence)
 	}
 
+	// The knee is confirmed once, BackoffBase later, then left for
+	// BackoffMax.
 	trials := filter(acts, KindFileWindow, ResultTrial)
-	require.Len(t, trials, 3)
-	assert.Equal(t, [][2]int{{128, 256}, {256, 512}, {512, 1024}},
-		[][2]int{{trials[0].FromKB, trials[0].ToKB}, {trials[1].FromKB, trials[1].ToKB}, {trials[2].FromKB, trials[2].ToKB}})
+	require.Len(t, trials, 4)
+	var steps [][2]int
+	for _, a := range trials {
+		steps = append(steps, [2]int{a.FromKB, a.ToKB})
+	}
+	assert.Equal(t, [][2]int{{128, 256}, {256, 512}, {512, 1024}, {512, 1024}}, steps)
+	assert.Equal(t, 2*time.Second+time.Second, trials[3].Time-trials[2].Time, "judged after 1 s, retried 2 s later")
 	kept := filter(acts, KindFileWindow, ResultKept)
 	require.Len(t, kept, 2)
 	undone := filter(acts, KindFileWindowUndo, ResultUndone)
-	require.Len(t, undone, 1)
-	assert.Equal(t, 1024, undone[0].FromKB)
-	assert.Equal(t, 512, undone[0].ToKB, "the knee keeps the previous step")
-	assert.Contains(t, undone[0].Evidence, "knee")
+	require.Len(t, undone, 2)
+	for _, u := range undone {
+		assert.Equal(t, 1024, u.FromKB)
+		assert.Equal(t, 512, u.ToKB, "the knee keeps the previous step")
+		assert.Contains(t, u.Evidence, "knee")
+	}
+	assert.Contains(t, undone[1].Evidence, "probing further in 5m0s", "a confirmed knee waits BackoffMax")
 	assert.Equal(t, 512, r.files.window[key])
 	assert.Equal(t, 128, r.sys.get("sdb"), "the device is back at its value after every pin")
 
@@ -265,7 +275,8 @@ func TestEscalatesGeometricallyAndStopsAtTheKnee(t *testing.T) {
 		assert.Equal(t, AdviceNormal, c.advice)
 	}
 	assert.Equal(t, 512, r.files.calls[1].devKB)
-	assert.Equal(t, []write{{"sdb", 512}, {"sdb", 128}, {"sdb", 1024}, {"sdb", 128}, {"sdb", 512}, {"sdb", 128}}, r.sys.writes)
+	assert.Equal(t, []write{{"sdb", 512}, {"sdb", 128}, {"sdb", 1024}, {"sdb", 128}, {"sdb", 512}, {"sdb", 128},
+		{"sdb", 1024}, {"sdb", 128}, {"sdb", 512}, {"sdb", 128}}, r.sys.writes)
 	assert.Equal(t, r.files.dups, r.files.closed, "every taken descriptor is closed")
 
 	// The original was recorded before the first write.
@@ -546,7 +557,8 @@ func TestDeviceWideRegimeIsJudgedOnTheDevice(t *testing.T) {
 			Devices: []detector.DeviceStats{{Device: sdb, BusyThroughput: tput}},
 			Regimes: []detector.Regime{{Kind: detector.TailInflation, Device: sdb, Evidence: "p99 up"}}}
 	}
-	acts := r.run(6, mk)
+	// 256 kept, 512 undone at the knee (confirmed only after BackoffBase).
+	acts := r.run(4, mk)
 	assert.Len(t, filter(acts, KindDeviceWindow, ResultKept), 1)
 	assert.Len(t, filter(acts, KindDeviceWindowUndo, ResultUndone), 1)
 	assert.Equal(t, 256, r.sys.get("sdb"))
@@ -675,7 +687,12 @@ func TestReprobeEndsAWindowWhoseRegimeIsOver(t *testing.T) {
 	probes := filter(acts, KindFileWindowUndo, ResultTrial)
 	require.Len(t, probes, 1, "one re-probe once the window was kept for ReprobeAfter")
 	assert.Contains(t, probes[0].Evidence, "re-probe")
-	undone := filter(acts, KindFileWindowUndo, ResultUndone)
+	var undone []Action
+	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
+		if strings.Contains(a.Evidence, "re-probe") {
+			undone = append(undone, a)
+		}
+	}
 	require.Len(t, undone, 1)
 	assert.Equal(t, 512, undone[0].FromKB)
 	assert.Equal(t, 128, undone[0].ToKB)
