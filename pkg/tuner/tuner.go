@@ -690,18 +690,23 @@ func (t *Tuner) reprobeJudge(fd *fileDec, needed bool) {
 }
 
 // windowHint is the window (KB) that keeps enough bytes in flight to hide
-// the file's median latency at the device's learned capacity (Little's
-// law), 0 when the detector has not measured both.
+// the file's p95 latency at the device's learned capacity (Little's law),
+// 0 when the detector has not measured both. The p95, not the median: a
+// sequential reader stalls on the slowest request of its window.
 func (t *Tuner) windowHint(k probe.FileKey) int {
 	fs, ok := t.fstats[k]
-	if !ok || fs.P50 <= 0 {
+	if !ok {
 		return 0
+	}
+	lat := fs.P95
+	if lat <= 0 {
+		lat = fs.P50
 	}
 	ds, ok := t.dstats[fs.Device]
-	if !ok || ds.CapacityBPS <= 0 {
+	if !ok || ds.CapacityBPS <= 0 || lat <= 0 {
 		return 0
 	}
-	return int(fs.P50.Seconds() * ds.CapacityBPS / 1024)
+	return int(lat.Seconds() * ds.CapacityBPS / 1024)
 }
 
 func (t *Tuner) devMeasure(dev probe.Dev) measure {

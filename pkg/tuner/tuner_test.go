@@ -612,12 +612,13 @@ func TestFirstStepSizedByLittlesLaw(t *testing.T) {
 	r.tput = kneeModel
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.reader(100, 7, p, key)
-	// 3 ms median at a 150 MB/s capacity: about 440 KB must be in flight,
+	// 3 ms p95 at a 150 MB/s capacity: about 440 KB must be in flight,
 	// so 256 KB cannot be enough and the first step is 512 KB.
 	mk := func() detector.Snapshot {
 		s := r.snap(detector.FileLatencyShift, key)
 		s.Devices[0].CapacityBPS = 150e6
-		s.Files[0].P50 = 3 * time.Millisecond
+		s.Files[0].P50 = 2 * time.Millisecond
+		s.Files[0].P95 = 3 * time.Millisecond
 		return s
 	}
 	acts := r.run(1, mk)

@@ -510,6 +510,25 @@ func (d *daemon) files(ctx context.Context) ([]fileEntry, error) {
 	return wrap.Files, nil
 }
 
+type regimeEntry struct {
+	Kind  string  `json:"kind"`
+	File  string  `json:"file"` // path, or major:minor/inode
+	Since float64 `json:"since_monotonic_seconds"`
+}
+
+func (d *daemon) regimes() []regimeEntry {
+	resp, err := http.Get("http://" + d.addr + "/debug/status")
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Regimes []regimeEntry `json:"regimes"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&st)
+	return st.Regimes
+}
+
 type actionEntry struct {
 	Time     time.Time `json:"time"`
 	Action   string    `json:"action"`
