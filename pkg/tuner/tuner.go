@@ -137,6 +137,8 @@ type fileDec struct {
 	lastNeeded time.Duration
 	outOfScope bool
 	scopeAt    time.Duration
+	// notSeqLogged: the file was found not sequential (logged once).
+	notSeqLogged bool
 }
 
 // Tuner is the closed-loop actuator. Its methods are safe for concurrent use.
@@ -724,6 +726,18 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		return
 	}
 	why := fmt.Sprintf("regimes %v", fd.regimes)
+	// A larger window only helps a sequential reader. On a random (mmap)
+	// reader every fault reads the whole window: its busy throughput
+	// rises while the reads it needs become slower, so the closed loop
+	// would keep the step. No new step for such a file.
+	if fs, ok := t.fstats[fd.key]; ok && fs.Sequentiality < t.cfg.MinSequentiality && fd.win.trial == 0 && fd.pf.trial == 0 {
+		if !fd.notSeqLogged {
+			fd.notSeqLogged = true
+			t.log.Info("tuner: file is not read sequentially; no window action", "file", fd.key.String(), "regimes", fd.regimes,
+				"sequentiality", fs.Sequentiality, "min_sequentiality", t.cfg.MinSequentiality)
+		}
+		return
+	}
 	m := t.fileMeasure(fd.key)
 	fd.win.hint = t.windowHint(fd.key)
 	applyWin := func(kb int) error { return t.pinFile(fd, kb, nil, true) }

@@ -756,3 +756,20 @@ func TestEventsQueuedBeforeAPinDoNotRepinTheSameReader(t *testing.T) {
 	acts := r.tn.ApplyPending()
 	require.Len(t, filter(acts, KindFileWindow, ResultApplied), 1)
 }
+
+func TestNoWindowForARandomReader(t *testing.T) {
+	r := newRig(t, Config{}, nil)
+	// A bigger window makes a random mmap reader's faults read more, so its
+	// busy throughput rises: the loop must not get to see that.
+	r.tput = func(kb int) float64 { return float64(kb) * 1e5 }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "index")
+	r.reader(100, 7, p, key)
+	acts := r.run(10, func() detector.Snapshot {
+		s := r.snap(detector.ExtentStart, key)
+		s.Files[0].Sequentiality = 0.05
+		return s
+	})
+	assert.Empty(t, acts)
+	assert.Equal(t, 128, r.files.window[key])
+	assert.Empty(t, r.sys.writes)
+}

@@ -53,8 +53,9 @@ type Config struct {
 	PrefetchStartKB, PrefetchMaxKB int
 	// PrefetchBytesPerSec is each device's prefetch budget (default 64 MiB/s).
 	PrefetchBytesPerSec float64
-	// MinSequentiality is the least FileStats.Sequentiality for prefetch
-	// (default 0.6).
+	// MinSequentiality is the least FileStats.Sequentiality for a file
+	// window step or prefetch (default 0.6): more readahead only helps a
+	// sequential reader, and costs a random one.
 	MinSequentiality float64
 	// ReprobeAfter: a file window kept this long is dropped back to the
 	// device's window for ReprobeHold to learn whether its regime is over
