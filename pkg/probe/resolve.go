@@ -30,6 +30,20 @@ type Resolver struct {
 // maxReadersPerFile bounds what a Resolver remembers per file.
 const maxReadersPerFile = 4
 
+// maxResolverFiles bounds how many files a Resolver remembers: a DataNode
+// reads millions of block files over its life, and display names are worth
+// keeping only for the recent ones.
+const maxResolverFiles = 8192
+
+// evictOne makes room in m by dropping an arbitrary entry (map iteration
+// order is random, which spreads evictions without bookkeeping).
+func evictOne[V any](m map[FileKey]V) {
+	for k := range m {
+		delete(m, k)
+		return
+	}
+}
+
 func (r *Resolver) proc(elem ...string) string {
 	root := r.ProcRoot
 	if root == "" {
@@ -57,6 +71,9 @@ func (r *Resolver) Observe(e ReadaheadEvent) {
 	if len(rs) >= maxReadersPerFile {
 		rs = rs[1:]
 	}
+	if rs == nil && len(r.readers) >= maxResolverFiles {
+		evictOne(r.readers)
+	}
 	r.readers[e.File] = append(rs, e.Tgid)
 }
 
@@ -74,6 +91,9 @@ func (r *Resolver) Resolve(k FileKey) (string, bool) {
 			r.mu.Lock()
 			if r.cache == nil {
 				r.cache = map[FileKey]string{}
+			}
+			if _, ok := r.cache[k]; !ok && len(r.cache) >= maxResolverFiles {
+				evictOne(r.cache)
 			}
 			r.cache[k] = p
 			r.mu.Unlock()

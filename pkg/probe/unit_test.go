@@ -253,3 +253,21 @@ func TestResolverFallbacks(t *testing.T) {
 	r.Forget(unknown)
 	assert.Empty(t, r.readers[unknown])
 }
+
+// The resolver forgets old files rather than growing with every file a
+// long-running DataNode ever reads.
+func TestResolverIsBounded(t *testing.T) {
+	r := &Resolver{ProcRoot: t.TempDir()}
+	for i := 0; i < 3*maxResolverFiles; i++ {
+		r.Observe(ReadaheadEvent{Tgid: 42, File: FileKey{Dev: MkDev(7, 0), Ino: uint64(i + 1)}})
+	}
+	r.mu.Lock()
+	n := len(r.readers)
+	r.mu.Unlock()
+	assert.LessOrEqual(t, n, maxResolverFiles)
+	// The newest file is still known.
+	r.mu.Lock()
+	_, ok := r.readers[FileKey{Dev: MkDev(7, 0), Ino: uint64(3 * maxResolverFiles)}]
+	r.mu.Unlock()
+	assert.True(t, ok)
+}
