@@ -114,7 +114,19 @@ func (p *pipeline) Step(now time.Duration) {
 	}
 }
 
-func (p *pipeline) ApplyPending() { p.count(p.tun.ApplyPending()) }
+// ApplyPending runs between Steps (every ~100 ms): the detector's fast path
+// for strongly slowed files that have no regime yet (a block file the
+// DataNode has just opened), the tuner's first step on them, and kept
+// decisions on newly opened descriptors.
+func (p *pipeline) ApplyPending() {
+	if snap := p.det.FastPath(p.clk.Now()); len(snap.Regimes) > 0 {
+		for _, r := range snap.Regimes {
+			p.log.Info("detector: regime entered by the fast path", "regime", r.Kind, "file", r.File.String(), "evidence", r.Evidence)
+		}
+		p.count(p.tun.Fast(snap))
+	}
+	p.count(p.tun.ApplyPending())
+}
 
 // count accumulates actions for readaheadd_actions_total: the action label
 // is the knob (an undo counts under its knob with result "undone").

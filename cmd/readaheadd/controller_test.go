@@ -129,3 +129,51 @@ func TestPipelineKeepsBaselineAcrossRestarts(t *testing.T) {
 	}
 	require.NoError(t, st.Close())
 }
+
+func TestPipelineFastPathEntersAStrongShiftBetweenSteps(t *testing.T) {
+	sys := fakeSysfs(t, map[string]int{"sdx": 256})
+	c := config.Default()
+	c.Devices = []string{"sdx"}
+	c.StateDir = filepath.Join(t.TempDir(), "state")
+	v, err := config.Validate(c, sys)
+	require.NoError(t, err)
+	st, err := state.Open(v.StateDir, state.Options{BootID: "b"})
+	require.NoError(t, err)
+	defer st.Close()
+	clk := clock.NewFake(time.Hour)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctl, err := newController(controlDeps{cfg: v, sys: sys, clk: clk, store: st, log: log})
+	require.NoError(t, err)
+	p := ctl.(*pipeline)
+	dev := v.Disks[0].Dev
+	feed := func(ino uint64, n int, lat time.Duration, span time.Duration) {
+		var next uint64
+		for i := 0; i < n; i++ {
+			clk.Advance(span / time.Duration(n))
+			p.HandleRecord(probe.Record{Device: dev, Bytes: 131072, Issue: clk.Now() - lat, Latency: lat, Sector: ino<<24 + next*256,
+				Kind: probe.KindFile, File: probe.FileKey{Dev: dev, Ino: ino}, Offset: next * 131072, Depth: 1})
+			next++
+		}
+	}
+	// A healthy baseline.
+	for s := 0; s < 6; s++ {
+		feed(7, 100, 500*time.Microsecond, time.Second)
+		p.Step(clk.Now())
+	}
+	// A newly opened file read at three times the baseline latency.
+	feed(9, 40, 1500*time.Microsecond, 300*time.Millisecond)
+	fastAt := clk.Now()
+	p.ApplyPending()
+	clk.Advance(700 * time.Millisecond)
+	p.Step(clk.Now())
+	snap, ok := p.Snapshot()
+	require.True(t, ok)
+	var found bool
+	for _, r := range snap.Regimes {
+		if r.File.Ino == 9 {
+			found = true
+			assert.Equal(t, fastAt, r.Since, "entered between steps, by the fast path")
+		}
+	}
+	assert.True(t, found, "regimes: %+v", snap.Regimes)
+}

@@ -128,6 +128,17 @@ type Config struct {
 	// its reader (a client at its link rate), not starved by latency.
 	StarvedMinBusy float64
 
+	// FastShiftMult: the fast path (FastPath) enters a sequential file's
+	// FileLatencyShift between evaluations once the median of its last
+	// FastMinSamples requests is at least this multiple of the baseline
+	// median of their size class (and their p95 ShiftTailMult times the
+	// baseline p95). Well above ShiftMult: a strong shift needs no
+	// hysteresis. Zero disables the fast path.
+	FastShiftMult float64
+	// FastMinSamples is how many of a file's most recent requests the fast
+	// path judges (within the last Window).
+	FastMinSamples int
+
 	// MaxFiles caps tracked files (least recently seen evicted first).
 	MaxFiles int
 	// FileIdleTimeout evicts files not read for this long.
@@ -183,6 +194,9 @@ func DefaultConfig() Config {
 		StarvedDeviceSpare:    0.85,
 		StarvedMinBusy:        0.9,
 
+		FastShiftMult:  1.5,
+		FastMinSamples: 32,
+
 		MaxFiles:        4096,
 		FileIdleTimeout: time.Minute,
 	}
@@ -235,6 +249,9 @@ func (c Config) Validate() error {
 	}
 	if c.StarvedDeviceSpare < c.StarvedThroughputFrac || c.StarvedDeviceSpare > 1 {
 		errs = append(errs, errors.New("detector config: need StarvedThroughputFrac <= StarvedDeviceSpare <= 1"))
+	}
+	if c.FastShiftMult != 0 && (c.FastShiftMult < c.ShiftMult || c.FastMinSamples < 1) {
+		errs = append(errs, errors.New("detector config: need FastShiftMult >= ShiftMult and FastMinSamples >= 1 (or FastShiftMult 0: no fast path)"))
 	}
 	if c.ShiftTailMult < 1 || c.ShiftDepthMult < 1 {
 		errs = append(errs, errors.New("detector config: need ShiftTailMult >= 1 and ShiftDepthMult >= 1"))

@@ -139,6 +139,8 @@ type fileDec struct {
 	scopeAt    time.Duration
 	// notSeqLogged: the file was found not sequential (logged once).
 	notSeqLogged bool
+	// atCapLogged: the file was found at the device's capacity (logged once).
+	atCapLogged bool
 }
 
 // Tuner is the closed-loop actuator. Its methods are safe for concurrent use.
@@ -369,6 +371,57 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	t.prefetchAll()
 	t.applyPendingLocked()
 	t.pruneReaders(now)
+	return t.out
+}
+
+// Fast acts at once on the regimes the detector's fast path entered
+// (detector.FastPath, between Steps): each file that has no decision yet
+// gets one and its first step, sized by Little's law from the snapshot's
+// file p95 and device capacity, without waiting for the next Step. The step
+// is judged at the first Step one Settle later, as any other. The snapshot
+// holds only the fast path's files and devices; the rest of the tuner's
+// view is left as the last Step saw it.
+func (t *Tuner) Fast(snap detector.Snapshot) []Action {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.out = nil
+	if len(snap.Regimes) == 0 || t.scope.Empty() {
+		return nil
+	}
+	now := t.deps.Clock.Now()
+	if t.fstats == nil {
+		t.fstats = map[probe.FileKey]detector.FileStats{}
+	}
+	if t.dstats == nil {
+		t.dstats = map[probe.Dev]detector.DeviceStats{}
+	}
+	for _, f := range snap.Files {
+		t.fstats[f.Key] = f
+	}
+	for _, d := range snap.Devices {
+		ds, ok := t.dstats[d.Device]
+		if !ok {
+			ds = d
+		}
+		ds.CapacityBPS = d.CapacityBPS
+		t.dstats[d.Device] = ds
+	}
+	for _, r := range snap.Regimes {
+		if r.File.IsZero() || t.files[r.File] != nil {
+			continue
+		}
+		d := t.device(r.Device)
+		if d == nil {
+			continue
+		}
+		fd := &fileDec{key: r.File, dev: d,
+			win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
+			pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
+		t.files[r.File] = fd
+		fd.regimes = []detector.RegimeKind{r.Kind}
+		fd.lastNeeded = now
+		t.driveFile(fd, true)
+	}
 	return t.out
 }
 
@@ -740,6 +793,19 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 	}
 	m := t.fileMeasure(fd.key)
 	fd.win.hint = t.windowHint(fd.key)
+	if capBPS := t.dstats[fd.dev.dev].CapacityBPS; escalate && m.ok && capBPS > 0 && m.tput >= t.cfg.CapacityFrac*capBPS {
+		// The file already reads at (nearly) the device's capacity: a
+		// further window step or prefetch has nothing left to gain and
+		// costs a trial interval to learn that. Judge a trial, take none.
+		escalate = false
+		if !fd.atCapLogged {
+			fd.atCapLogged = true
+			t.log.Info("tuner: file reads at the device's capacity; no further step", "file", fd.key.String(), "path", fd.path,
+				"window_kb", fd.win.inForce(), "busy_mbps", m.tput/1e6, "capacity_mbps", capBPS/1e6, "regimes", fd.regimes)
+		}
+	} else if escalate {
+		fd.atCapLogged = false
+	}
 	applyWin := func(kb int) error { return t.pinFile(fd, kb, nil, true) }
 	if fd.pf.trial == 0 {
 		if t.drive(&fd.win, fd.dev, fd.key, fd.path, m, why, escalate, applyWin) || fd.win.trial != 0 {

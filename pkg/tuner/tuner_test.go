@@ -614,9 +614,10 @@ func TestFirstStepSizedByLittlesLaw(t *testing.T) {
 	r.reader(100, 7, p, key)
 	// 3 ms p95 at a 150 MB/s capacity: about 440 KB must be in flight,
 	// so 256 KB cannot be enough and the first step is 512 KB.
+	capBPS := 150e6
 	mk := func() detector.Snapshot {
 		s := r.snap(detector.FileLatencyShift, key)
-		s.Devices[0].CapacityBPS = 150e6
+		s.Devices[0].CapacityBPS = capBPS
 		s.Files[0].P50 = 2 * time.Millisecond
 		s.Files[0].P95 = 3 * time.Millisecond
 		return s
@@ -625,7 +626,9 @@ func TestFirstStepSizedByLittlesLaw(t *testing.T) {
 	trials := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1)
 	assert.Equal(t, [2]int{128, 512}, [2]int{trials[0].FromKB, trials[0].ToKB})
-	// Later steps grow by the factor again.
+	// Later steps grow by the factor again (while the file is below the
+	// device's capacity: 150 MB/s at 512 KB is a third of 450 MB/s).
+	capBPS = 450e6
 	acts = r.run(1, mk)
 	trials = filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1)
@@ -772,4 +775,51 @@ func TestNoWindowForARandomReader(t *testing.T) {
 	assert.Empty(t, acts)
 	assert.Equal(t, 128, r.files.window[key])
 	assert.Empty(t, r.sys.writes)
+}
+
+func TestNoFurtherStepOrPrefetchOnceAtTheDevicesCapacity(t *testing.T) {
+	r := newRig(t, Config{}, nil)
+	r.tput = kneeModel // 150 MB/s at 512 KB, 155 at 1024
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	mk := func() detector.Snapshot {
+		s := r.snap(detector.FileLatencyShift, key)
+		s.Devices[0].CapacityBPS = 160e6
+		s.Files[0].P95 = 3 * time.Millisecond
+		return s
+	}
+	acts := r.run(10, mk)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trials, 1, "one step to 512 KB; 150 MB/s is over 90%% of 160 MB/s: no 1024 KB trial")
+	assert.Equal(t, 512, trials[0].ToKB)
+	assert.Len(t, filter(acts, KindFileWindow, ResultKept), 1)
+	assert.Empty(t, filter(acts, KindPrefetch, ResultTrial), "no prefetch trial at capacity")
+	assert.Equal(t, 512, r.files.window[key])
+}
+
+func TestFastPathRegimeGetsItsLittlesLawStepAtOnce(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_7")
+	r.reader(100, 7, p, key)
+	r.clk.Advance(300 * time.Millisecond)
+	// Between Steps: what detector.FastPath returns for a freshly slowed file.
+	fast := detector.Snapshot{Now: r.clk.Now(),
+		Devices: []detector.DeviceStats{{Device: sdb, CapacityBPS: 150e6}},
+		Files: []detector.FileStats{{Key: key, Device: sdb, BusyThroughput: 45e6, Sequentiality: 1, LastSeen: r.clk.Now(),
+			P50: 4200 * time.Microsecond, P95: 5900 * time.Microsecond}},
+		Regimes: []detector.Regime{{Kind: detector.FileLatencyShift, Device: sdb, File: key, Evidence: "fast path: test"}}}
+	acts := r.tn.Fast(fast)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trials, 1)
+	// 5.9 ms x 150 MB/s = 864 KB in flight: straight to 1024 KB.
+	assert.Equal(t, [2]int{128, 1024}, [2]int{trials[0].FromKB, trials[0].ToKB})
+	assert.Equal(t, 1024, r.files.window[key])
+	// A second fast report of the same file does nothing more.
+	assert.Empty(t, r.tn.Fast(fast))
+	// The next Steps judge it as any trial (kept: 155 MB/s against 45).
+	acts = r.run(2, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	kept := filter(acts, KindFileWindow, ResultKept)
+	require.Len(t, kept, 1)
+	assert.Equal(t, 1024, kept[0].ToKB)
 }

@@ -57,6 +57,10 @@ type Config struct {
 	// window step or prefetch (default 0.6): more readahead only helps a
 	// sequential reader, and costs a random one.
 	MinSequentiality float64
+	// CapacityFrac: once a file's busy throughput is at least this share of
+	// its device's learned capacity (detector.DeviceStats.CapacityBPS), no
+	// further window step or prefetch is tried for it (default 0.9).
+	CapacityFrac float64
 	// ReprobeAfter: a file window kept this long is dropped back to the
 	// device's window for ReprobeHold to learn whether its regime is over
 	// (default 1m; doubled after each re-probe that found the regime still
@@ -95,6 +99,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BackoffMax == 0 {
 		c.BackoffMax = 5 * time.Minute
+	}
+	if c.CapacityFrac == 0 {
+		c.CapacityFrac = 0.9
 	}
 	if c.ReprobeAfter == 0 {
 		c.ReprobeAfter = time.Minute

@@ -1,0 +1,157 @@
+package detector
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// FastPath looks, between evaluations, for sequential files that are
+// strongly slower than the device's baseline and enters their
+// FileLatencyShift at once. The regular evaluation needs a full Window of
+// reads; a DataNode opens a new block file per read, and a 256 MB block is
+// read in 2-4 s, so waiting a second (or more, for a file opened mid-window)
+// costs a large share of the block. The fast path judges a file on its last
+// FastMinSamples requests (count-based) against FastShiftMult, well above
+// the regular entry (ShiftMult), so that it needs no hysteresis. The
+// returned snapshot holds only the newly entered regimes, the stats of
+// their files and of their devices; call it as often as every 100 ms.
+// A zero FastShiftMult disables it.
+func (d *Detector) FastPath(now time.Duration) Snapshot {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	snap := Snapshot{Now: now}
+	cfg := &d.cfg
+	if cfg.FastShiftMult <= 0 {
+		return snap
+	}
+	devs := make([]probe.Dev, 0, len(d.devices))
+	for dev := range d.devices {
+		devs = append(devs, dev)
+	}
+	slices.Sort(devs)
+	for _, dev := range devs {
+		d.fastDevice(d.devices[dev], int64(now), &snap)
+	}
+	return snap
+}
+
+func (d *Detector) fastDevice(ds *deviceState, now int64, snap *Snapshot) {
+	cfg := &d.cfg
+	cut := now - int64(cfg.Window)
+	ringN := uint64(len(ds.ring))
+	per := map[int32][]sample{}
+	var peers []sample
+	for k := uint64(0); k < min(ds.n, ringN); k++ {
+		s := ds.ring[(ds.n-1-k)%ringN]
+		if s.complete <= cut {
+			break
+		}
+		if s.slot != noSlot {
+			f := &d.files[s.slot]
+			if !f.used || f.gen != s.gen {
+				s.slot = noSlot
+			}
+		}
+		if s.slot == noSlot || d.files[s.slot].shift.candidate() {
+			if s.slot == noSlot {
+				peers = append(peers, s)
+			}
+			continue
+		}
+		// Older requests of a file are not its peers (they may predate its
+		// slowdown), nor anyone's: the file is judged on its latest only.
+		if l := per[s.slot]; len(l) < cfg.FastMinSamples {
+			per[s.slot] = append(l, s)
+		}
+	}
+	slots := make([]int32, 0, len(per))
+	for slot, l := range per {
+		if len(l) >= cfg.FastMinSamples {
+			slots = append(slots, slot)
+		}
+	}
+	if len(slots) == 0 {
+		return
+	}
+	slices.Sort(slots)
+	norm := func(set []sample, by func(*classBaseline) float64) []float64 {
+		var xs []float64
+		for i := range set {
+			if cb := d.classRef(ds, set[i].class); cb != nil {
+				xs = append(xs, float64(set[i].lat)/by(cb))
+			}
+		}
+		slices.Sort(xs)
+		return xs
+	}
+	p50 := func(cb *classBaseline) float64 { return cb.p50 }
+	p95 := func(cb *classBaseline) float64 { return cb.p95 }
+	entered := false
+	for _, slot := range slots {
+		f := &d.files[slot]
+		set := per[slot]
+		var seq int
+		var depth float64
+		for i := range set {
+			if set[i].flags&flagSeq != 0 {
+				seq++
+			}
+			depth += float64(set[i].depth)
+		}
+		seqShare := float64(seq) / float64(len(set))
+		depth /= float64(len(set))
+		n50s, t95s := norm(set, p50), norm(set, p95)
+		if seqShare < cfg.StarvedMinSequential || len(n50s) < cfg.FastMinSamples {
+			continue
+		}
+		n50, t95 := percentile(n50s, 0.5), percentile(t95s, 0.95)
+		if n50 < cfg.FastShiftMult || t95 < cfg.ShiftTailMult {
+			continue
+		}
+		// Latency that rose with the queue is queueing, not the file.
+		if ds.base.inflightN >= cfg.BaselineMinWindows && depth > cfg.ShiftDepthMult*ds.base.depth+1 {
+			continue
+		}
+		// Other files (and unattributed requests) not normal: device-wide.
+		var others []sample
+		others = append(others, peers...)
+		for _, o := range slots {
+			if o != slot {
+				others = append(others, per[o]...)
+			}
+		}
+		peerN := norm(others, p50)
+		peerEv := "no other file active to compare with"
+		if len(peerN) >= cfg.PeerMinSamples {
+			pm := percentile(peerN, 0.5)
+			if pm >= cfg.ShiftMult || n50 < cfg.PeerMult*pm {
+				continue
+			}
+			peerEv = fmt.Sprintf("other requests normal: median %.2fx baseline (%d requests)", pm, len(peerN))
+		}
+		st := FileStats{Key: f.key, Device: f.dev, NextOffset: f.nextOffset, LastSeen: time.Duration(f.lastSeen),
+			ExtentCrossings: f.crossings, Sequentiality: seqShare}
+		busy, sumLat := d.setStats(set, nil, &st.Requests, &st.Bytes, &st.P50, &st.P95, &st.P99, &st.MeanSize, &st.MeanDepth, &st.BusyThroughput)
+		if busy > 0 {
+			st.Inflight = sumLat / float64(busy)
+		}
+		ev := fmt.Sprintf("fast path: file %s: its last %d requests (sequential %.0f%%) take median %s = %.2fx and p95 %s = %.2fx the device's healthy baseline for their size (fast entry at %.1fx); %s",
+			f.key, len(set), 100*seqShare, st.P50.Round(time.Microsecond), n50, st.P95.Round(time.Microsecond), t95, cfg.FastShiftMult, peerEv)
+		conf := confidence(n50/cfg.FastShiftMult, len(set), cfg.FastMinSamples)
+		f.shift = hyst{active: true, since: now, above: cfg.EnterAfter, confidence: conf, evidence: ev}
+		snap.Files = append(snap.Files, st)
+		snap.Regimes = append(snap.Regimes, Regime{Kind: FileLatencyShift, Device: ds.dev, File: f.key,
+			Since: time.Duration(now), Confidence: conf, Evidence: ev})
+		entered = true
+	}
+	if entered {
+		dst := DeviceStats{Device: ds.dev, Errors: ds.errors, CapacityBPS: ds.base.capacity}
+		if ds.base.inflightN >= cfg.BaselineMinWindows {
+			dst.BaselineInflight = ds.base.inflight
+		}
+		snap.Devices = append(snap.Devices, dst)
+	}
+}
