@@ -46,6 +46,13 @@ type Config struct {
 	// BaselineMinSamples is the minimum number of requests of a size class
 	// in a window for that window to update the class baseline.
 	BaselineMinSamples int
+	// DeviceRegimeMinWindows is how many healthy windows a device's baseline
+	// (a class's p99, the healthy requests in flight) needs before any
+	// device-level regime (tail inflation, contention) is judged against
+	// it: a device-level regime drives device-wide actions, which affect
+	// every later reader, so a baseline of a few seconds after start-up is
+	// not enough to call the device abnormal.
+	DeviceRegimeMinWindows int
 	// TailMinSamples is the minimum for a window to update a class's p99.
 	TailMinSamples int
 	// CapacityHalfLife is how fast the learned device capacity (peak busy
@@ -95,6 +102,11 @@ type Config struct {
 	// ExtentMinSamples is the minimum number of post-jump requests (from at
 	// least two jumps) for a decision.
 	ExtentMinSamples int
+	// ExtentMinSequential: extent starts are judged only on a file read
+	// sequentially at least this much (the tuner's own floor for a window
+	// step): a random reader jumps at every request, and its "post-jump"
+	// latency is that of any random read.
+	ExtentMinSequential float64
 	// ExtentMult: the post-jump median must exceed ExtentMult times the
 	// file's steady median; ExtentExitMult clears it.
 	ExtentMult, ExtentExitMult float64
@@ -162,7 +174,9 @@ func DefaultConfig() Config {
 		BaselineMinWindows: 3,
 		BaselineMinSamples: 24,
 		TailMinSamples:     100,
-		CapacityHalfLife:   time.Hour,
+
+		DeviceRegimeMinWindows: 8,
+		CapacityHalfLife:       time.Hour,
 
 		ShiftMult:      1.3,
 		ShiftTailMult:  1.2,
@@ -172,15 +186,16 @@ func DefaultConfig() Config {
 		LoneFileShift:  true,
 
 		TailMult:      2,
-		TailShare:     0.02,
-		TailExitShare: 0.008,
+		TailShare:     0.05,
+		TailExitShare: 0.02,
 		TailMedianMax: 1.3,
 		TailSpread:    3,
 
-		ExtentRequests:   4,
-		ExtentMinSamples: 8,
-		ExtentMult:       1.5,
-		ExtentExitMult:   1.2,
+		ExtentRequests:      4,
+		ExtentMinSamples:    8,
+		ExtentMult:          1.5,
+		ExtentMinSequential: 0.6,
+		ExtentExitMult:      1.2,
 
 		ContentionLatencyMult: 1.5,
 		ContentionDepthMult:   2,
@@ -220,6 +235,7 @@ func (c Config) Validate() error {
 	pos("ExitAfter", c.ExitAfter > 0)
 	pos("BaselineAlpha", c.BaselineAlpha > 0 && c.BaselineAlpha <= 1)
 	pos("BaselineMinWindows", c.BaselineMinWindows > 0)
+	pos("DeviceRegimeMinWindows", c.DeviceRegimeMinWindows >= c.BaselineMinWindows)
 	pos("BaselineMinSamples", c.BaselineMinSamples > 0)
 	pos("TailMinSamples", c.TailMinSamples > 0)
 	pos("CapacityHalfLife", c.CapacityHalfLife > 0)

@@ -2,6 +2,7 @@ package detector
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -232,7 +233,7 @@ func TestTailInflation(t *testing.T) {
 	s, _ := labMix(5)
 	onset, end := 30*sec+300*time.Millisecond, 45*sec+300*time.Millisecond
 	s.tailOn = during(onset, end)
-	s.tailP = 0.06
+	s.tailP = 0.10
 	s.tailExtra = 8 * time.Millisecond
 	d := New(DefaultConfig())
 	var tl timeline
@@ -399,4 +400,64 @@ func TestConfigValidate(t *testing.T) {
 	require.ErrorContains(t, c.Validate(), "hysteresis")
 	assert.Panics(t, func() { New(c) })
 	assert.NotPanics(t, func() { New(Config{}) })
+}
+
+func TestTailShareOfAFewPercentIsNotARegime(t *testing.T) {
+	// A busy VM's scheduling noise: 3% of requests slow, on a healthy device.
+	s, _ := labMix(12)
+	s.tailOn = during(30*sec, 60*sec)
+	s.tailP = 0.03
+	s.tailExtra = 8 * time.Millisecond
+	d := New(DefaultConfig())
+	var tl timeline
+	s.run(d, 60*sec, interval, tl.add)
+	assert.Empty(t, tl.anyRegime(0, 60*sec, StarvedStream))
+}
+
+func TestNoDeviceRegimeOnABaselineOfAFewSeconds(t *testing.T) {
+	// A tail right after start-up: the baseline has seen too few healthy
+	// windows to call the device abnormal (a device-wide action would
+	// follow).
+	s, _ := labMix(13)
+	s.tailOn = during(4*sec, 8*sec)
+	s.tailP = 0.10
+	s.tailExtra = 8 * time.Millisecond
+	d := New(DefaultConfig())
+	var tl timeline
+	s.run(d, 8*sec, interval, tl.add)
+	assert.Empty(t, tl.anyRegime(0, 8*sec, StarvedStream, FileLatencyShift))
+}
+
+func TestNoExtentStartOnARandomReader(t *testing.T) {
+	// A random reader whose occasional two-request read-around crosses an
+	// extent, at times when its reads are slow anyway: its "post-jump"
+	// requests are slower than the others, but it does not read
+	// sequentially, so no window would help it.
+	d := New(DefaultConfig())
+	file := probe.FileKey{Dev: probe.MkDev(7, 0), Ino: 900}
+	rng := rand.New(rand.NewPCG(9, 9))
+	at := 10 * time.Millisecond
+	rec := func(off, sector uint64, lat time.Duration) {
+		d.Observe(probe.Record{Device: file.Dev, Sector: sector, Bytes: 4096, Issue: at, Latency: lat, Depth: 1,
+			Kind: probe.KindFile, File: file, Offset: off})
+		at += 2 * time.Millisecond
+	}
+	var tl timeline
+	for sec := 1; sec <= 5; sec++ {
+		for at < time.Duration(sec)*time.Second {
+			off := rng.Uint64N(1<<18) * 4096
+			rec(off, 1<<30+off/512, time.Millisecond)
+			rec(off+4096, 1<<31+rng.Uint64N(1<<20)*8, 3*time.Millisecond) // crosses into another extent
+			for i := 0; i < 6; i++ {
+				lat := time.Millisecond
+				if i < 3 {
+					lat = 3 * time.Millisecond
+				}
+				o := rng.Uint64N(1<<18) * 4096
+				rec(o, 1<<30+o/512, lat)
+			}
+		}
+		tl.add(d.Evaluate(time.Duration(sec) * time.Second))
+	}
+	assert.Empty(t, tl.anyRegime(0, 6*time.Second, StarvedStream, FileLatencyShift, TailInflation, Contention))
 }

@@ -490,6 +490,14 @@ func (d *Detector) stepExtent(ds *deviceState, f *fileState, a *fileAgg, win []s
 		}
 		return
 	}
+	if a.stats.Sequentiality < cfg.ExtentMinSequential {
+		// A random reader (4 KB mmap faults, say) is not one whose reads
+		// find new extents: clear what a sequential phase may have entered.
+		if f.extent.candidate() {
+			f.extent.step(belowExit, now, cfg, 0, fmt.Sprintf("file %s: sequential %.0f%%, below %.0f%%: not judged for extent starts", f.key, 100*a.stats.Sequentiality, 100*cfg.ExtentMinSequential))
+		}
+		return
+	}
 	// Post-jump requests: those in the short window, extended back to
 	// ExtentMinSamples; steady requests: the rest of the file's window.
 	sc.vals, sc.vals2 = sc.vals[:0], sc.vals2[:0]
@@ -605,7 +613,7 @@ func (d *Detector) stepTail(ds *deviceState, devSet []sample, nShort int, now in
 			continue
 		}
 		cb := &ds.base.classes[s.class]
-		if !cb.learned(cfg.BaselineMinWindows) || !cb.tailLearned(cfg.BaselineMinWindows) {
+		if !cb.learned(cfg.DeviceRegimeMinWindows) || !cb.tailLearned(cfg.DeviceRegimeMinWindows) {
 			continue
 		}
 		sc.vals = append(sc.vals, float64(s.lat)/cb.p50)
@@ -637,8 +645,8 @@ func (d *Detector) stepTail(ds *deviceState, devSet []sample, nShort int, now in
 			active++
 		}
 	}
-	ev := fmt.Sprintf("device %s: %.1f%% of %d requests exceed %.1fx their size class's baseline p99 (healthy: <1%%), spread over %d of 4 quarters of the last %s, from %d of %d active sources; median %.2fx baseline",
-		ds.dev, 100*share, n, cfg.TailMult, spread, time.Duration(span).Round(time.Millisecond), len(srcExcess), active, n50)
+	ev := fmt.Sprintf("device %s: %.1f%% of %d requests exceed %.1fx their size class's baseline p99 (entry at %.0f%%, healthy: <1%%), spread over %d of 4 quarters of the last %s, from %d of %d active sources; median %.2fx baseline",
+		ds.dev, 100*share, n, cfg.TailMult, 100*cfg.TailShare, spread, time.Duration(span).Round(time.Millisecond), len(srcExcess), active, n50)
 	switch {
 	case share < cfg.TailExitShare:
 		ds.tail.step(belowExit, now, cfg, 0, ev)
@@ -659,7 +667,7 @@ func (d *Detector) stepContention(ds *deviceState, devSet []sample, devBusy int6
 		}
 		return
 	}
-	if base.inflightN < cfg.BaselineMinWindows || base.inflight <= 0 {
+	if base.inflightN < cfg.DeviceRegimeMinWindows || base.inflight <= 0 {
 		ds.contention.step(unknown, now, cfg, 0, "")
 		return
 	}

@@ -855,8 +855,12 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		if m.ok && l.before.tput > 0 {
 			gain = m.tput/l.before.tput - 1
 		}
-		ev := fmt.Sprintf("%s; before %s, after %s (%+.0f%%, keep margin %+.0f%%)", why, l.before, m, gain*100, t.cfg.Margin*100)
-		if !m.ok || gain < t.cfg.Margin {
+		margin := t.cfg.Margin
+		if l.kind == KindDeviceWindow {
+			margin = t.cfg.DeviceMargin
+		}
+		ev := fmt.Sprintf("%s; before %s, after %s (%+.0f%%, keep margin %+.0f%%)", why, l.before, m, gain*100, margin*100)
+		if !m.ok || gain < margin {
 			return t.undoStep(l, now, ev, apply, act)
 		}
 		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)

@@ -823,3 +823,23 @@ func TestFastPathRegimeGetsItsLittlesLawStepAtOnce(t *testing.T) {
 	require.Len(t, kept, 1)
 	assert.Equal(t, 1024, kept[0].ToKB)
 }
+
+func TestDeviceWideStepNeedsTheLargerMargin(t *testing.T) {
+	r := newRig(t, Config{}, nil)
+	mk := func() detector.Snapshot {
+		tput := 100e6
+		if r.sys.get("sdb") >= 256 {
+			tput = 115e6 // +15%: enough for a file, not for the whole device
+		}
+		return detector.Snapshot{Now: r.clk.Now(),
+			Devices: []detector.DeviceStats{{Device: sdb, BusyThroughput: tput}},
+			Regimes: []detector.Regime{{Kind: detector.TailInflation, Device: sdb, Evidence: "p99 up"}}}
+	}
+	acts := r.run(2, mk)
+	assert.Len(t, filter(acts, KindDeviceWindow, ResultTrial), 1)
+	assert.Empty(t, filter(acts, KindDeviceWindow, ResultKept))
+	undone := filter(acts, KindDeviceWindowUndo, ResultUndone)
+	require.Len(t, undone, 1)
+	assert.Contains(t, undone[0].Evidence, "keep margin +20%")
+	assert.Equal(t, 128, r.sys.get("sdb"))
+}

@@ -28,6 +28,10 @@ type Config struct {
 	// Margin is the relative busy-throughput gain an action must bring to
 	// be kept (default 0.10).
 	Margin float64
+	// DeviceMargin is the gain a device-wide window step must bring to be
+	// kept (default 0.20): larger than Margin, since a device-wide change
+	// reaches every later reader of the device, not only the one measured.
+	DeviceMargin float64
 	// Settle is how long after an action its effect is measured (default
 	// 1s). Set it to at least the detector's window so the measurement
 	// covers only the new setting.
@@ -91,6 +95,9 @@ func (c Config) withDefaults() Config {
 	if c.Margin == 0 {
 		c.Margin = 0.10
 	}
+	if c.DeviceMargin == 0 {
+		c.DeviceMargin = 0.20
+	}
 	if c.Settle == 0 {
 		c.Settle = time.Second
 	}
@@ -150,6 +157,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("tuner: growth factor %d must be at least 2", c.Growth)
 	case c.Margin < 0 || c.Margin > 10:
 		return fmt.Errorf("tuner: keep margin %.2f must be between 0 and 10 (0.10 means +10%% throughput)", c.Margin)
+	case c.DeviceMargin < 0 || c.DeviceMargin > 10:
+		return fmt.Errorf("tuner: device keep margin %.2f must be between 0 and 10 (0.20 means +20%% throughput)", c.DeviceMargin)
 	case c.DeviceFileFraction < 0 || c.DeviceFileFraction > 1:
 		return fmt.Errorf("tuner: device file fraction %.2f must be between 0 and 1", c.DeviceFileFraction)
 	case c.SysfsBurst < 2:
