@@ -198,7 +198,7 @@ func DefaultConfig() Config {
 		ExtentExitMult:      1.2,
 
 		ContentionLatencyMult: 1.5,
-		ContentionDepthMult:   2,
+		ContentionDepthMult:   1.75,
 		ContentionExitMult:    1.2,
 		ContentionMinReaders:  2,
 

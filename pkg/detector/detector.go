@@ -38,8 +38,8 @@ type sample struct {
 	lat      int64 // ns
 	bytes    uint32
 	depth    uint32
-	slot     int32 // file slot or noSlot
-	gen      uint32
+	slot     int32  // file slot or noSlot
+	gen      uint32 // file slot's generation; for noSlot, the unattributed stream
 	class    uint8
 	flags    uint8
 }
@@ -99,6 +99,44 @@ type deviceState struct {
 	base baseline
 
 	tail, contention hyst
+
+	// Streams of requests the probe could not attribute to a file
+	// (O_DIRECT reads, say), told apart by sector continuity: each is one
+	// more reader for contention.
+	streams    [maxStreams]stream
+	nextStream uint32
+}
+
+const maxStreams = 16
+
+type stream struct {
+	secEnd uint64
+	id     uint32
+	last   int64
+}
+
+// streamOf returns the stream id of an unattributed request: that of the
+// stream it continues (it starts where one ended, within a few sectors'
+// reordering), else a new one replacing the least recently seen.
+func (ds *deviceState) streamOf(sector uint64, bytes uint32, complete int64) uint32 {
+	end := sector + uint64(bytes+511)/512
+	oldest := 0
+	for i := range ds.streams {
+		st := &ds.streams[i]
+		if st.id != 0 && st.secEnd == sector {
+			st.secEnd, st.last = end, complete
+			return st.id
+		}
+		if st.last < ds.streams[oldest].last || st.id == 0 && ds.streams[oldest].id != 0 {
+			oldest = i
+		}
+	}
+	ds.nextStream++
+	if ds.nextStream == 0 {
+		ds.nextStream = 1
+	}
+	ds.streams[oldest] = stream{secEnd: end, id: ds.nextStream, last: complete}
+	return ds.nextStream
 }
 
 // Detector is the online regime detector. It is safe for concurrent use
@@ -187,6 +225,8 @@ func (d *Detector) Observe(r probe.Record) {
 	}
 	ds.n++
 	if r.Kind != probe.KindFile || r.File.IsZero() {
+		// gen names the unattributed stream (slot is noSlot).
+		s.gen = ds.streamOf(r.Sector, r.Bytes, complete)
 		return
 	}
 	slot := d.fileSlot(r.File, r.Device, complete)

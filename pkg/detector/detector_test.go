@@ -461,3 +461,27 @@ func TestNoExtentStartOnARandomReader(t *testing.T) {
 	}
 	assert.Empty(t, tl.anyRegime(0, 6*time.Second, StarvedStream, FileLatencyShift, TailInflation, Contention))
 }
+
+func TestContentionFromUnattributedDirectReaders(t *testing.T) {
+	// Two O_DIRECT readers of 1 MB requests: the probe attributes none of
+	// their requests to a file, but they are two more readers.
+	s := newSim(14, labBase, labBW)
+	fg := s.addSeq(128*kib, 2)
+	onset := 30*sec + 300*time.Millisecond
+	for range 2 {
+		r := s.addSeq(1024*kib, 1)
+		r.unattributed = true
+		r.startAt = onset
+	}
+	d := New(DefaultConfig())
+	var tl timeline
+	s.run(d, 40*sec, interval, tl.add)
+	at, ok := tl.first(Contention, probe.FileKey{}, onset)
+	require.True(t, ok, "contention never detected; fg regimes %v", tl.anyRegime(onset, 40*sec))
+	assert.LessOrEqual(t, at-onset, 2*time.Second)
+	ev := tl.activeBetween(Contention, probe.FileKey{}, at, at)
+	require.NotEmpty(t, ev)
+	assert.Contains(t, ev[0], "from 3 readers", "each O_DIRECT stream is a reader")
+	t.Log(ev[0])
+	_ = fg
+}

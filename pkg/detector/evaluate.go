@@ -673,7 +673,9 @@ func (d *Detector) stepContention(ds *deviceState, devSet []sample, devBusy int6
 	}
 	sc.vals = sc.vals[:0]
 	var sumLat float64
-	readers := map[int32]int{}
+	// Readers: files, and streams of unattributed requests (O_DIRECT
+	// readers are readers too, though the probe cannot name their files).
+	readers := map[int64]int{}
 	var depths []float64
 	for i := range devSet {
 		s := &devSet[i]
@@ -681,7 +683,11 @@ func (d *Detector) stepContention(ds *deviceState, devSet []sample, devBusy int6
 			continue
 		}
 		sumLat += float64(s.lat)
-		readers[s.slot]++
+		if s.slot == noSlot {
+			readers[-1-int64(s.gen)]++
+		} else {
+			readers[int64(s.slot)]++
+		}
 		if cb := d.classRef(ds, s.class); cb != nil {
 			sc.vals = append(sc.vals, float64(s.lat)/cb.p50)
 			depths = append(depths, float64(s.depth))

@@ -48,6 +48,8 @@ type reader struct {
 	pending     bool          // a start after think time is scheduled
 	stopAt      time.Duration // stop issuing at this time (0: never)
 	startAt     time.Duration
+	// unattributed: the probe cannot name the file (O_DIRECT reads).
+	unattributed bool
 }
 
 type ev struct {
@@ -142,6 +144,9 @@ func (s *sim) issue(r *reader, at time.Duration) {
 	}
 	rec := probe.Record{Device: s.dev, Sector: r.sector(off), Bytes: size, Issue: at,
 		Depth: s.inflight, Kind: probe.KindFile, File: r.file, Offset: off}
+	if r.unattributed {
+		rec.Kind, rec.File, rec.Offset = probe.KindUnknown, probe.FileKey{}, 0
+	}
 	heap.Push(&s.events, ev{at: at + pre, rec: rec, r: r, ready: true})
 }
 

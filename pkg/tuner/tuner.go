@@ -265,11 +265,29 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			devWide[r.Device] = fmt.Sprintf("%s: %s", r.Kind, r.Evidence)
 		}
 	}
-
-	// Device-wide need from many files.
+	// Device-wide need from many files (contention's per-file needs below
+	// do not count: a device-wide window does not outbid other readers).
 	perDev := map[probe.Dev]int{}
 	for k := range fileNeeds {
 		perDev[fileDev[k]]++
+	}
+	// Contention: other readers take the device; a larger window on a
+	// sequential reader's open file keeps more of its requests queued and
+	// wins back its share. Each such file gets the closed loop (kept only
+	// if its own throughput improves by the margin).
+	for _, r := range snap.Regimes {
+		if r.Kind != detector.Contention || !r.File.IsZero() {
+			continue
+		}
+		for _, f := range snap.Files {
+			if f.Device != r.Device || f.Sequentiality < t.cfg.MinSequentiality || snap.Now-f.LastSeen > t.cfg.Settle {
+				continue
+			}
+			if !slices.Contains(fileNeeds[f.Key], detector.Contention) {
+				fileNeeds[f.Key] = append(fileNeeds[f.Key], detector.Contention)
+				fileDev[f.Key] = r.Device
+			}
+		}
 	}
 	active := map[probe.Dev]int{}
 	for _, f := range snap.Files {

@@ -843,3 +843,28 @@ func TestDeviceWideStepNeedsTheLargerMargin(t *testing.T) {
 	assert.Contains(t, undone[0].Evidence, "keep margin +20%")
 	assert.Equal(t, 128, r.sys.get("sdb"))
 }
+
+func TestContentionGivesSequentialFilesTheClosedLoop(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(kb int) float64 { return 17e6 * float64(kb) / 128 } // more queued, more share
+	pSeq, seq := realFile(t, filepath.Join(r.dir, "data"), "fg.dat")
+	pRnd, rnd := realFile(t, filepath.Join(r.dir, "data"), "random.dat")
+	r.reader(100, 7, pSeq, seq)
+	r.reader(101, 8, pRnd, rnd)
+	mk := func() detector.Snapshot {
+		s := r.snap("", seq, rnd)
+		s.Files[1].Sequentiality = 0.05
+		s.Regimes = []detector.Regime{{Kind: detector.Contention, Device: sdb, Evidence: "3 readers"}}
+		return s
+	}
+	acts := r.run(3, mk)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.NotEmpty(t, trials)
+	for _, a := range trials {
+		assert.Equal(t, seq, a.File, "only the sequential file")
+	}
+	assert.NotEmpty(t, filter(acts, KindFileWindow, ResultKept))
+	assert.Greater(t, r.files.window[seq], 128)
+	assert.Equal(t, 128, r.files.window[rnd])
+	assert.Equal(t, 128, r.sys.get("sdb"), "no device-wide change")
+}
