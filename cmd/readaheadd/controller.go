@@ -39,6 +39,42 @@ type pipeline struct {
 	snap   detector.Snapshot
 	have   bool
 	counts map[[3]string]uint64 // device, action, result
+	// Regimes active at the last Step, to log each entry and exit once.
+	regimes map[regimeID]bool
+}
+
+type regimeID struct {
+	kind detector.RegimeKind
+	dev  probe.Dev
+	file probe.FileKey
+}
+
+// logRegimes logs, at INFO, each regime that was entered or cleared since
+// the last Step, with its evidence: the log alone then tells why every
+// action that follows was taken.
+func (p *pipeline) logRegimes(snap detector.Snapshot) {
+	now := make(map[regimeID]bool, len(snap.Regimes))
+	for _, r := range snap.Regimes {
+		id := regimeID{r.Kind, r.Device, r.File}
+		now[id] = true
+		if !p.regimes[id] {
+			attrs := []any{"regime", r.Kind, "device", r.Device.String(), "confidence", r.Confidence, "evidence", r.Evidence}
+			if !r.File.IsZero() {
+				attrs = append(attrs, "file", r.File.String())
+			}
+			p.log.Info("detector: regime entered", attrs...)
+		}
+	}
+	for id := range p.regimes {
+		if !now[id] {
+			attrs := []any{"regime", id.kind, "device", id.dev.String()}
+			if !id.file.IsZero() {
+				attrs = append(attrs, "file", id.file.String())
+			}
+			p.log.Info("detector: regime cleared", attrs...)
+		}
+	}
+	p.regimes = now
 }
 
 // BaselineFile is the detector's learned baseline in the state directory.
@@ -107,11 +143,21 @@ func (p *pipeline) Step(now time.Duration) {
 	p.mu.Lock()
 	p.snap, p.have = snap, true
 	p.mu.Unlock()
+	p.logRegimes(snap)
 	p.count(p.tun.Step(snap))
 	if now-p.lastSave >= baselineSaveEvery {
 		p.lastSave = now
 		p.saveBaseline()
 	}
+}
+
+// activeRegimes lists the regimes logged as active.
+func (p *pipeline) activeRegimes() []detector.Regime {
+	out := make([]detector.Regime, 0, len(p.regimes))
+	for id := range p.regimes {
+		out = append(out, detector.Regime{Kind: id.kind, Device: id.dev, File: id.file})
+	}
+	return out
 }
 
 // ApplyPending runs between Steps (every ~100 ms): the detector's fast path
@@ -120,9 +166,7 @@ func (p *pipeline) Step(now time.Duration) {
 // decisions on newly opened descriptors.
 func (p *pipeline) ApplyPending() {
 	if snap := p.det.FastPath(p.clk.Now()); len(snap.Regimes) > 0 {
-		for _, r := range snap.Regimes {
-			p.log.Info("detector: regime entered by the fast path", "regime", r.Kind, "file", r.File.String(), "evidence", r.Evidence)
-		}
+		p.logRegimes(detector.Snapshot{Regimes: append(p.activeRegimes(), snap.Regimes...)})
 		p.count(p.tun.Fast(snap))
 	}
 	p.count(p.tun.ApplyPending())

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -141,7 +142,8 @@ func TestPipelineFastPathEntersAStrongShiftBetweenSteps(t *testing.T) {
 	require.NoError(t, err)
 	defer st.Close()
 	clk := clock.NewFake(time.Hour)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var logBuf strings.Builder
+	log := slog.New(slog.NewJSONHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctl, err := newController(controlDeps{cfg: v, sys: sys, clk: clk, store: st, log: log})
 	require.NoError(t, err)
 	p := ctl.(*pipeline)
@@ -176,4 +178,7 @@ func TestPipelineFastPathEntersAStrongShiftBetweenSteps(t *testing.T) {
 		}
 	}
 	assert.True(t, found, "regimes: %+v", snap.Regimes)
+	// The entry is logged once, at INFO, with the fast path's evidence.
+	assert.Equal(t, 1, strings.Count(logBuf.String(), `"msg":"detector: regime entered"`), logBuf.String())
+	assert.Contains(t, logBuf.String(), `"evidence":"fast path: file`)
 }

@@ -1123,9 +1123,14 @@ func (t *Tuner) pruneReaders(now time.Duration) {
 
 func (t *Tuner) emit(a Action) {
 	t.out = append(t.out, a)
-	t.recent = append(t.recent, a)
-	if over := len(t.recent) - t.cfg.RecentActions; over > 0 {
-		t.recent = append(t.recent[:0:0], t.recent[over:]...)
+	// A kept decision re-applied to a newly opened descriptor (HDFS opens
+	// a block file per read) is counted, not listed: dozens of them would
+	// push the decisions out of the recent list.
+	if a.Result != ResultApplied {
+		t.recent = append(t.recent, a)
+		if over := len(t.recent) - t.cfg.RecentActions; over > 0 {
+			t.recent = append(t.recent[:0:0], t.recent[over:]...)
+		}
 	}
 	t.counts[string(a.Kind)+"/"+string(a.Result)]++
 	lvl := slog.LevelInfo

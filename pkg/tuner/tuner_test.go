@@ -868,3 +868,44 @@ func TestContentionGivesSequentialFilesTheClosedLoop(t *testing.T) {
 	assert.Equal(t, 128, r.files.window[rnd])
 	assert.Equal(t, 128, r.sys.get("sdb"), "no device-wide change")
 }
+
+func TestActionsAreLoggedAtInfoWithEvidenceAndReapplicationsNotListed(t *testing.T) {
+	var buf strings.Builder
+	var mu sync.Mutex
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tn.log = slog.New(slog.NewJSONHandler(lockedWriter{&mu, &buf}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	mk := func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) }
+	r.run(2, mk)
+	// The same process opens the file again: the kept window reaches it.
+	r.files.open(100, 9, p, key)
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: 32})
+	applied := filter(r.tn.ApplyPending(), KindFileWindow, ResultApplied)
+	require.Len(t, applied, 1)
+	st := r.tn.Status()
+	assert.Equal(t, uint64(1), st.Counts["file_window/applied"])
+	for _, a := range st.Recent {
+		assert.NotEqual(t, ResultApplied, a.Result, "re-applications are counted, not listed")
+	}
+	assert.NotEmpty(t, filter(st.Recent, KindFileWindow, ResultKept))
+	mu.Lock()
+	out := buf.String()
+	mu.Unlock()
+	assert.Contains(t, out, `"level":"INFO","msg":"tuner: action"`)
+	assert.Contains(t, out, `"result":"trial"`)
+	assert.Contains(t, out, `"result":"kept"`)
+	assert.Contains(t, out, `"evidence":"regimes [file_latency_shift]`)
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *strings.Builder
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
