@@ -1223,6 +1223,16 @@ func (t *Tuner) RestoreAll() error {
 		delete(t.files, k)
 	}
 	if t.deps.Store != nil {
+		// An original recorded before a write that failed (sysfs read-only)
+		// is still in force: writing it back would only fail again and
+		// make a clean shutdown look like a failed restore.
+		for _, e := range t.deps.Store.Entries() {
+			if kb, err := t.deps.Sysfs.ReadAheadKB(e.Device); err == nil && kb == e.ReadAheadKB {
+				if err := t.deps.Store.Forget(e.Device); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
 		if err := t.deps.Store.Restore(t.deps.Sysfs); err != nil {
 			errs = append(errs, err)
 		}

@@ -909,3 +909,28 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// readOnlySys refuses every write, as a read-only /sys does.
+type readOnlySys struct{ *fakeSys }
+
+func (r readOnlySys) SetReadAheadKB(name string, kb int) error {
+	return &os.PathError{Op: "open", Path: "/sys/block/" + name + "/queue/read_ahead_kb", Err: unix.EROFS}
+}
+
+func TestRestoreWritesNothingWhenNothingChanged(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	ro := readOnlySys{r.sys}
+	var err error
+	r.tn, err = New(Config{DisablePrefetch: true, AllowPaths: []string{filepath.Join(r.dir, "data")}},
+		Deps{Sysfs: ro, Files: r.files, Clock: r.clk, Store: r.store, Logger: quiet()})
+	require.NoError(t, err)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	acts := r.run(2, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultFailed), "the raise is refused")
+	require.NotEmpty(t, r.store.Entries(), "the original was recorded before the write was tried")
+	assert.NoError(t, r.tn.RestoreAll(), "read_ahead_kb is still the original: nothing to restore")
+	assert.Empty(t, r.store.Entries())
+	assert.Equal(t, 128, r.sys.get("sdb"))
+}
