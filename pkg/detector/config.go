@@ -46,12 +46,12 @@ type Config struct {
 	// BaselineMinSamples is the minimum number of requests of a size class
 	// in a window for that window to update the class baseline.
 	BaselineMinSamples int
-	// DeviceRegimeMinWindows is how many healthy windows a device's baseline
-	// (a class's p99, the healthy requests in flight) needs before any
-	// device-level regime (tail inflation, contention) is judged against
-	// it: a device-level regime drives device-wide actions, which affect
-	// every later reader, so a baseline of a few seconds after start-up is
-	// not enough to call the device abnormal.
+	// DeviceRegimeMinWindows is how many healthy windows a size class's
+	// tail baseline (p99) needs before tail inflation is judged against it.
+	// Tail inflation drives device-wide actions, which reach every later
+	// reader, and a p99 learned from the first few seconds after start-up
+	// is too noisy to call a 2-3% tail abnormal (the lab's temporal
+	// slowdown is a 2-3% tail: a higher share would miss it).
 	DeviceRegimeMinWindows int
 	// TailMinSamples is the minimum for a window to update a class's p99.
 	TailMinSamples int
@@ -186,8 +186,8 @@ func DefaultConfig() Config {
 		LoneFileShift:  true,
 
 		TailMult:      2,
-		TailShare:     0.05,
-		TailExitShare: 0.02,
+		TailShare:     0.02,
+		TailExitShare: 0.008,
 		TailMedianMax: 1.3,
 		TailSpread:    3,
 

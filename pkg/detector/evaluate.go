@@ -667,7 +667,7 @@ func (d *Detector) stepContention(ds *deviceState, devSet []sample, devBusy int6
 		}
 		return
 	}
-	if base.inflightN < cfg.DeviceRegimeMinWindows || base.inflight <= 0 {
+	if base.inflightN < cfg.BaselineMinWindows || base.inflight <= 0 {
 		ds.contention.step(unknown, now, cfg, 0, "")
 		return
 	}
