@@ -120,7 +120,10 @@ func FullConfig() Config {
 	return Config{
 		FileMB: 256, RandomMB: 512,
 		StaticKB: []int{128, 256, 512, 1024, 2048, 4096},
-		Warm:     time.Second, DaemonWarm: 4 * time.Second, Measure: 8 * time.Second,
+		// 12 s: tail inflation needs 8 healthy baseline windows before it
+		// can be recognised (a production daemon keeps its learned baseline
+		// in its state directory across restarts).
+		Warm: time.Second, DaemonWarm: 12 * time.Second, Measure: 8 * time.Second,
 		Sample: 100 * time.Millisecond,
 		Cases:  cases, HDFS: true, HDFSReaders: 4,
 	}
