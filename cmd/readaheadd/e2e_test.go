@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/readaheadd/readaheadd/test/daemontest"
 	"github.com/readaheadd/readaheadd/test/lab"
 )
 
@@ -32,7 +33,7 @@ import (
 type daemonProc struct {
 	cmd    *exec.Cmd
 	addr   string
-	logs   *syncBuffer
+	logs   *daemontest.SyncBuffer
 	done   chan error
 	notify *net.UnixConn // the NOTIFY_SOCKET, as systemd listens on it
 }
@@ -47,35 +48,9 @@ func (d *daemonProc) nextNotify(t *testing.T) string {
 	return string(buf[:n])
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	a := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return a
-}
-
 func startDaemon(t *testing.T, args ...string) *daemonProc {
 	t.Helper()
-	d := &daemonProc{addr: freeAddr(t), logs: &syncBuffer{}, done: make(chan error, 1)}
+	d := &daemonProc{addr: daemontest.FreeAddr(t), logs: &daemontest.SyncBuffer{}, done: make(chan error, 1)}
 	argv := append([]string{os.Args[0], "run", "--metrics-addr", d.addr}, args...)
 	// Run with exactly the capabilities the systemd unit grants, so that
 	// this test proves the unit's set is enough.
@@ -180,10 +155,10 @@ func prometheusServer(t *testing.T, target string) string {
 	dir := t.TempDir()
 	cfg := fmt.Sprintf("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: readaheadd\n    static_configs:\n      - targets: [%q]\n", target)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644))
-	addr := freeAddr(t)
+	addr := daemontest.FreeAddr(t)
 	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr, "--log.level=warn")
-	logs := &syncBuffer{}
+	logs := &daemontest.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	require.NoError(t, cmd.Start())
 	done := make(chan struct{})

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,12 +13,13 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/test/daemontest"
 )
 
 // bin is the readaheadd binary built for this package's tests, in a
@@ -27,21 +27,15 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "readaheadd-reliability-")
+	var cleanup func()
+	var err error
+	bin, cleanup, err = daemontest.Build("readaheadd-reliability-")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	_ = os.Chmod(dir, 0o755)
-	bin = filepath.Join(dir, "readaheadd")
-	out, err := exec.Command("go", "build", "-o", bin, "../../cmd/readaheadd").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build readaheadd: %v\n%s", err, out)
-		os.RemoveAll(dir)
+		fmt.Fprintln(os.Stderr, "build readaheadd:", err)
 		os.Exit(1)
 	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	cleanup()
 	os.Exit(code)
 }
 
@@ -118,37 +112,11 @@ func setKB(t *testing.T, dev string, kb int) {
 	require.NoError(t, os.WriteFile("/sys/block/"+dev+"/queue/read_ahead_kb", []byte(strconv.Itoa(kb)), 0))
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	a := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return a
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // daemon is `readaheadd run` as a child process.
 type daemon struct {
 	cmd  *exec.Cmd
 	Addr string
-	Logs *syncBuffer
+	Logs *daemontest.SyncBuffer
 	done chan struct{}
 }
 
@@ -171,7 +139,7 @@ func startDaemonNoWait(t *testing.T, args ...string) *daemon {
 // waiting for it to be healthy.
 func startDaemonIn(t *testing.T, wrapper []string, args ...string) *daemon {
 	t.Helper()
-	d := &daemon{Addr: freeAddr(t), Logs: &syncBuffer{}, done: make(chan struct{})}
+	d := &daemon{Addr: daemontest.FreeAddr(t), Logs: &daemontest.SyncBuffer{}, done: make(chan struct{})}
 	argv := append(append(append([]string(nil), wrapper...), bin, "run", "--metrics-addr", d.Addr), args...)
 	d.cmd = exec.Command(argv[0], argv[1:]...)
 	d.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET=")

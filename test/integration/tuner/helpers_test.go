@@ -5,18 +5,15 @@ package tuner
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -29,6 +26,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/readaheadd/readaheadd/test/daemontest"
 	"github.com/readaheadd/readaheadd/test/lab"
 )
 
@@ -38,10 +36,10 @@ import (
 const childEnv = "READAHEADD_TUNER_IT_CHILD"
 
 var (
-	binOnce sync.Once
-	binPath string
-	binErr  error
-	binDir  string
+	binOnce    sync.Once
+	binPath    string
+	binErr     error
+	binCleanup func()
 )
 
 func TestMain(m *testing.M) {
@@ -49,8 +47,8 @@ func TestMain(m *testing.M) {
 		os.Exit(childMain(c))
 	}
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
+	if binCleanup != nil {
+		binCleanup()
 	}
 	os.Exit(code)
 }
@@ -350,76 +348,27 @@ func newLab(t *testing.T) *lab.Lab {
 	return l
 }
 
-func moduleRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	require.NoError(t, err)
-	for {
-		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && bytes.Contains(b, []byte("module github.com/readaheadd/readaheadd\n")) {
-			return dir
-		}
-		up := filepath.Dir(dir)
-		require.NotEqual(t, up, dir, "go.mod of readaheadd not found above %s", dir)
-		dir = up
-	}
-}
-
 // daemonBin builds cmd/readaheadd once per test binary run.
 func daemonBin(t *testing.T) string {
 	t.Helper()
 	binOnce.Do(func() {
-		binDir, binErr = os.MkdirTemp("", "readaheadd-tuner-it-")
-		if binErr != nil {
-			return
-		}
-		binPath = filepath.Join(binDir, "readaheadd")
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/readaheadd")
-		cmd.Dir = moduleRoot(t)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			binErr = fmt.Errorf("go build ./cmd/readaheadd: %w\n%s", err, out)
-		}
+		binPath, binCleanup, binErr = daemontest.Build("readaheadd-tuner-it-")
 	})
 	require.NoError(t, binErr)
 	return binPath
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	a := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return a
 }
 
 // daemon is `readaheadd run` as a subprocess of the built binary.
 type daemon struct {
 	cmd  *exec.Cmd
 	addr string
-	logs *syncBuffer
+	logs *daemontest.SyncBuffer
 	done chan struct{}
 }
 
 func runDaemon(t *testing.T, l *lab.Lab, stateDir string, extra ...string) *daemon {
 	t.Helper()
-	d := &daemon{addr: freeAddr(t), logs: &syncBuffer{}, done: make(chan struct{})}
+	d := &daemon{addr: daemontest.FreeAddr(t), logs: &daemontest.SyncBuffer{}, done: make(chan struct{})}
 	args := append([]string{"run", "--device", l.Name, "--allow-path", l.Mount, "--state-dir", stateDir,
 		"--metrics-addr", d.addr}, extra...)
 	d.cmd = exec.Command(daemonBin(t), args...)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/readaheadd/readaheadd/test/daemontest"
 	"github.com/readaheadd/readaheadd/test/lab"
 )
 
@@ -179,7 +180,7 @@ func TestCorruptStateFile(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte(corrupt), 0o600))
 
 	for _, args := range [][]string{
-		{"run", "--device", l.Name, "--allow-path", l.Mount, "--state-dir", dir, "--metrics-addr", freeAddr(t)},
+		{"run", "--device", l.Name, "--allow-path", l.Mount, "--state-dir", dir, "--metrics-addr", daemontest.FreeAddr(t)},
 		{"restore", "--state-dir", dir},
 	} {
 		code, out := runCLI(t, args...)
