@@ -248,7 +248,8 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 		defer wg.Done()
 		t := time.NewTicker(v.Interval)
 		defer t.Stop()
-		pending := time.NewTicker(min(v.Interval/4, 100*time.Millisecond))
+		// The detector's fast path (and the tuner's pending re-applications).
+		pending := time.NewTicker(detector.FastPathInterval(v.Interval))
 		defer pending.Stop()
 		for {
 			select {

@@ -99,6 +99,10 @@ type deviceState struct {
 	base baseline
 
 	tail, contention hyst
+	// devCheckAt is when tail inflation and contention were last judged
+	// (by Evaluate or FastPath): FastPath judges them at most every
+	// Window/4.
+	devCheckAt int64
 
 	// Streams of requests the probe could not attribute to a file
 	// (O_DIRECT reads, say), told apart by sector continuity: each is one
@@ -429,6 +433,7 @@ const (
 	aboveEntry
 	between
 	belowExit
+	idle // nothing read in the window (device-level checks): clear what is active or pending
 )
 
 // step applies one evaluation's verdict. Entry needs EnterAfter

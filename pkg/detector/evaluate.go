@@ -257,8 +257,11 @@ func (d *Detector) evalDevice(ds *deviceState, now int64, snap *Snapshot) {
 		f := &d.files[slot]
 		return f.shift.candidate() || f.starved.active
 	}
-	d.stepTail(ds, devSet, nShort, now, explained)
-	d.stepContention(ds, devSet, devBusy, now, explained)
+	v, conf, ev := d.tailCheck(ds, devSet, nShort, devBusy, now, explained)
+	d.stepDevice(&ds.tail, now, v, conf, ev)
+	v, conf, ev = d.contentionCheck(ds, devSet, devBusy, explained)
+	d.stepDevice(&ds.contention, now, v, conf, ev)
+	ds.devCheckAt = now
 
 	// Learn from healthy windows only.
 	if !ds.tail.candidate() && !ds.contention.candidate() && nShort > 0 {
@@ -590,14 +593,26 @@ func busyShare(st *FileStats, window time.Duration) float64 {
 	return float64(st.Bytes) / window.Seconds() / st.BusyThroughput
 }
 
-func (d *Detector) stepTail(ds *deviceState, devSet []sample, nShort int, now int64, explained func(int32) bool) {
+// stepDevice steps a device-level regime with its check's verdict; a device
+// with nothing read in the window clears what is active or pending.
+func (d *Detector) stepDevice(h *hyst, now int64, v verdict, conf float64, ev string) {
+	if v == idle {
+		if h.candidate() {
+			h.step(belowExit, now, &d.cfg, 0, "")
+		}
+		return
+	}
+	h.step(v, now, &d.cfg, conf, ev)
+}
+
+// tailCheck judges tail inflation over devSet (the window, extended to
+// DeviceMinSamples; its first nShort samples are within Window). Evaluate
+// steps the regime with it; FastPath uses it for entry only.
+func (d *Detector) tailCheck(ds *deviceState, devSet []sample, nShort int, devBusy, now int64, explained func(int32) bool) (verdict, float64, string) {
 	cfg := &d.cfg
 	sc := &d.sc
 	if nShort == 0 {
-		if ds.tail.candidate() {
-			ds.tail.step(belowExit, now, cfg, 0, "")
-		}
-		return
+		return idle, 0, ""
 	}
 	sc.vals = sc.vals[:0]
 	var excess int
@@ -607,11 +622,13 @@ func (d *Detector) stepTail(ds *deviceState, devSet []sample, nShort int, now in
 	start := now - span
 	srcAll := map[int32]int{}
 	srcExcess := map[int32]bool{}
+	var sumLat float64
 	for i := range devSet {
 		s := &devSet[i]
 		if s.flags&flagPostJump != 0 || explained(s.slot) {
 			continue
 		}
+		sumLat += float64(s.lat)
 		cb := &ds.base.classes[s.class]
 		if !cb.learned(cfg.DeviceRegimeMinWindows) || !cb.tailLearned(cfg.DeviceRegimeMinWindows) {
 			continue
@@ -627,8 +644,7 @@ func (d *Detector) stepTail(ds *deviceState, devSet []sample, nShort int, now in
 	}
 	n := len(sc.vals)
 	if n < cfg.TailMinSamples {
-		ds.tail.step(unknown, now, cfg, 0, "")
-		return
+		return unknown, 0, ""
 	}
 	slices.Sort(sc.vals)
 	n50 := percentile(sc.vals, 0.5)
@@ -647,29 +663,38 @@ func (d *Detector) stepTail(ds *deviceState, devSet []sample, nShort int, now in
 	}
 	ev := fmt.Sprintf("device %s: %.1f%% of %d requests exceed %.1fx their size class's baseline p99 (entry at %.0f%%, healthy: <1%%), spread over %d of 4 quarters of the last %s, from %d of %d active sources; median %.2fx baseline",
 		ds.dev, 100*share, n, cfg.TailMult, 100*cfg.TailShare, spread, time.Duration(span).Round(time.Millisecond), len(srcExcess), active, n50)
+	// Requests in flight as contention counts them: a tail that comes with
+	// a queue (the first second of a contention, before its median rises:
+	// requests waiting behind large transfers) is queueing, not the device
+	// stalling; a stall of a few percent of requests barely raises them.
+	queued := false
+	if base := &ds.base; base.inflightN >= cfg.BaselineMinWindows && base.inflight > 0 && devBusy > 0 {
+		if inflight := sumLat / float64(devBusy); inflight >= cfg.ContentionDepthMult*base.inflight && inflight >= base.inflight+1 {
+			queued = true
+			ev += fmt.Sprintf("; but %.1f requests in flight against a healthy %.1f: queueing", inflight, base.inflight)
+		}
+	}
 	switch {
 	case share < cfg.TailExitShare:
-		ds.tail.step(belowExit, now, cfg, 0, ev)
-	case share >= cfg.TailShare && n50 <= cfg.TailMedianMax && spread >= cfg.TailSpread && (active < 2 || len(srcExcess) >= 2):
-		ds.tail.step(aboveEntry, now, cfg, confidence(share/cfg.TailShare, n, cfg.TailMinSamples), ev)
+		return belowExit, 0, ev
+	case share >= cfg.TailShare && n50 <= cfg.TailMedianMax && spread >= cfg.TailSpread && (active < 2 || len(srcExcess) >= 2) && !queued:
+		return aboveEntry, confidence(share/cfg.TailShare, n, cfg.TailMinSamples), ev
 	default:
-		ds.tail.step(between, now, cfg, 0, ev)
+		return between, 0, ev
 	}
 }
 
-func (d *Detector) stepContention(ds *deviceState, devSet []sample, devBusy int64, now int64, explained func(int32) bool) {
+// contentionCheck judges contention over devSet (busy for devBusy ns), as
+// tailCheck does tail inflation.
+func (d *Detector) contentionCheck(ds *deviceState, devSet []sample, devBusy int64, explained func(int32) bool) (verdict, float64, string) {
 	cfg := &d.cfg
 	sc := &d.sc
 	base := &ds.base
 	if len(devSet) == 0 || devBusy <= 0 {
-		if ds.contention.candidate() {
-			ds.contention.step(belowExit, now, cfg, 0, "")
-		}
-		return
+		return idle, 0, ""
 	}
 	if base.inflightN < cfg.BaselineMinWindows || base.inflight <= 0 {
-		ds.contention.step(unknown, now, cfg, 0, "")
-		return
+		return unknown, 0, ""
 	}
 	sc.vals = sc.vals[:0]
 	var sumLat float64
@@ -694,8 +719,7 @@ func (d *Detector) stepContention(ds *deviceState, devSet []sample, devBusy int6
 		}
 	}
 	if len(sc.vals) < cfg.BaselineMinSamples {
-		ds.contention.step(unknown, now, cfg, 0, "")
-		return
+		return unknown, 0, ""
 	}
 	// Latency against depth: normalised latency of requests issued at
 	// above-median depth over that of the others (evidence only).
@@ -730,12 +754,12 @@ func (d *Detector) stepContention(ds *deviceState, devSet []sample, devBusy int6
 		ds.dev, n50, inflight, base.inflight, nReaders, slope)
 	switch {
 	case n50 < cfg.ContentionExitMult || inflight < 0.75*cfg.ContentionDepthMult*base.inflight:
-		ds.contention.step(belowExit, now, cfg, 0, ev)
+		return belowExit, 0, ev
 	case n50 >= cfg.ContentionLatencyMult && inflight >= cfg.ContentionDepthMult*base.inflight && inflight >= base.inflight+1 && nReaders >= cfg.ContentionMinReaders:
 		margin := min(n50/cfg.ContentionLatencyMult, inflight/(cfg.ContentionDepthMult*base.inflight))
-		ds.contention.step(aboveEntry, now, cfg, confidence(margin, len(sc.vals), cfg.DeviceMinSamples), ev)
+		return aboveEntry, confidence(margin, len(sc.vals), cfg.DeviceMinSamples), ev
 	default:
-		ds.contention.step(between, now, cfg, 0, ev)
+		return between, 0, ev
 	}
 }
 

@@ -1,6 +1,7 @@
 package detector
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"time"
@@ -8,37 +9,132 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// FastPath looks, between evaluations, for sequential files that are
-// strongly slower than the device's baseline and enters their
-// FileLatencyShift at once. The regular evaluation needs a full Window of
-// reads; a DataNode opens a new block file per read, and a 256 MB block is
-// read in 2-4 s, so waiting a second (or more, for a file opened mid-window)
-// costs a large share of the block. The fast path judges a file on its last
-// FastMinSamples requests (count-based) against FastShiftMult, well above
-// the regular entry (ShiftMult), so that it needs no hysteresis. The
-// returned snapshot holds only the newly entered regimes, the stats of
-// their files and of their devices; call it as often as every 100 ms.
-// A zero FastShiftMult disables it.
+// FastPath enters regimes between evaluations; call it every
+// FastPathInterval(Window) (100 ms at the default 1 s).
+//
+// It looks for sequential files that are strongly slower than the device's
+// baseline and enters their FileLatencyShift at once. The regular
+// evaluation needs a full Window of reads; a DataNode opens a new block
+// file per read, and a 256 MB block is read in 2-4 s, so waiting a second
+// (or more, for a file opened mid-window) costs a large share of the block.
+// The fast path judges a file on its last FastMinSamples requests
+// (count-based) against FastShiftMult, well above the regular entry
+// (ShiftMult), so that it needs no hysteresis. A zero FastShiftMult
+// disables this part.
+//
+// With FastDeviceEntry, at most every Window/4 (counting Evaluate's own
+// checks), it also judges tail inflation and contention over the trailing
+// Window with Evaluate's entry conditions, and enters a regime that is not
+// yet active as soon as they hold (when EnterAfter > 1, only if the
+// previous evaluations were above entry too). It never clears anything:
+// exits and their hysteresis are Evaluate's.
+//
+// The returned snapshot holds only the newly entered regimes, the stats of
+// their files and of their devices.
 func (d *Detector) FastPath(now time.Duration) Snapshot {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	snap := Snapshot{Now: now}
 	cfg := &d.cfg
-	if cfg.FastShiftMult <= 0 {
-		return snap
-	}
 	devs := make([]probe.Dev, 0, len(d.devices))
 	for dev := range d.devices {
 		devs = append(devs, dev)
 	}
 	slices.Sort(devs)
 	for _, dev := range devs {
-		d.fastDevice(d.devices[dev], int64(now), &snap)
+		ds := d.devices[dev]
+		entered := false
+		if cfg.FastShiftMult > 0 {
+			entered = d.fastFiles(ds, int64(now), &snap)
+		}
+		if cfg.FastDeviceEntry && d.fastDeviceRegimes(ds, int64(now), &snap) {
+			entered = true
+		}
+		if entered {
+			dst := DeviceStats{Device: ds.dev, Errors: ds.errors, CapacityBPS: ds.base.capacity}
+			if ds.base.inflightN >= cfg.BaselineMinWindows {
+				dst.BaselineInflight = ds.base.inflight
+			}
+			snap.Devices = append(snap.Devices, dst)
+		}
 	}
 	return snap
 }
 
-func (d *Detector) fastDevice(ds *deviceState, now int64, snap *Snapshot) {
+// fastDeviceRegimes is FastPath's entry check of the device-level regimes.
+func (d *Detector) fastDeviceRegimes(ds *deviceState, now int64, snap *Snapshot) bool {
+	cfg := &d.cfg
+	if ds.tail.active && ds.contention.active {
+		return false
+	}
+	// A little slack for the caller's ticker: checks 100 ms apart must not
+	// be skipped every other time because one came a millisecond early.
+	every := int64(cfg.Window) / 4
+	if now-ds.devCheckAt < every-every/10 {
+		return false
+	}
+	ds.devCheckAt = now
+	// The window as Evaluate takes it: the last Window, extended back to
+	// DeviceMinSamples but not beyond LongWindow; stale file slots are
+	// unattributed.
+	sc := &d.sc
+	sc.win = sc.win[:0]
+	shortCut, longCut := now-int64(cfg.Window), now-int64(cfg.LongWindow)
+	ringN := uint64(len(ds.ring))
+	nShort := 0
+	for k := uint64(0); k < min(ds.n, ringN); k++ {
+		s := ds.ring[(ds.n-1-k)%ringN]
+		if s.complete <= longCut || (s.complete <= shortCut && len(sc.win) >= cfg.DeviceMinSamples) {
+			break
+		}
+		if s.slot != noSlot {
+			f := &d.files[s.slot]
+			if !f.used || f.gen != s.gen {
+				s.slot = noSlot
+			}
+		}
+		if s.complete > shortCut {
+			nShort++
+		}
+		sc.win = append(sc.win, s)
+	}
+	devSet := sc.win
+	sc.ivals = sc.ivals[:0]
+	for i := range devSet {
+		sc.ivals = append(sc.ivals, [2]int64{devSet[i].issue(), devSet[i].complete})
+	}
+	devBusy := busyNS(sc.ivals)
+	explained := func(slot int32) bool {
+		if slot == noSlot {
+			return false
+		}
+		f := &d.files[slot]
+		return f.shift.candidate() || f.starved.active
+	}
+	entered := false
+	enter := func(kind RegimeKind, h *hyst, v verdict, conf float64, ev string) {
+		if h.active || v != aboveEntry || h.above+1 < cfg.EnterAfter {
+			return
+		}
+		ev = "fast path: " + ev
+		h.step(aboveEntry, now, cfg, conf, ev)
+		snap.Regimes = append(snap.Regimes, Regime{Kind: kind, Device: ds.dev, Since: time.Duration(now), Confidence: conf, Evidence: ev})
+		entered = true
+	}
+	if !ds.tail.active {
+		v, conf, ev := d.tailCheck(ds, devSet, nShort, devBusy, now, explained)
+		enter(TailInflation, &ds.tail, v, conf, ev)
+	}
+	if !ds.contention.active {
+		v, conf, ev := d.contentionCheck(ds, devSet, devBusy, explained)
+		enter(Contention, &ds.contention, v, conf, ev)
+	}
+	return entered
+}
+
+// fastFiles is FastPath's strong file shift check; it reports whether it
+// entered any.
+func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 	cfg := &d.cfg
 	cut := now - int64(cfg.Window)
 	ringN := uint64(len(ds.ring))
@@ -61,6 +157,12 @@ func (d *Detector) fastDevice(ds *deviceState, now int64, snap *Snapshot) {
 			}
 			continue
 		}
+		// Requests right after a jump or an extent crossing are the
+		// evidence of extent starts (slow first reads of each extent of a
+		// fragmented file), not of a slower file.
+		if s.flags&flagPostJump != 0 {
+			continue
+		}
 		// Older requests of a file are not its peers (they may predate its
 		// slowdown), nor anyone's: the file is judged on its latest only.
 		if l := per[s.slot]; len(l) < cfg.FastMinSamples {
@@ -74,7 +176,7 @@ func (d *Detector) fastDevice(ds *deviceState, now int64, snap *Snapshot) {
 		}
 	}
 	if len(slots) == 0 {
-		return
+		return false
 	}
 	slices.Sort(slots)
 	norm := func(set []sample, by func(*classBaseline) float64) []float64 {
@@ -116,6 +218,9 @@ func (d *Detector) fastDevice(ds *deviceState, now int64, snap *Snapshot) {
 			continue
 		}
 		// Other files (and unattributed requests) not normal: device-wide.
+		// Judged over the same span as the file's requests (extended back to
+		// PeerMinSamples): a device-wide stall shorter than the window must
+		// not leave the file slow against peers mostly read before it.
 		var others []sample
 		others = append(others, peers...)
 		for _, o := range slots {
@@ -123,14 +228,25 @@ func (d *Detector) fastDevice(ds *deviceState, now int64, snap *Snapshot) {
 				others = append(others, per[o]...)
 			}
 		}
+		slices.SortFunc(others, func(a, b sample) int { return cmp.Compare(b.complete, a.complete) })
+		oldest := set[len(set)-1].complete
+		n := 0
+		for n < len(others) && (others[n].complete >= oldest || n < cfg.PeerMinSamples) {
+			n++
+		}
+		others = others[:n]
 		peerN := norm(others, p50)
 		peerEv := "no other file active to compare with"
 		if len(peerN) >= cfg.PeerMinSamples {
-			pm := percentile(peerN, 0.5)
-			if pm >= cfg.ShiftMult || n50 < cfg.PeerMult*pm {
+			// As Evaluate: the file's median and p95 both PeerMult times
+			// its peers'. A device-wide stall leaves the peers' median
+			// normal (their unstalled requests even speed up) but not their
+			// tail.
+			pm, pt := percentile(peerN, 0.5), percentile(norm(others, p95), 0.95)
+			if pm >= cfg.ShiftMult || n50 < cfg.PeerMult*pm || t95 < cfg.PeerMult*pt {
 				continue
 			}
-			peerEv = fmt.Sprintf("other requests normal: median %.2fx baseline (%d requests)", pm, len(peerN))
+			peerEv = fmt.Sprintf("other requests normal: median %.2fx, p95 %.2fx baseline (%d requests)", pm, pt, len(peerN))
 		}
 		st := FileStats{Key: f.key, Device: f.dev, NextOffset: f.nextOffset, LastSeen: time.Duration(f.lastSeen),
 			ExtentCrossings: f.crossings, Sequentiality: seqShare}
@@ -147,11 +263,5 @@ func (d *Detector) fastDevice(ds *deviceState, now int64, snap *Snapshot) {
 			Since: time.Duration(now), Confidence: conf, Evidence: ev})
 		entered = true
 	}
-	if entered {
-		dst := DeviceStats{Device: ds.dev, Errors: ds.errors, CapacityBPS: ds.base.capacity}
-		if ds.base.inflightN >= cfg.BaselineMinWindows {
-			dst.BaselineInflight = ds.base.inflight
-		}
-		snap.Devices = append(snap.Devices, dst)
-	}
+	return entered
 }

@@ -1,12 +1,15 @@
 package detector
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
 // runFast advances the model in 100 ms steps, calling FastPath between the
@@ -105,4 +108,144 @@ func TestFastPathQuietOnAHealthyDeviceAndForMildOrRandomSlowdowns(t *testing.T) 
 	var tl timeline
 	entered := runFast(s, d, 60*sec, &tl)
 	assert.Empty(t, entered)
+}
+
+// runDaemon drives the detector as the daemon does (Evaluate every
+// interval, FastPath every FastPathInterval(interval)) and returns, per
+// regime kind and file, the first time either reported it at or after from,
+// and the regular evaluations' timeline.
+func runDaemon(s *sim, d *Detector, until, from time.Duration) (map[string]time.Duration, *timeline) {
+	first := map[string]time.Duration{}
+	tl := &timeline{}
+	note := func(snap Snapshot) {
+		for _, r := range snap.Regimes {
+			k := string(r.Kind) + " " + r.File.String()
+			if _, ok := first[k]; !ok && snap.Now >= from {
+				first[k] = snap.Now
+			}
+		}
+	}
+	fast := FastPathInterval(interval)
+	for t := s.now + fast; t <= until; t += fast {
+		s.run(d, t, interval, func(snap Snapshot) { tl.add(snap); note(snap) })
+		note(d.FastPath(s.now))
+	}
+	return first, tl
+}
+
+func tailKey() string { return string(TailInflation) + " " + probe.FileKey{}.String() }
+
+func contentionKey() string { return string(Contention) + " " + probe.FileKey{}.String() }
+
+func TestFastPathEntersTailInflationEarlierThanEvaluateAlone(t *testing.T) {
+	var fastDelays, evalDelays []time.Duration
+	// Onsets at every phase of the evaluation ticker.
+	for i, phase := range []time.Duration{50, 200, 350, 500, 650, 800, 950} {
+		onset := 30*sec + phase*time.Millisecond
+		mk := func() *sim {
+			s, _ := labMix(uint64(40 + i))
+			// The lab's temporal slowdown: a few percent of all reads stall.
+			s.tailOn = during(onset, onset+6*sec)
+			s.tailP = 0.05
+			s.tailExtra = 20 * time.Millisecond
+			return s
+		}
+		s := mk()
+		var tl timeline
+		s.run(New(DefaultConfig()), 40*sec, interval, tl.add)
+		evalAt, ok := tl.first(TailInflation, probe.FileKey{}, onset)
+		require.True(t, ok, "evaluate alone: onset %s: never entered", onset)
+
+		s = mk()
+		first, dtl := runDaemon(s, New(DefaultConfig()), 40*sec, onset)
+		fastAt, ok := first[tailKey()]
+		require.True(t, ok, "daemon cadence: onset %s: never entered", onset)
+		assert.LessOrEqual(t, fastAt, evalAt, "onset %s: the fast path must not enter later than Evaluate", onset)
+		// Checked every 300 ms (the first 100 ms tick at least Window/4
+		// after the last check): the excesses reach their third quarter
+		// 0.5-0.75 s after onset, plus up to a check period.
+		assert.LessOrEqual(t, fastAt-onset, 1250*time.Millisecond, "onset %s", onset)
+		// Exits stay Evaluate's: cleared within 3 s of the end, not before it.
+		gone, ok := dtl.clearedAt(TailInflation, probe.FileKey{}, fastAt)
+		require.True(t, ok)
+		assert.GreaterOrEqual(t, gone, onset+6*sec, "onset %s: cleared before the end", onset)
+		assert.LessOrEqual(t, gone-(onset+6*sec), 3*time.Second, "onset %s: clear delay", onset)
+		assert.Empty(t, dtl.anyRegime(0, 40*sec, TailInflation, StarvedStream), "onset %s", onset)
+		fastDelays = append(fastDelays, fastAt-onset)
+		evalDelays = append(evalDelays, evalAt-onset)
+	}
+	t.Logf("delay with the fast path %v, with Evaluate alone %v", fastDelays, evalDelays)
+	slices.Sort(fastDelays)
+	slices.Sort(evalDelays)
+	mf, me := fastDelays[len(fastDelays)/2], evalDelays[len(evalDelays)/2]
+	assert.Less(t, mf, me, "median delay: fast path %s, Evaluate alone %s", mf, me)
+	assert.LessOrEqual(t, mf, 900*time.Millisecond)
+}
+
+func TestFastPathEntersContentionNoLaterThanEvaluateAlone(t *testing.T) {
+	onset := 30*sec + 300*time.Millisecond
+	mk := func() *sim {
+		s, _ := labMix(8)
+		for range 5 {
+			r := s.addSeq(128*kib, 2)
+			r.startAt, r.stopAt = onset, onset+10*sec
+		}
+		return s
+	}
+	s := mk()
+	var tl timeline
+	s.run(New(DefaultConfig()), 45*sec, interval, tl.add)
+	evalAt, ok := tl.first(Contention, probe.FileKey{}, onset)
+	require.True(t, ok)
+	first, dtl := runDaemon(mk(), New(DefaultConfig()), 45*sec, onset)
+	fastAt, ok := first[contentionKey()]
+	require.True(t, ok)
+	t.Logf("contention entered %s after onset with the fast path, %s with Evaluate alone", fastAt-onset, evalAt-onset)
+	assert.LessOrEqual(t, fastAt, evalAt)
+	gone, ok := dtl.clearedAt(Contention, probe.FileKey{}, fastAt)
+	require.True(t, ok)
+	assert.GreaterOrEqual(t, gone, onset+10*sec, "cleared before the end")
+	assert.LessOrEqual(t, gone-(onset+10*sec), 3*time.Second)
+}
+
+func TestFastPathSingleStallQuarterIsNotTailInflation(t *testing.T) {
+	// A stall shorter than a quarter of the window, with a large share of
+	// requests over the tail threshold: at most two quarters of any
+	// trailing window hold excesses, so neither path may enter.
+	for i, at := range []time.Duration{30*sec + 100*time.Millisecond, 30*sec + 420*time.Millisecond, 30*sec + 880*time.Millisecond} {
+		s, _ := labMix(uint64(60 + i))
+		s.tailOn = during(at, at+200*time.Millisecond)
+		s.tailP = 0.4
+		s.tailExtra = 20 * time.Millisecond
+		first, tl := runDaemon(s, New(DefaultConfig()), 40*sec, 0)
+		_, entered := first[tailKey()]
+		assert.False(t, entered, "stall at %s entered tail inflation", at)
+		assert.Empty(t, tl.anyRegime(0, 40*sec, StarvedStream), "stall at %s", at)
+	}
+}
+
+func TestFastPathHealthyStreamNeverEntersADeviceRegime(t *testing.T) {
+	s, _ := labMix(1)
+	d := New(DefaultConfig())
+	first, tl := runDaemon(s, d, 120*sec, 0)
+	assert.Empty(t, first, "regimes on a healthy device")
+	assert.Empty(t, tl.anyRegime(0, 120*sec))
+}
+
+func TestFastPathDeviceEntryOff(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.FastDeviceEntry = false
+	onset := 30*sec + 50*time.Millisecond
+	s, _ := labMix(40)
+	s.tailOn = during(onset, onset+6*sec)
+	s.tailP = 0.05
+	s.tailExtra = 20 * time.Millisecond
+	d := New(cfg)
+	s.run(d, onset, interval, nil)
+	for t2 := onset; t2 < onset+2*sec; t2 += 100 * time.Millisecond {
+		s.run(d, t2, interval, nil)
+		for _, r := range d.FastPath(s.now).Regimes {
+			assert.NotEqual(t, TailInflation, r.Kind, "device entry is off")
+		}
+	}
 }

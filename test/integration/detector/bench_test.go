@@ -14,19 +14,15 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/detector"
 )
 
-// cadence is one way of driving the detector over a recording.
-type cadence struct {
-	name     string
-	interval time.Duration
-	cfg      func() detector.Config
-}
-
-var cadences = []cadence{
-	// The daemon's cadence: one evaluation per 1 s window.
-	{"1s", time.Second, detector.DefaultConfig},
-	// Four evaluations per 1 s window; the exit count is scaled so that a
-	// regime still needs 2 s below its exit threshold to clear.
-	{"250ms", 250 * time.Millisecond, func() detector.Config {
+var cadences = []Cadence{
+	// The daemon's: Evaluate every 1 s window, FastPath every 100 ms.
+	DaemonCadence(),
+	// Evaluate alone, once per 1 s window (the lab figures before the
+	// fast path was driven).
+	{Name: "1s-evaluate-only", Interval: time.Second, Config: detector.DefaultConfig},
+	// Evaluate alone, four times per 1 s window; the exit count is scaled
+	// so that a regime still needs 2 s below its exit threshold to clear.
+	{Name: "250ms-evaluate-only", Interval: 250 * time.Millisecond, Config: func() detector.Config {
 		c := detector.DefaultConfig()
 		c.ExitAfter = int(2 * time.Second / (250 * time.Millisecond))
 		return c
@@ -54,14 +50,14 @@ func BenchmarkDetectorReplay(b *testing.B) {
 		require.NoError(b, err)
 		name := strings.TrimSuffix(filepath.Base(path), ".rec.gz")
 		for _, c := range cadences {
-			b.Run(name+"/"+c.name, func(b *testing.B) {
+			b.Run(name+"/"+c.Name, func(b *testing.B) {
 				var evals []Eval
 				for b.Loop() {
-					evals = Replay(rec, c.cfg(), c.interval)
+					evals = Replay(rec, c)
 				}
-				sc := ScoreRun(eps, evals, c.interval)
-				fmt.Fprintf(os.Stdout, "\n%s (%d records over %s, %d episodes), %s", name, len(rec.Records),
-					(rec.End - rec.Start).Round(time.Second), len(eps), sc.Table())
+				sc := ScoreRun(eps, evals, c.Interval)
+				fmt.Fprintf(os.Stdout, "\n%s (%d records over %s, %d episodes), cadence %s (fast path every %s), %s", name, len(rec.Records),
+					(rec.End - rec.Start).Round(time.Second), len(eps), c.Name, fmtD(c.Fast), sc.Table())
 				for _, k := range sc.Labs {
 					if k.Episodes == 0 {
 						continue
@@ -97,8 +93,9 @@ func TestDetectorReplay(t *testing.T) {
 		require.NoError(t, err)
 		eps, err := rec.Episodes()
 		require.NoError(t, err)
-		sc := ScoreRun(eps, Replay(rec, detector.DefaultConfig(), time.Second), time.Second)
-		again := ScoreRun(eps, Replay(rec, detector.DefaultConfig(), time.Second), time.Second)
+		c := DaemonCadence()
+		sc := ScoreRun(eps, Replay(rec, c), c.Interval)
+		again := ScoreRun(eps, Replay(rec, c), c.Interval)
 		require.Equal(t, sc.Table(), again.Table(), "replay must be deterministic")
 		t.Logf("%s:\n%s", filepath.Base(path), sc.Table())
 		if len(eps) == 0 {

@@ -178,22 +178,21 @@ func randomReads(ctx context.Context, path string, seed uint64) error {
 	return nil
 }
 
-// live runs the probe on the lab device into a detector evaluated every
-// interval of CLOCK_MONOTONIC (as the daemon does), and records the probe's
-// stream.
+// live runs the probe on the lab device into a detector driven as the
+// daemon drives it (DaemonCadence: Evaluate every second, FastPath every
+// 100 ms, on CLOCK_MONOTONIC tickers), and records the probe's stream.
 type live struct {
 	rec     *Recording
-	det     *detector.Detector
+	dr      *driver
 	p       *probe.Probe
 	mu      sync.Mutex
-	evals   []Eval
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	runErr  error
 	stopped bool
 }
 
-func startLive(t *testing.T, l *lab.Lab, w *workload, interval time.Duration) *live {
+func startLive(t *testing.T, l *lab.Lab, w *workload, c Cadence) *live {
 	t.Helper()
 	p, err := probe.Load(probe.Config{Devices: []probe.Dev{l.Dev}, Poll: 20 * time.Millisecond})
 	if err != nil {
@@ -202,7 +201,7 @@ func startLive(t *testing.T, l *lab.Lab, w *workload, interval time.Duration) *l
 		}
 		require.NoError(t, err, "load the BPF probe")
 	}
-	lv := &live{det: detector.New(detector.DefaultConfig()), p: p, rec: &Recording{Device: l.Dev, Files: map[string]probe.FileKey{}}}
+	lv := &live{dr: &driver{det: detector.New(c.Config())}, p: p, rec: &Recording{Device: l.Dev, Files: map[string]probe.FileKey{}}}
 	for _, path := range []string{w.seqA, w.frag, w.rnd, w.bg} {
 		var st unix.Stat_t
 		require.NoError(t, unix.Stat(path, &st))
@@ -215,32 +214,45 @@ func startLive(t *testing.T, l *lab.Lab, w *workload, interval time.Duration) *l
 	go func() {
 		defer lv.wg.Done()
 		lv.runErr = p.Run(ctx, probe.HandlerFuncs{Record: func(r probe.Record) {
-			lv.det.Observe(r)
+			lv.dr.det.Observe(r)
 			lv.mu.Lock()
 			lv.rec.Records = append(lv.rec.Records, r)
 			lv.mu.Unlock()
 		}})
 	}()
+	logEntered := func(now time.Duration, rs []detector.Regime) {
+		for _, r := range rs {
+			t.Logf("entered at %s: %s dev %s file %s conf %.2f: %s", now, r.Kind, r.Device, r.File, r.Confidence, r.Evidence)
+		}
+	}
 	go func() {
 		defer lv.wg.Done()
-		next := lv.rec.Start + interval
+		// The daemon's loop (cmd/readaheadd run.go): two tickers.
+		tick := time.NewTicker(c.Interval)
+		defer tick.Stop()
+		var fastC <-chan time.Time
+		if c.Fast > 0 {
+			fast := time.NewTicker(c.Fast)
+			defer fast.Stop()
+			fastC = fast.C
+		}
 		for {
-			now := clock.Monotonic{}.Now()
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(next - now):
+			case <-tick.C:
+				now := clock.Monotonic{}.Now()
+				lv.mu.Lock()
+				entered := lv.dr.evaluate(now)
+				lv.mu.Unlock()
+				logEntered(now, entered)
+			case <-fastC:
+				now := clock.Monotonic{}.Now()
+				lv.mu.Lock()
+				entered := lv.dr.fast(now)
+				lv.mu.Unlock()
+				logEntered(now, entered)
 			}
-			snap := lv.det.Evaluate(clock.Monotonic{}.Now())
-			lv.mu.Lock()
-			lv.evals = append(lv.evals, Eval{Now: snap.Now, Regimes: snap.Regimes})
-			lv.mu.Unlock()
-			for _, r := range snap.Regimes {
-				if r.Since == snap.Now {
-					t.Logf("entered %s dev %s file %s conf %.2f: %s", r.Kind, r.Device, r.File, r.Confidence, r.Evidence)
-				}
-			}
-			next += interval
 		}
 	}()
 	t.Cleanup(func() { lv.stop(t) })
@@ -263,7 +275,18 @@ func (lv *live) stop(t *testing.T) []Eval {
 	}
 	lv.mu.Lock()
 	defer lv.mu.Unlock()
-	return lv.evals
+	return lv.dr.evals
+}
+
+// evaluations counts the Evaluate calls among evals.
+func evaluations(evals []Eval) int {
+	n := 0
+	for _, e := range evals {
+		if !e.Fast {
+			n++
+		}
+	}
+	return n
 }
 
 // sleepJitter sleeps d plus a random part of a second, so that regime
@@ -285,7 +308,7 @@ func TestDetectorLabRegimes(t *testing.T) {
 	l := lab.New(t, lab.Options{})
 	w := prepareFiles(t, l)
 	w.start(t)
-	lv := startLive(t, l, w, time.Second)
+	lv := startLive(t, l, w, DaemonCadence())
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 
 	time.Sleep(warm)
@@ -327,7 +350,8 @@ func TestDetectorLabRegimes(t *testing.T) {
 	eps, err := lv.rec.Episodes()
 	require.NoError(t, err)
 	sc := ScoreRun(eps, evals, time.Second)
-	t.Logf("live detector, %d records, %d evaluations:\n%s", len(lv.rec.Records), len(evals), sc.Table())
+	t.Logf("live detector at the daemon's cadence, %d records, %d evaluations, %d fast-path entries:\n%s",
+		len(lv.rec.Records), evaluations(evals), len(evals)-evaluations(evals), sc.Table())
 	for _, k := range sc.Labs {
 		assert.Equal(t, k.Episodes, k.Detected, "%s: every episode must be detected as %s", k.Lab, k.Kind)
 		if len(k.Delays) > 0 {
@@ -352,7 +376,7 @@ func TestDetectorLabHealthy(t *testing.T) {
 	l := lab.New(t, lab.Options{})
 	w := prepareFiles(t, l)
 	w.start(t)
-	lv := startLive(t, l, w, time.Second)
+	lv := startLive(t, l, w, DaemonCadence())
 	time.Sleep(d)
 	w.stop()
 	require.NoError(t, w.err, "workload")
@@ -366,14 +390,14 @@ func TestDetectorLabHealthy(t *testing.T) {
 	for _, e := range evals {
 		reported = append(reported, e.Regimes...)
 	}
-	t.Logf("%d records, %d evaluations, %d regime reports", len(lv.rec.Records), len(evals), len(reported))
+	t.Logf("%d records, %d evaluations, %d fast-path entries, %d regime reports", len(lv.rec.Records), evaluations(evals), len(evals)-evaluations(evals), len(reported))
 	for i, r := range reported {
 		if i < 5 {
 			t.Logf("reported %s dev %s file %s since %s: %s", r.Kind, r.Device, r.File, r.Since, r.Evidence)
 		}
 	}
 	assert.Empty(t, reported, "a healthy lab must give no regime")
-	assert.GreaterOrEqual(t, len(evals), int(d/time.Second)-2)
+	assert.GreaterOrEqual(t, evaluations(evals), int(d/time.Second)-2)
 }
 
 func saveIfAsked(t *testing.T, rec *Recording) {

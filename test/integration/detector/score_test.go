@@ -10,28 +10,93 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// Eval is the regimes one evaluation reported.
+// Eval is the regimes the daemon would hold after one call: after an
+// Evaluate, the regimes it reports; after a FastPath that entered
+// something (Fast), those of the last Evaluate plus the newly entered ones,
+// as the daemon logs them.
 type Eval struct {
 	Now     time.Duration
 	Regimes []detector.Regime
+	Fast    bool
 }
 
-// Replay feeds the recording through a new detector and evaluates every
-// interval of record time, as the daemon does live (it evaluates on a
-// CLOCK_MONOTONIC ticker). A record is observed once it has completed;
-// live, the probe delivers it up to its poll interval later.
-func Replay(rec *Recording, cfg detector.Config, interval time.Duration) []Eval {
-	d := detector.New(cfg)
-	var out []Eval
-	i := 0
-	for now := rec.Start + interval; now <= rec.End; now += interval {
-		for ; i < len(rec.Records) && rec.Records[i].Complete() <= now; i++ {
-			d.Observe(rec.Records[i])
+// Cadence is how a run drives the detector.
+type Cadence struct {
+	Name     string
+	Interval time.Duration // Evaluate every Interval
+	Fast     time.Duration // FastPath every Fast; 0: never
+	Config   func() detector.Config
+}
+
+// DaemonCadence is how cmd/readaheadd drives the detector at its default
+// --interval: Evaluate every second, FastPath every 100 ms.
+func DaemonCadence() Cadence {
+	return Cadence{Name: "daemon", Interval: detector.DefaultInterval,
+		Fast: detector.FastPathInterval(detector.DefaultInterval), Config: detector.DefaultConfig}
+}
+
+// driver calls the detector and keeps what the daemon would hold.
+type driver struct {
+	det    *detector.Detector
+	evals  []Eval
+	active []detector.Regime
+	full   int // evaluations (not fast paths)
+}
+
+func (dr *driver) evaluate(now time.Duration) []detector.Regime {
+	snap := dr.det.Evaluate(now)
+	dr.active = snap.Regimes
+	dr.evals = append(dr.evals, Eval{Now: now, Regimes: snap.Regimes})
+	dr.full++
+	var entered []detector.Regime
+	for _, r := range snap.Regimes {
+		if r.Since == now {
+			entered = append(entered, r)
 		}
-		snap := d.Evaluate(now)
-		out = append(out, Eval{Now: now, Regimes: snap.Regimes})
 	}
-	return out
+	return entered
+}
+
+// fast returns the regimes the fast path entered.
+func (dr *driver) fast(now time.Duration) []detector.Regime {
+	snap := dr.det.FastPath(now)
+	if len(snap.Regimes) == 0 {
+		return nil
+	}
+	dr.active = append(slices.Clone(dr.active), snap.Regimes...)
+	dr.evals = append(dr.evals, Eval{Now: now, Regimes: dr.active, Fast: true})
+	return snap.Regimes
+}
+
+// Replay feeds the recording through a new detector driven at cadence c
+// in record time, as the daemon drives it live (on CLOCK_MONOTONIC
+// tickers; when both are due, Evaluate first). A record is observed once
+// it has completed; live, the probe delivers it up to its poll interval
+// later.
+func Replay(rec *Recording, c Cadence) []Eval {
+	dr := &driver{det: detector.New(c.Config())}
+	i := 0
+	nextEval, nextFast := rec.Start+c.Interval, rec.Start+c.Fast
+	for {
+		now := nextEval
+		if c.Fast > 0 {
+			now = min(now, nextFast)
+		}
+		if now > rec.End {
+			return dr.evals
+		}
+		for ; i < len(rec.Records) && rec.Records[i].Complete() <= now; i++ {
+			dr.det.Observe(rec.Records[i])
+		}
+		if now == nextEval {
+			dr.evaluate(now)
+			nextEval += c.Interval
+		}
+		if c.Fast > 0 && now == nextFast {
+			dr.fast(now)
+			nextFast += c.Fast
+		}
+	}
 }
 
 // labKinds maps a detector regime to the lab regimes that explain it. A
