@@ -86,67 +86,37 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.MaxKB == 0 {
-		c.MaxKB = 4096
-	}
-	if c.Growth == 0 {
-		c.Growth = 2
-	}
-	if c.Margin == 0 {
-		c.Margin = 0.10
-	}
-	if c.DeviceMargin == 0 {
-		c.DeviceMargin = 0.20
-	}
-	if c.Settle == 0 {
-		c.Settle = time.Second
-	}
-	if c.BackoffBase == 0 {
-		c.BackoffBase = 2 * time.Second
-	}
-	if c.BackoffMax == 0 {
-		c.BackoffMax = 5 * time.Minute
-	}
-	if c.CapacityFrac == 0 {
-		c.CapacityFrac = 0.9
-	}
-	if c.ReprobeAfter == 0 {
-		c.ReprobeAfter = time.Minute
-	}
-	if c.ReprobeHold == 0 {
-		c.ReprobeHold = 3 * c.Settle
-	}
-	if c.Grace == 0 {
-		c.Grace = 10 * time.Second
-	}
-	if c.DeviceMinFiles == 0 {
-		c.DeviceMinFiles = 4
-	}
-	if c.DeviceFileFraction == 0 {
-		c.DeviceFileFraction = 0.5
-	}
-	if c.SysfsWritesPerSec == 0 {
-		c.SysfsWritesPerSec = 10
-	}
-	if c.SysfsBurst == 0 {
-		c.SysfsBurst = 4
-	}
-	if c.PrefetchStartKB == 0 {
-		c.PrefetchStartKB = 2048
-	}
-	if c.PrefetchMaxKB == 0 {
-		c.PrefetchMaxKB = 16384
-	}
-	if c.PrefetchBytesPerSec == 0 {
-		c.PrefetchBytesPerSec = 64 << 20
-	}
-	if c.MinSequentiality == 0 {
-		c.MinSequentiality = 0.6
-	}
-	if c.RecentActions == 0 {
-		c.RecentActions = 64
-	}
+	// Zero means "the default"; order matters where one default derives
+	// from another (ReprobeHold from Settle).
+	orDefault(&c.MaxKB, 4096)
+	orDefault(&c.Growth, 2)
+	orDefault(&c.Margin, 0.10)
+	orDefault(&c.DeviceMargin, 0.20)
+	orDefault(&c.Settle, time.Second)
+	orDefault(&c.BackoffBase, 2*time.Second)
+	orDefault(&c.BackoffMax, 5*time.Minute)
+	orDefault(&c.CapacityFrac, 0.9)
+	orDefault(&c.ReprobeAfter, time.Minute)
+	orDefault(&c.ReprobeHold, 3*c.Settle)
+	orDefault(&c.Grace, 10*time.Second)
+	orDefault(&c.DeviceMinFiles, 4)
+	orDefault(&c.DeviceFileFraction, 0.5)
+	orDefault(&c.SysfsWritesPerSec, 10)
+	orDefault(&c.SysfsBurst, 4)
+	orDefault(&c.PrefetchStartKB, 2048)
+	orDefault(&c.PrefetchMaxKB, 16384)
+	orDefault(&c.PrefetchBytesPerSec, 64<<20)
+	orDefault(&c.MinSequentiality, 0.6)
+	orDefault(&c.RecentActions, 64)
 	return c
+}
+
+// orDefault sets *v to d when *v is the zero value.
+func orDefault[T comparable](v *T, d T) {
+	var zero T
+	if *v == zero {
+		*v = d
+	}
 }
 
 func (c Config) validate() error {
