@@ -82,3 +82,28 @@ func TestSlowdownPresentAtStartRecognisedAfterLoad(t *testing.T) {
 	_, ok = tl2.first(FileLatencyShift, seq.file, 0)
 	assert.False(t, ok)
 }
+
+func TestFileSlowFromStartNotLearnedAsHealthy(t *testing.T) {
+	// No saved baseline, and one of two sequential files is slow from the
+	// first request: the healthy one is the reference, so the slow one is
+	// recognised once the baseline is learned instead of becoming it.
+	s := newSim(25, labBase, labBW)
+	healthy := s.addSeq(128*kib, 2)
+	slow := s.addSeq(128*kib, 2)
+	slow.extra = func(time.Duration) time.Duration { return 3 * time.Millisecond }
+	s.addRandom(4*kib, 5*time.Millisecond)
+	d := New(DefaultConfig())
+	var tl timeline
+	s.run(d, 15*sec, interval, tl.add)
+	at, ok := tl.first(FileLatencyShift, slow.file, 0)
+	require.True(t, ok, "a file slow from the start was learned as the device's healthy latency")
+	assert.LessOrEqual(t, at, 5*time.Second)
+	assert.Empty(t, tl.activeBetween(FileLatencyShift, healthy.file, 0, 15*sec))
+	last := tl.snaps[len(tl.snaps)-1]
+	require.Len(t, last.Devices, 1)
+	for _, f := range last.Files {
+		if f.Key == slow.file {
+			assert.Less(t, float64(last.Devices[0].BaselineP50)*DefaultConfig().ShiftMult, float64(f.P50), "baseline learned from the healthy file")
+		}
+	}
+}

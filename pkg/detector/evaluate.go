@@ -265,7 +265,7 @@ func (d *Detector) evalDevice(ds *deviceState, now int64, snap *Snapshot) {
 
 	// Learn from healthy windows only.
 	if !ds.tail.candidate() && !ds.contention.candidate() && nShort > 0 {
-		d.learn(ds, devSet, devBusy, explained)
+		d.learn(ds, devSet, devBusy, explained, aggOf)
 	}
 	if devBusy >= int64(cfg.Window)/4 {
 		ds.base.observeCapacity(now, dst.BusyThroughput, cfg.CapacityHalfLife)
@@ -765,17 +765,52 @@ func (d *Detector) contentionCheck(ds *deviceState, devSet []sample, devBusy int
 
 // learn folds a healthy window into the device baseline: per size class,
 // requests not explained by a per-file regime and not right after a jump.
-func (d *Detector) learn(ds *deviceState, devSet []sample, devBusy int64, explained func(int32) bool) {
+// Files whose median stands apart from the rest (ShiftMult times the class
+// reference: the learned median, or this window's before one is learned)
+// are left out too: a file that is slow from the moment the daemon starts
+// is not yet a shift candidate, and learning its latency as healthy would
+// hide its shift for good.
+func (d *Detector) learn(ds *deviceState, devSet []sample, devBusy int64, explained func(int32) bool, aggOf func(int32) *fileAgg) {
 	cfg := &d.cfg
 	var perClass [maxClass + 1][]float64
+	collect := func(skip func(*sample) bool) {
+		for c := range perClass {
+			perClass[c] = perClass[c][:0]
+		}
+		for i := range devSet {
+			s := &devSet[i]
+			if s.flags&flagPostJump != 0 || explained(s.slot) || skip(s) {
+				continue
+			}
+			perClass[s.class] = append(perClass[s.class], float64(s.lat))
+		}
+	}
+	collect(func(*sample) bool { return false })
+	var ref [maxClass + 1]float64
+	for c := range perClass {
+		if cb := d.classRef(ds, uint8(c)); cb != nil {
+			ref[c] = cb.p50
+		} else if len(perClass[c]) >= cfg.BaselineMinSamples {
+			slices.Sort(perClass[c])
+			ref[c] = percentile(perClass[c], 0.5)
+		}
+	}
+	apart := func(s *sample) bool {
+		a := aggOf(s.slot)
+		if a == nil || a.stats.Requests < uint64(cfg.FileMinSamples) {
+			return false
+		}
+		r := ref[a.domClass]
+		return r > 0 && float64(a.stats.P50) >= cfg.ShiftMult*r
+	}
+	collect(apart)
 	var sumLat, depth float64
 	var n int
 	for i := range devSet {
 		s := &devSet[i]
-		if s.flags&flagPostJump != 0 || explained(s.slot) {
+		if s.flags&flagPostJump != 0 || explained(s.slot) || apart(s) {
 			continue
 		}
-		perClass[s.class] = append(perClass[s.class], float64(s.lat))
 		sumLat += float64(s.lat)
 		depth += float64(s.depth)
 		n++
