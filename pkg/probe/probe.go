@@ -112,22 +112,33 @@ func (c Config) spec() (*ebpf.CollectionSpec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse embedded BPF object: %w", err)
 	}
+	if err := c.configure(spec); err != nil {
+		return nil, err
+	}
+	return spec, nil
+}
+
+// configure sets cfg's constants and sizes in spec (the embedded object, or
+// another build of bpf/probe.bpf.c compared with it in the benchmark).
+func (c Config) configure(spec *ebpf.CollectionSpec) error {
 	var devs [MaxDevices]uint32
 	for i, d := range c.Devices {
 		devs[i] = uint32(d)
 	}
 	if err := spec.Variables["filter_devs"].Set(devs); err != nil {
-		return nil, fmt.Errorf("set device filter: %w", err)
+		return fmt.Errorf("set device filter: %w", err)
 	}
 	if err := spec.Variables["n_filter_devs"].Set(uint32(len(c.Devices))); err != nil {
-		return nil, fmt.Errorf("set device filter: %w", err)
+		return fmt.Errorf("set device filter: %w", err)
 	}
 	if err := spec.Variables["wakeup_bytes"].Set(uint64(c.RingBytes / 4)); err != nil {
-		return nil, fmt.Errorf("set wake-up threshold: %w", err)
+		return fmt.Errorf("set wake-up threshold: %w", err)
 	}
 	spec.Maps["events"].MaxEntries = uint32(c.RingBytes)
-	spec.Maps["filestats"].MaxEntries = uint32(c.FileEntries)
-	return spec, nil
+	if m, ok := spec.Maps["filestats"]; ok {
+		m.MaxEntries = uint32(c.FileEntries)
+	}
+	return nil
 }
 
 // checkBTF fails with ErrNoBTF when the kernel has no BTF.
