@@ -83,7 +83,7 @@ func embeddedVariant() benchVariant {
 			for _, d := range s.Devices {
 				reqs += d.Requests
 			}
-			fmt.Printf("probe cost:   %d requests traced on all disks, %d records streamed, lost %d\n", reqs, n, s.Lost.Total())
+			fmt.Printf("probe cost:   %d requests traced on all disks, %d records streamed, lost %d (%+v)\n", reqs, n, s.Lost.Total(), s.Lost)
 			require.NoError(t, p.Close())
 		}
 	}}
