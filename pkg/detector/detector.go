@@ -103,6 +103,9 @@ type deviceState struct {
 	// (by Evaluate or FastPath): FastPath judges them at most every
 	// Window/4.
 	devCheckAt int64
+	// extentCheckAt is when FastPath last judged extent starts (at most
+	// every Window/4; Evaluate judges them every Window).
+	extentCheckAt int64
 
 	// Streams of requests the probe could not attribute to a file
 	// (O_DIRECT reads, say), told apart by sector continuity: each is one

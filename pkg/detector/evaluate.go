@@ -12,12 +12,16 @@ import (
 
 // scratch holds buffers reused across evaluations.
 type scratch struct {
-	win    []sample
-	vals   []float64
-	vals2  []float64
-	ivals  [][2]int64
-	slotAg []int32 // slot -> index in aggs + 1 for the current device
-	aggs   []fileAgg
+	win   []sample
+	vals  []float64
+	vals2 []float64
+	vals3 []float64
+	// extentRatio is the post-jump to steady ratio judgeExtent last found
+	extentRatio     float64
+	extentCrossings int
+	ivals           [][2]int64
+	slotAg          []int32 // slot -> index in aggs + 1 for the current device
+	aggs            []fileAgg
 }
 
 // fileAgg gathers one file's samples (indices into scratch.win) in a window.
@@ -29,9 +33,13 @@ type fileAgg struct {
 	// normalised median (by class p50) and p95 (by class p95) over set
 	n50, t95 float64
 	nl       int // set samples in learned classes
-	domClass uint8
-	inShort  bool
-	shifted  bool // above the shift thresholds on its own (before peers)
+	// normalised median of the latest quarter window (extended to
+	// FileMinSamples) and its sample count: a shift's exit is judged on it
+	recentN50 float64
+	recentN   int
+	domClass  uint8
+	inShort   bool
+	shifted   bool // above the shift thresholds on its own (before peers)
 }
 
 // percentile of sorted xs by nearest rank.
@@ -138,18 +146,17 @@ func (d *Detector) classRef(ds *deviceState, c uint8) *classBaseline {
 	return nil
 }
 
-func (d *Detector) evalDevice(ds *deviceState, now int64, snap *Snapshot) {
-	cfg := &d.cfg
+// collect gathers ds's samples completed after back, newest first, into
+// the scratch window (stale file slots unattributed); the first nShort are
+// within the last Window.
+func (d *Detector) collect(ds *deviceState, now, back int64) (win []sample, nShort int) {
 	sc := &d.sc
-	shortCut := now - int64(cfg.Window)
-	longCut := now - int64(cfg.LongWindow)
-
-	// Collect the long window, newest first.
+	shortCut := now - int64(d.cfg.Window)
 	sc.win = sc.win[:0]
 	ringN := uint64(len(ds.ring))
 	for k := uint64(0); k < min(ds.n, ringN); k++ {
 		s := ds.ring[(ds.n-1-k)%ringN]
-		if s.complete <= longCut {
+		if s.complete <= back {
 			break
 		}
 		if s.slot != noSlot {
@@ -160,15 +167,18 @@ func (d *Detector) evalDevice(ds *deviceState, now int64, snap *Snapshot) {
 		}
 		sc.win = append(sc.win, s)
 	}
-	win := sc.win
-	nShort := 0
+	win = sc.win
 	for nShort < len(win) && win[nShort].complete > shortCut {
 		nShort++
 	}
-	devN := max(nShort, min(len(win), cfg.DeviceMinSamples))
-	devSet := win[:devN]
+	return win, nShort
+}
 
-	// Group by file.
+// group sorts the window's attributed samples by file into the scratch
+// aggregates: all of a file's samples, and its set (the short window,
+// extended back to FileMinSamples).
+func (d *Detector) group(win []sample, nShort int) {
+	sc := &d.sc
 	if len(sc.slotAg) < len(d.files) {
 		sc.slotAg = make([]int32, len(d.files))
 	}
@@ -189,13 +199,24 @@ func (d *Detector) evalDevice(ds *deviceState, now int64, snap *Snapshot) {
 		}
 		a := &sc.aggs[ai-1]
 		a.all = append(a.all, int32(i))
-		if i < nShort || len(a.set) < cfg.FileMinSamples {
+		if i < nShort || len(a.set) < d.cfg.FileMinSamples {
 			a.set = append(a.set, int32(i))
 		}
 		if i < nShort {
 			a.inShort = true
 		}
 	}
+}
+
+func (d *Detector) evalDevice(ds *deviceState, now int64, snap *Snapshot) {
+	cfg := &d.cfg
+	sc := &d.sc
+	longCut := now - int64(cfg.LongWindow)
+
+	win, nShort := d.collect(ds, now, longCut)
+	devN := max(nShort, min(len(win), cfg.DeviceMinSamples))
+	devSet := win[:devN]
+	d.group(win, nShort)
 	aggOf := func(slot int32) *fileAgg {
 		if slot == noSlot || int(slot) >= len(sc.slotAg) || sc.slotAg[slot] == 0 {
 			return nil
@@ -210,7 +231,7 @@ func (d *Detector) evalDevice(ds *deviceState, now int64, snap *Snapshot) {
 
 	// File statistics.
 	for ai := range sc.aggs {
-		d.fileStats(ds, &sc.aggs[ai], win)
+		d.fileStats(ds, &sc.aggs[ai], win, now)
 	}
 
 	// Peers: requests of files not shifted on their own (and not already in
@@ -343,7 +364,7 @@ func (d *Detector) at(set []sample, idx []int32, k int) *sample {
 	return &set[idx[k]]
 }
 
-func (d *Detector) fileStats(ds *deviceState, a *fileAgg, win []sample) {
+func (d *Detector) fileStats(ds *deviceState, a *fileAgg, win []sample, now int64) {
 	f := &d.files[a.slot]
 	st := &a.stats
 	st.Key, st.Device, st.NextOffset, st.LastSeen = f.key, f.dev, f.nextOffset, time.Duration(f.lastSeen)
@@ -377,6 +398,24 @@ func (d *Detector) fileStats(ds *deviceState, a *fileAgg, win []sample) {
 		if classN[c] > classN[a.domClass] {
 			a.domClass = uint8(c)
 		}
+	}
+	// The latest quarter window (extended to FileMinSamples), for the
+	// exit: the whole window's median lags an end by half a window.
+	sc.vals3 = sc.vals3[:0]
+	recentCut := now - int64(d.cfg.Window)/4
+	for _, i := range a.set {
+		s := &win[i]
+		if s.complete <= recentCut && len(sc.vals3) >= d.cfg.FileMinSamples {
+			break
+		}
+		if cb := d.classRef(ds, s.class); cb != nil {
+			sc.vals3 = append(sc.vals3, float64(s.lat)/cb.p50)
+		}
+	}
+	a.recentN = len(sc.vals3)
+	if a.recentN > 0 {
+		slices.Sort(sc.vals3)
+		a.recentN50 = percentile(sc.vals3, 0.5)
 	}
 	a.nl = len(sc.vals)
 	if a.nl > 0 {
@@ -425,6 +464,12 @@ func (d *Detector) stepShift(ds *deviceState, f *fileState, a *fileAgg, peerN50,
 		return
 	case a.n50 < cfg.ShiftExitMult:
 		f.shift.step(belowExit, now, cfg, 0, "")
+		return
+	case f.shift.candidate() && a.recentN >= cfg.FileMinSamples && a.recentN50 < cfg.ShiftExitMult:
+		// Its latest requests are back to normal: the slowdown ended
+		// (ExitAfter such evaluations in a row clear it).
+		f.shift.step(belowExit, now, cfg, 0, fmt.Sprintf("file %s: its latest %d requests take median %.2fx the device's healthy baseline (exit below %.2fx)",
+			f.key, a.recentN, a.recentN50, cfg.ShiftExitMult))
 		return
 	}
 	ref := &ds.base.classes[a.domClass]
@@ -486,7 +531,6 @@ func (d *Detector) stepShift(ds *deviceState, f *fileState, a *fileAgg, peerN50,
 
 func (d *Detector) stepExtent(ds *deviceState, f *fileState, a *fileAgg, win []sample, nShort int, now int64) {
 	cfg := &d.cfg
-	sc := &d.sc
 	if !a.inShort {
 		if f.extent.candidate() {
 			f.extent.step(belowExit, now, cfg, 0, "")
@@ -501,6 +545,29 @@ func (d *Detector) stepExtent(ds *deviceState, f *fileState, a *fileAgg, win []s
 		}
 		return
 	}
+	if f.extent.candidate() {
+		// The end is judged on the post-jump requests of the latest
+		// quarter window: over the whole window, those before the end keep
+		// the median up for half a window.
+		nRecent := 0
+		for nRecent < nShort && win[nRecent].complete > now-int64(cfg.Window)/4 {
+			nRecent++
+		}
+		if v, _, ev := d.judgeExtent(f, a, win, nRecent, now); v == belowExit {
+			f.extent.step(belowExit, now, cfg, 0, ev)
+			return
+		}
+	}
+	v, conf, ev := d.judgeExtent(f, a, win, nShort, now)
+	f.extent.step(v, now, cfg, conf, ev)
+}
+
+// judgeExtent compares a sequential file's requests right after jumps
+// with its steady ones. Evaluate steps the regime with it; FastPath uses it
+// for entry only.
+func (d *Detector) judgeExtent(f *fileState, a *fileAgg, win []sample, nShort int, now int64) (verdict, float64, string) {
+	cfg := &d.cfg
+	sc := &d.sc
 	// Post-jump requests: those in the short window, extended back to
 	// ExtentMinSamples; steady requests: the rest of the file's window.
 	sc.vals, sc.vals2 = sc.vals[:0], sc.vals2[:0]
@@ -528,22 +595,22 @@ func (d *Detector) stepExtent(ds *deviceState, f *fileState, a *fileAgg, win []s
 		}
 	}
 	if len(sc.vals) < cfg.ExtentMinSamples || crossings < 2 || len(sc.vals2) < cfg.ExtentMinSamples {
-		f.extent.step(unknown, now, cfg, 0, "")
-		return
+		return unknown, 0, ""
 	}
 	slices.Sort(sc.vals)
 	slices.Sort(sc.vals2)
 	post, steady := percentile(sc.vals, 0.5), percentile(sc.vals2, 0.5)
 	ratio := post / max(steady, 1)
+	sc.extentRatio, sc.extentCrossings = ratio, crossings
 	ev := fmt.Sprintf("file %s: the first %d requests after each of %d jumps (%d of them extent crossings) in the last %s take median %s, %.2fx the file's steady median %s; %d extent crossings seen since tracked",
 		f.key, cfg.ExtentRequests, jumps, crossings, time.Duration(now-oldest).Round(time.Millisecond), fmtDur(post), ratio, fmtDur(steady), f.crossings)
 	switch {
 	case ratio >= cfg.ExtentMult:
-		f.extent.step(aboveEntry, now, cfg, confidence(ratio/cfg.ExtentMult, len(sc.vals), cfg.ExtentMinSamples), ev)
+		return aboveEntry, confidence(ratio/cfg.ExtentMult, len(sc.vals), cfg.ExtentMinSamples), ev
 	case ratio < cfg.ExtentExitMult:
-		f.extent.step(belowExit, now, cfg, 0, ev)
+		return belowExit, 0, ev
 	default:
-		f.extent.step(between, now, cfg, 0, ev)
+		return between, 0, ev
 	}
 }
 
@@ -765,11 +832,13 @@ func (d *Detector) contentionCheck(ds *deviceState, devSet []sample, devBusy int
 
 // learn folds a healthy window into the device baseline: per size class,
 // requests not explained by a per-file regime and not right after a jump.
-// Files whose median stands apart from the rest (ShiftMult times the class
-// reference: the learned median, or this window's before one is learned)
-// are left out too: a file that is slow from the moment the daemon starts
-// is not yet a shift candidate, and learning its latency as healthy would
-// hide its shift for good.
+// Sequential files whose median stands apart from the rest (ShiftMult
+// times the class reference: the learned median, or this window's before
+// one is learned) are left out too: a file that is slow from the moment the
+// daemon starts is not yet a shift candidate, and learning its latency as
+// healthy would hide its shift for good. Random readers stay in: their
+// small requests queue behind the streams' and are slower by nature, and
+// leaving them out would make them look shifted against the rest.
 func (d *Detector) learn(ds *deviceState, devSet []sample, devBusy int64, explained func(int32) bool, aggOf func(int32) *fileAgg) {
 	cfg := &d.cfg
 	var perClass [maxClass + 1][]float64
@@ -797,7 +866,7 @@ func (d *Detector) learn(ds *deviceState, devSet []sample, devBusy int64, explai
 	}
 	apart := func(s *sample) bool {
 		a := aggOf(s.slot)
-		if a == nil || a.stats.Requests < uint64(cfg.FileMinSamples) {
+		if a == nil || a.stats.Requests < uint64(cfg.FileMinSamples) || a.stats.Sequentiality < cfg.StarvedMinSequential {
 			return false
 		}
 		r := ref[a.domClass]

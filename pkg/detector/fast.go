@@ -50,6 +50,9 @@ func (d *Detector) FastPath(now time.Duration) Snapshot {
 		if cfg.FastDeviceEntry && d.fastDeviceRegimes(ds, int64(now), &snap) {
 			entered = true
 		}
+		if cfg.FastExtentEntry && d.fastExtents(ds, int64(now), &snap) {
+			entered = true
+		}
 		if entered {
 			dst := DeviceStats{Device: ds.dev, Errors: ds.errors, CapacityBPS: ds.base.capacity}
 			if ds.base.inflightN >= cfg.BaselineMinWindows {
@@ -260,6 +263,78 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 		f.shift = hyst{active: true, since: now, above: cfg.EnterAfter, confidence: conf, evidence: ev}
 		snap.Files = append(snap.Files, st)
 		snap.Regimes = append(snap.Regimes, Regime{Kind: FileLatencyShift, Device: ds.dev, File: f.key,
+			Since: time.Duration(now), Confidence: conf, Evidence: ev})
+		entered = true
+	}
+	return entered
+}
+
+// fastExtentCrossings is the fast path's minimum number of extent crossings
+// behind an extent start entry (Evaluate's is 2): a single stall that
+// catches the first reads after two crossings must not make one.
+const fastExtentCrossings = 4
+
+// fastExtents is FastPath's extent start entry: Evaluate's judgement over
+// the trailing Window only, with the post-jump requests of its latest
+// quarter (a file crossing extents at streaming speed gives its evidence
+// within a fraction of a second), at most every Window/4 per device. It
+// reports whether it entered any.
+func (d *Detector) fastExtents(ds *deviceState, now int64, snap *Snapshot) bool {
+	cfg := &d.cfg
+	every := int64(cfg.Window) / 4
+	if now-ds.extentCheckAt < every-every/10 {
+		return false
+	}
+	ds.extentCheckAt = now
+	// Device-wide stalls or a queue slow any request, the first after a
+	// jump among them; over a quarter window that can pass for extent
+	// starts. Evaluate's full window still judges them.
+	if ds.tail.candidate() || ds.contention.candidate() {
+		return false
+	}
+	win, nShort := d.collect(ds, now, now-int64(cfg.Window))
+	if nShort == 0 {
+		return false
+	}
+	d.group(win, nShort)
+	// Post-jump requests are taken from the latest quarter window (extended
+	// back to ExtentMinSamples): over the whole window, those before an
+	// onset would outvote the new ones for half a window.
+	nRecent := 0
+	for nRecent < len(win) && win[nRecent].complete > now-every {
+		nRecent++
+	}
+	entered := false
+	for ai := range d.sc.aggs {
+		a := &d.sc.aggs[ai]
+		f := &d.files[a.slot]
+		if f.dev != ds.dev || f.extent.candidate() || len(a.set) < cfg.FileMinSamples {
+			continue
+		}
+		seq := 0
+		for _, i := range a.set {
+			if win[i].flags&flagSeq != 0 {
+				seq++
+			}
+		}
+		seqShare := float64(seq) / float64(len(a.set))
+		if seqShare < cfg.ExtentMinSequential {
+			continue
+		}
+		v, conf, ev := d.judgeExtent(f, a, win, nRecent, now)
+		if v != aboveEntry || f.extent.above+1 < cfg.EnterAfter || d.sc.extentRatio < cfg.FastExtentMult || d.sc.extentCrossings < fastExtentCrossings {
+			continue
+		}
+		ev = fmt.Sprintf("fast path (entry at %.1fx): %s", cfg.FastExtentMult, ev)
+		f.extent.step(aboveEntry, now, cfg, conf, ev)
+		st := FileStats{Key: f.key, Device: f.dev, NextOffset: f.nextOffset, LastSeen: time.Duration(f.lastSeen),
+			ExtentCrossings: f.crossings, Sequentiality: seqShare}
+		busy, sumLat := d.setStats(win, a.set, &st.Requests, &st.Bytes, &st.P50, &st.P95, &st.P99, &st.MeanSize, &st.MeanDepth, &st.BusyThroughput)
+		if busy > 0 {
+			st.Inflight = sumLat / float64(busy)
+		}
+		snap.Files = append(snap.Files, st)
+		snap.Regimes = append(snap.Regimes, Regime{Kind: ExtentStart, Device: ds.dev, File: f.key,
 			Since: time.Duration(now), Confidence: conf, Evidence: ev})
 		entered = true
 	}

@@ -249,3 +249,76 @@ func TestFastPathDeviceEntryOff(t *testing.T) {
 		}
 	}
 }
+
+func TestFastPathEntersExtentStartsEarlierThanEvaluateAlone(t *testing.T) {
+	var fastDelays, evalDelays []time.Duration
+	for i, phase := range []time.Duration{50, 200, 350, 500, 650, 800, 950} {
+		onset := 30*sec + phase*time.Millisecond
+		end := onset + 8*sec
+		mk := func() (*sim, *reader) {
+			s, seq := labMix(uint64(60 + i))
+			seq.extent = 4 << 20
+			seq.extentOn = during(onset, end)
+			seq.extentExtra = 3 * time.Millisecond
+			return s, seq
+		}
+		s, seq := mk()
+		var tl timeline
+		s.run(New(DefaultConfig()), 45*sec, interval, tl.add)
+		evalAt, ok := tl.first(ExtentStart, seq.file, onset)
+		require.True(t, ok, "evaluate alone: onset %s: never entered", onset)
+
+		s, seq = mk()
+		first, dtl := runDaemon(s, New(DefaultConfig()), 45*sec, onset)
+		fastAt, ok := first[string(ExtentStart)+" "+seq.file.String()]
+		require.True(t, ok, "daemon cadence: onset %s: never entered", onset)
+		assert.LessOrEqual(t, fastAt, evalAt, "onset %s: the fast path must not enter later than Evaluate", onset)
+		assert.LessOrEqual(t, fastAt-onset, time.Second, "onset %s", onset)
+		gone, ok := dtl.clearedAt(ExtentStart, seq.file, fastAt)
+		require.True(t, ok)
+		assert.GreaterOrEqual(t, gone, end, "onset %s: cleared before the end", onset)
+		assert.LessOrEqual(t, gone-end, 3*time.Second, "onset %s: clear delay", onset)
+		assert.Empty(t, dtl.anyRegime(0, 45*sec, ExtentStart, StarvedStream), "onset %s", onset)
+		fastDelays = append(fastDelays, fastAt-onset)
+		evalDelays = append(evalDelays, evalAt-onset)
+	}
+	t.Logf("delay with the fast path %v, with Evaluate alone %v", fastDelays, evalDelays)
+	slices.Sort(fastDelays)
+	slices.Sort(evalDelays)
+	mf, me := fastDelays[len(fastDelays)/2], evalDelays[len(evalDelays)/2]
+	assert.Less(t, mf, me, "median delay: fast path %s, Evaluate alone %s", mf, me)
+	assert.LessOrEqual(t, mf, 700*time.Millisecond)
+}
+
+func TestFastPathQuietOnAHealthyFragmentedFile(t *testing.T) {
+	// Extent crossings without slower first reads are no extent starts, at
+	// any cadence.
+	s, seq := labMix(70)
+	seq.extent = 4 << 20
+	first, _ := runDaemon(s, New(DefaultConfig()), 60*sec, 0)
+	assert.Empty(t, first)
+}
+
+func TestFileShiftClearsOnItsLatestRequests(t *testing.T) {
+	// The shift's end is judged on the file's latest requests, not the
+	// whole window's: two evaluations after the end at most, wherever the
+	// end falls against the ticker.
+	for i, phase := range []time.Duration{100, 400, 700, 950} {
+		s, seq := labMix(uint64(80 + i))
+		onset := 30*sec + 300*time.Millisecond
+		end := 40*sec + phase*time.Millisecond
+		seq.extra = func(t time.Duration) time.Duration {
+			if t >= onset && t < end {
+				return 1500 * time.Microsecond
+			}
+			return 0
+		}
+		_, tl := runDaemon(s, New(DefaultConfig()), 50*sec, 0)
+		at, ok := tl.first(FileLatencyShift, seq.file, onset)
+		require.True(t, ok)
+		gone, ok := tl.clearedAt(FileLatencyShift, seq.file, at)
+		require.True(t, ok)
+		assert.GreaterOrEqual(t, gone, end)
+		assert.LessOrEqual(t, gone-end, 2100*time.Millisecond, "end at phase %s", phase*time.Millisecond)
+	}
+}
