@@ -156,6 +156,14 @@ type Config struct {
 	// FastMinSamples is how many of a file's most recent requests the fast
 	// path judges (within the last Window).
 	FastMinSamples int
+	// FastWideMult and FastWideSamples: the fast path also enters a shift
+	// when the median of a file's latest FastWideSamples requests is at
+	// least FastWideMult times the baseline (0: off). More requests give a
+	// steadier median, so a milder shift is entered in a few hundred
+	// milliseconds too (a DataNode's +1.5 ms puts its requests at 1.6-1.7x,
+	// below FastShiftMult).
+	FastWideMult    float64
+	FastWideSamples int
 	// FastDeviceEntry: FastPath also judges the device-level regimes (tail
 	// inflation and contention) over the trailing Window, at most every
 	// Window/4, and enters them as soon as Evaluate's entry conditions hold
@@ -235,6 +243,8 @@ func DefaultConfig() Config {
 
 		FastShiftMult:   1.8,
 		FastMinSamples:  32,
+		FastWideMult:    1.5,
+		FastWideSamples: 256,
 		FastDeviceEntry: true,
 		FastExtentEntry: true,
 		FastExtentMult:  2,
@@ -295,6 +305,9 @@ func (c Config) Validate() error {
 	}
 	if c.FastExtentEntry && c.FastExtentMult < c.ExtentMult {
 		errs = append(errs, errors.New("detector config: need FastExtentMult >= ExtentMult with FastExtentEntry"))
+	}
+	if c.FastWideMult != 0 && (c.FastWideMult < c.ShiftMult || c.FastWideSamples < c.FastMinSamples) {
+		errs = append(errs, errors.New("detector config: need FastWideMult >= ShiftMult and FastWideSamples >= FastMinSamples (or FastWideMult 0)"))
 	}
 	if c.FastShiftMult != 0 && (c.FastShiftMult < c.ShiftMult || c.FastMinSamples < 1) {
 		errs = append(errs, errors.New("detector config: need FastShiftMult >= ShiftMult and FastMinSamples >= 1 (or FastShiftMult 0: no fast path)"))

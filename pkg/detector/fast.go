@@ -135,10 +135,26 @@ func (d *Detector) fastDeviceRegimes(ds *deviceState, now int64, snap *Snapshot)
 	return entered
 }
 
+// fastTier is one of the fast path's file checks: the median of a file's
+// latest n requests at least mult times the baseline. Fewer requests need a
+// stronger shift (their median is noisier).
+type fastTier struct {
+	n    int
+	mult float64
+}
+
 // fastFiles is FastPath's strong file shift check; it reports whether it
 // entered any.
 func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 	cfg := &d.cfg
+	tiers := []fastTier{{cfg.FastMinSamples, cfg.FastShiftMult}}
+	if cfg.FastWideMult > 0 {
+		tiers = append(tiers, fastTier{cfg.FastWideSamples, cfg.FastWideMult})
+	}
+	most := 0
+	for _, t := range tiers {
+		most = max(most, t.n)
+	}
 	cut := now - int64(cfg.Window)
 	ringN := uint64(len(ds.ring))
 	per := map[int32][]sample{}
@@ -168,7 +184,7 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 		}
 		// Older requests of a file are not its peers (they may predate its
 		// slowdown), nor anyone's: the file is judged on its latest only.
-		if l := per[s.slot]; len(l) < cfg.FastMinSamples {
+		if l := per[s.slot]; len(l) < most {
 			per[s.slot] = append(l, s)
 		}
 	}
@@ -194,10 +210,14 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 	}
 	p50 := func(cb *classBaseline) float64 { return cb.p50 }
 	p95 := func(cb *classBaseline) float64 { return cb.p95 }
-	entered := false
-	for _, slot := range slots {
-		f := &d.files[slot]
-		set := per[slot]
+	// judge applies one tier to the file's latest n requests: the evidence
+	// if it enters, "" if not.
+	judge := func(slot int32, tier fastTier) (string, []sample, float64) {
+		all := per[slot]
+		if len(all) < tier.n {
+			return "", nil, 0
+		}
+		set := all[:tier.n]
 		var seq int
 		var depth float64
 		for i := range set {
@@ -209,16 +229,16 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 		seqShare := float64(seq) / float64(len(set))
 		depth /= float64(len(set))
 		n50s, t95s := norm(set, p50), norm(set, p95)
-		if seqShare < cfg.StarvedMinSequential || len(n50s) < cfg.FastMinSamples {
-			continue
+		if seqShare < cfg.StarvedMinSequential || len(n50s) < tier.n {
+			return "", nil, 0
 		}
 		n50, t95 := percentile(n50s, 0.5), percentile(t95s, 0.95)
-		if n50 < cfg.FastShiftMult || t95 < cfg.ShiftTailMult {
-			continue
+		if n50 < tier.mult || t95 < cfg.ShiftTailMult {
+			return "", nil, 0
 		}
 		// Latency that rose with the queue is queueing, not the file.
 		if ds.base.inflightN >= cfg.BaselineMinWindows && depth > cfg.ShiftDepthMult*ds.base.depth+1 {
-			continue
+			return "", nil, 0
 		}
 		// Other files (and unattributed requests) not normal: device-wide.
 		// Judged over the same span as the file's requests (extended back to
@@ -247,19 +267,42 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 			// tail.
 			pm, pt := percentile(peerN, 0.5), percentile(norm(others, p95), 0.95)
 			if pm >= cfg.ShiftMult || n50 < cfg.PeerMult*pm || t95 < cfg.PeerMult*pt {
-				continue
+				return "", nil, 0
 			}
 			peerEv = fmt.Sprintf("other requests normal: median %.2fx, p95 %.2fx baseline (%d requests)", pm, pt, len(peerN))
 		}
+		f := &d.files[slot]
+		p50d, p95d := time.Duration(percentile(sortedLat(set), 0.5)), time.Duration(percentile(sortedLat(set), 0.95))
+		ev := fmt.Sprintf("fast path: file %s: its last %d requests (sequential %.0f%%) take median %s = %.2fx and p95 %s = %.2fx the device's healthy baseline for their size (fast entry at %.1fx over %d requests); %s",
+			f.key, len(set), 100*seqShare, p50d.Round(time.Microsecond), n50, p95d.Round(time.Microsecond), t95, tier.mult, tier.n, peerEv)
+		return ev, set, confidence(n50/tier.mult, len(set), tier.n)
+	}
+	entered := false
+	for _, slot := range slots {
+		f := &d.files[slot]
+		var ev string
+		var set []sample
+		var conf float64
+		for _, tier := range tiers {
+			if ev, set, conf = judge(slot, tier); ev != "" {
+				break
+			}
+		}
+		if ev == "" {
+			continue
+		}
+		seq := 0
+		for i := range set {
+			if set[i].flags&flagSeq != 0 {
+				seq++
+			}
+		}
 		st := FileStats{Key: f.key, Device: f.dev, NextOffset: f.nextOffset, LastSeen: time.Duration(f.lastSeen),
-			ExtentCrossings: f.crossings, Sequentiality: seqShare}
+			ExtentCrossings: f.crossings, Sequentiality: float64(seq) / float64(len(set))}
 		busy, sumLat := d.setStats(set, nil, &st.Requests, &st.Bytes, &st.P50, &st.P95, &st.P99, &st.MeanSize, &st.MeanDepth, &st.BusyThroughput)
 		if busy > 0 {
 			st.Inflight = sumLat / float64(busy)
 		}
-		ev := fmt.Sprintf("fast path: file %s: its last %d requests (sequential %.0f%%) take median %s = %.2fx and p95 %s = %.2fx the device's healthy baseline for their size (fast entry at %.1fx); %s",
-			f.key, len(set), 100*seqShare, st.P50.Round(time.Microsecond), n50, st.P95.Round(time.Microsecond), t95, cfg.FastShiftMult, peerEv)
-		conf := confidence(n50/cfg.FastShiftMult, len(set), cfg.FastMinSamples)
 		f.shift = hyst{active: true, since: now, above: cfg.EnterAfter, confidence: conf, evidence: ev}
 		snap.Files = append(snap.Files, st)
 		snap.Regimes = append(snap.Regimes, Regime{Kind: FileLatencyShift, Device: ds.dev, File: f.key,
@@ -267,6 +310,16 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 		entered = true
 	}
 	return entered
+}
+
+// sortedLat returns the latencies of set, sorted.
+func sortedLat(set []sample) []float64 {
+	xs := make([]float64, len(set))
+	for i := range set {
+		xs[i] = float64(set[i].lat)
+	}
+	slices.Sort(xs)
+	return xs
 }
 
 // fastExtentCrossings is the fast path's minimum number of extent crossings

@@ -322,3 +322,34 @@ func TestFileShiftClearsOnItsLatestRequests(t *testing.T) {
 		assert.LessOrEqual(t, gone-end, 2100*time.Millisecond, "end at phase %s", phase*time.Millisecond)
 	}
 }
+
+func TestFastPathEntersAMilderShiftOverMoreRequests(t *testing.T) {
+	// +2 ms puts the model's requests at 1.7x the baseline: between
+	// FastWideMult and FastShiftMult, so the latest 32 requests are not
+	// enough and the latest FastWideSamples are.
+	s, seq := labMix(24)
+	onset := 30*sec + 300*time.Millisecond
+	seq.extra = func(t time.Duration) time.Duration {
+		if t >= onset {
+			return 2 * time.Millisecond
+		}
+		return 0
+	}
+	d := New(DefaultConfig())
+	var tl timeline
+	s.run(d, 30*sec, interval, tl.add)
+	entered := runFast(s, d, 33*sec, &tl)
+	require.Len(t, entered, 1, "only the slowed file: %v", entered)
+	at, ok := entered[seq.file.String()]
+	require.True(t, ok)
+	assert.LessOrEqual(t, at-onset, 700*time.Millisecond, "fast entry delay")
+	t.Logf("entered %s after the onset", at-onset)
+
+	cfg := DefaultConfig()
+	cfg.FastWideMult = 0
+	s, _ = labMix(24)
+	s.readers[0].extra = seq.extra
+	d = New(cfg)
+	s.run(d, 30*sec, interval, nil)
+	assert.Empty(t, runFast(s, d, 31*sec, &timeline{}), "without the wide check the fast path leaves it to Evaluate")
+}
