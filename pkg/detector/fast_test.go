@@ -28,22 +28,38 @@ func runFast(s *sim, d *Detector, until time.Duration, tl *timeline) map[string]
 	return entered
 }
 
-func TestFastPathEntersAStrongShiftWithinAFewHundredMilliseconds(t *testing.T) {
-	s, seq := labMix(21)
-	onset := 30*sec + 300*time.Millisecond
+// slowedFrom is the lab mix with its sequential file slowed by extra from
+// onset on.
+func slowedFrom(seed uint64, onset, extra time.Duration) (*sim, *reader) {
+	s, seq := labMix(seed)
 	seq.extra = func(t time.Duration) time.Duration {
 		if t >= onset {
-			return 3 * time.Millisecond
+			return extra
 		}
 		return 0
 	}
+	return s, seq
+}
+
+// fastEntry runs the lab mix slowed from onset on with Evaluate every
+// interval until 30 s and FastPath every 100 ms until 33 s, requires that
+// the fast path entered the slowed file and only it, and returns when.
+func fastEntry(t *testing.T, seed uint64, onset, extra time.Duration) (time.Duration, *reader, *timeline) {
+	t.Helper()
+	s, seq := slowedFrom(seed, onset, extra)
 	d := New(DefaultConfig())
-	var tl timeline
+	tl := &timeline{}
 	s.run(d, 30*sec, interval, tl.add)
-	entered := runFast(s, d, 33*sec, &tl)
+	entered := runFast(s, d, 33*sec, tl)
 	require.Len(t, entered, 1, "only the slowed file: %v", entered)
 	at, ok := entered[seq.file.String()]
 	require.True(t, ok)
+	return at, seq, tl
+}
+
+func TestFastPathEntersAStrongShiftWithinAFewHundredMilliseconds(t *testing.T) {
+	onset := 30*sec + 300*time.Millisecond
+	at, seq, tl := fastEntry(t, 21, onset, 3*time.Millisecond)
 	assert.LessOrEqual(t, at-onset, 300*time.Millisecond, "fast entry delay")
 	// The regime stays entered at the next regular evaluations.
 	last := tl.snaps[len(tl.snaps)-1]
@@ -58,14 +74,8 @@ func TestFastPathEntersAStrongShiftWithinAFewHundredMilliseconds(t *testing.T) {
 }
 
 func TestFastPathSnapshotCarriesWhatTheTunerSizesItsStepBy(t *testing.T) {
-	s, seq := labMix(22)
 	onset := 30*sec + 300*time.Millisecond
-	seq.extra = func(t time.Duration) time.Duration {
-		if t >= onset {
-			return 3 * time.Millisecond
-		}
-		return 0
-	}
+	s, seq := slowedFrom(22, onset, 3*time.Millisecond)
 	d := New(DefaultConfig())
 	s.run(d, 30*sec, interval, nil)
 	for at := 30*sec + 100*time.Millisecond; at <= 31*sec; at += 100 * time.Millisecond {
@@ -133,6 +143,30 @@ func runDaemon(s *sim, d *Detector, until, from time.Duration) (map[string]time.
 	return first, tl
 }
 
+// clearedAfterEnd requires that the regime entered at from cleared within
+// 3 s of end but not before it, and that nothing else was reported until
+// until.
+func clearedAfterEnd(t *testing.T, tl *timeline, kind RegimeKind, file probe.FileKey, from, end, until time.Duration) {
+	t.Helper()
+	gone, ok := tl.clearedAt(kind, file, from)
+	require.True(t, ok, "entered at %s: never cleared", from)
+	assert.GreaterOrEqual(t, gone, end, "entered at %s: cleared before the end", from)
+	assert.LessOrEqual(t, gone-end, 3*time.Second, "entered at %s: clear delay", from)
+	assert.Empty(t, tl.anyRegime(0, until, kind, StarvedStream), "entered at %s", from)
+}
+
+// fasterMedian requires the fast path's median delay below Evaluate's
+// alone, and at most bound.
+func fasterMedian(t *testing.T, fast, eval []time.Duration, bound time.Duration) {
+	t.Helper()
+	t.Logf("delay with the fast path %v, with Evaluate alone %v", fast, eval)
+	slices.Sort(fast)
+	slices.Sort(eval)
+	mf, me := fast[len(fast)/2], eval[len(eval)/2]
+	assert.Less(t, mf, me, "median delay: fast path %s, Evaluate alone %s", mf, me)
+	assert.LessOrEqual(t, mf, bound)
+}
+
 func tailKey() string { return string(TailInflation) + " " + probe.FileKey{}.String() }
 
 func contentionKey() string { return string(Contention) + " " + probe.FileKey{}.String() }
@@ -166,20 +200,11 @@ func TestFastPathEntersTailInflationEarlierThanEvaluateAlone(t *testing.T) {
 		// 0.5-0.75 s after onset, plus up to a check period.
 		assert.LessOrEqual(t, fastAt-onset, 1250*time.Millisecond, "onset %s", onset)
 		// Exits stay Evaluate's: cleared within 3 s of the end, not before it.
-		gone, ok := dtl.clearedAt(TailInflation, probe.FileKey{}, fastAt)
-		require.True(t, ok)
-		assert.GreaterOrEqual(t, gone, onset+6*sec, "onset %s: cleared before the end", onset)
-		assert.LessOrEqual(t, gone-(onset+6*sec), 3*time.Second, "onset %s: clear delay", onset)
-		assert.Empty(t, dtl.anyRegime(0, 40*sec, TailInflation, StarvedStream), "onset %s", onset)
+		clearedAfterEnd(t, dtl, TailInflation, probe.FileKey{}, fastAt, onset+6*sec, 40*sec)
 		fastDelays = append(fastDelays, fastAt-onset)
 		evalDelays = append(evalDelays, evalAt-onset)
 	}
-	t.Logf("delay with the fast path %v, with Evaluate alone %v", fastDelays, evalDelays)
-	slices.Sort(fastDelays)
-	slices.Sort(evalDelays)
-	mf, me := fastDelays[len(fastDelays)/2], evalDelays[len(evalDelays)/2]
-	assert.Less(t, mf, me, "median delay: fast path %s, Evaluate alone %s", mf, me)
-	assert.LessOrEqual(t, mf, 900*time.Millisecond)
+	fasterMedian(t, fastDelays, evalDelays, 900*time.Millisecond)
 }
 
 func TestFastPathEntersContentionNoLaterThanEvaluateAlone(t *testing.T) {
@@ -274,20 +299,11 @@ func TestFastPathEntersExtentStartsEarlierThanEvaluateAlone(t *testing.T) {
 		require.True(t, ok, "daemon cadence: onset %s: never entered", onset)
 		assert.LessOrEqual(t, fastAt, evalAt, "onset %s: the fast path must not enter later than Evaluate", onset)
 		assert.LessOrEqual(t, fastAt-onset, time.Second, "onset %s", onset)
-		gone, ok := dtl.clearedAt(ExtentStart, seq.file, fastAt)
-		require.True(t, ok)
-		assert.GreaterOrEqual(t, gone, end, "onset %s: cleared before the end", onset)
-		assert.LessOrEqual(t, gone-end, 3*time.Second, "onset %s: clear delay", onset)
-		assert.Empty(t, dtl.anyRegime(0, 45*sec, ExtentStart, StarvedStream), "onset %s", onset)
+		clearedAfterEnd(t, dtl, ExtentStart, seq.file, fastAt, end, 45*sec)
 		fastDelays = append(fastDelays, fastAt-onset)
 		evalDelays = append(evalDelays, evalAt-onset)
 	}
-	t.Logf("delay with the fast path %v, with Evaluate alone %v", fastDelays, evalDelays)
-	slices.Sort(fastDelays)
-	slices.Sort(evalDelays)
-	mf, me := fastDelays[len(fastDelays)/2], evalDelays[len(evalDelays)/2]
-	assert.Less(t, mf, me, "median delay: fast path %s, Evaluate alone %s", mf, me)
-	assert.LessOrEqual(t, mf, 700*time.Millisecond)
+	fasterMedian(t, fastDelays, evalDelays, 700*time.Millisecond)
 }
 
 func TestFastPathQuietOnAHealthyFragmentedFile(t *testing.T) {
@@ -327,29 +343,16 @@ func TestFastPathEntersAMilderShiftOverMoreRequests(t *testing.T) {
 	// +2 ms puts the model's requests at 1.7x the baseline: between
 	// FastWideMult and FastShiftMult, so the latest 32 requests are not
 	// enough and the latest FastWideSamples are.
-	s, seq := labMix(24)
 	onset := 30*sec + 300*time.Millisecond
-	seq.extra = func(t time.Duration) time.Duration {
-		if t >= onset {
-			return 2 * time.Millisecond
-		}
-		return 0
-	}
-	d := New(DefaultConfig())
-	var tl timeline
-	s.run(d, 30*sec, interval, tl.add)
-	entered := runFast(s, d, 33*sec, &tl)
-	require.Len(t, entered, 1, "only the slowed file: %v", entered)
-	at, ok := entered[seq.file.String()]
-	require.True(t, ok)
+	at, seq, _ := fastEntry(t, 24, onset, 2*time.Millisecond)
 	assert.LessOrEqual(t, at-onset, 700*time.Millisecond, "fast entry delay")
 	t.Logf("entered %s after the onset", at-onset)
 
 	cfg := DefaultConfig()
 	cfg.FastWideMult = 0
-	s, _ = labMix(24)
+	s, _ := labMix(24)
 	s.readers[0].extra = seq.extra
-	d = New(cfg)
+	d := New(cfg)
 	s.run(d, 30*sec, interval, nil)
 	assert.Empty(t, runFast(s, d, 31*sec, &timeline{}), "without the wide check the fast path leaves it to Evaluate")
 }
