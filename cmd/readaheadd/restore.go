@@ -11,13 +11,14 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
 	"github.com/readaheadd/readaheadd/pkg/config"
 	"github.com/readaheadd/readaheadd/pkg/state"
+	"github.com/readaheadd/readaheadd/pkg/tuner"
 )
 
 func newRestoreCmd(sys blockdev.SysFS) *cobra.Command {
 	var dir string
 	cmd := &cobra.Command{
 		Use:   "restore",
-		Short: "Put back every read_ahead_kb recorded in the state directory (after a crash; also run by ExecStartPre)",
+		Short: "Put back every read_ahead_kb and per-file window recorded in the state directory (after a crash; also run by ExecStartPre)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dir == "" || !filepath.IsAbs(dir) {
@@ -41,11 +42,20 @@ func newRestoreCmd(sys blockdev.SysFS) *cobra.Command {
 			}
 			defer st.Close()
 			entries := st.Entries()
-			if len(entries) == 0 {
+			if len(entries) == 0 && len(st.Pins()) == 0 {
 				fmt.Fprintln(cmd.OutOrStdout(), "nothing to restore")
 				return nil
 			}
 			err = st.Restore(sys)
+			if len(st.Pins()) > 0 {
+				// After the devices: a reset open file takes its device's
+				// window.
+				reset, gone, perr := tuner.RestorePins(st, tuner.NewProcFileOps())
+				fmt.Fprintf(cmd.OutOrStdout(), "open files: %d window(s) reset to their device's, %d reader(s) gone\n", reset, gone)
+				if perr != nil {
+					err = errors.Join(err, fmt.Errorf("per-file windows not reset (kept in %s): %w", st.PinsPath(), perr))
+				}
+			}
 			left := map[string]bool{}
 			for _, e := range st.Entries() {
 				left[e.Device] = true

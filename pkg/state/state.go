@@ -102,6 +102,7 @@ type Store struct {
 
 	mu      sync.Mutex
 	entries map[string]Entry
+	pins    map[pinID]Pin
 }
 
 // Open creates dir if needed (mode 0700), takes its lock and loads the
@@ -143,11 +144,12 @@ func Open(dir string, opt Options) (*Store, error) {
 			boot = strings.TrimSpace(string(b))
 		}
 	}
-	s := &Store{dir: dir, bootID: boot, log: log, lock: lf, seq: opt.DiskSeq, entries: map[string]Entry{}}
+	s := &Store{dir: dir, bootID: boot, log: log, lock: lf, seq: opt.DiskSeq, entries: map[string]Entry{}, pins: map[pinID]Pin{}}
 	if err := s.load(); err != nil {
 		s.Close()
 		return nil, err
 	}
+	s.loadPins()
 	return s, nil
 }
 

@@ -202,6 +202,12 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 			return nil, fmt.Errorf("tuner: restore originals recorded in %s: %w", deps.Store.Path(), err)
 		}
 	}
+	if deps.Store != nil && len(deps.Store.Pins()) > 0 {
+		// After the devices: a reset open file takes its device's window.
+		reset, gone, err := RestorePins(deps.Store, deps.Files)
+		t.log.Warn("tuner: per-file windows of an earlier run were left (crash?); reset them to their devices' windows",
+			"file", deps.Store.PinsPath(), "reset", reset, "readers_gone", gone, "err", err)
+	}
 	return t, nil
 }
 
@@ -624,16 +630,23 @@ func (t *Tuner) pin(d *devState, kb int, refs []FileRef, limit bool) (int, error
 		return 0, errRateLimited
 	}
 	var hs []Handle
+	var hrefs []FileRef
 	var errs []error
+	var set, clear []state.Pin
 	for _, r := range refs {
 		h, err := t.deps.Files.Dup(r)
 		if err != nil {
 			t.fileFail++
 			errs = append(errs, err)
+			if errors.Is(err, ErrProcessGone) || errors.Is(err, ErrFDGone) {
+				clear = append(clear, pinOf(d, r, 0))
+			}
 			continue
 		}
 		hs = append(hs, h)
+		hrefs = append(hrefs, r)
 	}
+	defer t.recordPins(&set, &clear)
 	defer func() {
 		for _, h := range hs {
 			h.Close()
@@ -648,13 +661,20 @@ func (t *Tuner) pin(d *devState, kb int, refs []FileRef, limit bool) (int, error
 		}
 	}
 	n := 0
-	for _, h := range hs {
+	for i, h := range hs {
 		if err := h.Fadvise(0, 0, advice); err != nil {
 			t.fileFail++
 			errs = append(errs, err)
 			continue
 		}
 		n++
+		// What outlives a crash of the daemon is recorded: a window other
+		// than the device's.
+		if kb != d.cur {
+			set = append(set, pinOf(d, hrefs[i], kb))
+		} else {
+			clear = append(clear, pinOf(d, hrefs[i], 0))
+		}
 	}
 	if raise {
 		if err := t.deps.Sysfs.SetReadAheadKB(d.name, d.cur); err != nil {
@@ -667,6 +687,58 @@ func (t *Tuner) pin(d *devState, kb int, refs []FileRef, limit bool) (int, error
 		return 0, fmt.Errorf("fadvise: %w", errors.Join(errs...))
 	}
 	return n, nil
+}
+
+func pinOf(d *devState, r FileRef, kb int) state.Pin {
+	return state.Pin{PID: r.Tgid, FD: r.FD, Dev: uint32(r.Key.Dev), Ino: r.Key.Ino, Device: d.name, WindowKB: kb, Path: r.Path}
+}
+
+// recordPins writes what pin changed into the state directory's record of
+// per-file windows (best effort: a window left behind ends when its reader
+// closes the file).
+func (t *Tuner) recordPins(set, clear *[]state.Pin) {
+	if t.deps.Store == nil || len(*set)+len(*clear) == 0 {
+		return
+	}
+	if err := t.deps.Store.UpdatePins(*set, *clear); err != nil {
+		t.log.Warn("tuner: could not record per-file windows; after a crash they would stay until their files are closed", "err", err)
+	}
+}
+
+// RestorePins gives every open file that an earlier run recorded as pinned
+// (state.Store.Pins) its device's window again, with POSIX_FADV_NORMAL: the
+// device is expected at its original value by then. Descriptors whose
+// process exited, or that were closed or now name another file, need
+// nothing. Entries that could not be reached for another reason stay
+// recorded. It returns how many windows were reset and how many readers
+// were gone.
+func RestorePins(st *state.Store, files FileOps) (reset, gone int, err error) {
+	var done []state.Pin
+	var errs []error
+	for _, p := range st.Pins() {
+		h, derr := files.Dup(FileRef{Tgid: p.PID, FD: p.FD, Key: probe.FileKey{Dev: probe.Dev(p.Dev), Ino: p.Ino}, Path: p.Path})
+		if errors.Is(derr, ErrProcessGone) || errors.Is(derr, ErrFDGone) {
+			gone++
+			done = append(done, p)
+			continue
+		}
+		if derr != nil {
+			errs = append(errs, fmt.Errorf("pid %d fd %d (%s): %w", p.PID, p.FD, p.Path, derr))
+			continue
+		}
+		ferr := h.Fadvise(0, 0, AdviceNormal)
+		h.Close()
+		if ferr != nil {
+			errs = append(errs, fmt.Errorf("pid %d fd %d (%s): fadvise: %w", p.PID, p.FD, p.Path, ferr))
+			continue
+		}
+		reset++
+		done = append(done, p)
+	}
+	if uerr := st.UpdatePins(nil, done); uerr != nil {
+		errs = append(errs, uerr)
+	}
+	return reset, gone, errors.Join(errs...)
 }
 
 func (t *Tuner) pinFile(fd *fileDec, kb int, tgids map[uint32]bool, limit bool) error {
@@ -1271,6 +1343,13 @@ func (t *Tuner) RestoreAll() error {
 		}
 		if err := t.deps.Store.Restore(t.deps.Sysfs); err != nil {
 			errs = append(errs, err)
+		}
+		// Windows the undos above did not reach (a reader not found
+		// this time) are reset from the record.
+		if len(t.deps.Store.Pins()) > 0 {
+			if _, _, err := RestorePins(t.deps.Store, t.deps.Files); err != nil {
+				errs = append(errs, fmt.Errorf("reset per-file windows: %w", err))
+			}
 		}
 	}
 	return errors.Join(errs...)

@@ -982,3 +982,49 @@ func TestStepThatCostsRandomReadersMoreThanItGainsIsNotKept(t *testing.T) {
 	r, key, _ = mk(Config{DisablePrefetch: true, CollateralMult: -1})
 	assert.Equal(t, 1024, r.files.window[key])
 }
+
+func TestPinnedWindowsAreRecordedAndResetAfterACrash(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	r.run(4, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	require.Equal(t, 512, r.files.window[key])
+	pins := r.store.Pins()
+	require.Len(t, pins, 1, "the open file's window outlives a SIGKILL: recorded")
+	assert.Equal(t, state.Pin{PID: 100, FD: 7, Dev: uint32(key.Dev), Ino: key.Ino, Device: "sdb", WindowKB: 512, Path: p, PinnedAt: pins[0].PinnedAt}, pins[0])
+
+	// The daemon dies here. The next one (same state directory) resets the
+	// open file to the device's window before anything else.
+	calls := len(r.files.calls)
+	_, err := New(Config{}, Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: r.store, Logger: quiet()})
+	require.NoError(t, err)
+	require.Len(t, r.files.calls, calls+1)
+	assert.Equal(t, AdviceNormal, r.files.calls[calls].advice)
+	assert.Equal(t, 7, r.files.calls[calls].ref.FD)
+	assert.Equal(t, 128, r.files.window[key])
+	assert.Empty(t, r.store.Pins())
+}
+
+func TestUndoClearsPinsAndGoneReadersAreForgotten(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	r.reader(101, 4, p, key)
+	r.run(3, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	require.Len(t, r.store.Pins(), 2)
+	// One reader exits; the other's window is undone on shutdown.
+	r.files.gone[101] = true
+	require.NoError(t, r.tn.RestoreAll())
+	assert.Empty(t, r.store.Pins(), "undone and gone readers leave no record")
+	assert.Equal(t, 128, r.files.window[key])
+
+	// A record whose reader is gone is dropped by RestorePins.
+	require.NoError(t, r.store.UpdatePins([]state.Pin{{PID: 101, FD: 4, Dev: uint32(key.Dev), Ino: key.Ino, WindowKB: 512}}, nil))
+	reset, gone, err := RestorePins(r.store, r.files)
+	require.NoError(t, err)
+	assert.Equal(t, 0, reset)
+	assert.Equal(t, 1, gone)
+	assert.Empty(t, r.store.Pins())
+}

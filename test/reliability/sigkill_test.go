@@ -54,7 +54,7 @@ func TestSIGKILLDuringActionsThenRestore(t *testing.T) {
 
 	stateDir := filepath.Join(t.TempDir(), "state")
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
-	var acted, leftChanged, restoredSomething int
+	var acted, leftChanged, restoredSomething, pinsLeft, pinsReset int
 	for i := 0; i < iterations; i++ {
 		d := startDaemon(t, "--device", l.Name, "--allow-path", l.Mount, "--state-dir", stateDir,
 			"--interval", "200ms", "--max-read-ahead-kb", "2048")
@@ -74,6 +74,9 @@ func TestSIGKILLDuringActionsThenRestore(t *testing.T) {
 		time.Sleep(time.Duration(rng.Int64N(int64(1500 * time.Millisecond))))
 		d.kill(t)
 		at := readKB(t, l.Name)
+		if exists(filepath.Join(stateDir, "pins.json")) {
+			pinsLeft++
+		}
 		if at != orig {
 			leftChanged++
 		}
@@ -85,10 +88,19 @@ func TestSIGKILLDuringActionsThenRestore(t *testing.T) {
 		require.Equal(t, orig, readKB(t, l.Name), "iteration %d: device not back at its original after restore (at kill: %d KB)\n%s", i, at, r.stdout)
 		_, err := os.Stat(filepath.Join(stateDir, "originals.json"))
 		require.True(t, os.IsNotExist(err), "iteration %d: record left after restore", i)
+		// The readers (this process) still hold their files open: each
+		// window the killed daemon pinned was reset, none left recorded.
+		require.False(t, exists(filepath.Join(stateDir, "pins.json")), "iteration %d: per-file windows left after restore: %s", i, r.stdout)
+		if strings.Contains(r.stdout, "window(s) reset") {
+			pinsReset++
+		}
 		t.Logf("iteration %2d: %3.0f actions before the kill, device at %4d KB when killed, restore: %s", i, n, at, strings.TrimSpace(r.stdout))
 	}
-	t.Logf("%d SIGKILLs: daemon had acted before %d, device left changed by %d, restore wrote an original back %d times; device back at %d KB every time",
-		iterations, acted, leftChanged, restoredSomething, orig)
+	t.Logf("%d SIGKILLs: daemon had acted before %d, device left changed by %d, restore wrote an original back %d times; device back at %d KB every time; "+
+		"per-file windows recorded at %d kills, reset by restore %d times",
+		iterations, acted, leftChanged, restoredSomething, orig, pinsLeft, pinsReset)
+	assert.Positive(t, pinsLeft, "some kill left pinned open files to reset")
+	assert.Equal(t, pinsLeft, pinsReset, "restore reset them every time")
 	assert.GreaterOrEqual(t, acted, iterations/2, "the daemon acted on the device before most kills")
 	assert.Positive(t, restoredSomething, "some kill left a recorded original to restore")
 }
