@@ -247,6 +247,11 @@ func TestKubernetesManifests(t *testing.T) {
 	// A restore runs before the daemon starts; SIGTERM gives time to restore.
 	require.NotEmpty(t, spec.InitContainers)
 	assert.Equal(t, "restore", spec.InitContainers[0].Args[0])
+	// It resets open files' windows too (pidfd_getfd on other processes).
+	initCaps := spec.InitContainers[0].SecurityContext.Capabilities
+	require.NotNil(t, initCaps)
+	assert.ElementsMatch(t, []corev1.Capability{"SYS_PTRACE", "DAC_OVERRIDE"}, initCaps.Add)
+	assert.True(t, spec.HostPID, "the readers' processes are visible")
 	require.NotNil(t, spec.TerminationGracePeriodSeconds)
 	assert.GreaterOrEqual(t, *spec.TerminationGracePeriodSeconds, int64(10))
 
