@@ -10,6 +10,7 @@
 package tuner
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -127,6 +128,8 @@ type devState struct {
 	win        ladder // device-wide window
 	winActive  bool
 	lastNeeded time.Duration
+	// reached: open files given the device-wide window (reachOpenFiles)
+	reached map[probe.FileKey]bool
 }
 
 type fileDec struct {
@@ -669,8 +672,8 @@ func (t *Tuner) pin(d *devState, kb int, refs []FileRef, limit bool) (int, error
 		}
 		n++
 		// What outlives a crash of the daemon is recorded: a window other
-		// than the device's.
-		if kb != d.cur {
+		// than the device's original (the device is put back first).
+		if kb != d.orig {
 			set = append(set, pinOf(d, hrefs[i], kb))
 		} else {
 			clear = append(clear, pinOf(d, hrefs[i], 0))
@@ -937,7 +940,72 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 }
 
 func (t *Tuner) driveDevice(d *devState, why string, escalate bool) {
-	t.drive(&d.win, d, probe.FileKey{}, "", t.devMeasure(d.dev), why, escalate, func(kb int) error { return t.setDevice(d, kb, true) })
+	t.drive(&d.win, d, probe.FileKey{}, "", t.devMeasure(d.dev), why, escalate, func(kb int) error {
+		if err := t.setDevice(d, kb, true); err != nil {
+			return err
+		}
+		t.reachOpenFiles(d)
+		return nil
+	})
+}
+
+// reachOpenFiles gives the device's window to the files being read on it
+// now: a device's read_ahead_kb reaches only files opened after the write
+// (the kernel copies it into each open file), and a device-wide regime
+// (tail inflation) slows the readers that already hold their files open
+// too. Files with a decision of their own keep their window. With the
+// device back at its original, the files reached earlier get it back.
+func (t *Tuner) reachOpenFiles(d *devState) {
+	if t.cfg.DryRun || t.scope.Empty() {
+		return
+	}
+	now := t.deps.Clock.Now()
+	var keys []probe.FileKey
+	if d.cur != d.orig {
+		for k, fs := range t.fstats {
+			if fs.Device != d.dev || t.files[k] != nil || fs.Sequentiality < t.cfg.MinSequentiality || t.snap.Now-fs.LastSeen > t.cfg.Settle {
+				continue
+			}
+			keys = append(keys, k)
+		}
+	}
+	for k := range d.reached {
+		if _, ok := t.fstats[k]; !ok || d.cur == d.orig {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, func(a, b probe.FileKey) int { return cmp.Or(cmp.Compare(a.Dev, b.Dev), cmp.Compare(a.Ino, b.Ino)) })
+	keys = slices.Compact(keys)
+	for _, k := range keys {
+		if t.files[k] != nil {
+			delete(d.reached, k) // a decision of its own took over
+			continue
+		}
+		fd := &fileDec{key: k, dev: d}
+		refs := t.refs(fd, nil)
+		n, err := t.pin(d, d.cur, refs, false)
+		if err != nil && !errors.Is(err, errNoReaders) {
+			t.log.Debug("tuner: device window not given to an open file", "file", k.String(), "err", err)
+		}
+		for _, ref := range refs {
+			// Pinned readers stay reachable for the way back (refs).
+			if r := t.readers[k][ref.Tgid]; r != nil && n > 0 {
+				r.appliedKB, r.appliedAt = d.cur, now
+			}
+		}
+		if d.cur == d.orig {
+			delete(d.reached, k)
+			continue
+		}
+		if n > 0 {
+			if d.reached == nil {
+				d.reached = map[probe.FileKey]bool{}
+			}
+			d.reached[k] = true
+			t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: fd.path, Kind: KindFileWindow, FromKB: d.orig, ToKB: d.cur,
+				Result: ResultApplied, Evidence: fmt.Sprintf("device window %d KB given to an open file read on the device", d.cur)})
+		}
+	}
 }
 
 // drive advances one knob's closed loop: it judges a step under trial and,
@@ -1119,6 +1187,8 @@ func (t *Tuner) undoDevice(d *devState, why string) {
 		res = ResultFailed
 		why += "; " + err.Error()
 		d.winActive = true // try again next interval
+	} else {
+		t.reachOpenFiles(d)
 	}
 	t.emit(Action{Time: now, Device: d.name, Dev: d.dev, Kind: KindDeviceWindowUndo, FromKB: from, ToKB: d.orig, Result: res, Evidence: why})
 }
@@ -1324,6 +1394,9 @@ func (t *Tuner) RestoreAll() error {
 				continue
 			}
 			t.emit(Action{Time: t.deps.Clock.Now(), Device: d.name, Dev: d.dev, Kind: KindDeviceWindowUndo, FromKB: from, ToKB: d.orig, Result: ResultUndone, Evidence: "shutting down"})
+		}
+		if len(d.reached) > 0 {
+			t.reachOpenFiles(d)
 		}
 	}
 	for k, fd := range t.files {

@@ -1028,3 +1028,43 @@ func TestUndoClearsPinsAndGoneReadersAreForgotten(t *testing.T) {
 	assert.Equal(t, 1, gone)
 	assert.Empty(t, r.store.Pins())
 }
+
+func TestDeviceWideWindowReachesFilesAlreadyOpen(t *testing.T) {
+	// A reader holds its file open while the device slows down for
+	// everyone (tail inflation): the device's new window would only reach
+	// files opened later, so it is given to the open file too, and taken
+	// back with the device's.
+	r := newRig(t, Config{Grace: 2 * time.Second}, nil)
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	var rnd probe.FileKey
+	_, rnd = realFile(t, filepath.Join(r.dir, "data"), "index")
+	r.reader(101, 5, p, rnd)
+	regime := true
+	mk := func() detector.Snapshot {
+		s := detector.Snapshot{Now: r.clk.Now(),
+			Devices: []detector.DeviceStats{{Device: sdb, BusyThroughput: map[bool]float64{false: 100e6, true: 130e6}[r.files.window[key] >= 256]}},
+			Files: []detector.FileStats{
+				{Key: key, Device: sdb, Sequentiality: 1, LastSeen: r.clk.Now(), BusyThroughput: 100e6, P50: time.Millisecond},
+				{Key: rnd, Device: sdb, Sequentiality: 0.01, LastSeen: r.clk.Now(), BusyThroughput: 1e6, P50: time.Millisecond}}}
+		if regime {
+			s.Regimes = []detector.Regime{{Kind: detector.TailInflation, Device: sdb, Evidence: "p99 up"}}
+		}
+		return s
+	}
+	acts := r.run(2, mk)
+	reached := filter(acts, KindFileWindow, ResultApplied)
+	require.NotEmpty(t, reached, "the open file gets the device's window")
+	assert.Equal(t, key, reached[0].File)
+	assert.Greater(t, r.sys.get("sdb"), 128)
+	assert.Equal(t, r.sys.get("sdb"), r.files.window[key], "the open file follows the device's window")
+	assert.Equal(t, 128, r.files.window[rnd], "a random reader's open file is left alone")
+	assert.Len(t, filter(acts, KindDeviceWindow, ResultKept), 1, "judged on the device, with the open file reading faster")
+	require.Len(t, r.store.Pins(), 1, "recorded: it outlives a crash")
+
+	regime = false
+	r.run(4, mk)
+	assert.Equal(t, 128, r.sys.get("sdb"))
+	assert.Equal(t, 128, r.files.window[key], "the open file is back at the device's original")
+	assert.Empty(t, r.store.Pins())
+}
