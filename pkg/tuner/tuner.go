@@ -93,9 +93,6 @@ type measure struct {
 	ok   bool
 	tput float64 // bytes/s while busy
 	p50  time.Duration
-	// others is the highest p99 of the device's other random readers (0:
-	// none active): what a step costs them.
-	others time.Duration
 }
 
 func (m measure) String() string {
@@ -771,25 +768,7 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 	if !ok || fs.BusyThroughput <= 0 || t.snap.Now-fs.LastSeen > t.cfg.Settle {
 		return measure{}
 	}
-	return measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50, others: t.randomP99(k, fs.Device)}
-}
-
-// collateralMinSamples is the fewest requests in the window for a random
-// reader's p99 to count.
-const collateralMinSamples = 50
-
-// randomP99 is the highest p99 among the random readers of dev other than
-// k that read within the last Settle.
-func (t *Tuner) randomP99(k probe.FileKey, dev probe.Dev) time.Duration {
-	var p time.Duration
-	for _, fs := range t.fstats {
-		if fs.Key == k || fs.Device != dev || fs.Sequentiality >= t.cfg.MinSequentiality ||
-			fs.Requests < collateralMinSamples || t.snap.Now-fs.LastSeen > t.cfg.Settle {
-			continue
-		}
-		p = max(p, fs.P99)
-	}
-	return p
+	return measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50}
 }
 
 // reprobeStart drops a file window kept for long enough back to the
@@ -1042,11 +1021,6 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		if !m.ok || gain < margin {
 			return t.undoStep(l, now, ev, apply, act)
 		}
-		if cost, ok := collateral(l, m); ok && t.cfg.CollateralMult >= 0 && cost > 0.25 && cost > t.cfg.CollateralMult*gain {
-			ev += fmt.Sprintf("; but the device's random readers' p99 rose %s -> %s (%+.0f%%, more than %.0fx the gain)",
-				l.before.others.Round(10*time.Microsecond), m.others.Round(10*time.Microsecond), cost*100, t.cfg.CollateralMult)
-			return t.undoStep(l, now, ev, apply, act)
-		}
 		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)
 		l.cur, l.trial, l.failures, l.keptAt = l.trial, 0, 0, now
 		// The next step follows at once, measured against this one: a
@@ -1082,16 +1056,6 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 	l.trial, l.trialFrom, l.trialAt, l.before = next, l.cur, now, m
 	act(l.kind, l.cur, next, ResultTrial, ev)
 	return true
-}
-
-// collateral is the relative rise of the other random readers' p99 over a
-// file step beyond the first (the first step from the device's window is
-// what the slowed reader needs to be served at all).
-func collateral(l *ladder, m measure) (float64, bool) {
-	if l.kind == KindDeviceWindow || l.trialFrom <= l.base && l.kind == KindFileWindow || l.before.others <= 0 || m.others <= 0 {
-		return 0, false
-	}
-	return float64(m.others)/float64(l.before.others) - 1, true
 }
 
 // undoStep takes back a step that did not pay: back-off if it was the

@@ -61,14 +61,6 @@ type Config struct {
 	// window step or prefetch (default 0.6): more readahead only helps a
 	// sequential reader, and costs a random one.
 	MinSequentiality float64
-	// CollateralMult: a file window or prefetch step beyond the first is
-	// not kept when the p99 latency of the device's random readers (files
-	// read less than MinSequentiality sequentially) rose by more than 25%
-	// and by more than CollateralMult times the step's own throughput gain
-	// (default 2): on a device whose bandwidth the stream saturates, each
-	// further step buys the stream little and queues the random readers'
-	// requests behind more of its transfers. Negative: off.
-	CollateralMult float64
 	// CapacityFrac: once a file's busy throughput is at least this share of
 	// its device's learned capacity (detector.DeviceStats.CapacityBPS), no
 	// further window step or prefetch is tried for it (default 0.9).
@@ -115,7 +107,6 @@ func (c Config) withDefaults() Config {
 	orDefault(&c.PrefetchMaxKB, 16384)
 	orDefault(&c.PrefetchBytesPerSec, 64<<20)
 	orDefault(&c.MinSequentiality, 0.6)
-	orDefault(&c.CollateralMult, 2)
 	orDefault(&c.RecentActions, 64)
 	return c
 }
