@@ -58,11 +58,7 @@ func (s *Store) PinsPath() string { return filepath.Join(s.dir, PinsName) }
 // and set aside rather than stopping the daemon.
 func (s *Store) loadPins() {
 	p := s.PinsPath()
-	if olds, _ := filepath.Glob(p + ".tmp*"); len(olds) > 0 {
-		for _, o := range olds {
-			_ = os.Remove(o)
-		}
-	}
+	removeTemps(p)
 	b, err := os.ReadFile(p)
 	if errors.Is(err, os.ErrNotExist) {
 		return

@@ -166,14 +166,18 @@ func (s *Store) Close() error {
 	return err
 }
 
+// removeTemps drops the temporary files a crash mid-write left next to p:
+// they never replaced the record.
+func removeTemps(p string) {
+	olds, _ := filepath.Glob(p + ".tmp*")
+	for _, o := range olds {
+		_ = os.Remove(o)
+	}
+}
+
 func (s *Store) load() error {
 	p := s.Path()
-	// A temp file left by a crash mid-write never replaced the record: drop it.
-	if olds, _ := filepath.Glob(p + ".tmp*"); len(olds) > 0 {
-		for _, o := range olds {
-			_ = os.Remove(o)
-		}
-	}
+	removeTemps(p)
 	b, err := os.ReadFile(p)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil

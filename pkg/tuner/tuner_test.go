@@ -740,11 +740,7 @@ func TestReprobePutsTheWindowBackWhileTheRegimeLasts(t *testing.T) {
 }
 
 func TestEventsQueuedBeforeAPinDoNotRepinTheSameReader(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = kneeModel
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.reader(100, 7, p, key)
-	r.run(1, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	r, p, key := shiftedReader(t, 1)
 	require.Equal(t, 256, r.files.window[key])
 	pinnedAt := r.clk.Now()
 	dups := r.files.dups
@@ -935,12 +931,20 @@ func TestRestoreWritesNothingWhenNothingChanged(t *testing.T) {
 	assert.Equal(t, 128, r.sys.get("sdb"))
 }
 
-func TestPinnedWindowsAreRecordedAndResetAfterACrash(t *testing.T) {
+// shiftedReader is a rig with one reader (pid 100, fd 7) of a file under
+// a FileLatencyShift, stepped n intervals on the knee model.
+func shiftedReader(t *testing.T, n int) (*rig, string, probe.FileKey) {
+	t.Helper()
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	r.tput = kneeModel
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.reader(100, 7, p, key)
-	r.run(4, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	r.run(n, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	return r, p, key
+}
+
+func TestPinnedWindowsAreRecordedAndResetAfterACrash(t *testing.T) {
+	r, p, key := shiftedReader(t, 4)
 	require.Equal(t, 512, r.files.window[key])
 	pins := r.store.Pins()
 	require.Len(t, pins, 1, "the open file's window outlives a SIGKILL: recorded")
