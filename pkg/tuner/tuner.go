@@ -163,6 +163,7 @@ type Tuner struct {
 	out      []Action
 	recent   []Action
 	counts   map[string]uint64
+	logged   map[string]time.Duration // logOnce: last time per topic
 	fileFail uint64
 	refused  uint64
 	limited  uint64
@@ -194,6 +195,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 		files:   map[probe.FileKey]*fileDec{},
 		readers: map[probe.FileKey]map[uint32]*readerInfo{},
 		counts:  map[string]uint64{},
+		logged:  map[string]time.Duration{},
 	}
 	if deps.Store != nil && len(deps.Store.Entries()) > 0 {
 		t.log.Warn("tuner: originals of an earlier run were not restored (crash?); restoring them before anything else",
@@ -286,6 +288,11 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	// if its own throughput improves by the margin).
 	for _, r := range snap.Regimes {
 		if r.Kind != detector.Contention || !r.File.IsZero() {
+			continue
+		}
+		if why, zeroSum := t.contentionAmongStreams(snap, r.Device); zeroSum {
+			t.logOnce(r.Device, "contention-zero-sum", "tuner: contention is among the sequential readers themselves; no per-file step (one would only take share from the others)",
+				"device", r.Device.String(), "why", why)
 			continue
 		}
 		for _, f := range snap.Files {
@@ -399,6 +406,53 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	t.applyPendingLocked()
 	t.pruneReaders(now)
 	return t.out
+}
+
+// streamShareMin: when at least this share of a contended device's bytes
+// goes to the sequential readers that a contention step would reach, the
+// contention is among them.
+const streamShareMin = 0.8
+
+// contentionAmongStreams reports whether a device's contention comes from
+// the sequential readers the tuner would give larger windows to: two or
+// more of them, taking at least streamShareMin of the device's bytes. A
+// larger window wins a reader share from the others; when the others are
+// the same kind of reader, each step takes from another's (the device stays
+// saturated) and only adds queueing.
+func (t *Tuner) contentionAmongStreams(snap detector.Snapshot, dev probe.Dev) (string, bool) {
+	var devBytes float64
+	for _, d := range snap.Devices {
+		if d.Device == dev {
+			devBytes = float64(d.Bytes)
+		}
+	}
+	var n int
+	var streamBytes float64
+	for _, f := range snap.Files {
+		if f.Device != dev || f.Sequentiality < t.cfg.MinSequentiality || snap.Now-f.LastSeen > t.cfg.Settle {
+			continue
+		}
+		n++
+		streamBytes += float64(f.Bytes)
+	}
+	if n < 2 || devBytes <= 0 {
+		return "", false
+	}
+	share := streamBytes / devBytes
+	return fmt.Sprintf("%d sequential readers take %.0f%% of the device's bytes", n, 100*share), share >= streamShareMin
+}
+
+// logOnce logs msg once per device and topic until the topic's condition
+// is logged again after a gap (it is cheap to call every interval).
+func (t *Tuner) logOnce(dev probe.Dev, topic, msg string, args ...any) {
+	k := dev.String() + "/" + topic
+	now := t.deps.Clock.Now()
+	if last, ok := t.logged[k]; ok && now-last <= 2*t.cfg.Grace {
+		t.logged[k] = now
+		return
+	}
+	t.logged[k] = now
+	t.log.Info(msg, args...)
 }
 
 // Fast acts at once on the regimes the detector's fast path entered

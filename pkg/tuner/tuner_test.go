@@ -1,6 +1,7 @@
 package tuner
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -1023,4 +1024,40 @@ func TestDeviceWideWindowReachesFilesAlreadyOpen(t *testing.T) {
 	assert.Equal(t, 128, r.sys.get("sdb"))
 	assert.Equal(t, 128, r.files.window[key], "the open file is back at the device's original")
 	assert.Empty(t, r.store.Pins())
+}
+
+func TestContentionAmongSequentialReadersIsLeftAlone(t *testing.T) {
+	// Four clients of one server read four files and saturate the device
+	// between them: a larger window would only take one's share from
+	// another. With an outside reader (unattributed O_DIRECT traffic)
+	// taking most of the device, the same files do get the closed loop.
+	for _, c := range []struct {
+		name       string
+		outsideMB  uint64
+		wantAction bool
+	}{{"among the streams", 0, false}, {"an outside reader", 400, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRig(t, Config{DisablePrefetch: true}, nil)
+			r.tput = func(kb int) float64 { return 37e6 * float64(kb) / 128 }
+			var keys []probe.FileKey
+			for i := range 4 {
+				p, k := realFile(t, filepath.Join(r.dir, "data"), fmt.Sprintf("blk_%d", i))
+				r.reader(uint32(100), 7+i, p, k)
+				keys = append(keys, k)
+			}
+			mk := func() detector.Snapshot {
+				s := r.snap("", keys...)
+				var sum uint64
+				for i := range s.Files {
+					s.Files[i].Bytes = 37 << 20
+					sum += s.Files[i].Bytes
+				}
+				s.Devices[0].Bytes = sum + c.outsideMB<<20
+				s.Regimes = []detector.Regime{{Kind: detector.Contention, Device: sdb, Evidence: "4 readers"}}
+				return s
+			}
+			acts := r.run(3, mk)
+			assert.Equal(t, c.wantAction, len(filter(acts, KindFileWindow, ResultTrial)) > 0, "%v", acts)
+		})
+	}
 }
