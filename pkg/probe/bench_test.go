@@ -141,7 +141,10 @@ func TestBenchProbeCost(t *testing.T) {
 		require.NoError(t, err, "READAHEADD_BENCH_ROUNDS")
 		rounds = n
 	}
-	variants := []benchVariant{embeddedVariant()}
+	// The reference design and its hash map alone are measured in the
+	// same rounds: the floor, on this machine, of the design the probe
+	// follows (refdesign_test.go).
+	variants := []benchVariant{embeddedVariant(), refVariant(true), refVariant(false)}
 	if v := os.Getenv("READAHEADD_BENCH_OBJS"); v != "" {
 		for _, p := range strings.Split(v, ",") {
 			variants = append(variants, objectVariant(p))
@@ -161,7 +164,10 @@ func TestBenchProbeCost(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })
 
+	type figure struct{ issue, complete, emptyPair, clock float64 }
+	summary := make([]map[string]figure, rounds)
 	for r := range rounds {
+		summary[r] = map[string]figure{}
 		for i := range variants {
 			v := variants[(i+r)%len(variants)]
 			for _, p := range paths {
@@ -212,6 +218,15 @@ func TestBenchProbeCost(t *testing.T) {
 			require.NotZero(t, pc.RunCount, "no block requests seen on %s", l.Loop)
 			fmt.Printf("probe cost:   issue+complete %.0f ns per request (target <= 300); empty pair %.0f ns\n",
 				perRun(pi)+perRun(pc), perRun(ei)+perRun(ec))
+			summary[r][v.name] = figure{perRun(pi), perRun(pc), perRun(ei) + perRun(ec), perRun(cc)}
+		}
+	}
+	fmt.Printf("probe cost: summary, ns per run (issue + complete = pair; empty pair and clock read measured beside each):\n")
+	for r, figs := range summary {
+		for _, v := range variants {
+			f := figs[v.name]
+			fmt.Printf("probe cost:   round %d %-30s %4.0f + %4.0f = %4.0f   empty pair %4.0f   clock %3.0f\n",
+				r+1, v.name, f.issue, f.complete, f.issue+f.complete, f.emptyPair, f.clock)
 		}
 	}
 }
