@@ -144,7 +144,7 @@ func TestBenchProbeCost(t *testing.T) {
 	// The reference design and its hash map alone are measured in the
 	// same rounds: the floor, on this machine, of the design the probe
 	// follows (refdesign_test.go).
-	variants := []benchVariant{embeddedVariant(), refVariant(true), refVariant(false)}
+	variants := []benchVariant{embeddedVariant(), refVariant(t, true), refVariant(t, false)}
 	if v := os.Getenv("READAHEADD_BENCH_OBJS"); v != "" {
 		for _, p := range strings.Split(v, ",") {
 			variants = append(variants, objectVariant(p))
