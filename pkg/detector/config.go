@@ -160,8 +160,11 @@ type Config struct {
 	// when the median of a file's latest FastWideSamples requests is at
 	// least FastWideMult times the baseline (0: off). More requests give a
 	// steadier median, so a milder shift is entered in a few hundred
-	// milliseconds too (a DataNode's +1.5 ms puts its requests at 1.6-1.7x,
-	// below FastShiftMult).
+	// milliseconds too: a DataNode's +1.5 ms puts its requests at 1.6-1.7x
+	// and an unpaced lab reader's at 1.45x, below FastShiftMult. On the
+	// recorded lab run 1.4x over 384 requests (and 1.5x over 256) gave no
+	// false entry; 1.5x over 128 gave one (a healthy fragmented file at
+	// 1.56x).
 	FastWideMult    float64
 	FastWideSamples int
 	// FastDeviceEntry: FastPath also judges the device-level regimes (tail
@@ -243,8 +246,8 @@ func DefaultConfig() Config {
 
 		FastShiftMult:   1.8,
 		FastMinSamples:  32,
-		FastWideMult:    1.5,
-		FastWideSamples: 256,
+		FastWideMult:    1.4,
+		FastWideSamples: 384,
 		FastDeviceEntry: true,
 		FastExtentEntry: true,
 		FastExtentMult:  2,

@@ -473,3 +473,37 @@ func TestContentionFromUnattributedDirectReaders(t *testing.T) {
 	t.Log(ev[0])
 	_ = fg
 }
+
+func TestNoTailInflationFromALoneReaderQueuedBehindAWidenedStream(t *testing.T) {
+	// A stream slowed on its own gets a larger window from the tuner; the
+	// one random reader beside it now waits behind more of its transfers:
+	// a few percent of its faults far above its healthy p99, all through
+	// the window. That tail is the stream's queue, not a device stall.
+	s := newSim(31, labBase, labBW)
+	seq := s.addSeq(128*kib, 2)
+	rnd := s.addRandom(4*kib, 3*time.Millisecond)
+	onset := 30*sec + 300*time.Millisecond
+	seq.extra = func(t time.Duration) time.Duration {
+		if t >= onset {
+			return 1500 * time.Microsecond
+		}
+		return 0
+	}
+	d := New(DefaultConfig())
+	var tl timeline
+	s.run(d, 32*sec, interval, tl.add)
+	_, ok := tl.first(FileLatencyShift, seq.file, onset)
+	require.True(t, ok, "the stream's shift is recognised")
+	// (The model's queue is one channel: a wider window would raise every
+	// request of the random reader, which the median check already
+	// covers; here only some wait, as on the lab.)
+	widened := s.now
+	rnd.extra = func(t time.Duration) time.Duration {
+		if t%(200*time.Millisecond) < 12*time.Millisecond {
+			return 15 * time.Millisecond
+		}
+		return 0
+	}
+	s.run(d, widened+5*sec, interval, tl.add)
+	assert.Empty(t, tl.anyRegime(0, s.now, FileLatencyShift, StarvedStream))
+}

@@ -690,8 +690,12 @@ func (d *Detector) tailCheck(ds *deviceState, devSet []sample, nShort int, devBu
 	srcAll := map[int32]int{}
 	srcExcess := map[int32]bool{}
 	var sumLat float64
+	nExplained := 0
 	for i := range devSet {
 		s := &devSet[i]
+		if explained(s.slot) {
+			nExplained++
+		}
 		if s.flags&flagPostJump != 0 || explained(s.slot) {
 			continue
 		}
@@ -741,10 +745,18 @@ func (d *Detector) tailCheck(ds *deviceState, devSet []sample, nShort int, devBu
 			ev += fmt.Sprintf("; but %.1f requests in flight against a healthy %.1f: queueing", inflight, base.inflight)
 		}
 	}
+	// Beside a file in a file regime (whose window the tuner may have
+	// widened), a lone other reader's slow requests are as likely its
+	// queueing behind that file's transfers: a device stall needs two
+	// sources then.
+	lone := nExplained > 0 && len(srcExcess) < 2
+	if lone && share >= cfg.TailShare {
+		ev += fmt.Sprintf("; but %d requests are a file regime's and the excess comes from one other source", nExplained)
+	}
 	switch {
 	case share < cfg.TailExitShare:
 		return belowExit, 0, ev
-	case share >= cfg.TailShare && n50 <= cfg.TailMedianMax && spread >= cfg.TailSpread && (active < 2 || len(srcExcess) >= 2) && !queued:
+	case share >= cfg.TailShare && n50 <= cfg.TailMedianMax && spread >= cfg.TailSpread && (active < 2 || len(srcExcess) >= 2) && !queued && !lone:
 		return aboveEntry, confidence(share/cfg.TailShare, n, cfg.TailMinSamples), ev
 	default:
 		return between, 0, ev
