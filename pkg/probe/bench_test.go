@@ -127,7 +127,10 @@ func perRun(ps *ebpf.ProgramStats) float64 {
 // from a loop device the test creates, in READAHEADD_BENCH_ROUNDS rounds
 // (default 3). Each round measures every variant in turn (rotating the
 // order), each with freshly attached empty programs on the same tracepoints
-// as the baseline of the same reads. It asserts nothing about the figures
+// as the baseline of the same reads. The variants are the probe, the
+// reference design for block latency (request hash map and log2 histogram)
+// and that design's hash map alone (refdesign_test.go), plus the builds
+// named in READAHEADD_BENCH_OBJS. It asserts nothing about the figures
 // (this VM is shared and noisy): see docs/probe.md.
 // Run with READAHEADD_BENCH=1 as root (make bench-probe).
 func TestBenchProbeCost(t *testing.T) {
