@@ -385,6 +385,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			d.win = ladder{kind: KindDeviceWindow, base: d.orig, cur: d.cur}
 		}
 		d.lastNeeded = now
+		d.win.hint = t.tailHint(snap, dev)
 		t.driveDevice(d, why, true)
 	}
 	for dev, d := range t.devs {
@@ -909,6 +910,26 @@ func (t *Tuner) windowHint(k probe.FileKey) int {
 		return 0
 	}
 	return int(lat.Seconds() * ds.CapacityBPS / 1024)
+}
+
+// tailHint is the device window (KB) that keeps a stall of the device's
+// p99 latency hidden at its capacity, when the need is tail inflation (0
+// otherwise): a reader stalls on the slowest request of its window, and
+// under tail inflation that is the p99. Steps below it would each cost an
+// interval to learn only that they are too small (and under a periodic
+// stall, one interval's throughput says little).
+func (t *Tuner) tailHint(snap detector.Snapshot, dev probe.Dev) int {
+	tail := false
+	for _, r := range snap.Regimes {
+		if r.Kind == detector.TailInflation && r.Device == dev && r.File.IsZero() {
+			tail = true
+		}
+	}
+	ds, ok := t.dstats[dev]
+	if !tail || !ok || ds.CapacityBPS <= 0 || ds.P99 <= 0 {
+		return 0
+	}
+	return int(ds.P99.Seconds() * ds.CapacityBPS / 1024)
 }
 
 func (t *Tuner) devMeasure(dev probe.Dev) measure {

@@ -1061,3 +1061,18 @@ func TestContentionAmongSequentialReadersIsLeftAlone(t *testing.T) {
 		})
 	}
 }
+
+func TestTailInflationFirstDeviceStepHidesTheP99(t *testing.T) {
+	// 20 ms stalls at 150 MB/s: a window under 3 MB leaves the reader
+	// waiting; the first device step goes there at once.
+	r := newRig(t, Config{}, nil)
+	mk := func() detector.Snapshot {
+		return detector.Snapshot{Now: r.clk.Now(),
+			Devices: []detector.DeviceStats{{Device: sdb, BusyThroughput: 110e6, P99: 20 * time.Millisecond, CapacityBPS: 150e6}},
+			Regimes: []detector.Regime{{Kind: detector.TailInflation, Device: sdb, Evidence: "p99 up"}}}
+	}
+	acts := r.run(1, mk)
+	trials := filter(acts, KindDeviceWindow, ResultTrial)
+	require.Len(t, trials, 1)
+	assert.Equal(t, 4096, trials[0].ToKB, "p99 x capacity is about 2930 KB")
+}
