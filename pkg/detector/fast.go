@@ -30,7 +30,8 @@ import (
 // exits and their hysteresis are Evaluate's.
 //
 // The returned snapshot holds only the newly entered regimes, the stats of
-// their files and of their devices.
+// their files (for contention, of the files read on the device) and of
+// their devices.
 func (d *Detector) FastPath(now time.Duration) Snapshot {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -131,6 +132,19 @@ func (d *Detector) fastDeviceRegimes(ds *deviceState, now int64, snap *Snapshot)
 	if !ds.contention.active {
 		v, conf, ev := d.contentionCheck(ds, devSet, devBusy, explained)
 		enter(Contention, &ds.contention, v, conf, ev)
+		if ds.contention.active {
+			// The tuner answers contention on the device's sequential
+			// files: their stats over the trailing window come along.
+			win, nShort := d.collect(ds, now, now-int64(cfg.Window))
+			d.group(win, nShort)
+			for ai := range sc.aggs {
+				a := &sc.aggs[ai]
+				if d.files[a.slot].dev == ds.dev && a.inShort {
+					d.fileStats(ds, a, win, now)
+					snap.Files = append(snap.Files, a.stats)
+				}
+			}
+		}
 	}
 	return entered
 }

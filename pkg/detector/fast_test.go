@@ -231,6 +231,28 @@ func TestFastPathEntersContentionNoLaterThanEvaluateAlone(t *testing.T) {
 	require.True(t, ok)
 	assert.GreaterOrEqual(t, gone, onset+10*sec, "cleared before the end")
 	assert.LessOrEqual(t, gone-(onset+10*sec), 3*time.Second)
+
+	// The entry's snapshot carries the files read on the device (the
+	// tuner answers contention on its sequential readers at once).
+	s = mk()
+	d := New(DefaultConfig())
+	s.run(d, onset, interval, nil)
+	for at := onset; at < onset+3*sec; at += FastPathInterval(interval) {
+		s.run(d, at, interval, nil)
+		snap := d.FastPath(s.now)
+		if !has(snap, Contention, probe.FileKey{}) {
+			continue
+		}
+		var seq int
+		for _, f := range snap.Files {
+			if f.Sequentiality > 0.9 && f.BusyThroughput > 0 && f.P95 > 0 {
+				seq++
+			}
+		}
+		assert.GreaterOrEqual(t, seq, 2, "sequential files with their stats: %+v", snap.Files)
+		return
+	}
+	t.Fatal("the fast path did not enter contention within 3 s")
 }
 
 func TestFastPathSingleStallQuarterIsNotTailInflation(t *testing.T) {

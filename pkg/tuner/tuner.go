@@ -458,7 +458,8 @@ func (t *Tuner) logOnce(dev probe.Dev, topic, msg string, args ...any) {
 
 // Fast acts at once on the regimes the detector's fast path entered
 // (detector.FastPath, between Steps): each file that has no decision yet
-// gets one and its first step, sized by Little's law from the snapshot's
+// (for contention, each sequential file read on the device) gets one and
+// its first step, sized by Little's law from the snapshot's
 // file p95 and device capacity, without waiting for the next Step. The step
 // is judged at the first Step one Settle later, as any other. The snapshot
 // holds only the fast path's files and devices; the rest of the tuner's
@@ -488,21 +489,38 @@ func (t *Tuner) Fast(snap detector.Snapshot) []Action {
 		ds.CapacityBPS = d.CapacityBPS
 		t.dstats[d.Device] = ds
 	}
-	for _, r := range snap.Regimes {
-		if r.File.IsZero() || t.files[r.File] != nil {
-			continue
+	start := func(key probe.FileKey, dev probe.Dev, kind detector.RegimeKind) {
+		if t.files[key] != nil {
+			return
 		}
-		d := t.device(r.Device)
+		d := t.device(dev)
 		if d == nil {
-			continue
+			return
 		}
-		fd := &fileDec{key: r.File, dev: d,
+		fd := &fileDec{key: key, dev: d,
 			win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
 			pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
-		t.files[r.File] = fd
-		fd.regimes = []detector.RegimeKind{r.Kind}
+		t.files[key] = fd
+		fd.regimes = []detector.RegimeKind{kind}
 		fd.lastNeeded = now
 		t.driveFile(fd, true)
+	}
+	for _, r := range snap.Regimes {
+		switch {
+		case !r.File.IsZero():
+			start(r.File, r.Device, r.Kind)
+		case r.Kind == detector.Contention:
+			// As Step does: each sequential file read on the device gets
+			// the closed loop, unless the contention is among them.
+			if _, zeroSum := t.contentionAmongStreams(t.snap, r.Device); zeroSum {
+				continue
+			}
+			for _, f := range snap.Files {
+				if f.Device == r.Device && f.Sequentiality >= t.cfg.MinSequentiality && snap.Now-f.LastSeen <= t.cfg.Settle {
+					start(f.Key, r.Device, detector.Contention)
+				}
+			}
+		}
 	}
 	return t.out
 }

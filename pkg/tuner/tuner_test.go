@@ -1076,3 +1076,27 @@ func TestTailInflationFirstDeviceStepHidesTheP99(t *testing.T) {
 	require.Len(t, trials, 1)
 	assert.Equal(t, 4096, trials[0].ToKB, "p99 x capacity is about 2930 KB")
 }
+
+func TestFastPathContentionGetsTheSequentialFilesFirstStepAtOnce(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(kb int) float64 { return 17e6 * float64(kb) / 128 }
+	pSeq, seq := realFile(t, filepath.Join(r.dir, "data"), "fg.dat")
+	pRnd, rnd := realFile(t, filepath.Join(r.dir, "data"), "random.dat")
+	r.reader(100, 7, pSeq, seq)
+	r.reader(101, 8, pRnd, rnd)
+	// A healthy Step first, then the fast path enters contention between
+	// Steps with the device's files in its snapshot.
+	r.run(1, func() detector.Snapshot { return r.snap("", seq, rnd) })
+	r.clk.Advance(300 * time.Millisecond)
+	fast := r.snap("", seq, rnd)
+	fast.Files[1].Sequentiality = 0.05
+	fast.Files[0].P95 = 20 * time.Millisecond
+	fast.Devices[0].CapacityBPS = 150e6
+	fast.Regimes = []detector.Regime{{Kind: detector.Contention, Device: sdb, Evidence: "fast path: 3 readers"}}
+	acts := r.tn.Fast(fast)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trials, 1, "%v", acts)
+	assert.Equal(t, seq, trials[0].File)
+	assert.Equal(t, 4096, trials[0].ToKB, "Little's law from the fast snapshot's p95 (20 ms x 150 MB/s)")
+	assert.Equal(t, 128, r.files.window[rnd])
+}
