@@ -386,7 +386,9 @@ func (d *Detector) fileStats(ds *deviceState, a *fileAgg, win []sample, now int6
 			st.Jumps++
 		}
 		classN[s.class]++
-		if cb := d.classRef(ds, s.class); cb != nil {
+		// Requests right after a jump are extent starts' evidence, not a
+		// shift's (as in the fast path).
+		if cb := d.classRef(ds, s.class); cb != nil && s.flags&flagPostJump == 0 {
 			sc.vals = append(sc.vals, float64(s.lat)/cb.p50)
 			sc.vals2 = append(sc.vals2, float64(s.lat)/cb.p95)
 		}
@@ -408,7 +410,7 @@ func (d *Detector) fileStats(ds *deviceState, a *fileAgg, win []sample, now int6
 		if s.complete <= recentCut && len(sc.vals3) >= d.cfg.FileMinSamples {
 			break
 		}
-		if cb := d.classRef(ds, s.class); cb != nil {
+		if cb := d.classRef(ds, s.class); cb != nil && s.flags&flagPostJump == 0 {
 			sc.vals3 = append(sc.vals3, float64(s.lat)/cb.p50)
 		}
 	}
