@@ -279,8 +279,12 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 			// its peers'. A device-wide stall leaves the peers' median
 			// normal (their unstalled requests even speed up) but not their
 			// tail.
+			// Without hysteresis, the file must also stand the tier's
+			// multiple above its peers when they run slow themselves (a
+			// loaded host slows everyone a little; the file a little more
+			// now and then).
 			pm, pt := percentile(peerN, 0.5), percentile(norm(others, p95), 0.95)
-			if pm >= cfg.ShiftMult || n50 < cfg.PeerMult*pm || t95 < cfg.PeerMult*pt {
+			if pm >= cfg.ShiftMult || n50 < cfg.PeerMult*pm || t95 < cfg.PeerMult*pt || n50 < tier.mult*max(pm, 1) {
 				return "", nil, 0
 			}
 			peerEv = fmt.Sprintf("other requests normal: median %.2fx, p95 %.2fx baseline (%d requests)", pm, pt, len(peerN))
