@@ -205,14 +205,8 @@ func TestFileLatencyShiftClearsWithoutTuner(t *testing.T) {
 }
 
 func TestStarvedStreamWhileShiftedClearsWhenWindowGrows(t *testing.T) {
-	s, seq := labMix(4)
 	onset := 30*sec + 300*time.Millisecond
-	seq.extra = func(t time.Duration) time.Duration {
-		if t >= onset {
-			return 3 * time.Millisecond
-		}
-		return 0
-	}
+	s, seq := slowedFrom(4, onset, 3*time.Millisecond)
 	d := New(DefaultConfig())
 	var tl timeline
 	s.run(d, 40*sec, interval, tl.add)
@@ -483,12 +477,7 @@ func TestNoTailInflationFromALoneReaderQueuedBehindAWidenedStream(t *testing.T) 
 	seq := s.addSeq(128*kib, 2)
 	rnd := s.addRandom(4*kib, 3*time.Millisecond)
 	onset := 30*sec + 300*time.Millisecond
-	seq.extra = func(t time.Duration) time.Duration {
-		if t >= onset {
-			return 1500 * time.Microsecond
-		}
-		return 0
-	}
+	slowAfter(seq, onset, 1500*time.Microsecond)
 	d := New(DefaultConfig())
 	var tl timeline
 	s.run(d, 32*sec, interval, tl.add)

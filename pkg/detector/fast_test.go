@@ -32,13 +32,18 @@ func runFast(s *sim, d *Detector, until time.Duration, tl *timeline) map[string]
 // onset on.
 func slowedFrom(seed uint64, onset, extra time.Duration) (*sim, *reader) {
 	s, seq := labMix(seed)
-	seq.extra = func(t time.Duration) time.Duration {
+	slowAfter(seq, onset, extra)
+	return s, seq
+}
+
+// slowAfter adds extra to every request of r from onset on.
+func slowAfter(r *reader, onset, extra time.Duration) {
+	r.extra = func(t time.Duration) time.Duration {
 		if t >= onset {
 			return extra
 		}
 		return 0
 	}
-	return s, seq
 }
 
 // fastEntry runs the lab mix slowed from onset on with Evaluate every

@@ -26,34 +26,21 @@ const (
 	refInFlight = 10240
 )
 
-// refStartMap is the request map: request address -> u64, preallocated
-// (the hash map's default), as in the reference.
-func refStartMap(t testing.TB) *ebpf.Map {
-	t.Helper()
-	m, err := ebpf.NewMap(&ebpf.MapSpec{
-		Name:       "ref_start",
-		Type:       ebpf.Hash,
-		KeySize:    8,
-		ValueSize:  8,
-		MaxEntries: refInFlight,
-	})
-	require.NoError(t, err, "create the reference design's request map")
-	return m
-}
+// The reference design's maps. The request map: request address -> u64,
+// preallocated (the hash map's default), as in the reference. The
+// histogram: refSlots u64 counters; the reference keeps its histograms in a
+// hash map keyed by disk and flags, one key when not per disk; a one-entry
+// array is the cheapest form of that.
+var (
+	refStartSpec = ebpf.MapSpec{Name: "ref_start", Type: ebpf.Hash, KeySize: 8, ValueSize: 8, MaxEntries: refInFlight}
+	refHistSpec  = ebpf.MapSpec{Name: "ref_hist", Type: ebpf.Array, KeySize: 4, ValueSize: refSlots * 8, MaxEntries: 1}
+)
 
-// refHistMap is one histogram of refSlots u64 counters. The reference keeps
-// its histograms in a hash map keyed by disk and flags, one key when not
-// per disk; a one-entry array is the cheapest form of that.
-func refHistMap(t testing.TB) *ebpf.Map {
+// refMap creates one of the reference design's maps.
+func refMap(t testing.TB, spec ebpf.MapSpec) *ebpf.Map {
 	t.Helper()
-	m, err := ebpf.NewMap(&ebpf.MapSpec{
-		Name:       "ref_hist",
-		Type:       ebpf.Array,
-		KeySize:    4,
-		ValueSize:  refSlots * 8,
-		MaxEntries: 1,
-	})
-	require.NoError(t, err, "create the reference design's histogram map")
+	m, err := ebpf.NewMap(&spec)
+	require.NoError(t, err, "create the reference design's map %s", spec.Name)
 	return m
 }
 
@@ -177,11 +164,11 @@ func refVariant(t *testing.T, withHist bool) benchVariant {
 	if !withHist {
 		name, tag = "hash map only", "map"
 	}
-	start := refStartMap(t)
+	start := refMap(t, refStartSpec)
 	t.Cleanup(func() { start.Close() })
 	var hist *ebpf.Map
 	if withHist {
-		hist = refHistMap(t)
+		hist = refMap(t, refHistSpec)
 		t.Cleanup(func() { hist.Close() })
 	}
 	var counted uint64
