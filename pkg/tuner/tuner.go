@@ -931,8 +931,8 @@ func (t *Tuner) windowHint(k probe.FileKey) int {
 }
 
 // tailHint is the device window (KB) that keeps a stall of the device's
-// p99 latency hidden at its capacity, when the need is tail inflation (0
-// otherwise): a reader stalls on the slowest request of its window, and
+// p99 latency hidden at its capacity, when the need is tail inflation and
+// the device is below CapacityFrac of its capacity (0 otherwise): a reader stalls on the slowest request of its window, and
 // under tail inflation that is the p99. Steps below it would each cost an
 // interval to learn only that they are too small (and under a periodic
 // stall, one interval's throughput says little).
@@ -945,6 +945,12 @@ func (t *Tuner) tailHint(snap detector.Snapshot, dev probe.Dev) int {
 	}
 	ds, ok := t.dstats[dev]
 	if !tail || !ok || ds.CapacityBPS <= 0 || ds.P99 <= 0 {
+		return 0
+	}
+	// A device already near its capacity has no bandwidth for the stalled
+	// readers to take back, and its p99 is its queue: steps one at a time,
+	// each judged.
+	if ds.BusyThroughput >= t.cfg.CapacityFrac*ds.CapacityBPS {
 		return 0
 	}
 	return int(ds.P99.Seconds() * ds.CapacityBPS / 1024)

@@ -1100,3 +1100,16 @@ func TestFastPathContentionGetsTheSequentialFilesFirstStepAtOnce(t *testing.T) {
 	assert.Equal(t, 4096, trials[0].ToKB, "Little's law from the fast snapshot's p95 (20 ms x 150 MB/s)")
 	assert.Equal(t, 128, r.files.window[rnd])
 }
+
+func TestTailInflationOnASaturatedDeviceStepsOneAtATime(t *testing.T) {
+	// Busy at its capacity, the device's p99 is its queue: no jump.
+	r := newRig(t, Config{}, nil)
+	acts := r.run(1, func() detector.Snapshot {
+		return detector.Snapshot{Now: r.clk.Now(),
+			Devices: []detector.DeviceStats{{Device: sdb, BusyThroughput: 148e6, P99: 200 * time.Millisecond, CapacityBPS: 150e6}},
+			Regimes: []detector.Regime{{Kind: detector.TailInflation, Device: sdb, Evidence: "p99 up"}}}
+	})
+	trials := filter(acts, KindDeviceWindow, ResultTrial)
+	require.Len(t, trials, 1)
+	assert.Equal(t, 256, trials[0].ToKB)
+}
