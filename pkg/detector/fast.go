@@ -169,21 +169,10 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 	for _, t := range tiers {
 		most = max(most, t.n)
 	}
-	cut := now - int64(cfg.Window)
-	ringN := uint64(len(ds.ring))
 	per := map[int32][]sample{}
 	var peers []sample
-	for k := uint64(0); k < min(ds.n, ringN); k++ {
-		s := ds.ring[(ds.n-1-k)%ringN]
-		if s.complete <= cut {
-			break
-		}
-		if s.slot != noSlot {
-			f := &d.files[s.slot]
-			if !f.used || f.gen != s.gen {
-				s.slot = noSlot
-			}
-		}
+	win, _ := d.collect(ds, now, now-int64(cfg.Window))
+	for _, s := range win {
 		if s.slot == noSlot || d.files[s.slot].shift.candidate() {
 			if s.slot == noSlot {
 				peers = append(peers, s)
