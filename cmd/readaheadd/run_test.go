@@ -25,6 +25,7 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/metrics"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 	"github.com/readaheadd/readaheadd/pkg/state"
+	"github.com/readaheadd/readaheadd/test/daemontest"
 )
 
 // The test binary doubles as the readaheadd binary, so that exit codes and
@@ -190,7 +191,7 @@ func TestRunServesAndRestoresOnStop(t *testing.T) {
 	addrc := make(chan net.Addr, 1)
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	var logs bytes.Buffer
+	logs := &daemontest.SyncBuffer{}
 	env := runEnv{
 		sys:        sys,
 		clk:        clock.Monotonic{},
@@ -198,7 +199,7 @@ func TestRunServesAndRestoresOnStop(t *testing.T) {
 		signals:    func(c context.Context) (context.Context, context.CancelFunc) { return context.WithCancel(c) },
 		notify:     n.notify,
 		onListen:   func(a net.Addr) { addrc <- a },
-		stderr:     &syncWriter{w: &logs},
+		stderr:     logs,
 		bootID:     "boot",
 		newControl: newController,
 	}
@@ -304,24 +305,10 @@ func TestHealthStates(t *testing.T) {
 }
 
 func TestStatusCommandUnreachable(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := daemontest.FreeAddr(t)
 	code, _, stderr := runMain(t, "status", "--metrics-addr", addr, "--timeout", "2s")
 	assert.Equal(t, exitFailure, code)
 	assert.Contains(t, stderr, "daemon not reachable")
-}
-
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }
 
 func TestRunWithoutCapabilitiesNamesThem(t *testing.T) {
@@ -407,10 +394,10 @@ func TestRunProbeFailureStopsAndRestores(t *testing.T) {
 	v, err := config.Validate(c, sys)
 	require.NoError(t, err)
 	var n notes
-	var logs bytes.Buffer
+	logs := &daemontest.SyncBuffer{}
 	env := defaultRunEnv()
 	env.sys = sys
-	env.stderr = &syncWriter{w: &logs}
+	env.stderr = logs
 	env.capStatus = ""
 	env.bootID = "b"
 	env.notify = n.notify

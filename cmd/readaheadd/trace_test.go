@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -12,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/test/daemontest"
 )
 
 func TestTraceFlagValidation(t *testing.T) {
@@ -43,24 +42,6 @@ func TestTraceFlagValidation(t *testing.T) {
 		format: "text", sysfs: t.TempDir()}, io.Discard)
 	var ue usageError
 	assert.True(t, errors.As(err, &ue), "got %v", err)
-}
-
-// traceBuffer is an io.Writer safe to read while trace writes.
-type traceBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *traceBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *traceBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func traceSh(t *testing.T, name string, args ...string) string {
@@ -101,7 +82,7 @@ func TestTraceJSONOnLoopDevice(t *testing.T) {
 	unix.Sync()
 	require.NoError(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0))
 
-	var out traceBuffer
+	var out daemontest.SyncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
