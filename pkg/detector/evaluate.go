@@ -465,7 +465,11 @@ func (d *Detector) stepShift(ds *deviceState, f *fileState, a *fileAgg, peerN50,
 		f.shift.step(unknown, now, cfg, 0, "")
 		return
 	case a.n50 < cfg.ShiftExitMult:
-		f.shift.step(belowExit, now, cfg, 0, "")
+		ev := ""
+		if f.shift.candidate() {
+			ev = fmt.Sprintf("file %s: its %d requests take median %.2fx the device's healthy baseline (exit below %.2fx)", f.key, a.nl, a.n50, cfg.ShiftExitMult)
+		}
+		f.shift.step(belowExit, now, cfg, 0, ev)
 		return
 	case f.shift.candidate() && a.recentN >= cfg.FileMinSamples && a.recentN50 < cfg.ShiftExitMult:
 		// Its latest requests are back to normal: the slowdown ended

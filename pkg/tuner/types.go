@@ -73,9 +73,11 @@ type Config struct {
 	// detector then holds the regime, and only backing off tells.
 	ReprobeAfter time.Duration
 	// ReprobeHold is how long a re-probe holds the device's window before
-	// restoring the kept one if the regime persists (default 3 x Settle:
+	// restoring the kept one if the regime persists (default 5 x Settle:
 	// the detector clears a regime after two evaluations below its exit
-	// threshold).
+	// threshold, the first evaluation after the drop may still hold the
+	// large window's queued requests, and the two clocks are not in phase;
+	// at 3 x Settle a slowdown that had ended was seen as persisting).
 	ReprobeHold time.Duration
 	// DryRun logs and reports what would be done without writing anything.
 	DryRun bool
@@ -97,7 +99,7 @@ func (c Config) withDefaults() Config {
 	orDefault(&c.BackoffMax, 5*time.Minute)
 	orDefault(&c.CapacityFrac, 0.9)
 	orDefault(&c.ReprobeAfter, time.Minute)
-	orDefault(&c.ReprobeHold, 3*c.Settle)
+	orDefault(&c.ReprobeHold, 5*c.Settle)
 	orDefault(&c.Grace, 10*time.Second)
 	orDefault(&c.DeviceMinFiles, 4)
 	orDefault(&c.DeviceFileFraction, 0.5)

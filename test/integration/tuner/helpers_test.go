@@ -460,9 +460,10 @@ func (d *daemon) files(ctx context.Context) ([]fileEntry, error) {
 }
 
 type regimeEntry struct {
-	Kind  string  `json:"kind"`
-	File  string  `json:"file"` // path, or major:minor/inode
-	Since float64 `json:"since_monotonic_seconds"`
+	Kind     string  `json:"kind"`
+	File     string  `json:"file"` // path, or major:minor/inode
+	Since    float64 `json:"since_monotonic_seconds"`
+	Evidence string  `json:"evidence"`
 }
 
 func (d *daemon) regimes() []regimeEntry {

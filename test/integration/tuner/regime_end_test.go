@@ -54,10 +54,21 @@ func TestWindowUndoneAfterSlowdownEnds(t *testing.T) {
 	var undoneAfter time.Duration
 	deadline := end.Add(80 * time.Second)
 	for time.Now().Before(deadline) && undoneAfter == 0 {
+		probing := false
 		for _, a := range d.actions() {
 			if a.Action == "file_window_undo" && a.Result == "undone" && a.Time.After(end) && a.ToKB == 128 {
 				undoneAfter = time.Since(end)
 				t.Logf("undone %v after the slowdown ended: %s", undoneAfter.Round(100*time.Millisecond), a.Evidence)
+			}
+			if a.Action == "file_window_undo" && a.Result == "trial" && a.Time.After(end) {
+				probing = true
+			}
+		}
+		if probing && undoneAfter == 0 {
+			// What the detector holds while the re-probe runs: the reason
+			// if it does not clear.
+			for _, r := range d.regimes() {
+				t.Logf("  during the re-probe, %s: %s %s", time.Now().Format("15:04:05.0"), r.Kind, r.Evidence)
 			}
 		}
 		time.Sleep(250 * time.Millisecond)
