@@ -55,6 +55,10 @@ type FileOps interface {
 	// Dup takes a descriptor on the same open file description as ref
 	// (pidfd_open + pidfd_getfd) and checks it still is ref.Key.
 	Dup(ref FileRef) (Handle, error)
+	// FindAll lists the descriptors any process holds on file: for
+	// readers no readahead event names (an mmap reader's faults read
+	// around the faulting page without one).
+	FindAll(file probe.FileKey) ([]FileRef, error)
 }
 
 var (
@@ -105,6 +109,29 @@ func (p *ProcFileOps) Find(tgid uint32, file probe.FileKey) ([]FileRef, error) {
 			continue // closed meanwhile
 		}
 		refs = append(refs, FileRef{Tgid: tgid, FD: fd, Key: file, Path: target})
+	}
+	return refs, nil
+}
+
+// FindAll implements FileOps: it walks every process's descriptors, so
+// the tuner calls it rarely (once per candidate file and period).
+func (p *ProcFileOps) FindAll(file probe.FileKey) ([]FileRef, error) {
+	ents, err := os.ReadDir(p.Proc)
+	if err != nil {
+		return nil, fmt.Errorf("list processes in %s: %w", p.Proc, err)
+	}
+	self := uint64(os.Getpid())
+	var refs []FileRef
+	for _, e := range ents {
+		tgid, err := strconv.ParseUint(e.Name(), 10, 32)
+		if err != nil || tgid == self {
+			continue
+		}
+		found, err := p.Find(uint32(tgid), file)
+		if err != nil {
+			continue // exited meanwhile, or a kernel thread
+		}
+		refs = append(refs, found...)
 	}
 	return refs, nil
 }

@@ -43,8 +43,22 @@ func readerMain(path string) int {
 	fmt.Println("ready", f.Fd())
 	in := bufio.NewScanner(os.Stdin)
 	buf := make([]byte, 64<<10)
+	var mapped []byte
 	for in.Scan() {
 		var off, n int64
+		if _, err := fmt.Sscanf(in.Text(), "touch %d", &off); err == nil {
+			// A page fault on a shared mapping of the open file: the
+			// kernel reads around it with the open file's window.
+			if mapped == nil {
+				st, _ := f.Stat()
+				if mapped, err = unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED); err != nil {
+					fmt.Println("error", err)
+					return 1
+				}
+			}
+			fmt.Println("done", mapped[off])
+			continue
+		}
 		if _, err := fmt.Sscanf(in.Text(), "read %d %d", &off, &n); err != nil {
 			return 0
 		}
@@ -263,6 +277,79 @@ func TestProcFileOpsPinsAnOpenFileWindow(t *testing.T) {
 	rd.cmd.Wait()
 	_, err = tn.deps.Files.Dup(refs[0])
 	assert.ErrorIs(t, err, ErrProcessGone)
+}
+
+func (r *reader) touch(t *testing.T, off int64) {
+	t.Helper()
+	_, err := fmt.Fprintf(r.in, "touch %d\n", off)
+	require.NoError(t, err)
+	require.True(t, r.out.Scan())
+	require.True(t, strings.HasPrefix(r.out.Text(), "done"), "reader said %q", r.out.Text())
+}
+
+// TestProcFileOpsTrimsAnMmapReadersReadAround: an mmap reader that no
+// readahead event names is found among every process's descriptors, and a
+// window pinned below the device's on its open file shrinks what each of
+// its page faults reads.
+func TestProcFileOpsTrimsAnMmapReadersReadAround(t *testing.T) {
+	mnt, loop := loopFS(t)
+	sys := blockdev.SysFS{}
+	disk, err := sys.Lookup(loop)
+	require.NoError(t, err)
+	orig, err := sys.ReadAheadKB(loop)
+	require.NoError(t, err)
+
+	path := filepath.Join(mnt, "data", "index")
+	key := writeUncached(t, path, 64<<20)
+	rd := startReader(t, path)
+
+	st, err := state.Open(t.TempDir(), state.Options{})
+	require.NoError(t, err)
+	defer st.Close()
+	tn, err := New(Config{AllowPaths: []string{filepath.Join(mnt, "data")}, MaxKB: 4096},
+		Deps{Sysfs: sys, Files: NewProcFileOps(), Clock: clock.Monotonic{}, Store: st, Logger: quiet()})
+	require.NoError(t, err)
+	t.Cleanup(func() { tn.RestoreAll(); sys.SetReadAheadKB(loop, orig) })
+
+	// Faults 1 MiB apart: each one's read-around is its own.
+	faults := func(first int64) uint64 {
+		quiesce(t, loop)
+		before := sectorsRead(t, loop)
+		for i := int64(0); i < 16; i++ {
+			rd.touch(t, (first+2*i)<<20+64<<10)
+		}
+		quiesce(t, loop)
+		return (sectorsRead(t, loop) - before) * 512 / 16
+	}
+	base := faults(0)
+
+	refs, err := tn.deps.Files.FindAll(key)
+	require.NoError(t, err)
+	require.Len(t, refs, 1, "the reader's descriptor, found without a readahead event")
+	assert.Equal(t, rd.fd, refs[0].FD)
+	assert.Equal(t, uint32(rd.cmd.Process.Pid), refs[0].Tgid)
+
+	tn.mu.Lock()
+	d := tn.device(disk.Dev)
+	require.NotNil(t, d)
+	n, err := tn.pinExact(d, 16, refs, false)
+	tn.mu.Unlock()
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	now, err := sys.ReadAheadKB(loop)
+	require.NoError(t, err)
+	assert.Equal(t, orig, now, "the device is back at its own window")
+	trimmed := faults(1)
+
+	tn.mu.Lock()
+	_, err = tn.pinExact(d, d.cur, refs, false)
+	tn.mu.Unlock()
+	require.NoError(t, err)
+	back := faults(32)
+	t.Logf("device bytes per page fault: window %d KB: %d; trimmed to 16 KB: %d; back: %d", orig, base, trimmed, back)
+	assert.LessOrEqual(t, trimmed, uint64(16<<10), "a fault reads at most the trimmed window")
+	assert.Greater(t, base, 4*trimmed)
+	assert.Greater(t, back, 4*trimmed, "the device's window is back on the open file")
 }
 
 func TestScopeRefusesOutsideAndBindMounts(t *testing.T) {

@@ -167,6 +167,10 @@ type Tuner struct {
 	fileFail uint64
 	refused  uint64
 	limited  uint64
+	// Read-around trims (trim.go).
+	trims      map[probe.FileKey]*trimDec
+	trimOffs   map[probe.FileKey]*trimOff
+	trimScanAt map[probe.FileKey]time.Duration
 }
 
 // New builds a tuner. If the store holds originals from an earlier run that
@@ -191,11 +195,14 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 	}
 	t := &Tuner{
 		cfg: cfg, deps: deps, log: deps.Logger.With("component", "tuner"), scope: scope,
-		devs:    map[probe.Dev]*devState{},
-		files:   map[probe.FileKey]*fileDec{},
-		readers: map[probe.FileKey]map[uint32]*readerInfo{},
-		counts:  map[string]uint64{},
-		logged:  map[string]time.Duration{},
+		devs:       map[probe.Dev]*devState{},
+		files:      map[probe.FileKey]*fileDec{},
+		readers:    map[probe.FileKey]map[uint32]*readerInfo{},
+		trims:      map[probe.FileKey]*trimDec{},
+		trimOffs:   map[probe.FileKey]*trimOff{},
+		trimScanAt: map[probe.FileKey]time.Duration{},
+		counts:     map[string]uint64{},
+		logged:     map[string]time.Duration{},
 	}
 	if deps.Store != nil && len(deps.Store.Entries()) > 0 {
 		t.log.Warn("tuner: originals of an earlier run were not restored (crash?); restoring them before anything else",
@@ -403,6 +410,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 		}
 	}
 
+	t.trimAll()
 	t.prefetchAll()
 	t.applyPendingLocked()
 	t.pruneReaders(now)
@@ -687,10 +695,15 @@ func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []FileRef {
 // raise, pin, restore. Descriptors are taken before the raise so the device
 // holds kb for as short a time as possible.
 func (t *Tuner) pin(d *devState, kb int, refs []FileRef, limit bool) (int, error) {
+	return t.pinExact(d, t.clamp(d, kb), refs, limit)
+}
+
+// pinExact is pin without the clamp to the device's original: a
+// read-around trim pins below it.
+func (t *Tuner) pinExact(d *devState, kb int, refs []FileRef, limit bool) (int, error) {
 	if len(refs) == 0 {
 		return 0, errNoReaders
 	}
-	kb = t.clamp(d, kb)
 	advice, raise := AdviceNormal, false
 	switch {
 	case kb == d.cur:
@@ -730,7 +743,7 @@ func (t *Tuner) pin(d *devState, kb int, refs []FileRef, limit bool) (int, error
 	}
 	if raise {
 		if err := t.writeDevice(d, kb); err != nil {
-			return 0, fmt.Errorf("raise read_ahead_kb of %s to %d: %w", d.name, kb, err)
+			return 0, fmt.Errorf("set read_ahead_kb of %s to %d for a pin: %w", d.name, kb, err)
 		}
 	}
 	n := 0
@@ -1410,6 +1423,11 @@ func (t *Tuner) Status() Status {
 				ds.Prefetching++
 			}
 		}
+		for _, td := range t.trims {
+			if td.dev == d && !td.dry {
+				ds.FilesAdjusted++
+			}
+		}
 		st.Devices = append(st.Devices, ds)
 	}
 	sort.Slice(st.Devices, func(i, j int) bool { return st.Devices[i].Device < st.Devices[j].Device })
@@ -1429,6 +1447,17 @@ func (t *Tuner) Status() Status {
 		}
 		st.Files = append(st.Files, FileStatus{Device: fd.dev.name, File: fd.key, Path: fd.path, WindowKB: fd.win.inForce(),
 			BaseKB: fd.win.base, PrefetchKB: fd.pf.inForce(), Readers: len(t.readers[fd.key]), State: s})
+	}
+	for _, td := range t.trims {
+		s := "trimmed"
+		if td.trialAt != 0 {
+			s = "trial"
+		}
+		if td.dry {
+			s = "dry_run"
+		}
+		st.Files = append(st.Files, FileStatus{Device: td.dev.name, File: td.key, Path: td.path, WindowKB: td.kb,
+			BaseKB: td.from, Readers: len(td.refs), State: s})
 	}
 	sort.Slice(st.Files, func(i, j int) bool { return st.Files[i].File.String() < st.Files[j].File.String() })
 	return st
@@ -1465,6 +1494,9 @@ func (t *Tuner) RestoreAll() error {
 	for k, fd := range t.files {
 		t.undoFile(fd, "shutting down")
 		delete(t.files, k)
+	}
+	for _, k := range sortedKeys(t.trims) {
+		t.endTrim(t.trims[k], "shutting down")
 	}
 	if t.deps.Store != nil {
 		// An original recorded before a write that failed (sysfs read-only)

@@ -89,6 +89,7 @@ type fakeFiles struct {
 	gone   map[uint32]bool // exits between Find and Dup
 	dups   int
 	closed int
+	scans  int
 }
 
 func newFakeFiles(sys *fakeSys) *fakeFiles {
@@ -108,6 +109,16 @@ func (f *fakeFiles) Find(tgid uint32, key probe.FileKey) ([]FileRef, error) {
 		if r.Key == key {
 			out = append(out, r)
 		}
+	}
+	return out, nil
+}
+
+func (f *fakeFiles) FindAll(key probe.FileKey) ([]FileRef, error) {
+	f.scans++
+	var out []FileRef
+	for tgid := range f.fds {
+		found, _ := f.Find(tgid, key)
+		out = append(out, found...)
 	}
 	return out, nil
 }

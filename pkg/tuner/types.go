@@ -83,6 +83,12 @@ type Config struct {
 	DryRun bool
 	// DisablePrefetch turns the prefetch actuator off.
 	DisablePrefetch bool
+	// TrimKB is the window given to the open files of a random reader
+	// whose reads are read-around sized (an mmap reader's faults) while
+	// the tuner has a window raised on its device (default 16). See
+	// trim.go. DisableTrim turns this off.
+	TrimKB      int
+	DisableTrim bool
 	// RecentActions is how many actions Status keeps (default 64).
 	RecentActions int
 }
@@ -109,6 +115,7 @@ func (c Config) withDefaults() Config {
 	orDefault(&c.PrefetchMaxKB, 16384)
 	orDefault(&c.PrefetchBytesPerSec, 64<<20)
 	orDefault(&c.MinSequentiality, 0.6)
+	orDefault(&c.TrimKB, 16)
 	orDefault(&c.RecentActions, 64)
 	return c
 }
@@ -133,6 +140,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("tuner: device keep margin %.2f must be between 0 and 10 (0.20 means +20%% throughput)", c.DeviceMargin)
 	case c.DeviceFileFraction < 0 || c.DeviceFileFraction > 1:
 		return fmt.Errorf("tuner: device file fraction %.2f must be between 0 and 1", c.DeviceFileFraction)
+	case !c.DisableTrim && (c.TrimKB < 4 || c.TrimKB >= c.MaxKB):
+		return fmt.Errorf("tuner: read-around trim window %d KB must be at least 4 KB and below the maximum window %d KB", c.TrimKB, c.MaxKB)
 	case c.SysfsBurst < 2:
 		return fmt.Errorf("tuner: sysfs burst %d must be at least 2 (a raise-pin-restore writes twice)", c.SysfsBurst)
 	case c.SysfsWritesPerSec <= 0 || c.PrefetchBytesPerSec < 0:

@@ -1,0 +1,228 @@
+package tuner
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// Read-around trim. A random mmap reader's page faults each read the
+// file's whole window around the faulting page (mmap read-around): on a
+// device where the tuner is giving a slowed reader a larger window, those
+// reads take the device's time for pages nobody touches, and every fault
+// waits for its own oversized transfer. Such a reader's open files get a
+// small window (TrimKB) with the same raise-pin-restore, lowered: the
+// sequential reader keeps its large window on its own open file and the
+// random one stops paying for it. No single device-wide value does both.
+//
+// A trim is judged like every other step: kept only if the file's reads
+// stay random and its median request latency (a faulting thread's wait)
+// does not rise; undone, with back-off, otherwise. It ends when the tuner
+// no longer acts on the device (Grace), when a decision of the file's own
+// takes over, or at shutdown.
+
+const (
+	// trimMaxSequentiality: only files read this randomly are trimmed.
+	trimMaxSequentiality = 0.2
+	// trimMinRequests: the file's window must hold this many requests.
+	trimMinRequests = 16
+	// trimSizeFactor: its requests must average at least this multiple
+	// of TrimKB (read-around sized, not reads the reader asked for).
+	trimSizeFactor = 4
+	// trimLatencySlack: a trim is undone if the file's median latency
+	// rises above this multiple of what it was.
+	trimLatencySlack = 1.1
+	// trimScanEvery bounds how often one file's readers are searched for
+	// in every process's descriptors.
+	trimScanEvery = 30 * time.Second
+)
+
+type trimDec struct {
+	key      probe.FileKey
+	dev      *devState
+	path     string
+	refs     []FileRef
+	kb       int           // window pinned on refs
+	from     int           // the window they had (the device's at the time)
+	trialAt  time.Duration // set while the trim is under trial
+	beforeP  time.Duration // the file's median latency before
+	lastNeed time.Duration
+	dry      bool
+}
+
+type trimOff struct {
+	until    time.Duration
+	failures int
+}
+
+// helping reports whether the tuner has a window raised on the device:
+// its own (device-wide) or an open file's (in dry-run mode: would have).
+func (t *Tuner) helping(d *devState) bool {
+	if d.cur != d.orig || (d.winActive && d.win.dryAt > d.orig) {
+		return true
+	}
+	for _, fd := range t.files {
+		if fd.dev == d && (fd.win.inForce() > fd.win.base || fd.win.dryAt > fd.win.base) {
+			return true
+		}
+	}
+	return false
+}
+
+// trimAll starts, judges and ends read-around trims.
+func (t *Tuner) trimAll() {
+	if t.cfg.DisableTrim || t.scope.Empty() {
+		return
+	}
+	now := t.deps.Clock.Now()
+	for _, k := range sortedKeys(t.trims) {
+		td := t.trims[k]
+		switch {
+		case t.files[k] != nil:
+			// A decision of the file's own sets its window now.
+			delete(t.trims, k)
+		case t.helping(td.dev):
+			td.lastNeed = now
+			if td.trialAt != 0 && now-td.trialAt >= t.cfg.Settle {
+				t.judgeTrim(td)
+			}
+		case now-td.lastNeed >= t.cfg.Grace:
+			t.endTrim(td, fmt.Sprintf("no window raised on the device for %v", t.cfg.Grace))
+		}
+	}
+	for _, fs := range t.snap.Files {
+		k := fs.Key
+		d := t.devs[fs.Device]
+		if d == nil || !d.known || t.files[k] != nil || t.trims[k] != nil || !t.helping(d) {
+			continue
+		}
+		if t.snap.Now-fs.LastSeen > t.cfg.Settle || fs.Sequentiality > trimMaxSequentiality ||
+			fs.Requests < trimMinRequests || fs.MeanSize < float64(trimSizeFactor*t.cfg.TrimKB*1024) || fs.P50 <= 0 {
+			continue
+		}
+		if off := t.trimOffs[k]; off != nil && now < off.until {
+			continue
+		}
+		if at, ok := t.trimScanAt[k]; ok && now-at < trimScanEvery {
+			continue
+		}
+		t.trimScanAt[k] = now
+		refs := t.trimRefs(k, d)
+		if len(refs) == 0 {
+			continue
+		}
+		td := &trimDec{key: k, dev: d, refs: refs, kb: t.cfg.TrimKB, from: d.cur, beforeP: fs.P50, lastNeed: now}
+		for _, r := range refs {
+			td.path = r.Path
+		}
+		ev := fmt.Sprintf("read-around trim: random reads (sequential %.0f%%) averaging %.0f KB per request, median %v, while the device serves a raised window; the readers' open files get %d KB",
+			100*fs.Sequentiality, fs.MeanSize/1024, fs.P50.Round(10*time.Microsecond), t.cfg.TrimKB)
+		if t.cfg.DryRun {
+			td.dry = true
+			t.trims[k] = td
+			t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: td.path, Kind: KindFileWindow, FromKB: td.from, ToKB: td.kb, Result: ResultDryRun, Evidence: ev})
+			continue
+		}
+		n, err := t.pinExact(d, td.kb, refs, true)
+		if errors.Is(err, errRateLimited) {
+			delete(t.trimScanAt, k) // next interval
+			continue
+		}
+		if err != nil {
+			t.log.Debug("tuner: read-around trim not applied", "file", k.String(), "err", err)
+			continue
+		}
+		td.trialAt = now
+		t.trims[k] = td
+		t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: td.path, Kind: KindFileWindow, FromKB: td.from, ToKB: td.kb, Result: ResultTrial,
+			Evidence: fmt.Sprintf("%s (%d descriptors)", ev, n)})
+	}
+}
+
+// trimRefs finds the in-scope descriptors on file: those of readers seen
+// in readahead events, else every process's.
+func (t *Tuner) trimRefs(k probe.FileKey, d *devState) []FileRef {
+	var found []FileRef
+	if len(t.readers[k]) > 0 {
+		found = t.refs(&fileDec{key: k, dev: d}, nil)
+	} else {
+		all, err := t.deps.Files.FindAll(k)
+		if err != nil {
+			t.log.Debug("tuner: cannot search for a file's readers", "file", k.String(), "err", err)
+			return nil
+		}
+		for _, r := range all {
+			real, err := t.scope.Check(r.Path, k)
+			if err != nil {
+				t.refused++
+				continue
+			}
+			r.Path = real
+			found = append(found, r)
+		}
+	}
+	return found
+}
+
+// judgeTrim keeps a trim whose file still reads randomly without waiting
+// longer per request, and undoes it otherwise.
+func (t *Tuner) judgeTrim(td *trimDec) {
+	now := t.deps.Clock.Now()
+	td.trialAt = 0
+	fs, ok := t.fstats[td.key]
+	if !ok || t.snap.Now-fs.LastSeen > t.cfg.Settle || fs.P50 <= 0 {
+		t.endTrim(td, "the file is no longer read: nothing to measure the trim by")
+		return
+	}
+	if fs.Sequentiality > trimMaxSequentiality || float64(fs.P50) > trimLatencySlack*float64(td.beforeP) {
+		why := fmt.Sprintf("its reads turned sequential (%.0f%%): the read-around was being used", 100*fs.Sequentiality)
+		if fs.Sequentiality <= trimMaxSequentiality {
+			why = fmt.Sprintf("its median latency rose %v -> %v", td.beforeP.Round(10*time.Microsecond), fs.P50.Round(10*time.Microsecond))
+		}
+		off := t.trimOffs[td.key]
+		if off == nil {
+			off = &trimOff{}
+			t.trimOffs[td.key] = off
+		}
+		off.failures++
+		off.until = now + max(t.backoff(off.failures), time.Minute)
+		t.endTrim(td, "read-around trim did not pay: "+why)
+		return
+	}
+	t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindFileWindow, FromKB: td.from, ToKB: td.kb, Result: ResultKept,
+		Evidence: fmt.Sprintf("read-around trim: reads still random (sequential %.0f%%), %.0f KB per request, median %v -> %v",
+			100*fs.Sequentiality, fs.MeanSize/1024, td.beforeP.Round(10*time.Microsecond), fs.P50.Round(10*time.Microsecond))})
+}
+
+// endTrim gives the trimmed open files the device's window again.
+func (t *Tuner) endTrim(td *trimDec, why string) {
+	now := t.deps.Clock.Now()
+	delete(t.trims, td.key)
+	if td.dry {
+		t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindFileWindowUndo, FromKB: td.kb, ToKB: td.dev.cur, Result: ResultDryRun, Evidence: why})
+		return
+	}
+	res := ResultUndone
+	if _, err := t.pinExact(td.dev, td.dev.cur, td.refs, false); err != nil {
+		if errors.Is(err, ErrProcessGone) || errors.Is(err, ErrFDGone) {
+			why += "; readers gone (their open files closed)"
+		} else {
+			res = ResultFailed
+			why += "; " + err.Error()
+		}
+	}
+	t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindFileWindowUndo, FromKB: td.kb, ToKB: td.dev.cur, Result: res, Evidence: why})
+}
+
+func sortedKeys[V any](m map[probe.FileKey]V) []probe.FileKey {
+	keys := make([]probe.FileKey, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b probe.FileKey) int { return cmp.Or(cmp.Compare(a.Dev, b.Dev), cmp.Compare(a.Ino, b.Ino)) })
+	return keys
+}

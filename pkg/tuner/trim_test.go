@@ -1,0 +1,204 @@
+package tuner
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// mmapRig: a slowed sequential reader (pid 100) and a random mmap reader
+// (pid 200, no readahead events: its faults read around without one) on
+// the same device.
+type mmapRig struct {
+	*rig
+	seq, rnd   probe.FileKey
+	slowed     bool
+	rndP50     func(kb int) time.Duration
+	rndSeq     float64
+	rndPresent bool
+}
+
+func newMmapRig(t *testing.T, cfg Config) *mmapRig {
+	cfg.DisablePrefetch = true
+	m := &mmapRig{rig: newRig(t, cfg, nil), slowed: true, rndSeq: 0.02, rndPresent: true}
+	m.tput = kneeModel
+	var p string
+	p, m.seq = realFile(t, filepath.Join(m.dir, "data"), "blk_1")
+	m.reader(100, 7, p, m.seq)
+	p, m.rnd = realFile(t, filepath.Join(m.dir, "data"), "index")
+	m.files.open(200, 9, p, m.rnd)
+	// Each fault reads the whole window around the page; its wait is the
+	// transfer of that window plus a fixed part.
+	m.rndP50 = func(kb int) time.Duration { return time.Millisecond + time.Duration(kb)*7*time.Microsecond }
+	return m
+}
+
+func (m *mmapRig) snapshot() detector.Snapshot {
+	kind := detector.RegimeKind("")
+	if m.slowed {
+		kind = detector.FileLatencyShift
+	}
+	s := m.snap(kind, m.seq)
+	if m.rndPresent {
+		kb := m.files.window[m.rnd]
+		s.Files = append(s.Files, detector.FileStats{Key: m.rnd, Device: sdb, Requests: 200, MeanSize: float64(kb * 1024),
+			Sequentiality: m.rndSeq, P50: m.rndP50(kb), LastSeen: s.Now, BusyThroughput: 20e6})
+	}
+	return s
+}
+
+func (m *mmapRig) run(n int) []Action {
+	return m.rig.run(n, m.snapshot)
+}
+
+func trimActs(acts []Action, key probe.FileKey) []Action {
+	var out []Action
+	for _, a := range acts {
+		if a.File == key {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func TestTrimGivesARandomMmapReaderASmallWindowBesideAHelpedFile(t *testing.T) {
+	m := newMmapRig(t, Config{})
+	acts := m.run(1)
+	require.Greater(t, m.files.window[m.seq], 128, "the slowed reader's window is raised")
+	rnd := trimActs(acts, m.rnd)
+	require.NotEmpty(t, rnd, "the random reader's open file is trimmed once the device serves a raised window")
+	assert.Equal(t, KindFileWindow, rnd[0].Kind)
+	assert.Equal(t, ResultTrial, rnd[0].Result)
+	assert.Equal(t, 128, rnd[0].FromKB)
+	assert.Equal(t, 16, rnd[0].ToKB)
+	assert.Contains(t, rnd[0].Evidence, "read-around trim")
+	assert.Equal(t, 16, m.files.window[m.rnd])
+	assert.Equal(t, 128, m.sys.get("sdb"), "the device is back at its own window after the pin")
+	assert.Equal(t, 1, m.files.scans, "its readers were found in the processes' descriptors")
+	var recorded bool
+	for _, p := range m.store.Pins() {
+		if p.Ino == m.rnd.Ino && p.WindowKB == 16 {
+			recorded = true
+		}
+	}
+	assert.True(t, recorded, "a trimmed open file outlives a crash: recorded like any pin")
+
+	// Its faults read 16 KB now and wait less: kept.
+	rnd = trimActs(m.run(3), m.rnd)
+	require.Len(t, rnd, 1)
+	assert.Equal(t, ResultKept, rnd[0].Result)
+	assert.Equal(t, 16, m.files.window[m.rnd])
+	var st *FileStatus
+	for _, f := range m.tn.Status().Files {
+		if f.File == m.rnd {
+			st = &f
+		}
+	}
+	require.NotNil(t, st)
+	assert.Equal(t, "trimmed", st.State)
+	assert.Equal(t, 16, st.WindowKB)
+
+	// The slowdown ends: the slowed file's window goes back after Grace,
+	// then the trim one Grace later.
+	m.slowed = false
+	var undone []Action
+	for _, a := range m.run(25) {
+		if a.File == m.rnd && a.Kind == KindFileWindowUndo {
+			undone = append(undone, a)
+		}
+	}
+	require.Len(t, undone, 1)
+	assert.Equal(t, ResultUndone, undone[0].Result)
+	assert.Equal(t, 128, undone[0].ToKB)
+	assert.Equal(t, 128, m.files.window[m.rnd])
+	assert.Equal(t, 128, m.files.window[m.seq])
+	assert.Empty(t, m.store.Pins(), "nothing left recorded")
+	assert.Empty(t, m.tn.Status().Files)
+}
+
+func TestNoTrimOnAHealthyDevice(t *testing.T) {
+	m := newMmapRig(t, Config{})
+	m.slowed = false
+	acts := m.run(20)
+	assert.Empty(t, acts, "no action while nothing is raised on the device")
+	assert.Equal(t, 128, m.files.window[m.rnd])
+	assert.Zero(t, m.files.scans, "no search through the processes either")
+}
+
+func TestNoTrimForReadsThatAreNotReadAround(t *testing.T) {
+	for name, mutate := range map[string]func(m *mmapRig){
+		"sequential": func(m *mmapRig) { m.rndSeq = 0.5 },
+		"small reads": func(m *mmapRig) {
+			m.files.window[m.rnd] = 32 // requests of 32 KB: what the reader asked for
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			m := newMmapRig(t, Config{})
+			mutate(m)
+			assert.Empty(t, trimActs(m.run(10), m.rnd))
+		})
+	}
+}
+
+func TestTrimUndoneWhenItDoesNotPay(t *testing.T) {
+	m := newMmapRig(t, Config{})
+	require.NotEmpty(t, trimActs(m.run(1), m.rnd))
+	require.Equal(t, 16, m.files.window[m.rnd])
+	// The reader's accesses had locality: the small window makes it fault
+	// on the neighbouring pages, one request each.
+	m.rndSeq = 0.6
+	rnd := trimActs(m.run(1), m.rnd)
+	require.Len(t, rnd, 1)
+	assert.Equal(t, KindFileWindowUndo, rnd[0].Kind)
+	assert.Equal(t, ResultUndone, rnd[0].Result)
+	assert.Contains(t, rnd[0].Evidence, "did not pay")
+	assert.Equal(t, 128, m.files.window[m.rnd])
+	// Backed off: not tried again within the minute.
+	m.rndSeq = 0.02
+	assert.Empty(t, trimActs(m.run(50), m.rnd))
+	assert.NotEmpty(t, trimActs(m.run(40), m.rnd), "tried again after the back-off")
+}
+
+func TestTrimEndsAtShutdownAndWhenTheReaderGoes(t *testing.T) {
+	m := newMmapRig(t, Config{})
+	m.run(3)
+	require.Equal(t, 16, m.files.window[m.rnd])
+	require.NoError(t, m.tn.RestoreAll())
+	assert.Equal(t, 128, m.files.window[m.rnd], "shutdown gives the open file the device's window again")
+	assert.Equal(t, 128, m.sys.get("sdb"))
+	assert.Empty(t, m.store.Pins())
+
+	m = newMmapRig(t, Config{})
+	m.run(3)
+	require.Equal(t, 16, m.files.window[m.rnd])
+	m.files.gone[200] = true
+	m.rndPresent = false
+	m.slowed = false
+	var undone []Action
+	for _, a := range m.run(25) {
+		if a.File == m.rnd {
+			undone = append(undone, a)
+		}
+	}
+	require.Len(t, undone, 1)
+	assert.Contains(t, undone[0].Evidence, "readers gone")
+	assert.Empty(t, m.tn.Status().Files)
+}
+
+func TestTrimDisabledAndDryRun(t *testing.T) {
+	m := newMmapRig(t, Config{DisableTrim: true})
+	assert.Empty(t, trimActs(m.run(10), m.rnd))
+	assert.Equal(t, 128, m.files.window[m.rnd])
+
+	m = newMmapRig(t, Config{DryRun: true})
+	rnd := trimActs(m.run(3), m.rnd)
+	require.Len(t, rnd, 1)
+	assert.Equal(t, ResultDryRun, rnd[0].Result)
+	assert.Equal(t, 128, m.files.window[m.rnd], "nothing written in dry-run mode")
+}
