@@ -19,9 +19,10 @@ import (
 // sequential reader keeps its large window on its own open file and the
 // random one stops paying for it. No single device-wide value does both.
 //
-// A trim is judged like every other step: kept only if the file's reads
-// stay random and its median request latency (a faulting thread's wait)
-// does not rise; undone, with back-off, otherwise. It ends when the tuner
+// A trim is judged like every other step: kept only if the file's
+// requests shrank and its reads stay random (a reader whose neighbouring
+// pages the read-around served turns sequential at a small window);
+// undone, with back-off, otherwise. It ends when the tuner
 // no longer acts on the device (Grace), when a decision of the file's own
 // takes over, or at shutdown.
 
@@ -33,9 +34,6 @@ const (
 	// trimSizeFactor: its requests must average at least this multiple
 	// of TrimKB (read-around sized, not reads the reader asked for).
 	trimSizeFactor = 4
-	// trimLatencySlack: a trim is undone if the file's median latency
-	// rises above this multiple of what it was.
-	trimLatencySlack = 1.1
 	// trimScanEvery bounds how often one file's readers are searched for
 	// in every process's descriptors.
 	trimScanEvery = 30 * time.Second
@@ -168,8 +166,8 @@ func (t *Tuner) trimRefs(k probe.FileKey, d *devState) []FileRef {
 	return found
 }
 
-// judgeTrim keeps a trim whose file still reads randomly without waiting
-// longer per request, and undoes it otherwise.
+// judgeTrim keeps a trim whose file's requests shrank and stay random,
+// and undoes it otherwise.
 func (t *Tuner) judgeTrim(td *trimDec) {
 	now := t.deps.Clock.Now()
 	td.trialAt = 0
@@ -178,10 +176,17 @@ func (t *Tuner) judgeTrim(td *trimDec) {
 		t.endTrim(td, "the file is no longer read: nothing to measure the trim by")
 		return
 	}
-	if fs.Sequentiality > trimMaxSequentiality || float64(fs.P50) > trimLatencySlack*float64(td.beforeP) {
+	// Its latency is no verdict: the step that raised the slowed reader's
+	// window lands in the same interval and queues everyone's requests.
+	// What the trim changes is the file's own requests: smaller, and still
+	// scattered unless the read-around was being used.
+	notReadAround := fs.MeanSize > float64(trimSizeFactor*td.kb*1024)/2
+	if notReadAround || fs.Sequentiality > trimMaxSequentiality {
 		why := fmt.Sprintf("its reads turned sequential (%.0f%%): the read-around was being used", 100*fs.Sequentiality)
-		if fs.Sequentiality <= trimMaxSequentiality {
-			why = fmt.Sprintf("its median latency rose %v -> %v", td.beforeP.Round(10*time.Microsecond), fs.P50.Round(10*time.Microsecond))
+		if notReadAround {
+			// Buffered random reads of that size: the window never
+			// shaped them.
+			why = fmt.Sprintf("its requests still average %.0f KB: they are the reads it asks for, not read-around", fs.MeanSize/1024)
 		}
 		off := t.trimOffs[td.key]
 		if off == nil {
@@ -190,6 +195,9 @@ func (t *Tuner) judgeTrim(td *trimDec) {
 		}
 		off.failures++
 		off.until = now + max(t.backoff(off.failures), time.Minute)
+		if notReadAround {
+			off.until = now + t.cfg.BackoffMax
+		}
 		t.endTrim(td, "read-around trim did not pay: "+why)
 		return
 	}
