@@ -23,6 +23,7 @@ func main() {
 	onlyHDFS := flag.Bool("only-hdfs", false, "run the real-HDFS cases only")
 	work := flag.String("work", "", "keep daemon logs here (default: a temporary directory)")
 	from := flag.String("from", "", "only re-render the report and plots from a results.json of an earlier run")
+	workload := flag.String("workload", "", "run only this workload's cases (seq, sendfile, seq+mmap), for a quick look; the report then holds only those")
 	flag.Parse()
 	if *from != "" {
 		b, err := os.ReadFile(*from)
@@ -55,6 +56,19 @@ func main() {
 	}
 	if *onlyHDFS {
 		cfg.Cases, cfg.HDFS = nil, true
+	}
+	if *workload != "" {
+		var keep []bench.Case
+		for _, c := range cfg.Cases {
+			if c.Workload == *workload {
+				keep = append(keep, c)
+			}
+		}
+		if len(keep) == 0 {
+			fmt.Fprintf(os.Stderr, "no case of workload %q in this matrix\n", *workload)
+			os.Exit(2)
+		}
+		cfg.Cases, cfg.HDFS = keep, false
 	}
 	cfg.WorkDir = *work
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
