@@ -165,6 +165,23 @@ func TestTrimUndoneWhenItDoesNotPay(t *testing.T) {
 	assert.NotEmpty(t, trimActs(m.run(40), m.rnd), "tried again after the back-off")
 }
 
+func TestTrimUndoneForBufferedRandomReads(t *testing.T) {
+	m := newMmapRig(t, Config{})
+	// 128 KB random read() calls: the window does not shape them.
+	m.files.window[m.rnd] = 128
+	big := func() detector.Snapshot {
+		s := m.snapshot()
+		s.Files[1].MeanSize = 128 << 10
+		return s
+	}
+	acts := trimActs(m.rig.run(2, big), m.rnd)
+	require.Len(t, acts, 2)
+	assert.Equal(t, ResultTrial, acts[0].Result)
+	assert.Equal(t, KindFileWindowUndo, acts[1].Kind)
+	assert.Contains(t, acts[1].Evidence, "not read-around")
+	assert.Empty(t, trimActs(m.rig.run(120, big), m.rnd), "not tried again soon")
+}
+
 func TestTrimEndsAtShutdownAndWhenTheReaderGoes(t *testing.T) {
 	m := newMmapRig(t, Config{})
 	m.run(3)
