@@ -87,6 +87,8 @@ func (t *Tuner) trimAll() {
 			td.lastNeed = now
 			if td.trialAt != 0 && now-td.trialAt >= t.cfg.Settle {
 				t.judgeTrim(td)
+			} else if td.trialAt == 0 && !td.dry {
+				t.retrim(td)
 			}
 		case now-td.lastNeed >= t.cfg.Grace:
 			t.endTrim(td, fmt.Sprintf("no window raised on the device for %v", t.cfg.Grace))
@@ -139,6 +141,43 @@ func (t *Tuner) trimAll() {
 		t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: td.path, Kind: KindFileWindow, FromKB: td.from, ToKB: td.kb, Result: ResultTrial,
 			Evidence: fmt.Sprintf("%s (%d descriptors)", ev, n)})
 	}
+}
+
+// retrim reaches descriptors opened on a kept trim's file after the trim
+// (a reader that re-opens its file gets the device's window): its
+// requests grow back to read-around size.
+func (t *Tuner) retrim(td *trimDec) {
+	now := t.deps.Clock.Now()
+	fs, ok := t.fstats[td.key]
+	if !ok || t.snap.Now-fs.LastSeen > t.cfg.Settle || fs.Sequentiality > trimMaxSequentiality ||
+		fs.Requests < trimMinRequests || fs.MeanSize < float64(trimSizeFactor*td.kb*1024) {
+		return
+	}
+	if at, ok := t.trimScanAt[td.key]; ok && now-at < trimScanEvery {
+		return
+	}
+	t.trimScanAt[td.key] = now
+	var fresh []FileRef
+	for _, r := range t.trimRefs(td.key, td.dev) {
+		if !slices.ContainsFunc(td.refs, func(o FileRef) bool { return o.Tgid == r.Tgid && o.FD == r.FD }) {
+			fresh = append(fresh, r)
+		}
+	}
+	if len(fresh) == 0 {
+		return
+	}
+	n, err := t.pinExact(td.dev, td.kb, fresh, true)
+	if errors.Is(err, errRateLimited) {
+		delete(t.trimScanAt, td.key)
+		return
+	}
+	res, ev := ResultApplied, fmt.Sprintf("read-around trim: %d descriptor(s) opened on the trimmed file since, reading %.0f KB per request again", n, fs.MeanSize/1024)
+	if err != nil {
+		res, ev = ResultFailed, ev+": "+err.Error()
+	} else {
+		td.refs = append(td.refs, fresh...)
+	}
+	t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindFileWindow, FromKB: td.dev.cur, ToKB: td.kb, Result: res, Evidence: ev})
 }
 
 // trimRefs finds the in-scope descriptors on file: those of readers seen

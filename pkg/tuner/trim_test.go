@@ -182,6 +182,28 @@ func TestTrimUndoneForBufferedRandomReads(t *testing.T) {
 	assert.Empty(t, trimActs(m.rig.run(120, big), m.rnd), "not tried again soon")
 }
 
+func TestTrimReachesADescriptorOpenedLater(t *testing.T) {
+	m := newMmapRig(t, Config{})
+	m.run(3)
+	require.Equal(t, 16, m.files.window[m.rnd])
+	// The reader opens the file again: the new descriptor has the
+	// device's window, and its faults read 128 KB again.
+	p := m.files.fds[200][0].Path
+	m.files.open(201, 4, p, m.rnd)
+	m.files.window[m.rnd] = 128
+	var applied []Action
+	for _, a := range trimActs(m.run(31), m.rnd) {
+		if a.Result == ResultApplied {
+			applied = append(applied, a)
+		}
+	}
+	require.Len(t, applied, 1, "the new descriptor is found within the scan period")
+	assert.Equal(t, 16, applied[0].ToKB)
+	assert.Contains(t, applied[0].Evidence, "1 descriptor(s)")
+	assert.Equal(t, 16, m.files.window[m.rnd])
+	assert.Empty(t, trimActs(m.run(40), m.rnd), "nothing more while the requests stay small")
+}
+
 func TestTrimEndsAtShutdownAndWhenTheReaderGoes(t *testing.T) {
 	m := newMmapRig(t, Config{})
 	m.run(3)
