@@ -1522,23 +1522,3 @@ func (t *Tuner) RestoreAll() error {
 	}
 	return errors.Join(errs...)
 }
-
-// Restore puts back every original recorded in stateDir, for `readaheadd
-// restore` after a crash. It fails if a daemon holds the state directory.
-func Restore(stateDir string, sys state.Sysfs) error {
-	st, err := state.Open(stateDir, state.Options{})
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	n := len(st.Entries())
-	if err := st.Restore(sys); err != nil {
-		return err
-	}
-	if left := len(st.Entries()); left > 0 {
-		slog.Warn("restore: some devices are gone; their originals stay recorded for a later restore", "file", st.Path(), "left", left, "restored", n-left)
-	} else {
-		slog.Info("restore: every recorded original is back", "restored", n)
-	}
-	return nil
-}
