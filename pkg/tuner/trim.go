@@ -124,7 +124,7 @@ func (t *Tuner) trimAll() {
 		if t.cfg.DryRun {
 			td.dry = true
 			t.trims[k] = td
-			t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: td.path, Kind: KindFileWindow, FromKB: td.from, ToKB: td.kb, Result: ResultDryRun, Evidence: ev})
+			t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: td.path, Kind: KindTrim, FromKB: td.from, ToKB: td.kb, Result: ResultDryRun, Evidence: ev})
 			continue
 		}
 		n, err := t.pinExact(d, td.kb, refs, true)
@@ -138,7 +138,7 @@ func (t *Tuner) trimAll() {
 		}
 		td.trialAt = now
 		t.trims[k] = td
-		t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: td.path, Kind: KindFileWindow, FromKB: td.from, ToKB: td.kb, Result: ResultTrial,
+		t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: td.path, Kind: KindTrim, FromKB: td.from, ToKB: td.kb, Result: ResultTrial,
 			Evidence: fmt.Sprintf("%s (%d descriptors)", ev, n)})
 	}
 }
@@ -177,7 +177,7 @@ func (t *Tuner) retrim(td *trimDec) {
 	} else {
 		td.refs = append(td.refs, fresh...)
 	}
-	t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindFileWindow, FromKB: td.dev.cur, ToKB: td.kb, Result: res, Evidence: ev})
+	t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindTrim, FromKB: td.dev.cur, ToKB: td.kb, Result: res, Evidence: ev})
 }
 
 // trimRefs finds the in-scope descriptors on file: those of readers seen
@@ -240,7 +240,7 @@ func (t *Tuner) judgeTrim(td *trimDec) {
 		t.endTrim(td, "read-around trim did not pay: "+why)
 		return
 	}
-	t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindFileWindow, FromKB: td.from, ToKB: td.kb, Result: ResultKept,
+	t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindTrim, FromKB: td.from, ToKB: td.kb, Result: ResultKept,
 		Evidence: fmt.Sprintf("read-around trim: reads still random (sequential %.0f%%), %.0f KB per request, median %v -> %v",
 			100*fs.Sequentiality, fs.MeanSize/1024, td.beforeP.Round(10*time.Microsecond), fs.P50.Round(10*time.Microsecond))})
 }
@@ -250,7 +250,7 @@ func (t *Tuner) endTrim(td *trimDec, why string) {
 	now := t.deps.Clock.Now()
 	delete(t.trims, td.key)
 	if td.dry {
-		t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindFileWindowUndo, FromKB: td.kb, ToKB: td.dev.cur, Result: ResultDryRun, Evidence: why})
+		t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindTrimUndo, FromKB: td.kb, ToKB: td.dev.cur, Result: ResultDryRun, Evidence: why})
 		return
 	}
 	res := ResultUndone
@@ -262,7 +262,7 @@ func (t *Tuner) endTrim(td *trimDec, why string) {
 			why += "; " + err.Error()
 		}
 	}
-	t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindFileWindowUndo, FromKB: td.kb, ToKB: td.dev.cur, Result: res, Evidence: why})
+	t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindTrimUndo, FromKB: td.kb, ToKB: td.dev.cur, Result: res, Evidence: why})
 }
 
 func sortedKeys[V any](m map[probe.FileKey]V) []probe.FileKey {

@@ -73,7 +73,7 @@ func TestTrimGivesARandomMmapReaderASmallWindowBesideAHelpedFile(t *testing.T) {
 	require.Greater(t, m.files.window[m.seq], 128, "the slowed reader's window is raised")
 	rnd := trimActs(acts, m.rnd)
 	require.NotEmpty(t, rnd, "the random reader's open file is trimmed once the device serves a raised window")
-	assert.Equal(t, KindFileWindow, rnd[0].Kind)
+	assert.Equal(t, KindTrim, rnd[0].Kind)
 	assert.Equal(t, ResultTrial, rnd[0].Result)
 	assert.Equal(t, 128, rnd[0].FromKB)
 	assert.Equal(t, 16, rnd[0].ToKB)
@@ -109,7 +109,7 @@ func TestTrimGivesARandomMmapReaderASmallWindowBesideAHelpedFile(t *testing.T) {
 	m.slowed = false
 	var undone []Action
 	for _, a := range m.run(25) {
-		if a.File == m.rnd && a.Kind == KindFileWindowUndo {
+		if a.File == m.rnd && a.Kind == KindTrimUndo {
 			undone = append(undone, a)
 		}
 	}
@@ -155,7 +155,7 @@ func TestTrimUndoneWhenItDoesNotPay(t *testing.T) {
 	m.rndSeq = 0.6
 	rnd := trimActs(m.run(1), m.rnd)
 	require.Len(t, rnd, 1)
-	assert.Equal(t, KindFileWindowUndo, rnd[0].Kind)
+	assert.Equal(t, KindTrimUndo, rnd[0].Kind)
 	assert.Equal(t, ResultUndone, rnd[0].Result)
 	assert.Contains(t, rnd[0].Evidence, "did not pay")
 	assert.Equal(t, 128, m.files.window[m.rnd])
@@ -177,7 +177,7 @@ func TestTrimUndoneForBufferedRandomReads(t *testing.T) {
 	acts := trimActs(m.rig.run(2, big), m.rnd)
 	require.Len(t, acts, 2)
 	assert.Equal(t, ResultTrial, acts[0].Result)
-	assert.Equal(t, KindFileWindowUndo, acts[1].Kind)
+	assert.Equal(t, KindTrimUndo, acts[1].Kind)
 	assert.Contains(t, acts[1].Evidence, "not read-around")
 	assert.Empty(t, trimActs(m.rig.run(120, big), m.rnd), "not tried again soon")
 }

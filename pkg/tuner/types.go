@@ -185,6 +185,10 @@ const (
 	KindDeviceWindowUndo ActionKind = "device_window_undo"
 	KindFileWindowUndo   ActionKind = "file_window_undo"
 	KindPrefetchUndo     ActionKind = "prefetch_undo"
+	// KindTrim: a random mmap reader's open files given a window below
+	// the device's (read-around trim, trim.go).
+	KindTrim     ActionKind = "file_trim"
+	KindTrimUndo ActionKind = "file_trim_undo"
 )
 
 func undoOf(k ActionKind) ActionKind {
@@ -195,6 +199,8 @@ func undoOf(k ActionKind) ActionKind {
 		return KindFileWindowUndo
 	case KindPrefetch:
 		return KindPrefetchUndo
+	case KindTrim:
+		return KindTrimUndo
 	}
 	return k
 }

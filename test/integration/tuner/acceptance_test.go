@@ -246,7 +246,7 @@ func TestAcceptancePermanentSlowdown(t *testing.T) {
 	for _, a := range actions {
 		if a.Target == other || (otherKey != "" && a.Target == otherKey) {
 			assert.LessOrEqual(t, a.ToKB, 128, "the random reader's window is never raised: %s %d->%d", a.Action, a.FromKB, a.ToKB)
-			if a.Action == "file_window" && a.Result == "kept" && a.ToKB < 128 {
+			if a.Action == "file_trim" && a.Result == "kept" && a.ToKB < 128 {
 				trimKept = true
 			}
 		}
