@@ -203,25 +203,63 @@ func sectorsRead(t *testing.T, name string) uint64 {
 	return v
 }
 
-func TestProcFileOpsPinsAnOpenFileWindow(t *testing.T) {
+// procTuner is a tuner on a loop device of its own with a reader child
+// that opened name (64 MiB, not cached) before any change, like a running
+// DataNode or service.
+type procTuner struct {
+	tn   *Tuner
+	st   *state.Store
+	sys  blockdev.SysFS
+	disk blockdev.Disk
+	loop string
+	orig int
+	path string
+	key  probe.FileKey
+	rd   *reader
+}
+
+func newProcTuner(t *testing.T, name string) *procTuner {
+	t.Helper()
 	mnt, loop := loopFS(t)
-	sys := blockdev.SysFS{}
-	disk, err := sys.Lookup(loop)
+	p := &procTuner{loop: loop}
+	var err error
+	p.disk, err = p.sys.Lookup(loop)
 	require.NoError(t, err)
-	orig, err := sys.ReadAheadKB(loop)
+	p.orig, err = p.sys.ReadAheadKB(loop)
 	require.NoError(t, err)
+	p.path = filepath.Join(mnt, "data", name)
+	p.key = writeUncached(t, p.path, 64<<20)
+	p.rd = startReader(t, p.path)
+	p.st, err = state.Open(t.TempDir(), state.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { p.st.Close() })
+	p.tn, err = New(Config{AllowPaths: []string{filepath.Join(mnt, "data")}, MaxKB: 4096},
+		Deps{Sysfs: p.sys, Files: NewProcFileOps(), Clock: clock.Monotonic{}, Store: p.st, Logger: quiet()})
+	require.NoError(t, err)
+	t.Cleanup(func() { p.tn.RestoreAll(); p.sys.SetReadAheadKB(loop, p.orig) })
+	return p
+}
 
-	path := filepath.Join(mnt, "data", "blk_1")
-	key := writeUncached(t, path, 64<<20)
-	rd := startReader(t, path) // opened before any change, like a running DataNode
+// pinOne pins kb on the one descriptor in refs (below the device's
+// window too) and checks the device is back at its own value.
+func (p *procTuner) pinOne(t *testing.T, kb int, refs []FileRef) *devState {
+	t.Helper()
+	p.tn.mu.Lock()
+	d := p.tn.device(p.disk.Dev)
+	require.NotNil(t, d)
+	n, err := p.tn.pinExact(d, kb, refs, false)
+	p.tn.mu.Unlock()
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	now, err := p.sys.ReadAheadKB(p.loop)
+	require.NoError(t, err)
+	assert.Equal(t, p.orig, now, "the device is back at its own window")
+	return d
+}
 
-	st, err := state.Open(t.TempDir(), state.Options{})
-	require.NoError(t, err)
-	defer st.Close()
-	tn, err := New(Config{AllowPaths: []string{filepath.Join(mnt, "data")}, MaxKB: 4096},
-		Deps{Sysfs: sys, Files: NewProcFileOps(), Clock: clock.Monotonic{}, Store: st, Logger: quiet()})
-	require.NoError(t, err)
-	t.Cleanup(func() { tn.RestoreAll(); sys.SetReadAheadKB(loop, orig) })
+func TestProcFileOpsPinsAnOpenFileWindow(t *testing.T) {
+	p := newProcTuner(t, "blk_1")
+	orig, path, key, rd, st, tn, loop := p.orig, p.path, p.key, p.rd, p.st, p.tn, p.loop
 
 	// Baseline: 2 MB read with the window the file got at open.
 	before := sectorsRead(t, loop)
@@ -240,16 +278,7 @@ func TestProcFileOpsPinsAnOpenFileWindow(t *testing.T) {
 	assert.Equal(t, path, real)
 
 	// Raise, pin, restore a 4 MB window on that open file only.
-	tn.mu.Lock()
-	d := tn.device(disk.Dev)
-	require.NotNil(t, d)
-	n, err := tn.pin(d, 4096, refs, false)
-	tn.mu.Unlock()
-	require.NoError(t, err)
-	assert.Equal(t, 1, n)
-	now, err := sys.ReadAheadKB(loop)
-	require.NoError(t, err)
-	assert.Equal(t, orig, now, "the device is back at its own window")
+	p.pinOne(t, 4096, refs)
 	recorded, ok := st.Original(loop)
 	require.True(t, ok, "the original was recorded before the raise")
 	assert.Equal(t, orig, recorded)
@@ -292,24 +321,8 @@ func (r *reader) touch(t *testing.T, off int64) {
 // window pinned below the device's on its open file shrinks what each of
 // its page faults reads.
 func TestProcFileOpsTrimsAnMmapReadersReadAround(t *testing.T) {
-	mnt, loop := loopFS(t)
-	sys := blockdev.SysFS{}
-	disk, err := sys.Lookup(loop)
-	require.NoError(t, err)
-	orig, err := sys.ReadAheadKB(loop)
-	require.NoError(t, err)
-
-	path := filepath.Join(mnt, "data", "index")
-	key := writeUncached(t, path, 64<<20)
-	rd := startReader(t, path)
-
-	st, err := state.Open(t.TempDir(), state.Options{})
-	require.NoError(t, err)
-	defer st.Close()
-	tn, err := New(Config{AllowPaths: []string{filepath.Join(mnt, "data")}, MaxKB: 4096},
-		Deps{Sysfs: sys, Files: NewProcFileOps(), Clock: clock.Monotonic{}, Store: st, Logger: quiet()})
-	require.NoError(t, err)
-	t.Cleanup(func() { tn.RestoreAll(); sys.SetReadAheadKB(loop, orig) })
+	p := newProcTuner(t, "index")
+	orig, key, rd, tn, loop := p.orig, p.key, p.rd, p.tn, p.loop
 
 	// Faults 1 MiB apart: each one's read-around is its own.
 	faults := func(first int64) uint64 {
@@ -329,16 +342,7 @@ func TestProcFileOpsTrimsAnMmapReadersReadAround(t *testing.T) {
 	assert.Equal(t, rd.fd, refs[0].FD)
 	assert.Equal(t, uint32(rd.cmd.Process.Pid), refs[0].Tgid)
 
-	tn.mu.Lock()
-	d := tn.device(disk.Dev)
-	require.NotNil(t, d)
-	n, err := tn.pinExact(d, 16, refs, false)
-	tn.mu.Unlock()
-	require.NoError(t, err)
-	require.Equal(t, 1, n)
-	now, err := sys.ReadAheadKB(loop)
-	require.NoError(t, err)
-	assert.Equal(t, orig, now, "the device is back at its own window")
+	d := p.pinOne(t, 16, refs)
 	trimmed := faults(1)
 
 	tn.mu.Lock()
