@@ -77,13 +77,28 @@ func (t *Tuner) trimAll() {
 		return
 	}
 	now := t.deps.Clock.Now()
+	helped := map[*devState]bool{}
+	for _, d := range t.devs {
+		helped[d] = t.helping(d)
+	}
+	// Bounded memory: scan times and back-offs of files long gone.
+	for k, at := range t.trimScanAt {
+		if now-at >= trimScanEvery {
+			delete(t.trimScanAt, k)
+		}
+	}
+	for k, off := range t.trimOffs {
+		if now-off.until >= t.cfg.BackoffMax {
+			delete(t.trimOffs, k)
+		}
+	}
 	for _, k := range sortedKeys(t.trims) {
 		td := t.trims[k]
 		switch {
 		case t.files[k] != nil:
 			// A decision of the file's own sets its window now.
 			delete(t.trims, k)
-		case t.helping(td.dev):
+		case helped[td.dev]:
 			td.lastNeed = now
 			if td.trialAt != 0 && now-td.trialAt >= t.cfg.Settle {
 				t.judgeTrim(td)
@@ -97,7 +112,7 @@ func (t *Tuner) trimAll() {
 	for _, fs := range t.snap.Files {
 		k := fs.Key
 		d := t.devs[fs.Device]
-		if d == nil || !d.known || t.files[k] != nil || t.trims[k] != nil || !t.helping(d) {
+		if d == nil || !d.known || !helped[d] || t.files[k] != nil || t.trims[k] != nil {
 			continue
 		}
 		if t.snap.Now-fs.LastSeen > t.cfg.Settle || fs.Sequentiality > trimMaxSequentiality ||
@@ -115,10 +130,7 @@ func (t *Tuner) trimAll() {
 		if len(refs) == 0 {
 			continue
 		}
-		td := &trimDec{key: k, dev: d, refs: refs, kb: t.cfg.TrimKB, from: d.cur, beforeP: fs.P50, lastNeed: now}
-		for _, r := range refs {
-			td.path = r.Path
-		}
+		td := &trimDec{key: k, dev: d, path: refs[0].Path, refs: refs, kb: t.cfg.TrimKB, from: d.cur, beforeP: fs.P50, lastNeed: now}
 		ev := fmt.Sprintf("read-around trim: random reads (sequential %.0f%%) averaging %.0f KB per request, median %v, while the device serves a raised window; the readers' open files get %d KB",
 			100*fs.Sequentiality, fs.MeanSize/1024, fs.P50.Round(10*time.Microsecond), t.cfg.TrimKB)
 		if t.cfg.DryRun {

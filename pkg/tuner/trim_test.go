@@ -241,3 +241,18 @@ func TestTrimDisabledAndDryRun(t *testing.T) {
 	assert.Equal(t, ResultDryRun, rnd[0].Result)
 	assert.Equal(t, 128, m.files.window[m.rnd], "nothing written in dry-run mode")
 }
+
+func TestTrimBookkeepingIsBounded(t *testing.T) {
+	m := newMmapRig(t, Config{})
+	m.run(1)
+	m.rndSeq = 0.6
+	m.run(1) // undone, backed off
+	require.NotEmpty(t, m.tn.trimOffs)
+	require.NotEmpty(t, m.tn.trimScanAt)
+	// The random reader goes away for good: nothing about it stays.
+	m.rndPresent = false
+	m.run(7 * 60)
+	assert.Empty(t, m.tn.trims)
+	assert.Empty(t, m.tn.trimOffs)
+	assert.Empty(t, m.tn.trimScanAt)
+}
