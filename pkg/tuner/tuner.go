@@ -923,6 +923,23 @@ func (t *Tuner) reprobeJudge(fd *fileDec, needed bool) {
 	l.probeEvery = min(2*l.probeEvery, t.cfg.BackoffMax)
 }
 
+// randomReaderBeside reports whether another file on fd's device is read
+// randomly now (or its read-around is trimmed).
+func (t *Tuner) randomReaderBeside(fd *fileDec) bool {
+	for _, td := range t.trims {
+		if td.dev == fd.dev {
+			return true
+		}
+	}
+	for k, fs := range t.fstats {
+		if k != fd.key && fs.Device == fd.dev.dev && fs.Sequentiality <= trimMaxSequentiality &&
+			fs.Requests >= trimMinRequests && t.snap.Now-fs.LastSeen <= t.cfg.Settle {
+			return true
+		}
+	}
+	return false
+}
+
 // windowHint is the window (KB) that keeps enough bytes in flight to hide
 // the file's p95 latency at the device's learned capacity (Little's law),
 // 0 when the detector has not measured both. The p95, not the median: a
@@ -998,6 +1015,13 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 	}
 	m := t.fileMeasure(fd.key)
 	fd.win.hint = t.windowHint(fd.key)
+	if t.randomReaderBeside(fd) {
+		// Each window of transfers queued for the stream is waiting time
+		// for the random reader's faults: grow one step at a time, each
+		// paying its margin, rather than straight to the window that
+		// fills the device.
+		fd.win.hint = 0
+	}
 	if capBPS := t.dstats[fd.dev.dev].CapacityBPS; escalate && m.ok && capBPS > 0 && m.tput >= t.cfg.CapacityFrac*capBPS {
 		// The file already reads at (nearly) the device's capacity: a
 		// further window step or prefetch has nothing left to gain and

@@ -639,6 +639,31 @@ func TestFirstStepSizedByLittlesLaw(t *testing.T) {
 	assert.Equal(t, [2]int{512, 1024}, [2]int{trials[0].FromKB, trials[0].ToKB})
 }
 
+func TestNoLittlesLawJumpBesideARandomReader(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	rkey := probe.FileKey{Dev: key.Dev, Ino: key.Ino + 1}
+	mk := func() detector.Snapshot {
+		s := r.snap(detector.FileLatencyShift, key)
+		s.Devices[0].CapacityBPS = 150e6
+		s.Files[0].P95 = 3 * time.Millisecond
+		// A random reader of another file on the device: every window of
+		// the stream's queued transfers is waiting time for its faults.
+		s.Files = append(s.Files, detector.FileStats{Key: rkey, Device: sdb, Requests: 200, MeanSize: 16 << 10,
+			Sequentiality: 0.01, P50: time.Millisecond, LastSeen: s.Now})
+		return s
+	}
+	var steps [][2]int
+	for _, a := range filter(r.run(5, mk), KindFileWindow, ResultTrial) {
+		steps = append(steps, [2]int{a.FromKB, a.ToKB})
+	}
+	require.NotEmpty(t, steps)
+	assert.Equal(t, [2]int{128, 256}, steps[0], "one growth step at a time, not the 512 KB Little's law asks for")
+	assert.Equal(t, [2]int{256, 512}, steps[1])
+}
+
 func TestKeptStepIsFollowedAtTheNextTickEvenIfItReadsTheClockEarly(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	r.tput = kneeModel
