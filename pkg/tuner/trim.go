@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
@@ -115,17 +116,15 @@ func (t *Tuner) trimAll() {
 		if d == nil || !d.known || !helped[d] || t.files[k] != nil || t.trims[k] != nil {
 			continue
 		}
-		if t.snap.Now-fs.LastSeen > t.cfg.Settle || fs.Sequentiality > trimMaxSequentiality ||
-			fs.Requests < trimMinRequests || fs.MeanSize < float64(trimSizeFactor*t.cfg.TrimKB*1024) || fs.P50 <= 0 {
+		if !t.readRandomly(fs) || !readAroundSized(fs, t.cfg.TrimKB) || fs.P50 <= 0 {
 			continue
 		}
 		if off := t.trimOffs[k]; off != nil && now < off.until {
 			continue
 		}
-		if at, ok := t.trimScanAt[k]; ok && now-at < trimScanEvery {
+		if !t.scanDue(k, now) {
 			continue
 		}
-		t.trimScanAt[k] = now
 		refs := t.trimRefs(k, d)
 		if len(refs) == 0 {
 			continue
@@ -161,14 +160,9 @@ func (t *Tuner) trimAll() {
 func (t *Tuner) retrim(td *trimDec) {
 	now := t.deps.Clock.Now()
 	fs, ok := t.fstats[td.key]
-	if !ok || t.snap.Now-fs.LastSeen > t.cfg.Settle || fs.Sequentiality > trimMaxSequentiality ||
-		fs.Requests < trimMinRequests || fs.MeanSize < float64(trimSizeFactor*td.kb*1024) {
+	if !ok || !t.readRandomly(fs) || !readAroundSized(fs, td.kb) || !t.scanDue(td.key, now) {
 		return
 	}
-	if at, ok := t.trimScanAt[td.key]; ok && now-at < trimScanEvery {
-		return
-	}
-	t.trimScanAt[td.key] = now
 	var fresh []FileRef
 	for _, r := range t.trimRefs(td.key, td.dev) {
 		if !slices.ContainsFunc(td.refs, func(o FileRef) bool { return o.Tgid == r.Tgid && o.FD == r.FD }) {
@@ -190,6 +184,28 @@ func (t *Tuner) retrim(td *trimDec) {
 		td.refs = append(td.refs, fresh...)
 	}
 	t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindTrim, FromKB: td.dev.cur, ToKB: td.kb, Result: res, Evidence: ev})
+}
+
+// readRandomly reports whether a file is read now, and randomly, with
+// enough requests in the window to tell.
+func (t *Tuner) readRandomly(fs detector.FileStats) bool {
+	return t.snap.Now-fs.LastSeen <= t.cfg.Settle && fs.Sequentiality <= trimMaxSequentiality && fs.Requests >= trimMinRequests
+}
+
+// readAroundSized reports whether a file's requests are the size a window
+// of trimSizeFactor x kb reads around each fault, not what a reader asks.
+func readAroundSized(fs detector.FileStats, kb int) bool {
+	return fs.MeanSize >= float64(trimSizeFactor*kb*1024)
+}
+
+// scanDue reports whether a file's readers may be searched for now (once
+// per trimScanEvery), and records the search.
+func (t *Tuner) scanDue(k probe.FileKey, now time.Duration) bool {
+	if at, ok := t.trimScanAt[k]; ok && now-at < trimScanEvery {
+		return false
+	}
+	t.trimScanAt[k] = now
+	return true
 }
 
 // trimRefs finds the in-scope descriptors on file: those of readers seen

@@ -932,8 +932,7 @@ func (t *Tuner) randomReaderBeside(fd *fileDec) bool {
 		}
 	}
 	for k, fs := range t.fstats {
-		if k != fd.key && fs.Device == fd.dev.dev && fs.Sequentiality <= trimMaxSequentiality &&
-			fs.Requests >= trimMinRequests && t.snap.Now-fs.LastSeen <= t.cfg.Settle {
+		if k != fd.key && fs.Device == fd.dev.dev && t.readRandomly(fs) {
 			return true
 		}
 	}
