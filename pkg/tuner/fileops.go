@@ -6,11 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/scope"
 )
 
 // Advice is a posix_fadvise advice value.
@@ -182,71 +182,8 @@ func (h procHandle) Fadvise(off, length int64, advice Advice) error {
 
 func (h procHandle) Close() error { return unix.Close(int(h)) }
 
-// Scope decides which files may get per-file actions: those whose real
-// path lies under an allowed directory and on that directory's filesystem.
-type Scope struct {
-	prefixes []scopePrefix
-}
+// Scope decides which files may get per-file actions (package scope).
+type Scope = scope.Scope
 
-type scopePrefix struct {
-	real string
-	dev  probe.Dev
-}
-
-// NewScope resolves each allowed directory (symlinks included) and notes
-// its filesystem.
-func NewScope(paths []string) (*Scope, error) {
-	s := &Scope{}
-	for _, p := range paths {
-		if !filepath.IsAbs(p) {
-			return nil, fmt.Errorf("allow-path %q must be absolute", p)
-		}
-		real, err := filepath.EvalSymlinks(p)
-		if err != nil {
-			return nil, fmt.Errorf("allow-path %s: %w (give existing directories, such as the DataNode's data directories)", p, err)
-		}
-		var st unix.Stat_t
-		if err := unix.Stat(real, &st); err != nil {
-			return nil, fmt.Errorf("allow-path %s: %w", p, err)
-		}
-		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			return nil, fmt.Errorf("allow-path %s is not a directory", p)
-		}
-		s.prefixes = append(s.prefixes, scopePrefix{real: filepath.Clean(real), dev: probe.DevFromUnix(st.Dev)})
-	}
-	return s, nil
-}
-
-// Empty reports whether no directory is allowed.
-func (s *Scope) Empty() bool { return s == nil || len(s.prefixes) == 0 }
-
-// Check returns the real path of the file a descriptor's link target names
-// if that is file and lies under an allowed directory on the same
-// filesystem. A symlink or bind mount leading outside does not count.
-func (s *Scope) Check(path string, file probe.FileKey) (string, error) {
-	if s.Empty() {
-		return "", errors.New("no allow-path configured")
-	}
-	if !filepath.IsAbs(path) || strings.HasSuffix(path, " (deleted)") {
-		return "", fmt.Errorf("%q is not a path readaheadd can check", path)
-	}
-	real, err := filepath.EvalSymlinks(path)
-	if err != nil {
-		return "", fmt.Errorf("resolve %s: %w", path, err)
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(real, &st); err != nil {
-		return "", fmt.Errorf("stat %s: %w", real, err)
-	}
-	// The path must lead to the very file the reader has open (another
-	// mount namespace, a rename, or a replaced file would not).
-	if probe.DevFromUnix(st.Dev) != file.Dev || st.Ino != file.Ino {
-		return "", fmt.Errorf("%s is not the open file %s", real, file)
-	}
-	for _, p := range s.prefixes {
-		if (real == p.real || strings.HasPrefix(real, p.real+"/") || p.real == "/") && file.Dev == p.dev {
-			return real, nil
-		}
-	}
-	return "", fmt.Errorf("%s is outside every allow-path (or on another filesystem than the allow-path it is under)", real)
-}
+// NewScope resolves the allowed directories in the daemon's namespace.
+func NewScope(paths []string) (*Scope, error) { return scope.New(paths) }

@@ -273,7 +273,7 @@ func TestProcFileOpsPinsAnOpenFileWindow(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, refs, 1)
 	assert.Equal(t, rd.fd, refs[0].FD)
-	real, err := tn.scope.Check(refs[0].Path, key)
+	real, err := tn.scope.Check(refs[0].Tgid, refs[0].FD, refs[0].Path, key)
 	require.NoError(t, err)
 	assert.Equal(t, path, real)
 
@@ -376,7 +376,7 @@ func TestScopeRefusesOutsideAndBindMounts(t *testing.T) {
 		refs, err := ops.Find(uint32(rd.cmd.Process.Pid), c.key)
 		require.NoError(t, err)
 		require.Len(t, refs, 1)
-		_, err = sc.Check(refs[0].Path, c.key)
+		_, err = sc.Check(refs[0].Tgid, refs[0].FD, refs[0].Path, c.key)
 		assert.Equal(t, c.ok, err == nil, "%s: %v", c.path, err)
 	}
 
@@ -396,6 +396,6 @@ func TestScopeRefusesOutsideAndBindMounts(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, refs, 1)
 	assert.True(t, strings.HasPrefix(refs[0].Path, data), "the reader's path is under the allow-path: %s", refs[0].Path)
-	_, err = sc.Check(refs[0].Path, extKey)
+	_, err = sc.Check(refs[0].Tgid, refs[0].FD, refs[0].Path, extKey)
 	assert.Error(t, err, "a bind mount from another filesystem does not count")
 }

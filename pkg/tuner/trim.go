@@ -221,7 +221,7 @@ func (t *Tuner) trimRefs(k probe.FileKey, d *devState) []FileRef {
 			return nil
 		}
 		for _, r := range all {
-			real, err := t.scope.Check(r.Path, k)
+			real, err := t.scope.Check(r.Tgid, r.FD, r.Path, k)
 			if err != nil {
 				t.refused++
 				continue

@@ -672,7 +672,7 @@ func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []FileRef {
 			continue
 		}
 		for _, ref := range found {
-			real, err := t.scope.Check(ref.Path, fd.key)
+			real, err := t.scope.Check(ref.Tgid, ref.FD, ref.Path, fd.key)
 			if err != nil {
 				t.refused++
 				if !fd.outOfScope {
