@@ -200,6 +200,7 @@ func (p *pipeline) TunerStatus() metrics.TunerStatus {
 	ts := metrics.TunerStatus{DryRun: st.DryRun, Errors: map[string]uint64{
 		metrics.ErrFileOp: st.FileOpFailures, metrics.ErrOutOfScope: st.OutOfScope, metrics.ErrRateLimited: st.RateLimited,
 	}}
+	ts.Repeated = st.Repeated
 	for _, d := range st.Devices {
 		ts.Devices = append(ts.Devices, metrics.DeviceState{
 			Name: d.Device, Dev: d.Dev.String(), ReadAheadKB: d.CurrentKB, OriginalKB: d.OriginalKB, FilesAdjusted: d.FilesAdjusted,

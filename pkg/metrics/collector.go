@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
 // Namespace prefixes every metric name.
@@ -33,6 +34,7 @@ var (
 	descDryRun   = desc("dry_run", "1 when the tuner only logs and exports what it would do.")
 	descTracked  = desc("detector_files_tracked", "Files the detector keeps state for (bounded by its MaxFiles; idle files age out).")
 	descEvicted  = desc("detector_files_evicted_total", "Files whose detector state was dropped: idle too long, or the oldest when the table was full.")
+	descRepeated = desc("repeated_failures_total", "Failed per-file actions not logged because the same failure (file, action, cause) was logged once before; they are retried with back-off. Causes: out_of_scope, process_gone, fd_gone, permission, other.", "cause")
 	descTunerErr = desc("tuner_errors_total", "Tuner operations that did not happen: file_op (a reader's descriptor could not be taken or advised: process exited, file closed or deleted), out_of_scope (a descriptor outside the allow-paths was refused), rate_limited (a sysfs write deferred).", "kind")
 )
 
@@ -47,21 +49,39 @@ func NewCollector(src Sources) *Collector { return &Collector{src: src} }
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLatency, descBytes, descRequests, descRA, descRAOrig,
-		descRegime, descActions, descFiles, descLost, descRunTime, descAttached, descDryRun, descTunerErr, descTracked, descEvicted} {
+		descRegime, descActions, descFiles, descLost, descRunTime, descAttached, descDryRun, descTunerErr, descRepeated, descTracked, descEvicted} {
 		ch <- d
 	}
 }
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	var ts TunerStatus
+	if c.src.Tuner != nil {
+		ts = c.src.Tuner()
+	}
 	if c.src.Probe != nil {
 		ps := c.src.Probe()
 		ch <- prometheus.MustNewConstMetric(descAttached, prometheus.GaugeValue, b2f(ps.Attached))
+		seen := map[string]bool{}
 		for _, d := range ps.Devices {
+			seen[d.Device] = true
 			count, sum, buckets := Log2USHistogram(d.LatencyLog2US, d.LatencySum.Seconds())
 			ch <- prometheus.MustNewConstHistogram(descLatency, count, sum, buckets, d.Device)
 			ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, float64(d.Bytes), d.Device)
 			ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(d.Requests), d.Device)
+		}
+		// A watched device not read from yet: its series at zero, with
+		// every bucket, rather than absent.
+		for _, d := range ts.Devices {
+			if seen[d.Name] {
+				continue
+			}
+			seen[d.Name] = true
+			count, sum, buckets := Log2USHistogram(make([]uint64, probe.HistBuckets), 0)
+			ch <- prometheus.MustNewConstHistogram(descLatency, count, sum, buckets, d.Name)
+			ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, 0, d.Name)
+			ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, 0, d.Name)
 		}
 		ch <- prometheus.MustNewConstMetric(descLost, prometheus.CounterValue, float64(ps.EventsLost))
 		progs := make([]string, 0, len(ps.ProgramRunTime))
@@ -76,10 +96,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 	var devices []string
 	if c.src.Tuner != nil {
-		ts := c.src.Tuner()
 		ch <- prometheus.MustNewConstMetric(descDryRun, prometheus.GaugeValue, b2f(ts.DryRun))
 		for _, k := range []string{ErrFileOp, ErrOutOfScope, ErrRateLimited} {
 			ch <- prometheus.MustNewConstMetric(descTunerErr, prometheus.CounterValue, float64(ts.Errors[k]), k)
+		}
+		for _, k := range FailureCauses {
+			ch <- prometheus.MustNewConstMetric(descRepeated, prometheus.CounterValue, float64(ts.Repeated[k]), k)
 		}
 		for _, d := range ts.Devices {
 			devices = append(devices, d.Name)
@@ -92,6 +114,19 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		type key struct{ dev, act, res string }
 		sums := map[key]uint64{}
 		var order []key
+		// Every action and result on every watched device, at zero until
+		// it happens.
+		for _, d := range ts.Devices {
+			for _, a := range ActionNames {
+				for _, r := range ActionResults {
+					k := key{d.Name, a, r}
+					if _, ok := sums[k]; !ok {
+						order = append(order, k)
+						sums[k] = 0
+					}
+				}
+			}
+		}
 		for _, a := range ts.Actions {
 			k := key{a.Device, a.Action, a.Result}
 			if _, ok := sums[k]; !ok {

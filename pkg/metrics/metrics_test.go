@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -98,10 +99,6 @@ func TestLog2USHistogram(t *testing.T) {
 
 func TestCollectorExposition(t *testing.T) {
 	want := `
-# HELP readaheadd_actions_total Tuner actions by kind and outcome (kept: it paid; undone: it did not; failed: it could not be applied).
-# TYPE readaheadd_actions_total counter
-readaheadd_actions_total{action="device_window",device="sda",result="failed"} 1
-readaheadd_actions_total{action="file_window",device="sda",result="kept"} 4
 # HELP readaheadd_bpf_events_lost_total Probe events dropped because the ring buffer was full.
 # TYPE readaheadd_bpf_events_lost_total counter
 readaheadd_bpf_events_lost_total 7
@@ -142,7 +139,7 @@ readaheadd_regime_active{device="sda",regime="tail_inflation"} 0
 `
 	c := NewCollector(fakeSources())
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want),
-		"readaheadd_actions_total", "readaheadd_bpf_events_lost_total", "readaheadd_bpf_run_seconds_total",
+		"readaheadd_bpf_events_lost_total", "readaheadd_bpf_run_seconds_total",
 		"readaheadd_files_adjusted", "readaheadd_read_ahead_kb", "readaheadd_read_ahead_original_kb",
 		"readaheadd_read_bytes_total", "readaheadd_read_latency_seconds", "readaheadd_read_requests_total",
 		"readaheadd_regime_active"))
@@ -359,4 +356,95 @@ readaheadd_tuner_errors_total{kind="out_of_scope"} 2
 readaheadd_tuner_errors_total{kind="rate_limited"} 0
 `
 	require.NoError(t, testutil.CollectAndCompare(NewCollector(src), strings.NewReader(want), "readaheadd_tuner_errors_total"))
+}
+
+// series gathers every sample of the named metric as "labels value" lines
+// keyed by the series' labels (name=value, sorted as exposed).
+func series(t *testing.T, c prometheus.Collector, name string) map[string]float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var ls []string
+			for _, p := range m.GetLabel() {
+				ls = append(ls, p.GetName()+"="+p.GetValue())
+			}
+			k := strings.Join(ls, ",")
+			switch {
+			case m.GetCounter() != nil:
+				out[k] = m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				out[k] = m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				h := m.GetHistogram()
+				out[k+",count"] = float64(h.GetSampleCount())
+				for _, b := range h.GetBucket() {
+					out[fmt.Sprintf("%s,le=%g", k, b.GetUpperBound())] = float64(b.GetCumulativeCount())
+				}
+			}
+		}
+	}
+	return out
+}
+
+// TestEveryWatchedDeviceHasItsSeriesFromTheStart: a watched device that
+// was never read from and never acted on (sdc) has its latency buckets,
+// byte and request counters and every action kind and result at zero;
+// the read device keeps its counts; repeated failures exist by cause.
+func TestEveryWatchedDeviceHasItsSeriesFromTheStart(t *testing.T) {
+	src := fakeSources()
+	tuner := src.Tuner
+	src.Tuner = func() TunerStatus {
+		ts := tuner()
+		ts.Devices = append(ts.Devices, DeviceState{Name: "sdc", Dev: "8:32", ReadAheadKB: 128, OriginalKB: 128})
+		ts.Repeated = map[string]uint64{"out_of_scope": 4}
+		return ts
+	}
+	c := NewCollector(src)
+
+	lat := series(t, c, "readaheadd_read_latency_seconds")
+	assert.Equal(t, 0.0, lat["device=sdc,count"])
+	var buckets int
+	for k, v := range lat {
+		if strings.HasPrefix(k, "device=sdc,le=") {
+			buckets++
+			assert.Zero(t, v, k)
+		}
+	}
+	assert.Equal(t, probe.HistBuckets-1, buckets, "every finite bucket of the probe's histogram")
+	assert.Equal(t, 8.0, lat["device=sda,count"])
+	for _, name := range []string{"readaheadd_read_bytes_total", "readaheadd_read_requests_total"} {
+		s := series(t, c, name)
+		v, ok := s["device=sdc"]
+		assert.True(t, ok, "%s{device=sdc}", name)
+		assert.Zero(t, v)
+		assert.Positive(t, s["device=sda"])
+	}
+
+	acts := series(t, c, "readaheadd_actions_total")
+	for _, dev := range []string{"sda", "sdc"} {
+		for _, a := range ActionNames {
+			for _, r := range ActionResults {
+				k := "action=" + a + ",device=" + dev + ",result=" + r
+				_, ok := acts[k]
+				assert.True(t, ok, k)
+			}
+		}
+	}
+	assert.Len(t, acts, 2*len(ActionNames)*len(ActionResults), "no other series")
+	assert.Equal(t, 4.0, acts["action=file_window,device=sda,result=kept"], "duplicates summed")
+	assert.Equal(t, 1.0, acts["action=device_window,device=sda,result=failed"])
+	assert.Zero(t, acts["action=file_window,device=sdc,result=failed"])
+
+	rep := series(t, c, "readaheadd_repeated_failures_total")
+	assert.Len(t, rep, len(FailureCauses))
+	assert.Equal(t, 4.0, rep["cause=out_of_scope"])
+	assert.Zero(t, rep["cause=process_gone"])
 }

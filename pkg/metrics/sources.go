@@ -76,15 +76,29 @@ const (
 	ErrRateLimited = "rate_limited"
 )
 
+// Labels of readaheadd_actions_total that exist at zero for every
+// watched device from the start, so that dashboards and rate() tell an
+// idle device from a broken exporter. Undo actions count under the kind
+// they undo.
+var (
+	ActionNames   = []string{"device_window", "file_window", "prefetch", "file_trim"}
+	ActionResults = []string{"trial", "kept", "applied", "undone", "failed", "dry_run"}
+	// FailureCauses label readaheadd_repeated_failures_total.
+	FailureCauses = []string{"out_of_scope", "process_gone", "fd_gone", "permission", "other"}
+)
+
 // TunerStatus is what the tuner reports at scrape time.
 type TunerStatus struct {
 	DryRun bool
 	// Errors counts operations that did not happen, by kind (ErrFileOp,
 	// ErrOutOfScope, ErrRateLimited); missing kinds are zero.
-	Errors  map[string]uint64
-	Devices []DeviceState
-	Actions []ActionCount
-	Recent  []Action // newest last, bounded by the tuner
+	Errors map[string]uint64
+	// Repeated counts failed per-file actions not logged because the same
+	// failure was logged before, by cause (FailureCauses).
+	Repeated map[string]uint64
+	Devices  []DeviceState
+	Actions  []ActionCount
+	Recent   []Action // newest last, bounded by the tuner
 }
 
 // Sources are read at scrape and request time. A nil function means the

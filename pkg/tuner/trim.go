@@ -178,12 +178,15 @@ func (t *Tuner) retrim(td *trimDec) {
 		return
 	}
 	res, ev := ResultApplied, fmt.Sprintf("read-around trim: %d descriptor(s) opened on the trimmed file since, reading %.0f KB per request again", n, fs.MeanSize/1024)
+	a := Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindTrim, FromKB: td.dev.cur, ToKB: td.kb, Result: res, Evidence: ev}
 	if err != nil {
-		res, ev = ResultFailed, ev+": "+err.Error()
-	} else {
-		td.refs = append(td.refs, fresh...)
+		a.Result, a.Evidence = ResultFailed, ev+": "+err.Error()
+		t.emitFailed(a, err)
+		return
 	}
-	t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindTrim, FromKB: td.dev.cur, ToKB: td.kb, Result: res, Evidence: ev})
+	td.refs = append(td.refs, fresh...)
+	t.fails.ok(td.key, KindTrim)
+	t.emit(a)
 }
 
 // readRandomly reports whether a file is read now, and randomly, with

@@ -167,6 +167,7 @@ type Tuner struct {
 	fileFail uint64
 	refused  uint64
 	limited  uint64
+	fails    failMemo // failmemo.go
 	// Read-around trims (trim.go).
 	trims      map[probe.FileKey]*trimDec
 	trimOffs   map[probe.FileKey]*trimOff
@@ -1367,7 +1368,7 @@ func (t *Tuner) applyPendingLocked() {
 				tg[tgid] = true
 			}
 		}
-		if len(tg) == 0 {
+		if len(tg) == 0 || !t.fails.due(fd.key, KindFileWindow, now) {
 			continue
 		}
 		err := t.pinFile(fd, w, tg, true)
@@ -1375,13 +1376,17 @@ func (t *Tuner) applyPendingLocked() {
 			continue
 		}
 		res, ev := ResultApplied, fmt.Sprintf("new reader(s) of a file with a %d KB decision", w)
+		a := Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindow, FromKB: fd.win.base, ToKB: w, Result: res, Evidence: ev}
 		if err != nil {
-			res, ev = ResultFailed, ev+": "+err.Error()
 			for tgid := range tg {
 				t.readers[fd.key][tgid].pending = false // try again on its next event
 			}
+			a.Result, a.Evidence = ResultFailed, ev+": "+err.Error()
+			t.emitFailed(a, err)
+			continue
 		}
-		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindow, FromKB: fd.win.base, ToKB: w, Result: res, Evidence: ev})
+		t.fails.ok(fd.key, KindFileWindow)
+		t.emit(a)
 	}
 }
 
@@ -1429,6 +1434,7 @@ func (t *Tuner) Status() Status {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	st := Status{DryRun: t.cfg.DryRun, Counts: map[string]uint64{}, FileOpFailures: t.fileFail, OutOfScope: t.refused, RateLimited: t.limited}
+	st.Repeated = t.fails.counts()
 	for k, v := range t.counts {
 		st.Counts[k] = v
 	}

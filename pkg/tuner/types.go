@@ -274,4 +274,7 @@ type Status struct {
 	OutOfScope uint64
 	// RateLimited counts steps deferred by the sysfs write rate limit.
 	RateLimited uint64
+	// Repeated counts failed per-file actions not logged because the same
+	// failure (file, kind, cause) was logged before, by cause.
+	Repeated map[string]uint64
 }

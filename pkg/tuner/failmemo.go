@@ -1,0 +1,132 @@
+package tuner
+
+import (
+	"errors"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// Causes of a failed per-file action: the bounded label set of
+// readaheadd_repeated_failures_total.
+const (
+	CauseOutOfScope  = "out_of_scope"
+	CauseProcessGone = "process_gone"
+	CauseFDGone      = "fd_gone"
+	CausePermission  = "permission"
+	CauseOther       = "other"
+)
+
+// FailureCauses lists every cause, for series that exist at zero.
+var FailureCauses = []string{CauseOutOfScope, CauseProcessGone, CauseFDGone, CausePermission, CauseOther}
+
+// maxFailMemo bounds the memo; past it, entries whose back-off is over go
+// first, then everything (a burst of distinct failures is logged again).
+const maxFailMemo = 4096
+
+// failCause classifies an error of a per-file action.
+func failCause(err error) string {
+	switch {
+	case errors.Is(err, errOutOfScope):
+		return CauseOutOfScope
+	case errors.Is(err, ErrProcessGone):
+		return CauseProcessGone
+	case errors.Is(err, ErrFDGone):
+		return CauseFDGone
+	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
+		return CausePermission
+	}
+	return CauseOther
+}
+
+type failKey struct {
+	file  probe.FileKey
+	kind  ActionKind
+	cause string
+}
+
+type failSeen struct {
+	n       int
+	retryAt time.Duration
+}
+
+// failMemo remembers failed per-file actions, so that a failure repeated
+// for the same file, kind and cause is logged once, counted afterwards,
+// and retried with exponential back-off instead of at every readahead
+// event of its reader (every 100 ms for a streaming reader).
+type failMemo struct {
+	seen     map[failKey]*failSeen
+	repeated map[string]uint64 // by cause
+}
+
+// due reports whether an action of kind on file may be tried at now.
+func (m *failMemo) due(file probe.FileKey, kind ActionKind, now time.Duration) bool {
+	for _, c := range FailureCauses {
+		if s, ok := m.seen[failKey{file, kind, c}]; ok && now < s.retryAt {
+			return false
+		}
+	}
+	return true
+}
+
+// failed records a failure; it reports whether it is the first for its
+// cause (to be logged) rather than a repeat (counted only).
+func (m *failMemo) failed(file probe.FileKey, kind ActionKind, cause string, now time.Duration, backoff func(int) time.Duration) bool {
+	if m.seen == nil {
+		m.seen, m.repeated = map[failKey]*failSeen{}, map[string]uint64{}
+	}
+	k := failKey{file, kind, cause}
+	s, ok := m.seen[k]
+	if !ok {
+		if len(m.seen) >= maxFailMemo {
+			m.prune(now)
+		}
+		s = &failSeen{}
+		m.seen[k] = s
+	}
+	s.n++
+	s.retryAt = now + backoff(s.n)
+	if ok {
+		m.repeated[cause]++
+	}
+	return !ok
+}
+
+// ok forgets the failures of kind on file after a success: a later
+// failure is news again.
+func (m *failMemo) ok(file probe.FileKey, kind ActionKind) {
+	for _, c := range FailureCauses {
+		delete(m.seen, failKey{file, kind, c})
+	}
+}
+
+func (m *failMemo) prune(now time.Duration) {
+	for k, s := range m.seen {
+		if now >= s.retryAt {
+			delete(m.seen, k)
+		}
+	}
+	if len(m.seen) >= maxFailMemo {
+		clear(m.seen)
+	}
+}
+
+// counts returns the repeats by cause.
+func (m *failMemo) counts() map[string]uint64 {
+	out := make(map[string]uint64, len(FailureCauses))
+	for _, c := range FailureCauses {
+		out[c] = m.repeated[c]
+	}
+	return out
+}
+
+// emitFailed emits a failed per-file action the first time its cause is
+// seen for that file and kind; repeats are only counted.
+func (t *Tuner) emitFailed(a Action, err error) {
+	if t.fails.failed(a.File, a.Kind, failCause(err), t.deps.Clock.Now(), t.backoff) {
+		a.Evidence += "; repeats of this failure are counted in readaheadd_repeated_failures_total, not logged"
+		t.emit(a)
+	}
+}
