@@ -255,4 +255,3 @@ func value(exposition, series string) float64 {
 	}
 	return 0
 }
-
