@@ -54,8 +54,8 @@ func run(out string, verbose bool) error {
 		FileMB: 256, RandomMB: 256,
 		StaticKB: []int{128, 512, 1024, 2048},
 		Warm:     time.Second, DaemonWarm: 5 * time.Second, Measure: 6 * time.Second,
-		Sample: 100 * time.Millisecond,
-		Cases:  []bench.Case{{Workload: bench.WSeq, Regime: bench.RPermSev}},
+		Sample:  100 * time.Millisecond,
+		Cases:   []bench.Case{{Workload: bench.WSeq, Regime: bench.RPermSev}},
 		WorkDir: filepath.Join(abs, "work"),
 		Log:     slog.New(slog.NewTextHandler(logOut, nil)),
 	}
