@@ -144,6 +144,7 @@ func TestImageBuildsAndRunsWithTheDaemonSetsPrivileges(t *testing.T) {
 	checkOut := p.run("podman", append(runArgs("readaheadd-check"), "localhost/readaheadd:test", "check")...)
 	t.Logf("readaheadd check in the container:\n%s", checkOut)
 	assert.Contains(t, checkOut, "readaheadd can run here")
+	assert.Contains(t, checkOut, "ok   host PID namespace", "hostPID: readers' pids are the kernel's")
 
 	// Run against a lab: the container sees the lab's data directory at
 	// /data, the reader on the host at the lab's mount point.

@@ -42,6 +42,20 @@ func effectiveCaps(statusPath string) (uint64, error) {
 	return 0, fmt.Errorf("%s has no CapEff line", statusPath)
 }
 
+// statusField returns the value of a line of a /proc/PID/status file.
+func statusField(statusPath, name string) (string, error) {
+	b, err := os.ReadFile(statusPath)
+	if err != nil {
+		return "", err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, name); ok {
+			return strings.TrimSpace(v), nil
+		}
+	}
+	return "", nil
+}
+
 // checker runs the checks of `readaheadd check`; fields are seams for tests.
 type checker struct {
 	w          io.Writer
@@ -89,6 +103,17 @@ func (c *checker) run() error {
 		c.report(true, false, "CAP_DAC_OVERRIDE held (files in data directories owned by other users)")
 	} else {
 		c.report(false, false, "CAP_DAC_OVERRIDE missing: files under data directories owned by another user (0700 hdfs) cannot be reached for per-file actions")
+	}
+
+	// The kernel reports readers by their pids in the initial PID
+	// namespace; a daemon in a namespace of its own cannot find them in
+	// its /proc (NSpid lists one pid per nested namespace).
+	if nspid, err := statusField(c.statusPath, "NSpid:"); err == nil && nspid != "" {
+		if n := len(strings.Fields(nspid)); n > 1 {
+			c.report(false, false, "readaheadd runs in a PID namespace of its own (NSpid %s): readers are reported by host pids, which its /proc does not show, so per-file actions find no reader; run in the host PID namespace (Kubernetes: hostPID: true)", nspid)
+		} else {
+			c.report(true, false, "host PID namespace (readers are found by the pids the kernel reports)")
+		}
 	}
 
 	rep := c.probeCheck()

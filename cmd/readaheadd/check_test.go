@@ -98,3 +98,21 @@ func TestCheckSysfsNotWritable(t *testing.T) {
 	require.Error(t, c.run())
 	assert.Contains(t, out.String(), "read_ahead_kb not writable")
 }
+
+func TestCheckWarnsInAPIDNamespaceOfItsOwn(t *testing.T) {
+	sys := fakeSysfs(t, map[string]int{"sdx": 128})
+	all := uint64(1<<capBPF | 1<<capPerfmon | 1<<capSysPtrace | 1<<capDACOverride)
+	for _, c := range []struct {
+		nspid, want string
+	}{
+		{"4242", "ok   host PID namespace"},
+		{"4242\t7", "warn readaheadd runs in a PID namespace of its own (NSpid 4242\t7)"},
+	} {
+		p := filepath.Join(t.TempDir(), "status")
+		require.NoError(t, os.WriteFile(p, []byte(fmt.Sprintf("Name:\treadaheadd\nNSpid:\t%s\nCapEff:\t%016x\n", c.nspid, all)), 0o644))
+		var out bytes.Buffer
+		ck := &checker{w: &out, statusPath: p, sys: sys, probeCheck: allProgs}
+		require.NoError(t, ck.run(), "a warning, not a failure")
+		assert.Contains(t, out.String(), c.want)
+	}
+}
