@@ -36,13 +36,45 @@ func ddMBps(argv ...string) (float64, string, error) {
 	return b / s / 1e6, string(out), nil
 }
 
+// slowedLab is a lab with a healthy file to teach the detector the
+// device's baseline and a file under data/ to slow down.
+type slowedLab struct {
+	l          *lab.Lab
+	warm, file string
+}
+
+func newSlowedLab(t *testing.T, opts lab.Options, name string, mb int) slowedLab {
+	t.Helper()
+	l := lab.New(t, opts)
+	require.NoError(t, os.MkdirAll(filepath.Join(l.Mount, "data"), 0o755))
+	warm, err := l.WriteFile("warm", 150)
+	require.NoError(t, err)
+	f, err := l.WriteFile("data/"+name, mb)
+	require.NoError(t, err)
+	return slowedLab{l: l, warm: warm, file: f}
+}
+
+// teach reads each lab's healthy file twice (the detector's baseline).
+func teach(t *testing.T, labs ...slowedLab) {
+	t.Helper()
+	for i := 0; i < 2; i++ {
+		for _, s := range labs {
+			_, err := lab.ReadSeq(s.warm)
+			require.NoError(t, err)
+			require.NoError(t, lab.DropFileCache(s.warm))
+		}
+	}
+}
+
 // TestEndToEndReaderInItsOwnMountNamespace: two readers of equally slowed
-// files run side by side while the daemon runs with the lab's file system
-// as allow-path. One reads on the host; the other in a mount namespace of
-// its own that sees the lab through a bind mount at another path, as a
-// pod sees a hostPath volume. The namespaced reader must get at least 0.9
-// of the host reader's throughput, and the daemon must not log it as
-// outside the allow-paths.
+// files run side by side while the daemon runs with both files' data
+// directories as allow-paths. One reads on the host; the other in a mount
+// namespace of its own that sees its data directory through a bind mount
+// at another path, as a pod sees a hostPath volume. Each file is on a lab
+// device of its own (the same model), so that the two readers neither
+// share a transfer channel nor each other's detection. The namespaced
+// reader must get at least 0.9 of the host reader's throughput, and the
+// daemon must not refuse its file.
 func TestEndToEndReaderInItsOwnMountNamespace(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end lab test: skipped in -short mode")
@@ -50,35 +82,19 @@ func TestEndToEndReaderInItsOwnMountNamespace(t *testing.T) {
 	if _, err := exec.LookPath("unshare"); err != nil {
 		t.Skip("needs unshare(1) (util-linux)")
 	}
-	l := lab.New(t, lab.Options{SizeBytes: 2 << 30})
-	kb, err := l.ReadAheadKB()
-	require.NoError(t, err)
-	t.Logf("%s read_ahead_kb %d", l.Name, kb)
 	const mb = 400
-	warm, err := l.WriteFile("warm", 200)
-	require.NoError(t, err)
-	require.NoError(t, os.Mkdir(filepath.Join(l.Mount, "data"), 0o755))
-	hostFile, err := l.WriteFile("data/host", mb)
-	require.NoError(t, err)
-	podFile, err := l.WriteFile("data/pod", mb)
-	require.NoError(t, err)
-	for _, p := range []string{warm, hostFile, podFile} {
-		require.NoError(t, lab.DropFileCache(p))
-	}
-
-	d := startDaemon(t, "--device", l.Name, "--allow-path", filepath.Join(l.Mount, "data"),
+	h := newSlowedLab(t, lab.Options{SizeBytes: 1 << 30}, "host", mb)
+	p := newSlowedLab(t, lab.Options{SizeBytes: 1 << 30}, "pod", mb)
+	d := startDaemon(t, "--device", h.l.Name, "--device", p.l.Name,
+		"--allow-path", filepath.Join(h.l.Mount, "data"), "--allow-path", filepath.Join(p.l.Mount, "data"),
 		"--state-dir", filepath.Join(t.TempDir(), "state"), "--interval", "1s")
-	for i := 0; i < 3; i++ {
-		_, err := lab.ReadSeq(warm)
-		require.NoError(t, err)
-		require.NoError(t, lab.DropFileCache(warm))
-	}
-	require.NoError(t, l.SetPermanent(8*time.Millisecond, hostFile, podFile))
+	teach(t, h, p)
+	require.NoError(t, h.l.SetPermanent(8*time.Millisecond, h.file))
+	require.NoError(t, p.l.SetPermanent(8*time.Millisecond, p.file))
 
-	// The pod's view: the lab's data directory at /pod/volume-like path.
+	// The pod's view: the lab's data directory at another path.
 	vol := filepath.Join(t.TempDir(), "volume")
 	require.NoError(t, os.Mkdir(vol, 0o755))
-	podPath := filepath.Join(vol, "pod")
 	var (
 		wg         sync.WaitGroup
 		host, pod  float64
@@ -88,32 +104,84 @@ func TestEndToEndReaderInItsOwnMountNamespace(t *testing.T) {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		host, _, herr = ddMBps("dd", "if="+hostFile, "of=/dev/null", "bs=64k")
+		host, _, herr = ddMBps("dd", "if="+h.file, "of=/dev/null", "bs=64k")
 	}()
 	go func() {
 		defer wg.Done()
 		pod, pout, perr = ddMBps("unshare", "--mount", "--propagation", "private", "sh", "-c",
-			`mount --bind "$0" "$1" && exec dd if="$1/pod" of=/dev/null bs=64k`, filepath.Join(l.Mount, "data"), vol)
+			`mount --bind "$0" "$1" && exec dd if="$1/pod" of=/dev/null bs=64k`, filepath.Join(p.l.Mount, "data"), vol)
 	}()
 	wg.Wait()
 	require.NoError(t, herr)
 	require.NoError(t, perr)
-	t.Logf("side by side, +8 ms on both files: host reader %.0f MB/s, reader in its own mount namespace (sees %s) %.0f MB/s: %.2fx",
-		host, podPath, pod, pod/host)
+	t.Logf("side by side, +8 ms on both files: host reader %.0f MB/s (%s), reader in its own mount namespace %.0f MB/s (%s, seen as %s): %.2fx",
+		host, h.l.Name, pod, p.l.Name, filepath.Join(vol, "pod"), pod/host)
 	t.Logf("namespaced dd: %s", strings.TrimSpace(pout))
 
 	m := d.metrics(t)
 	var acts []string
 	for _, a := range actionLine.FindAllStringSubmatch(m, -1) {
 		if a[4] != "0" {
-			acts = append(acts, a[1]+"/"+a[3]+"="+a[4])
+			acts = append(acts, a[2]+":"+a[1]+"/"+a[3]+"="+a[4])
 		}
 	}
 	t.Logf("actions: %v", acts)
 	logs := d.logs.String()
 	assert.NotContains(t, logs, "outside the allow-paths", "the namespaced reader's file is in scope")
-	assert.Contains(t, logs, filepath.Join(l.Mount, "data", "pod"), "the daemon acted on the pod's file (logged with its host path)")
+	assert.Contains(t, logs, "path="+p.file, "the daemon acted on the pod's file (logged with its host path)")
 	assert.GreaterOrEqual(t, pod, 0.9*host, "the namespaced reader gets what the host reader gets")
 	v, _ := sample(m, `readaheadd_tuner_errors_total{kind="out_of_scope"}`)
 	assert.Zero(t, v)
+}
+
+// TestEndToEndDisksMountedBelowTheAllowPath: the DataNode layout, with
+// the allow-path /data and a disk mounted at /data/1 and another at
+// /data/2 (files under data/ of each). Slowed files on both disks, read side by side, get per-file
+// actions on both devices; nothing is refused.
+func TestEndToEndDisksMountedBelowTheAllowPath(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end lab test: skipped in -short mode")
+	}
+	data := filepath.Join(t.TempDir(), "data")
+	var labs []*lab.Lab
+	var files []string
+	var sl []slowedLab
+	for _, n := range []string{"1", "2"} {
+		x := newSlowedLab(t, lab.Options{Dir: filepath.Join(data, n), SizeBytes: 1 << 30}, "blk_"+n, 300)
+		labs, files, sl = append(labs, x.l), append(files, x.file), append(sl, x)
+	}
+
+	d := startDaemon(t, "--device", labs[0].Name, "--device", labs[1].Name, "--allow-path", data,
+		"--state-dir", filepath.Join(t.TempDir(), "state"), "--interval", "1s")
+	teach(t, sl...)
+	for i, l := range labs {
+		require.NoError(t, l.SetPermanent(8*time.Millisecond, files[i]))
+	}
+	rates := make([]float64, len(files))
+	errs := make([]error, len(files))
+	var wg sync.WaitGroup
+	for i, f := range files {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rates[i], _, errs[i] = ddMBps("dd", "if="+f, "of=/dev/null", "bs=64k")
+		}()
+	}
+	wg.Wait()
+	for i := range files {
+		require.NoError(t, errs[i])
+		t.Logf("%s (on %s, mounted below the allow-path %s), +8 ms: %.0f MB/s", files[i], labs[i].Name, data, rates[i])
+	}
+	m := d.metrics(t)
+	for _, l := range labs {
+		var acted float64
+		for _, r := range []string{"trial", "kept", "applied"} {
+			v, _ := sample(m, `readaheadd_actions_total{action="file_window",device="`+l.Name+`",result="`+r+`"}`)
+			acted += v
+		}
+		assert.Positive(t, acted, "per-file actions on %s", l.Name)
+	}
+	v, _ := sample(m, `readaheadd_tuner_errors_total{kind="out_of_scope"}`)
+	assert.Zero(t, v, "nothing refused")
+	assert.NotContains(t, d.logs.String(), "outside the allow-paths")
 }
