@@ -61,9 +61,14 @@ type failMemo struct {
 	repeated map[string]uint64 // by cause
 }
 
-// due reports whether an action of kind on file may be tried at now.
+// due reports whether an action of kind on file may be tried at now. A
+// reader that exited or closed its descriptor says nothing about the
+// next reader of the file: those causes are logged once but hold nothing.
 func (m *failMemo) due(file probe.FileKey, kind ActionKind, now time.Duration) bool {
 	for _, c := range FailureCauses {
+		if c == CauseProcessGone || c == CauseFDGone {
+			continue
+		}
 		if s, ok := m.seen[failKey{file, kind, c}]; ok && now < s.retryAt {
 			return false
 		}

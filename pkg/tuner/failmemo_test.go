@@ -26,6 +26,9 @@ func TestFailMemoLogsOncePerCauseAndBacksOff(t *testing.T) {
 	assert.False(t, m.failed(k, KindFileWindow, CauseOutOfScope, time.Second, backoff), "a repeat is counted, not logged")
 	assert.False(t, m.due(k, KindFileWindow, 2500*time.Millisecond), "the back-off grows")
 	assert.True(t, m.failed(k, KindFileWindow, CauseProcessGone, 3*time.Second, backoff), "another cause is news")
+	k2 := probe.FileKey{Dev: sdb, Ino: 8}
+	m.failed(k2, KindFileWindow, CauseProcessGone, 3*time.Second, backoff)
+	assert.True(t, m.due(k2, KindFileWindow, 3*time.Second), "a reader gone holds nothing back from the next reader")
 	assert.Equal(t, uint64(1), m.counts()[CauseOutOfScope])
 	assert.Len(t, m.counts(), len(FailureCauses))
 	m.ok(k, KindFileWindow)
