@@ -228,7 +228,7 @@ func meanMBps(s []lab.SeqSample, i, j int) float64 {
 }
 
 // TestEndToEndPermanentSlowdown is the daemon's acceptance test on the lab
-// (and `make demo`): a reader that opened its file before a permanent
+// (`make demo` tells the same story for people): a reader that opened its file before a permanent
 // slowdown regains throughput through the running daemon, the metrics
 // (also as scraped by a real Prometheus) show the regime and the action,
 // and SIGTERM restores the device's read_ahead_kb.
