@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
+	"github.com/readaheadd/readaheadd/pkg/config"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
@@ -110,7 +111,8 @@ func (c *checker) run() error {
 
 	devices := c.devices
 	if len(devices) == 0 {
-		disks, err := c.sys.DefaultDisks()
+		// The same rule as run's (the OS disk left out).
+		disks, _, err := config.TunableDisks(config.Config{}, c.sys)
 		if err != nil {
 			c.report(false, true, "list disks: %v", err)
 		}

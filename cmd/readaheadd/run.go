@@ -186,7 +186,7 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 	}
 	defer src.Close()
 
-	store, err := state.Open(v.StateDir, state.Options{Logger: log, BootID: env.bootID, DiskSeq: env.sys.DiskSeq})
+	store, err := state.Open(v.StateDir, stateOptions(v, env.sys, log, env.bootID))
 	if err != nil {
 		return err
 	}
@@ -292,6 +292,19 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 		log.Info("restored; exiting")
 	}
 	return errors.Join(runErr, restoreErr)
+}
+
+// stateOptions opens the state directory so that restore writes only to
+// the disks this configuration tunes.
+func stateOptions(v config.Validated, sys blockdev.SysFS, log *slog.Logger, bootID string) state.Options {
+	tunable := map[string]bool{}
+	for _, d := range v.Disks {
+		tunable[d.Name] = true
+	}
+	return state.Options{
+		Logger: log, BootID: bootID, DiskSeq: sys.DiskSeq, DevOf: state.DevOfSysfs(sys),
+		Tunable: func(name string) bool { return tunable[name] },
+	}
 }
 
 // daemonState tracks health.

@@ -411,3 +411,38 @@ func TestRunProbeFailureStopsAndRestores(t *testing.T) {
 	assert.Equal(t, "STOPPING=1", msgs[1])
 	assert.Contains(t, logs.String(), "restored; exiting")
 }
+
+// A forged originals.json names a disk the configuration does not tune
+// (vda here): restore refuses it on one line and writes nothing there,
+// while the configured disk whose identity matches gets its original back.
+func TestRestoreCommandRefusesForgedOriginals(t *testing.T) {
+	sys := fakeSysfs(t, map[string]int{"sdx": 128, "vda": 128})
+	dir := t.TempDir()
+	forged := `{"version":1,"devices":[
+	 {"device":"sdx","dev":"8:0","read_ahead_kb":256,"recorded_at":"2026-01-01T00:00:00Z"},
+	 {"device":"vda","dev":"8:16","read_ahead_kb":1048576,"recorded_at":"2026-01-01T00:00:00Z"}]}`
+	require.NoError(t, os.WriteFile(filepath.Join(dir, state.FileName), []byte(forged), 0o600))
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte("device: [sdx]\n"), 0o644))
+	cmd := newRestoreCmd(sys)
+	var buf bytes.Buffer
+	cmd.SetOut(&buf)
+	cmd.SetArgs([]string{"--state-dir", dir, "--config", cfg})
+	require.NoError(t, cmd.Execute(), buf.String())
+	assert.Contains(t, buf.String(), "sdx: read_ahead_kb restored to 256")
+	assert.Contains(t, buf.String(), "vda: refused, nothing written (not a device this configuration tunes")
+	for name, want := range map[string]int{"sdx": 256, "vda": 128} {
+		kb, err := sys.ReadAheadKB(name)
+		require.NoError(t, err)
+		assert.Equal(t, want, kb, name)
+	}
+
+	// With --device naming it, the same record is written back.
+	cmd = newRestoreCmd(sys)
+	buf.Reset()
+	cmd.SetOut(&buf)
+	cmd.SetArgs([]string{"--state-dir", dir, "--device", "vda"})
+	require.NoError(t, cmd.Execute(), buf.String())
+	kb, _ := sys.ReadAheadKB("vda")
+	assert.Equal(t, 1048576, kb)
+}
