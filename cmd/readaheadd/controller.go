@@ -24,7 +24,6 @@ import (
 type pipeline struct {
 	det   *detector.Detector
 	tun   *tuner.Tuner
-	res   *probe.Resolver // paths for display only
 	clk   clock.Clock
 	log   *slog.Logger
 	sys   blockdev.SysFS
@@ -34,6 +33,15 @@ type pipeline struct {
 	// that a slowdown already present at the next start is still seen as one.
 	baselinePath string
 	lastSave     time.Duration
+
+	// Display paths for the debug endpoints: only the paths the tuner
+	// resolved and checked against the allow-paths, copied from it at most
+	// once per pathsEvery, so that a request never walks /proc and rarely
+	// takes the tuner's lock.
+	allow   []string
+	pathsMu sync.Mutex
+	paths   map[probe.FileKey]string
+	pathsAt time.Duration
 
 	mu     sync.Mutex
 	snap   detector.Snapshot
@@ -109,7 +117,7 @@ func newController(d controlDeps) (controller, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &pipeline{det: detector.New(dc), tun: tun, res: &probe.Resolver{}, clk: d.clk, log: d.log, sys: d.sys, disks: d.cfg.Disks,
+	p := &pipeline{det: detector.New(dc), tun: tun, allow: d.cfg.AllowPaths, clk: d.clk, log: d.log, sys: d.sys, disks: d.cfg.Disks,
 		counts: map[[3]string]uint64{}, baselinePath: filepath.Join(d.cfg.StateDir, BaselineFile), lastSave: d.clk.Now()}
 	switch err := p.det.LoadBaseline(p.baselinePath); {
 	case err == nil:
@@ -134,7 +142,6 @@ func (p *pipeline) saveBaseline() {
 func (p *pipeline) HandleRecord(r probe.Record) { p.det.Observe(r) }
 
 func (p *pipeline) HandleReadahead(e probe.ReadaheadEvent) {
-	p.res.Observe(e)
 	p.tun.ObserveReadahead(e)
 }
 
@@ -234,10 +241,8 @@ func (p *pipeline) TunerStatus() metrics.TunerStatus {
 		}
 		if !a.File.IsZero() {
 			ma.Target = a.File.String()
-			if a.Path != "" {
+			if inAllowPaths(a.Path, p.allow) {
 				ma.Target = a.Path
-			} else if path, ok := p.res.Resolve(a.File); ok {
-				ma.Target = path
 			}
 		}
 		// The tuner's evidence for a judged step is its measurement.
@@ -250,18 +255,41 @@ func (p *pipeline) TunerStatus() metrics.TunerStatus {
 	return ts
 }
 
-// FilePath names a file for /debug/files and status: the tuner's path if
-// it acted on the file, else what the probe's resolver finds.
+// pathsEvery bounds how often a debug request copies paths from the tuner.
+const pathsEvery = time.Second
+
+// FilePath names a file for /debug/files and status: the path the tuner
+// resolved for it and checked against the allow-paths, "" for any other
+// file (the endpoint then shows device:inode). Paths of files outside the
+// allow-paths are not shown, and no other process's descriptors are read
+// to find one.
 func (p *pipeline) FilePath(k probe.FileKey) string {
-	for _, f := range p.tun.Status().Files {
-		if f.File == k && f.Path != "" {
-			return f.Path
+	p.pathsMu.Lock()
+	defer p.pathsMu.Unlock()
+	if now := p.clk.Now(); p.paths == nil || now-p.pathsAt >= pathsEvery {
+		paths := map[probe.FileKey]string{}
+		for _, f := range p.tun.Status().Files {
+			if inAllowPaths(f.Path, p.allow) {
+				paths[f.File] = f.Path
+			}
+		}
+		p.paths, p.pathsAt = paths, now
+	}
+	return p.paths[k]
+}
+
+// inAllowPaths reports whether path lies under one of the allow-paths.
+func inAllowPaths(path string, allow []string) bool {
+	if path == "" || !filepath.IsAbs(path) {
+		return false
+	}
+	path = filepath.Clean(path)
+	for _, a := range allow {
+		if a == "/" || path == a || strings.HasPrefix(path, a+"/") {
+			return true
 		}
 	}
-	if path, ok := p.res.Resolve(k); ok {
-		return path
-	}
-	return ""
+	return false
 }
 
 func (p *pipeline) RestoreAll() error {
