@@ -20,11 +20,12 @@ import (
 
 // capability numbers (linux/capability.h).
 const (
-	capDACOverride = 1
-	capSysPtrace   = 19
-	capSysAdmin    = 21
-	capPerfmon     = 38
-	capBPF         = 39
+	capDACOverride   = 1
+	capDACReadSearch = 2
+	capSysPtrace     = 19
+	capSysAdmin      = 21
+	capPerfmon       = 38
+	capBPF           = 39
 )
 
 // effectiveCaps reads the CapEff mask from a /proc/PID/status file.
@@ -86,10 +87,10 @@ func (c *checker) run() error {
 	} else {
 		c.report(false, false, "per-file actions need CAP_SYS_PTRACE (pidfd_getfd on the readers' files); without it only device-wide actions work")
 	}
-	if has(capDACOverride) {
-		c.report(true, false, "CAP_DAC_OVERRIDE held (files in data directories owned by other users)")
+	if has(capDACReadSearch) || has(capDACOverride) {
+		c.report(true, false, "CAP_DAC_READ_SEARCH held (files in data directories owned by other users, /proc/PID/fd of their readers)")
 	} else {
-		c.report(false, false, "CAP_DAC_OVERRIDE missing: files under data directories owned by another user (0700 hdfs) cannot be reached for per-file actions")
+		c.report(false, false, "CAP_DAC_READ_SEARCH missing: files under data directories owned by another user (0700 hdfs) cannot be reached for per-file actions")
 	}
 
 	rep := c.probeCheck()
@@ -131,7 +132,7 @@ func (c *checker) run() error {
 		if err == nil {
 			c.report(true, true, "%s writable", p)
 		} else {
-			c.report(false, true, "%s not writable: %v (needs root or CAP_DAC_OVERRIDE, and a writable /sys: no ProtectKernelTunables)", p, err)
+			c.report(false, true, "%s not writable: %v (needs uid 0, which owns it, and a writable file: the unit's ReadWritePaths= must list it)", p, err)
 		}
 	}
 	if c.failed {

@@ -35,6 +35,9 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
+	if spec := os.Getenv("READAHEADD_FILEOPS_CHECK"); spec != "" {
+		os.Exit(fileOpsCheck(spec))
+	}
 	os.Exit(m.Run())
 }
 
@@ -279,6 +282,7 @@ func TestRunMetricsAddressTaken(t *testing.T) {
 	v, err := config.Validate(c, sys)
 	require.NoError(t, err)
 	env := defaultRunEnv()
+	env.dropCaps = nil // never the test process's own
 	env.sys = sys
 	env.stderr = io.Discard
 	env.openProbe = func(probe.Config) (probe.Source, error) {
@@ -320,6 +324,7 @@ func TestRunWithoutCapabilitiesNamesThem(t *testing.T) {
 	v, err := config.Validate(c, sys)
 	require.NoError(t, err)
 	env := defaultRunEnv()
+	env.dropCaps = nil // never the test process's own
 	env.sys = sys
 	env.stderr = io.Discard
 	env.openProbe = func(probe.Config) (probe.Source, error) {
@@ -358,6 +363,7 @@ func TestRunCorruptStateFileChangesNothing(t *testing.T) {
 	v, err := config.Validate(c, sys)
 	require.NoError(t, err)
 	env := defaultRunEnv()
+	env.dropCaps = nil // never the test process's own
 	env.sys = sys
 	env.stderr = io.Discard
 	env.capStatus = ""
@@ -396,6 +402,7 @@ func TestRunProbeFailureStopsAndRestores(t *testing.T) {
 	var n notes
 	logs := &daemontest.SyncBuffer{}
 	env := defaultRunEnv()
+	env.dropCaps = nil // never the test process's own
 	env.sys = sys
 	env.stderr = logs
 	env.capStatus = ""
