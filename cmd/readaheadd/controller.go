@@ -15,6 +15,7 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/metrics"
 	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/state"
 	"github.com/readaheadd/readaheadd/pkg/tuner"
 )
 
@@ -119,7 +120,7 @@ func newController(d controlDeps) (controller, error) {
 	}
 	p := &pipeline{det: detector.New(dc), tun: tun, allow: d.cfg.AllowPaths, clk: d.clk, log: d.log, sys: d.sys, disks: d.cfg.Disks,
 		counts: map[[3]string]uint64{}, baselinePath: filepath.Join(d.cfg.StateDir, BaselineFile), lastSave: d.clk.Now()}
-	switch err := p.det.LoadBaseline(p.baselinePath); {
+	switch err := p.loadBaseline(); {
 	case err == nil:
 		d.log.Info("loaded the detector's healthy baseline", "file", p.baselinePath)
 	case errors.Is(err, fs.ErrNotExist):
@@ -131,10 +132,27 @@ func newController(d controlDeps) (controller, error) {
 	return p, nil
 }
 
+// maxBaselineBytes bounds the baseline file (a few hundred bytes per disk).
+const maxBaselineBytes = 1 << 20
+
+// loadBaseline reads the detector's baseline like every state file: not
+// through a symlink, and bounded.
+func (p *pipeline) loadBaseline() error {
+	data, err := state.ReadFileBounded(filepath.Dir(p.baselinePath), filepath.Base(p.baselinePath), maxBaselineBytes)
+	if err != nil {
+		return fmt.Errorf("load detector baseline: %w", err)
+	}
+	return p.det.LoadBaselineData(p.baselinePath, data)
+}
+
 // saveBaseline writes the detector's baseline; a failure is logged, since
 // the daemon works without it (it relearns after a restart).
 func (p *pipeline) saveBaseline() {
-	if err := p.det.SaveBaseline(p.baselinePath); err != nil {
+	data, err := p.det.BaselineData()
+	if err == nil {
+		err = state.WriteFileAtomic(filepath.Dir(p.baselinePath), filepath.Base(p.baselinePath), data, true)
+	}
+	if err != nil {
 		p.log.Warn("could not save the detector baseline", "err", err)
 	}
 }

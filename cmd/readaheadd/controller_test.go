@@ -243,3 +243,33 @@ func TestInAllowPaths(t *testing.T) {
 	}
 	assert.True(t, inAllowPaths("/anything", []string{"/"}))
 }
+
+// The baseline in the state directory is read and written like the other
+// state files: a symlink planted under its name is neither read nor
+// written through.
+func TestBaselineFileIsNotFollowed(t *testing.T) {
+	sys := fakeSysfs(t, map[string]int{"sdx": 128})
+	c := config.Default()
+	c.Devices = []string{"sdx"}
+	c.StateDir = filepath.Join(t.TempDir(), "state")
+	require.NoError(t, os.MkdirAll(c.StateDir, 0o700))
+	victim := filepath.Join(t.TempDir(), "victim")
+	require.NoError(t, os.WriteFile(victim, []byte("precious\n"), 0o644))
+	require.NoError(t, os.Symlink(victim, filepath.Join(c.StateDir, BaselineFile)))
+	v, err := config.Validate(c, sys)
+	require.NoError(t, err)
+	st, err := state.Open(v.StateDir, state.Options{BootID: "b"})
+	require.NoError(t, err)
+	defer st.Close()
+	ctl, err := newController(controlDeps{cfg: v, sys: sys, clk: clock.NewFake(time.Hour), store: st, log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	p := ctl.(*pipeline)
+	assert.ErrorIs(t, p.loadBaseline(), state.ErrUnsafeFile)
+	require.NoError(t, p.RestoreAll()) // saves the baseline
+	b, err := os.ReadFile(victim)
+	require.NoError(t, err)
+	assert.Equal(t, "precious\n", string(b))
+	fi, err := os.Lstat(filepath.Join(c.StateDir, BaselineFile))
+	require.NoError(t, err)
+	assert.True(t, fi.Mode().IsRegular(), "the link was replaced by the file")
+}
