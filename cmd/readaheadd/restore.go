@@ -21,11 +21,13 @@ func newRestoreCmd(sys blockdev.SysFS) *cobra.Command {
 		Use:   "restore",
 		Short: "Put back every read_ahead_kb and per-file window recorded in the state directory (after a crash; also run by ExecStartPre)",
 		Long: `Put back what a killed daemon left changed. The state directory is not
-trusted: an original is written back only to a disk that the configuration
-(--config, --device, --allow-os-disk: the same rule as run) lets readaheadd
-tune and whose device number and diskseq still match the record, and an open
-file's window is reset only if the file is under an allow-path of the
-configuration. Each record refused is printed on one line and kept.`,
+trusted: an original is written back only to a disk whose device number
+still matches the record and that the configuration (--config, --device,
+--allow-os-disk: the same rule as run) lets readaheadd tune, or, for any
+other disk but the one holding the root filesystem, whose recorded diskseq
+still matches (the same media readaheadd recorded). An open file's window is
+reset only if the file is under an allow-path of the configuration. Each
+record refused is printed on one line and kept.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dir == "" || !filepath.IsAbs(dir) {
@@ -58,7 +60,7 @@ configuration. Each record refused is printed on one line and kept.`,
 				return usageErrorf("state-dir %s is not a directory", dir)
 			}
 			tunable := map[string]bool{}
-			disks, _, derr := config.TunableDisks(c, sys)
+			disks, osDisk, derr := config.TunableDisks(c, sys)
 			if derr != nil {
 				// Records are still listed below, each refused on its line.
 				fmt.Fprintf(out, "no disk may be tuned under this configuration: %v\n", derr)
@@ -69,7 +71,8 @@ configuration. Each record refused is printed on one line and kept.`,
 				devices = append(devices, d.Name)
 			}
 			st, err := state.Open(dir, state.Options{
-				DiskSeq: sys.DiskSeq, DevOf: state.DevOfSysfs(sys), Tunable: func(n string) bool { return tunable[n] },
+				DiskSeq: sys.DiskSeq, DevOf: state.DevOfSysfs(sys),
+				Tunable: func(n string) bool { return tunable[n] }, Protected: func(n string) bool { return n == osDisk },
 			})
 			if err != nil {
 				return err

@@ -314,7 +314,8 @@ func stateOptions(v config.Validated, sys blockdev.SysFS, log *slog.Logger, boot
 	}
 	return state.Options{
 		Logger: log, BootID: bootID, DiskSeq: sys.DiskSeq, DevOf: state.DevOfSysfs(sys),
-		Tunable: func(name string) bool { return tunable[name] },
+		Tunable:   func(name string) bool { return tunable[name] },
+		Protected: func(name string) bool { return name == v.OSDisk },
 	}
 }
 

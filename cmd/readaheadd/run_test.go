@@ -425,9 +425,14 @@ func TestRunProbeFailureStopsAndRestores(t *testing.T) {
 func TestRestoreCommandRefusesForgedOriginals(t *testing.T) {
 	sys := fakeSysfs(t, map[string]int{"sdx": 128, "vda": 128})
 	dir := t.TempDir()
+	sdx, err := sys.Lookup("sdx")
+	require.NoError(t, err)
+	vda, err := sys.Lookup("vda")
+	require.NoError(t, err)
+	// True device numbers; no diskseq (this fake kernel has none).
 	forged := `{"version":1,"devices":[
-	 {"device":"sdx","dev":"8:0","read_ahead_kb":256,"recorded_at":"2026-01-01T00:00:00Z"},
-	 {"device":"vda","dev":"8:16","read_ahead_kb":1048576,"recorded_at":"2026-01-01T00:00:00Z"}]}`
+	 {"device":"sdx","dev":"` + sdx.Dev.String() + `","read_ahead_kb":256,"recorded_at":"2026-01-01T00:00:00Z"},
+	 {"device":"vda","dev":"` + vda.Dev.String() + `","read_ahead_kb":1048576,"recorded_at":"2026-01-01T00:00:00Z"}]}`
 	require.NoError(t, os.WriteFile(filepath.Join(dir, state.FileName), []byte(forged), 0o600))
 	cfg := filepath.Join(t.TempDir(), "config.yaml")
 	require.NoError(t, os.WriteFile(cfg, []byte("device: [sdx]\n"), 0o644))

@@ -106,22 +106,26 @@ type Options struct {
 	// DevOf reads a disk's current major:minor (blockdev.SysFS.Lookup).
 	DevOf func(device string) (string, error)
 	// Tunable reports whether the configuration lets readaheadd tune
-	// device. An original loaded from the file is written back only to a
-	// tunable device whose dev_t and diskseq still match the record; nil
-	// allows none of them (only originals this Store recorded itself are
-	// restored).
-	Tunable func(device string) bool
+	// device, and Protected whether it must never be written unless
+	// tunable (the OS disk). An original loaded from the file is written
+	// back to a tunable device whose dev_t (and diskseq, when both are
+	// known) still match the record, or to a device that is not protected
+	// whose dev_t and non-zero diskseq both match; nil Tunable allows only
+	// the second, nil Protected protects nothing.
+	Tunable   func(device string) bool
+	Protected func(device string) bool
 }
 
 // Store is an open, locked state directory.
 type Store struct {
-	dir     string
-	bootID  string
-	log     *slog.Logger
-	lock    *os.File
-	seq     func(string) (uint64, error)
-	devOf   func(string) (string, error)
-	tunable func(string) bool
+	dir       string
+	bootID    string
+	log       *slog.Logger
+	lock      *os.File
+	seq       func(string) (uint64, error)
+	devOf     func(string) (string, error)
+	tunable   func(string) bool
+	protected func(string) bool
 
 	mu      sync.Mutex
 	entries map[string]Entry
@@ -178,7 +182,7 @@ func Open(dir string, opt Options) (*Store, error) {
 			boot = strings.TrimSpace(string(b))
 		}
 	}
-	s := &Store{dir: dir, bootID: boot, log: log, lock: lf, seq: opt.DiskSeq, devOf: opt.DevOf, tunable: opt.Tunable,
+	s := &Store{dir: dir, bootID: boot, log: log, lock: lf, seq: opt.DiskSeq, devOf: opt.DevOf, tunable: opt.Tunable, protected: opt.Protected,
 		entries: map[string]Entry{}, pins: map[pinID]Pin{}, mine: map[string]bool{}}
 	if err := s.load(); err != nil {
 		s.Close()
@@ -334,9 +338,12 @@ var errReplaced = errors.New("replaced")
 
 // Check tells whether Restore may write e back: nil if so, else why not.
 // An original this Store recorded itself is for a device this process
-// changed. One loaded from the file (untrusted) must name a device the
-// configuration tunes whose dev_t still matches the record, and, when the
-// kernel has media sequence numbers, a non-zero diskseq that matches too.
+// changed. One loaded from the file (untrusted) must name a device whose
+// dev_t still matches the record, and then either a device the
+// configuration tunes (its diskseq matching too when both are known), or
+// any device but a protected one (the OS disk) whose recorded non-zero
+// diskseq matches: the disk readaheadd recorded, still holding the same
+// media.
 func (s *Store) Check(e Entry) error {
 	s.mu.Lock()
 	mine := s.mine[e.Device]
@@ -349,8 +356,9 @@ func (s *Store) Check(e Entry) error {
 	if mine {
 		return nil
 	}
-	if s.tunable == nil || !s.tunable(e.Device) {
-		return errors.New("not a device this configuration tunes (add it with --device or the config's device key if readaheadd changed it)")
+	tunable := s.tunable != nil && s.tunable(e.Device)
+	if !tunable && s.protected != nil && s.protected(e.Device) {
+		return errors.New("it holds the root filesystem and this configuration does not tune it (allow-os-disk)")
 	}
 	if s.devOf == nil || e.Dev == "" {
 		return errors.New("no device number to check the record against")
@@ -362,16 +370,21 @@ func (s *Store) Check(e Entry) error {
 	if dev != e.Dev {
 		return fmt.Errorf("the name now belongs to device %s (recorded %s): %w", dev, e.Dev, errReplaced)
 	}
+	var seq uint64
 	if s.seq != nil {
-		seq, err := s.seq(e.Device)
-		if err != nil {
+		if seq, err = s.seq(e.Device); err != nil {
 			return err
 		}
-		if seq != 0 && e.DiskSeq == 0 {
-			return errors.New("the record has no diskseq to check the disk against")
-		}
 	}
-	return nil
+	switch {
+	case tunable && (seq == 0 || e.DiskSeq != 0):
+		return nil
+	case tunable:
+		return errors.New("the record has no diskseq to check the disk against")
+	case e.DiskSeq == 0 || seq == 0:
+		return errors.New("not a device this configuration tunes, and no diskseq to show it is the disk readaheadd recorded (add it with --device if readaheadd changed it)")
+	}
+	return nil // seq == e.DiskSeq: a mismatch was refused above
 }
 
 // Restore writes recorded originals back and clears their records. Only

@@ -49,6 +49,7 @@ func writeOriginals(t *testing.T, dir string, entries ...Entry) {
 func TestForgedOriginalsWriteOnlyToConfiguredDisksWithMatchingIdentity(t *testing.T) {
 	sys := fakeDisks(t, map[string][2]string{
 		"vda": {"253:0", "1"}, "loop5": {"7:5", "9"}, "loop6": {"7:6", "10"}, "loop7": {"7:7", "11"}, "sdb": {"8:16", "12"},
+		"loop8": {"7:8", "13"}, "sdc": {"8:32", "14"}, "sdd": {"8:48", "15"},
 	})
 	dir := t.TempDir()
 	writeOriginals(t, dir,
@@ -62,12 +63,20 @@ func TestForgedOriginalsWriteOnlyToConfiguredDisksWithMatchingIdentity(t *testin
 		Entry{Device: "loop7", Dev: "7:99", ReadAheadKB: 768, DiskSeq: 11},
 		// Configured, no device number recorded.
 		Entry{Device: "sdb", ReadAheadKB: 1024, DiskSeq: 12},
+		// Not configured (a configuration changed since): the same disk,
+		// shown by its dev_t and non-zero diskseq, gets its original back.
+		Entry{Device: "loop8", Dev: "7:8", ReadAheadKB: 64, DiskSeq: 13},
+		// Not configured and no diskseq recorded: refused.
+		Entry{Device: "sdc", Dev: "8:32", ReadAheadKB: 2048},
+		// Not configured, identity of other media: dropped.
+		Entry{Device: "sdd", Dev: "8:48", ReadAheadKB: 2048, DiskSeq: 99},
 	)
-	st, err := Open(dir, Options{BootID: "b", DiskSeq: sys.DiskSeq, DevOf: DevOfSysfs(sys), Tunable: tunableOnly("loop5", "loop6", "loop7", "sdb")})
+	st, err := Open(dir, Options{BootID: "b", DiskSeq: sys.DiskSeq, DevOf: DevOfSysfs(sys),
+		Tunable: tunableOnly("loop5", "loop6", "loop7", "sdb"), Protected: tunableOnly("vda")})
 	require.NoError(t, err)
 	defer st.Close()
 	require.NoError(t, st.Restore(sys))
-	for name, want := range map[string]int{"vda": 128, "loop5": 256, "loop6": 128, "loop7": 128, "sdb": 128} {
+	for name, want := range map[string]int{"vda": 128, "loop5": 256, "loop6": 128, "loop7": 128, "sdb": 128, "loop8": 64, "sdc": 128, "sdd": 128} {
 		kb, err := sys.ReadAheadKB(name)
 		require.NoError(t, err)
 		assert.Equal(t, want, kb, name)
@@ -78,10 +87,12 @@ func TestForgedOriginalsWriteOnlyToConfiguredDisksWithMatchingIdentity(t *testin
 	}
 	// Refused records stay for the operator; the one whose name belongs to
 	// another device now is dropped like a replaced disk's.
-	assert.Equal(t, []string{"loop6", "sdb", "vda"}, left)
-	assert.ErrorContains(t, st.Check(Entry{Device: "vda", Dev: "253:0", DiskSeq: 1}), "not a device this configuration tunes")
+	assert.Equal(t, []string{"loop6", "sdb", "sdc", "vda"}, left)
+	assert.ErrorContains(t, st.Check(Entry{Device: "vda", Dev: "253:0", DiskSeq: 1}), "holds the root filesystem")
+	assert.ErrorContains(t, st.Check(Entry{Device: "sdc", Dev: "8:32"}), "not a device this configuration tunes")
 }
 
+// Without a way to read a disk's identity, nothing loaded is written.
 func TestOriginalsLoadedWithoutPolicyAreNeverWritten(t *testing.T) {
 	sys := fakeDisks(t, map[string][2]string{"loop5": {"7:5", "9"}})
 	dir := t.TempDir()
