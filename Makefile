@@ -14,7 +14,7 @@ TESTFLAGS ?= -count=1 -timeout 25m
 all: build
 
 build: labfs
-	$(GO) build -o $(BIN)/readaheadd ./cmd/readaheadd
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/readaheadd ./cmd/readaheadd
 
 # Regenerate the BPF objects and Go bindings (needs clang, llvm, libbpf-dev, bpftool).
 generate:

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -38,7 +39,15 @@ func read(t *testing.T, path string) []byte {
 
 // unitCaps is the capability set the daemon needs on Linux >= 6.6
 // (docs/operations.md); the DaemonSet adds the same.
-var unitCaps = []string{"CAP_BPF", "CAP_PERFMON", "CAP_SYS_PTRACE", "CAP_DAC_OVERRIDE"}
+var unitCaps = []string{"CAP_BPF", "CAP_PERFMON", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"}
+
+// maxExposure is the `systemd-analyze security` exposure score the unit
+// must not exceed (measured 2.4; the unit before hardening scored 3.1).
+const maxExposure = 2.4
+
+// rwPath is the only form of ReadWritePaths= the unit may use: the
+// read_ahead_kb file of one disk (systemd resolves the /sys/block symlink).
+var rwPath = regexp.MustCompile(`^-/sys/block/[a-z0-9]+/queue/read_ahead_kb$`)
 
 func TestSystemdUnitVerifies(t *testing.T) {
 	unit := string(read(t, "systemd/readaheadd.service"))
@@ -46,7 +55,22 @@ func TestSystemdUnitVerifies(t *testing.T) {
 	assert.Contains(t, unit, "\nRestart=on-failure\n")
 	assert.Contains(t, unit, "\nExecStartPre=/usr/local/bin/readaheadd restore")
 	assert.Contains(t, unit, "\nStateDirectory=readaheadd\n")
-	assert.NotRegexp(t, `(?m)^ProtectKernelTunables=`, unit, "it makes /sys read-only")
+	assert.Contains(t, unit, "\nProtectKernelTunables=yes\n", "/proc/sys and /sys read-only")
+	var rw []string
+	for _, m := range regexp.MustCompile(`(?m)^ReadWritePaths=(.*)$`).FindAllStringSubmatch(unit, -1) {
+		rw = append(rw, strings.Fields(m[1])...)
+	}
+	require.NotEmpty(t, rw, "the read_ahead_kb files stay writable")
+	for _, p := range rw {
+		assert.Regexp(t, rwPath, p, "only read_ahead_kb files are writable")
+	}
+	for _, d := range []string{"sdb", "sdz", "sdab", "nvme0n1", "nvme1n1", "vdb", "xvdb"} {
+		assert.Contains(t, rw, "-/sys/block/"+d+"/queue/read_ahead_kb")
+	}
+	assert.Contains(t, unit, "\nLimitMEMLOCK=0\n", "BPF memory is charged to the cgroup: no locked memory")
+	for _, l := range regexp.MustCompile(`(?m)^Exec(StartPre|StopPost)=(.*)$`).FindAllStringSubmatch(unit, -1) {
+		assert.Contains(t, l[2], "--config /etc/readaheadd/config.yaml", "restore knows from the config which disks it may write")
+	}
 	assert.NotRegexp(t, `(?m)^ProtectProc=`, unit, "the daemon must see readers' /proc/PID/fd")
 	caps := regexp.MustCompile(`(?m)^CapabilityBoundingSet=(.*)$`).FindStringSubmatch(unit)
 	require.NotNil(t, caps)
@@ -77,12 +101,116 @@ func TestSystemdUnitVerifies(t *testing.T) {
 	}
 	assert.NoError(t, err, "systemd-analyze verify: %s", out)
 	assert.Empty(t, ours, "systemd-analyze verify reported: %s", out)
+
+	cmd = exec.Command(sa, "security", "--offline=true", "--no-pager", unitPath)
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, "systemd-analyze security: %s", out)
+	m := regexp.MustCompile(`Overall exposure level for readaheadd.service: ([0-9.]+)`).FindSubmatch(out)
+	require.NotNil(t, m, "no exposure score in: %s", out)
+	score, err := strconv.ParseFloat(string(m[1]), 64)
+	require.NoError(t, err)
+	t.Logf("systemd-analyze security exposure: %.1f", score)
+	assert.LessOrEqual(t, score, maxExposure, "exposure level of the unit")
+}
+
+// unitSyscalls expands the unit's SystemCallFilter= lines with
+// systemd-analyze (the allow list, minus the deny lists after it).
+func unitSyscalls(t *testing.T, sa, unit string) map[string]bool {
+	t.Helper()
+	var expand func(group string) []string
+	expand = func(group string) []string {
+		out, err := exec.Command(sa, "syscall-filter", "--no-pager", group).Output()
+		require.NoError(t, err)
+		var names []string
+		for i, l := range strings.Split(string(out), "\n") {
+			l = strings.TrimSpace(l)
+			if i == 0 || l == "" || strings.HasPrefix(l, "#") {
+				continue
+			}
+			if strings.HasPrefix(l, "@") {
+				names = append(names, expand(l)...)
+			} else {
+				names = append(names, l)
+			}
+		}
+		return names
+	}
+	set := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^SystemCallFilter=(~?)(.*)$`).FindAllStringSubmatch(unit, -1) {
+		for _, item := range strings.Fields(m[2]) {
+			names := []string{item}
+			if strings.HasPrefix(item, "@") {
+				names = expand(item)
+			}
+			for _, n := range names {
+				set[n] = m[1] == ""
+			}
+		}
+	}
+	for n, ok := range set {
+		if !ok {
+			delete(set, n)
+		}
+	}
+	return set
+}
+
+// seccompProfile is the part of the OCI seccomp profile format used.
+type seccompProfile struct {
+	DefaultAction   string   `json:"defaultAction"`
+	DefaultErrnoRet int      `json:"defaultErrnoRet"`
+	Architectures   []string `json:"architectures"`
+	Syscalls        []struct {
+		Names  []string `json:"names"`
+		Action string   `json:"action"`
+	} `json:"syscalls"`
+}
+
+// The pod's seccomp profile allows what the daemon uses (bpf, pidfd_getfd,
+// capset for dropping capabilities, ...) and denies the rest with EPERM:
+// the same list as the unit's SystemCallFilter.
+func TestSeccompProfile(t *testing.T) {
+	dec := json.NewDecoder(strings.NewReader(string(read(t, "kubernetes/seccomp/readaheadd.json"))))
+	dec.DisallowUnknownFields()
+	var p seccompProfile
+	require.NoError(t, dec.Decode(&p))
+	assert.Equal(t, "SCMP_ACT_ERRNO", p.DefaultAction)
+	assert.Equal(t, 1, p.DefaultErrnoRet, "EPERM")
+	require.Len(t, p.Syscalls, 1)
+	assert.Equal(t, "SCMP_ACT_ALLOW", p.Syscalls[0].Action)
+	allowed := map[string]bool{}
+	for _, n := range p.Syscalls[0].Names {
+		allowed[n] = true
+	}
+	// Measured with strace over a run of the daemon, plus the per-file
+	// action's calls.
+	for _, n := range []string{"bpf", "pidfd_open", "pidfd_getfd", "fadvise64", "capget", "capset", "prctl", "readlinkat",
+		"openat", "renameat", "flock", "fsync", "epoll_pwait", "accept4", "newfstatat", "getdents64", "execve", "tgkill"} {
+		assert.True(t, allowed[n], "%s is used by the daemon", n)
+	}
+	for _, n := range []string{"ptrace", "perf_event_open", "mount", "setrlimit", "chown", "setuid", "init_module", "kexec_load", "process_vm_writev"} {
+		assert.False(t, allowed[n], "%s is not used", n)
+	}
+	sa, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze not installed: the comparison with the unit is skipped")
+	}
+	unit := unitSyscalls(t, sa, string(read(t, "systemd/readaheadd.service")))
+	assert.Equal(t, unit, allowed, "the pod allows the same system calls as the unit")
 }
 
 func TestSystemdConfigParsesStrictly(t *testing.T) {
 	c, err := config.Parse(read(t, "systemd/config.yaml"), config.Default())
 	require.NoError(t, err)
 	assert.Equal(t, config.Default(), c, "the example states the defaults")
+	// It states the rule the daemon applies with no device key.
+	var comment []string
+	for _, l := range strings.Split(string(read(t, "systemd/config.yaml")), "\n") {
+		if strings.HasPrefix(l, "#") {
+			comment = append(comment, strings.TrimSpace(strings.TrimPrefix(l, "#")))
+		}
+	}
+	assert.Contains(t, strings.Join(comment, " "), "Default (key absent): "+config.DefaultDevicesRule+".")
 }
 
 // ---- Kubernetes ----
@@ -191,6 +319,35 @@ func TestKubernetesManifests(t *testing.T) {
 	assert.Equal(t, m.ds.Spec.Selector.MatchLabels, m.ds.Spec.Template.Labels)
 	assert.Equal(t, m.svc.Spec.Selector, m.ds.Spec.Template.Labels)
 
+	// No pod-wide Unconfined: each container says what it needs.
+	if spec.SecurityContext != nil {
+		assert.Nil(t, spec.SecurityContext.SeccompProfile)
+		assert.Nil(t, spec.SecurityContext.AppArmorProfile)
+	}
+	profile, err := os.ReadFile("kubernetes/seccomp/readaheadd.json")
+	require.NoError(t, err)
+	require.NotEmpty(t, profile)
+	for _, ct := range append(append([]corev1.Container(nil), spec.InitContainers...), spec.Containers...) {
+		require.NotNil(t, ct.SecurityContext, ct.Name)
+		sp := ct.SecurityContext.SeccompProfile
+		require.NotNil(t, sp, "%s has a seccomp profile", ct.Name)
+		assert.Equal(t, corev1.SeccompProfileTypeLocalhost, sp.Type, ct.Name)
+		require.NotNil(t, sp.LocalhostProfile)
+		assert.Equal(t, "readaheadd.json", *sp.LocalhostProfile, "the profile shipped in kubernetes/seccomp")
+		// Images are pinned: a version or a digest, never :latest.
+		assert.Regexp(t, `^[a-z0-9./-]+(:v[0-9]+\.[0-9]+\.[0-9]+|@sha256:[0-9a-f]{64})$`, ct.Image, ct.Name)
+		assert.NotEqual(t, corev1.PullAlways, ct.ImagePullPolicy)
+		// Never the whole host /sys: only the device tree is mounted.
+		for _, vm := range ct.VolumeMounts {
+			assert.NotEqual(t, "/sys", vm.MountPath, "%s mounts all of /sys", ct.Name)
+		}
+	}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			assert.NotEqual(t, "/sys", v.HostPath.Path, "the whole host /sys is not mounted")
+		}
+	}
+
 	require.Len(t, spec.Containers, 1)
 	c := spec.Containers[0]
 	require.NotNil(t, c.SecurityContext)
@@ -228,7 +385,8 @@ func TestKubernetesManifests(t *testing.T) {
 	for _, vm := range c.VolumeMounts {
 		mounts[vm.MountPath] = vm
 	}
-	assert.False(t, mounts["/sys"].ReadOnly, "read_ahead_kb writes need a writable /sys")
+	require.Contains(t, mounts, "/sys/devices", "read_ahead_kb (under /sys/devices) is writable")
+	assert.False(t, mounts["/sys/devices"].ReadOnly)
 	assert.Contains(t, mounts, "/var/lib/readaheadd")
 	assert.Contains(t, mounts, "/etc/readaheadd")
 	for _, p := range cfg.AllowPaths {
@@ -246,11 +404,21 @@ func TestKubernetesManifests(t *testing.T) {
 
 	// A restore runs before the daemon starts; SIGTERM gives time to restore.
 	require.NotEmpty(t, spec.InitContainers)
-	assert.Equal(t, "restore", spec.InitContainers[0].Args[0])
-	// It resets open files' windows too (pidfd_getfd on other processes).
-	initCaps := spec.InitContainers[0].SecurityContext.Capabilities
+	ic := spec.InitContainers[0]
+	assert.Equal(t, "restore", ic.Args[0])
+	assert.Contains(t, strings.Join(ic.Args, " "), "--config /etc/readaheadd/config.yaml", "restore writes only where the config lets it")
+	initMounts := map[string]bool{}
+	for _, vm := range ic.VolumeMounts {
+		initMounts[vm.MountPath] = true
+	}
+	for _, p := range []string{"/etc/readaheadd", "/var/lib/readaheadd", "/sys/devices"} {
+		assert.True(t, initMounts[p], "restore mounts %s", p)
+	}
+	// It resets open files' windows too (pidfd_getfd on other processes),
+	// and loads no BPF.
+	initCaps := ic.SecurityContext.Capabilities
 	require.NotNil(t, initCaps)
-	assert.ElementsMatch(t, []corev1.Capability{"SYS_PTRACE", "DAC_OVERRIDE"}, initCaps.Add)
+	assert.ElementsMatch(t, []corev1.Capability{"SYS_PTRACE", "DAC_READ_SEARCH"}, initCaps.Add)
 	assert.True(t, spec.HostPID, "the readers' processes are visible")
 	require.NotNil(t, spec.TerminationGracePeriodSeconds)
 	assert.GreaterOrEqual(t, *spec.TerminationGracePeriodSeconds, int64(10))
@@ -378,4 +546,65 @@ func TestGrafanaDashboard(t *testing.T) {
 	for _, m := range []string{"readaheadd_read_latency_seconds", "readaheadd_read_ahead_kb", "readaheadd_regime_active", "readaheadd_actions_total", "readaheadd_bpf_events_lost_total"} {
 		assert.True(t, used[m], "the dashboard shows %s", m)
 	}
+}
+
+// ---- go.mod ----
+
+// A module imported directly must not be marked // indirect: dependency
+// tools (and reviewers) read that mark as "not used by this code".
+func TestGoModTidy(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("go not in PATH")
+	}
+	cmd := exec.Command(gobin, "mod", "tidy", "-diff")
+	cmd.Dir = ".."
+	out, err := cmd.CombinedOutput()
+	assert.NoError(t, err, "go.mod/go.sum are not tidy; run `go mod tidy`:\n%s", out)
+}
+
+// The unit's ProtectKernelTunables= with ReadWritePaths= for a disk's
+// read_ahead_kb, done by hand as systemd does it (no service manager runs
+// here): in a private mount namespace /sys and /proc/sys are bound
+// read-only, and the read_ahead_kb file, its /sys/block symlink resolved,
+// is bound writable over itself. The write goes through; other attributes
+// and kernel tunables are read-only.
+func TestReadAheadKBWritableUnderReadOnlyTunables(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: a loop device and a private mount namespace")
+	}
+	for _, tool := range []string{"losetup", "unshare", "sh"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed", tool)
+		}
+	}
+	img := filepath.Join(t.TempDir(), "disk.img")
+	require.NoError(t, os.WriteFile(img, nil, 0o600))
+	require.NoError(t, os.Truncate(img, 16<<20))
+	out, err := exec.Command("losetup", "-f", "--show", img).CombinedOutput()
+	require.NoError(t, err, "losetup: %s", out)
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { _ = exec.Command("losetup", "-d", dev).Run() })
+	name := filepath.Base(dev)
+	script := `set -e
+name=$1
+p=$(realpath /sys/block/$name/queue/read_ahead_kb)
+mount --bind /sys /sys && mount -o remount,bind,ro /sys
+mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys
+mount --bind "$p" "$p" && mount -o remount,bind,rw "$p"
+echo 512 > /sys/block/$name/queue/read_ahead_kb && echo "read_ahead_kb=$(cat /sys/block/$name/queue/read_ahead_kb)"
+v=$(cat /sys/block/$name/queue/nr_requests)
+if (echo $v > /sys/block/$name/queue/nr_requests) 2>/dev/null; then echo nr_requests=writable; else echo nr_requests=read-only; fi
+c=$(cat /proc/sys/kernel/core_pattern)
+if (echo "$c" > /proc/sys/kernel/core_pattern) 2>/dev/null; then echo core_pattern=writable; else echo core_pattern=read-only; fi
+`
+	out, err = exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", name).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	t.Logf("in the unit-like namespace: %s", strings.Join(strings.Fields(string(out)), " "))
+	assert.Contains(t, string(out), "read_ahead_kb=512")
+	assert.Contains(t, string(out), "nr_requests=read-only")
+	assert.Contains(t, string(out), "core_pattern=read-only")
+	b, err := os.ReadFile("/sys/block/" + name + "/queue/read_ahead_kb")
+	require.NoError(t, err)
+	assert.Equal(t, "512", strings.TrimSpace(string(b)), "the write reached the device")
 }

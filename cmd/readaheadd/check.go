@@ -14,16 +14,18 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
+	"github.com/readaheadd/readaheadd/pkg/config"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
 // capability numbers (linux/capability.h).
 const (
-	capDACOverride = 1
-	capSysPtrace   = 19
-	capSysAdmin    = 21
-	capPerfmon     = 38
-	capBPF         = 39
+	capDACOverride   = 1
+	capDACReadSearch = 2
+	capSysPtrace     = 19
+	capSysAdmin      = 21
+	capPerfmon       = 38
+	capBPF           = 39
 )
 
 // effectiveCaps reads the CapEff mask from a /proc/PID/status file.
@@ -99,10 +101,10 @@ func (c *checker) run() error {
 	} else {
 		c.report(false, false, "per-file actions need CAP_SYS_PTRACE (pidfd_getfd on the readers' files); without it only device-wide actions work")
 	}
-	if has(capDACOverride) {
-		c.report(true, false, "CAP_DAC_OVERRIDE held (files in data directories owned by other users)")
+	if has(capDACReadSearch) || has(capDACOverride) {
+		c.report(true, false, "CAP_DAC_READ_SEARCH held (files in data directories owned by other users, /proc/PID/fd of their readers)")
 	} else {
-		c.report(false, false, "CAP_DAC_OVERRIDE missing: files under data directories owned by another user (0700 hdfs) cannot be reached for per-file actions")
+		c.report(false, false, "CAP_DAC_READ_SEARCH missing: files under data directories owned by another user (0700 hdfs) cannot be reached for per-file actions")
 	}
 
 	// The kernel reports readers by their pids in the initial PID
@@ -135,7 +137,8 @@ func (c *checker) run() error {
 
 	devices := c.devices
 	if len(devices) == 0 {
-		disks, err := c.sys.DefaultDisks()
+		// The same rule as run's (the OS disk left out).
+		disks, _, err := config.TunableDisks(config.Config{}, c.sys)
 		if err != nil {
 			c.report(false, true, "list disks: %v", err)
 		}
@@ -154,7 +157,7 @@ func (c *checker) run() error {
 		if err == nil {
 			c.report(true, true, "%s writable", p)
 		} else {
-			c.report(false, true, "%s not writable: %v (needs root or CAP_DAC_OVERRIDE, and a writable /sys: no ProtectKernelTunables)", p, err)
+			c.report(false, true, "%s not writable: %v (needs uid 0, which owns it, and a writable file: the unit's ReadWritePaths= must list it)", p, err)
 		}
 	}
 	if c.failed {

@@ -39,7 +39,7 @@ func TestEffectiveCaps(t *testing.T) {
 
 func TestCheckNamesMissingCapabilities(t *testing.T) {
 	sys := fakeSysfs(t, map[string]int{"sdx": 128})
-	all := uint64(1<<capBPF | 1<<capPerfmon | 1<<capSysAdmin | 1<<capSysPtrace | 1<<capDACOverride)
+	all := uint64(1<<capBPF | 1<<capPerfmon | 1<<capSysAdmin | 1<<capSysPtrace | 1<<capDACReadSearch)
 
 	var out bytes.Buffer
 	c := &checker{w: &out, statusPath: statusFile(t, all), sys: sys, probeCheck: allProgs}
@@ -48,7 +48,7 @@ func TestCheckNamesMissingCapabilities(t *testing.T) {
 
 	// Without CAP_BPF/CAP_PERFMON/CAP_SYS_ADMIN: a FAIL naming them, exit 1.
 	out.Reset()
-	c = &checker{w: &out, statusPath: statusFile(t, 1<<capSysPtrace|1<<capDACOverride), sys: sys,
+	c = &checker{w: &out, statusPath: statusFile(t, 1<<capSysPtrace|1<<capDACReadSearch), sys: sys,
 		probeCheck: func() probe.CheckReport {
 			r := allProgs()
 			for i := range r.Programs {

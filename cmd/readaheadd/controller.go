@@ -15,6 +15,7 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/metrics"
 	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/state"
 	"github.com/readaheadd/readaheadd/pkg/tuner"
 )
 
@@ -24,7 +25,6 @@ import (
 type pipeline struct {
 	det   *detector.Detector
 	tun   *tuner.Tuner
-	res   *probe.Resolver // paths for display only
 	clk   clock.Clock
 	log   *slog.Logger
 	sys   blockdev.SysFS
@@ -34,6 +34,15 @@ type pipeline struct {
 	// that a slowdown already present at the next start is still seen as one.
 	baselinePath string
 	lastSave     time.Duration
+
+	// Display paths for the debug endpoints: only the paths the tuner
+	// resolved and checked against the allow-paths, copied from it at most
+	// once per pathsEvery, so that a request never walks /proc and rarely
+	// takes the tuner's lock.
+	allow   []string
+	pathsMu sync.Mutex
+	paths   map[probe.FileKey]string
+	pathsAt time.Duration
 
 	mu     sync.Mutex
 	snap   detector.Snapshot
@@ -109,9 +118,9 @@ func newController(d controlDeps) (controller, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &pipeline{det: detector.New(dc), tun: tun, res: &probe.Resolver{}, clk: d.clk, log: d.log, sys: d.sys, disks: d.cfg.Disks,
+	p := &pipeline{det: detector.New(dc), tun: tun, allow: d.cfg.AllowPaths, clk: d.clk, log: d.log, sys: d.sys, disks: d.cfg.Disks,
 		counts: map[[3]string]uint64{}, baselinePath: filepath.Join(d.cfg.StateDir, BaselineFile), lastSave: d.clk.Now()}
-	switch err := p.det.LoadBaseline(p.baselinePath); {
+	switch err := p.loadBaseline(); {
 	case err == nil:
 		d.log.Info("loaded the detector's healthy baseline", "file", p.baselinePath)
 	case errors.Is(err, fs.ErrNotExist):
@@ -123,10 +132,27 @@ func newController(d controlDeps) (controller, error) {
 	return p, nil
 }
 
+// maxBaselineBytes bounds the baseline file (a few hundred bytes per disk).
+const maxBaselineBytes = 1 << 20
+
+// loadBaseline reads the detector's baseline like every state file: not
+// through a symlink, and bounded.
+func (p *pipeline) loadBaseline() error {
+	data, err := state.ReadFileBounded(filepath.Dir(p.baselinePath), filepath.Base(p.baselinePath), maxBaselineBytes)
+	if err != nil {
+		return fmt.Errorf("load detector baseline: %w", err)
+	}
+	return p.det.LoadBaselineData(p.baselinePath, data)
+}
+
 // saveBaseline writes the detector's baseline; a failure is logged, since
 // the daemon works without it (it relearns after a restart).
 func (p *pipeline) saveBaseline() {
-	if err := p.det.SaveBaseline(p.baselinePath); err != nil {
+	data, err := p.det.BaselineData()
+	if err == nil {
+		err = state.WriteFileAtomic(filepath.Dir(p.baselinePath), filepath.Base(p.baselinePath), data, true)
+	}
+	if err != nil {
 		p.log.Warn("could not save the detector baseline", "err", err)
 	}
 }
@@ -134,7 +160,6 @@ func (p *pipeline) saveBaseline() {
 func (p *pipeline) HandleRecord(r probe.Record) { p.det.Observe(r) }
 
 func (p *pipeline) HandleReadahead(e probe.ReadaheadEvent) {
-	p.res.Observe(e)
 	p.tun.ObserveReadahead(e)
 }
 
@@ -235,10 +260,8 @@ func (p *pipeline) TunerStatus() metrics.TunerStatus {
 		}
 		if !a.File.IsZero() {
 			ma.Target = a.File.String()
-			if a.Path != "" {
+			if inAllowPaths(a.Path, p.allow) {
 				ma.Target = a.Path
-			} else if path, ok := p.res.Resolve(a.File); ok {
-				ma.Target = path
 			}
 		}
 		// The tuner's evidence for a judged step is its measurement.
@@ -251,18 +274,41 @@ func (p *pipeline) TunerStatus() metrics.TunerStatus {
 	return ts
 }
 
-// FilePath names a file for /debug/files and status: the tuner's path if
-// it acted on the file, else what the probe's resolver finds.
+// pathsEvery bounds how often a debug request copies paths from the tuner.
+const pathsEvery = time.Second
+
+// FilePath names a file for /debug/files and status: the path the tuner
+// resolved for it and checked against the allow-paths, "" for any other
+// file (the endpoint then shows device:inode). Paths of files outside the
+// allow-paths are not shown, and no other process's descriptors are read
+// to find one.
 func (p *pipeline) FilePath(k probe.FileKey) string {
-	for _, f := range p.tun.Status().Files {
-		if f.File == k && f.Path != "" {
-			return f.Path
+	p.pathsMu.Lock()
+	defer p.pathsMu.Unlock()
+	if now := p.clk.Now(); p.paths == nil || now-p.pathsAt >= pathsEvery {
+		paths := map[probe.FileKey]string{}
+		for _, f := range p.tun.Status().Files {
+			if inAllowPaths(f.Path, p.allow) {
+				paths[f.File] = f.Path
+			}
+		}
+		p.paths, p.pathsAt = paths, now
+	}
+	return p.paths[k]
+}
+
+// inAllowPaths reports whether path lies under one of the allow-paths.
+func inAllowPaths(path string, allow []string) bool {
+	if path == "" || !filepath.IsAbs(path) {
+		return false
+	}
+	path = filepath.Clean(path)
+	for _, a := range allow {
+		if a == "/" || path == a || strings.HasPrefix(path, a+"/") {
+			return true
 		}
 	}
-	if path, ok := p.res.Resolve(k); ok {
-		return path
-	}
-	return ""
+	return false
 }
 
 func (p *pipeline) RestoreAll() error {

@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"log/slog"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/readaheadd/readaheadd/pkg/clock"
 	"github.com/readaheadd/readaheadd/pkg/config"
@@ -181,4 +183,93 @@ func TestPipelineFastPathEntersAStrongShiftBetweenSteps(t *testing.T) {
 	// The entry is logged once, at INFO, with the fast path's evidence.
 	assert.Equal(t, 1, strings.Count(logBuf.String(), `"msg":"detector: regime entered"`), logBuf.String())
 	assert.Contains(t, logBuf.String(), `"evidence":"fast path: file`)
+}
+
+// /debug/files and /debug/status show no path outside the allow-paths: a
+// file this process holds open outside them (its /proc/PID/fd names it)
+// appears as device:inode only.
+func TestDebugEndpointsShowNoPathOutsideScope(t *testing.T) {
+	sys := fakeSysfs(t, map[string]int{"sdx": 256})
+	c := config.Default()
+	c.Devices = []string{"sdx"}
+	c.StateDir = filepath.Join(t.TempDir(), "state")
+	c.AllowPaths = []string{t.TempDir()}
+	v, err := config.Validate(c, sys)
+	require.NoError(t, err)
+	st, err := state.Open(v.StateDir, state.Options{BootID: "b"})
+	require.NoError(t, err)
+	defer st.Close()
+	clk := clock.NewFake(time.Hour)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctl, err := newController(controlDeps{cfg: v, sys: sys, clk: clk, store: st, log: log})
+	require.NoError(t, err)
+	p := ctl.(*pipeline)
+
+	secret := filepath.Join(t.TempDir(), "secret-outside-scope")
+	require.NoError(t, os.WriteFile(secret, []byte("x"), 0o600))
+	f, err := os.Open(secret)
+	require.NoError(t, err)
+	defer f.Close()
+	var sst unix.Stat_t
+	require.NoError(t, unix.Fstat(int(f.Fd()), &sst))
+	key := probe.FileKey{Dev: probe.DevFromUnix(sst.Dev), Ino: sst.Ino}
+	dev := v.Disks[0].Dev
+	p.HandleReadahead(probe.ReadaheadEvent{Tgid: uint32(os.Getpid()), File: key, Device: dev, RaPages: 32})
+	for i := 0; i < 50; i++ {
+		p.HandleRecord(probe.Record{Device: dev, Bytes: 131072, Issue: clk.Now() - time.Millisecond, Latency: 500 * time.Microsecond,
+			Kind: probe.KindFile, File: key, Offset: uint64(i) * 131072, Depth: 1})
+	}
+	p.Step(clk.Now())
+	srv := metrics.NewServer(metrics.Sources{Detector: p.Snapshot, Tuner: p.TunerStatus, FilePath: p.FilePath}, nil, nil, "test", log)
+	for _, path := range []string{"/debug/files", "/debug/status"} {
+		rec := httptest.NewRecorder()
+		srv.Handler().ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		require.Equal(t, 200, rec.Code)
+		assert.NotContains(t, rec.Body.String(), "secret-outside-scope", path)
+		if path == "/debug/files" {
+			assert.Contains(t, rec.Body.String(), key.String())
+		}
+	}
+	require.NoError(t, p.RestoreAll())
+}
+
+func TestInAllowPaths(t *testing.T) {
+	allow := []string{"/data/1", "/srv"}
+	for path, want := range map[string]bool{
+		"/data/1/blk_1": true, "/data/1": true, "/data/10/blk": false, "/data/1/../2/x": false,
+		"/etc/shadow": false, "": false, "relative/x": false, "/srv/a (deleted)": true,
+	} {
+		assert.Equal(t, want, inAllowPaths(path, allow), path)
+	}
+	assert.True(t, inAllowPaths("/anything", []string{"/"}))
+}
+
+// The baseline in the state directory is read and written like the other
+// state files: a symlink planted under its name is neither read nor
+// written through.
+func TestBaselineFileIsNotFollowed(t *testing.T) {
+	sys := fakeSysfs(t, map[string]int{"sdx": 128})
+	c := config.Default()
+	c.Devices = []string{"sdx"}
+	c.StateDir = filepath.Join(t.TempDir(), "state")
+	require.NoError(t, os.MkdirAll(c.StateDir, 0o700))
+	victim := filepath.Join(t.TempDir(), "victim")
+	require.NoError(t, os.WriteFile(victim, []byte("precious\n"), 0o644))
+	require.NoError(t, os.Symlink(victim, filepath.Join(c.StateDir, BaselineFile)))
+	v, err := config.Validate(c, sys)
+	require.NoError(t, err)
+	st, err := state.Open(v.StateDir, state.Options{BootID: "b"})
+	require.NoError(t, err)
+	defer st.Close()
+	ctl, err := newController(controlDeps{cfg: v, sys: sys, clk: clock.NewFake(time.Hour), store: st, log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	p := ctl.(*pipeline)
+	assert.ErrorIs(t, p.loadBaseline(), state.ErrUnsafeFile)
+	require.NoError(t, p.RestoreAll()) // saves the baseline
+	b, err := os.ReadFile(victim)
+	require.NoError(t, err)
+	assert.Equal(t, "precious\n", string(b))
+	fi, err := os.Lstat(filepath.Join(c.StateDir, BaselineFile))
+	require.NoError(t, err)
+	assert.True(t, fi.Mode().IsRegular(), "the link was replaced by the file")
 }

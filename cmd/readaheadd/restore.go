@@ -15,19 +15,42 @@ import (
 )
 
 func newRestoreCmd(sys blockdev.SysFS) *cobra.Command {
-	var dir string
+	var dir, configPath string
+	var flagCfg config.Config
 	cmd := &cobra.Command{
 		Use:   "restore",
 		Short: "Put back every read_ahead_kb and per-file window recorded in the state directory (after a crash; also run by ExecStartPre)",
-		Args:  noArgs,
+		Long: `Put back what a killed daemon left changed. The state directory is not
+trusted: an original is written back only to a disk whose device number
+still matches the record and that the configuration (--config, --device,
+--allow-os-disk: the same rule as run) lets readaheadd tune, or, for any
+other disk but the one holding the root filesystem, whose recorded diskseq
+still matches (the same media readaheadd recorded). An open file's window is
+reset only if the file is under an allow-path of the configuration. Each
+record refused is printed on one line and kept.`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dir == "" || !filepath.IsAbs(dir) {
 				return usageErrorf("state-dir %q is not an absolute path", dir)
 			}
+			c := config.Default()
+			if configPath != "" {
+				var err error
+				if c, err = config.LoadFile(configPath, c); err != nil {
+					return usageError{err}
+				}
+			}
+			if f := cmd.Flags().Lookup("device"); f.Changed {
+				c.Devices = flagCfg.Devices
+			}
+			if f := cmd.Flags().Lookup("allow-os-disk"); f.Changed {
+				c.AllowOSDisk = flagCfg.AllowOSDisk
+			}
+			out := cmd.OutOrStdout()
 			fi, err := os.Stat(dir)
 			if errors.Is(err, os.ErrNotExist) {
 				// Nothing was ever recorded; do not create the directory.
-				fmt.Fprintf(cmd.OutOrStdout(), "nothing to restore: %s does not exist\n", dir)
+				fmt.Fprintf(out, "nothing to restore: %s does not exist\n", dir)
 				return nil
 			}
 			if err != nil {
@@ -36,46 +59,91 @@ func newRestoreCmd(sys blockdev.SysFS) *cobra.Command {
 			if !fi.IsDir() {
 				return usageErrorf("state-dir %s is not a directory", dir)
 			}
-			st, err := state.Open(dir, state.Options{DiskSeq: sys.DiskSeq})
+			tunable := map[string]bool{}
+			disks, osDisk, derr := config.TunableDisks(c, sys)
+			if derr != nil {
+				// Records are still listed below, each refused on its line.
+				fmt.Fprintf(out, "no disk may be tuned under this configuration: %v\n", derr)
+			}
+			var devices []string
+			for _, d := range disks {
+				tunable[d.Name] = true
+				devices = append(devices, d.Name)
+			}
+			st, err := state.Open(dir, state.Options{
+				DiskSeq: sys.DiskSeq, DevOf: state.DevOfSysfs(sys),
+				Tunable: func(n string) bool { return tunable[n] }, Protected: func(n string) bool { return n == osDisk },
+			})
 			if err != nil {
 				return err
 			}
 			defer st.Close()
 			entries := st.Entries()
 			if len(entries) == 0 && len(st.Pins()) == 0 {
-				fmt.Fprintln(cmd.OutOrStdout(), "nothing to restore")
+				fmt.Fprintln(out, "nothing to restore")
 				return nil
+			}
+			refused := map[string]error{}
+			for _, e := range entries {
+				if cerr := st.Check(e); cerr != nil {
+					refused[e.Device] = cerr
+				}
 			}
 			err = st.Restore(sys)
 			if len(st.Pins()) > 0 {
 				// After the devices: a reset open file takes its device's
 				// window.
-				reset, gone, perr := tuner.RestorePins(st, tuner.NewProcFileOps())
-				fmt.Fprintf(cmd.OutOrStdout(), "open files: %d window(s) reset to their device's, %d reader(s) gone\n", reset, gone)
-				if perr != nil {
-					err = errors.Join(err, fmt.Errorf("per-file windows not reset (kept in %s): %w", st.PinsPath(), perr))
+				scope, serr := scopeOf(c)
+				if serr != nil {
+					err = errors.Join(err, fmt.Errorf("per-file windows not reset (kept in %s): %w", st.PinsPath(), serr))
+				} else {
+					res, perr := tuner.RestorePins(st, tuner.NewProcFileOps(), scope, devices)
+					fmt.Fprintf(out, "open files: %d window(s) reset to their device's, %d reader(s) gone, %d record(s) refused (outside the allow-paths or the tuned disks)\n",
+						res.Reset, res.Gone, res.Refused)
+					if perr != nil {
+						err = errors.Join(err, fmt.Errorf("per-file windows not reset (kept in %s): %w", st.PinsPath(), perr))
+					}
 				}
 			}
 			left := map[string]bool{}
 			for _, e := range st.Entries() {
 				left[e.Device] = true
 			}
+			notRestored := 0
 			for _, e := range entries {
-				if left[e.Device] {
-					fmt.Fprintf(cmd.OutOrStdout(), "%s: NOT restored to %d KB (kept in %s)\n", e.Device, e.ReadAheadKB, st.Path())
-				} else {
-					fmt.Fprintf(cmd.OutOrStdout(), "%s: read_ahead_kb restored to %d\n", e.Device, e.ReadAheadKB)
+				switch {
+				case refused[e.Device] != nil && left[e.Device]:
+					fmt.Fprintf(out, "%s: refused, nothing written (%v; record kept in %s)\n", e.Device, refused[e.Device], st.Path())
+				case refused[e.Device] != nil:
+					fmt.Fprintf(out, "%s: refused, nothing written (%v; record dropped)\n", e.Device, refused[e.Device])
+				case left[e.Device]:
+					notRestored++
+					fmt.Fprintf(out, "%s: NOT restored to %d KB (kept in %s)\n", e.Device, e.ReadAheadKB, st.Path())
+				default:
+					fmt.Fprintf(out, "%s: read_ahead_kb restored to %d\n", e.Device, e.ReadAheadKB)
 				}
 			}
 			if err != nil {
 				return err
 			}
-			if len(left) > 0 {
-				return fmt.Errorf("%d device(s) not restored (gone?): their records are kept for a later restore", len(left))
+			if notRestored > 0 {
+				return fmt.Errorf("%d device(s) not restored (gone?): their records are kept for a later restore", notRestored)
 			}
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&dir, "state-dir", config.DefaultStateDir, "state directory of the daemon")
+	cmd.Flags().StringVar(&configPath, "config", "", "the daemon's YAML config file: restore writes only to the disks and files it lets readaheadd tune")
+	config.AddDeviceFlags(cmd.Flags(), &flagCfg)
 	return cmd
+}
+
+// scopeOf is the per-file scope of a configuration: its allow-paths,
+// resolved and checked as run checks them.
+func scopeOf(c config.Config) (*tuner.Scope, error) {
+	paths, err := config.ResolveAllowPaths(c)
+	if err != nil {
+		return nil, err
+	}
+	return tuner.NewScope(paths)
 }

@@ -39,7 +39,8 @@ type runEnv struct {
 	bootID     string // state.Options.BootID override for tests
 	capStatus  string // /proc/self/status, for the capability check; "" skips it
 	newControl func(controlDeps) (controller, error)
-	ringBytes  int // probe.Config.RingBytes; 0 is the probe's default
+	ringBytes  int                    // probe.Config.RingBytes; 0 is the probe's default
+	dropCaps   func(keep []int) error // nil keeps every capability (tests in-process)
 }
 
 func defaultRunEnv() runEnv {
@@ -60,6 +61,7 @@ func defaultRunEnv() runEnv {
 		stderr:     os.Stderr,
 		capStatus:  "/proc/self/status",
 		newControl: newController,
+		dropCaps:   dropCapabilities,
 	}
 }
 
@@ -186,7 +188,7 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 	}
 	defer src.Close()
 
-	store, err := state.Open(v.StateDir, state.Options{Logger: log, BootID: env.bootID, DiskSeq: env.sys.DiskSeq})
+	store, err := state.Open(v.StateDir, stateOptions(v, env.sys, log, env.bootID))
 	if err != nil {
 		return err
 	}
@@ -200,6 +202,15 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 	ctl, err := env.newControl(controlDeps{cfg: v, sys: env.sys, clk: env.clk, store: store, log: log, names: devName})
 	if err != nil {
 		return err
+	}
+	// Everything that needs CAP_BPF and CAP_PERFMON is loaded and attached:
+	// keep only what running needs.
+	if env.dropCaps != nil {
+		if err := env.dropCaps(runtimeCaps); err != nil {
+			log.Warn("capabilities not dropped after attaching: the daemon keeps all it was started with", "err", err)
+		} else if caps, err := effectiveCaps("/proc/self/status"); err == nil {
+			log.Info("capabilities dropped after attaching", "kept", capNames(caps))
+		}
 	}
 	d := &daemonState{clk: env.clk, interval: v.Interval}
 	d.attached.Store(true)
@@ -265,7 +276,7 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 		}
 	}()
 
-	log.Info("readaheadd running", "devices", v.Devices, "allow_paths", v.AllowPaths, "metrics_addr", v.MetricsAddr,
+	log.Info("readaheadd running", "devices", v.Devices, "os_disk", v.OSDisk, "allow_paths", v.AllowPaths, "metrics_addr", v.MetricsAddr,
 		"state_dir", v.StateDir, "max_read_ahead_kb", v.MaxReadAheadKB, "interval", v.Interval, "dry_run", v.DryRun)
 	if _, err := env.notify(sdnotify.Ready + "\n" + sdnotify.Status("watching %d device(s)", len(v.Disks))); err != nil {
 		log.Warn("systemd notification failed", "error", err)
@@ -292,6 +303,20 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 		log.Info("restored; exiting")
 	}
 	return errors.Join(runErr, restoreErr)
+}
+
+// stateOptions opens the state directory so that restore writes only to
+// the disks this configuration tunes.
+func stateOptions(v config.Validated, sys blockdev.SysFS, log *slog.Logger, bootID string) state.Options {
+	tunable := map[string]bool{}
+	for _, d := range v.Disks {
+		tunable[d.Name] = true
+	}
+	return state.Options{
+		Logger: log, BootID: bootID, DiskSeq: sys.DiskSeq, DevOf: state.DevOfSysfs(sys),
+		Tunable:   func(name string) bool { return tunable[name] },
+		Protected: func(name string) bool { return name == v.OSDisk },
+	}
 }
 
 // daemonState tracks health.

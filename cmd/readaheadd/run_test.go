@@ -35,6 +35,9 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
+	if spec := os.Getenv("READAHEADD_FILEOPS_CHECK"); spec != "" {
+		os.Exit(fileOpsCheck(spec))
+	}
 	os.Exit(m.Run())
 }
 
@@ -279,6 +282,7 @@ func TestRunMetricsAddressTaken(t *testing.T) {
 	v, err := config.Validate(c, sys)
 	require.NoError(t, err)
 	env := defaultRunEnv()
+	env.dropCaps = nil // never the test process's own
 	env.sys = sys
 	env.stderr = io.Discard
 	env.openProbe = func(probe.Config) (probe.Source, error) {
@@ -320,6 +324,7 @@ func TestRunWithoutCapabilitiesNamesThem(t *testing.T) {
 	v, err := config.Validate(c, sys)
 	require.NoError(t, err)
 	env := defaultRunEnv()
+	env.dropCaps = nil // never the test process's own
 	env.sys = sys
 	env.stderr = io.Discard
 	env.openProbe = func(probe.Config) (probe.Source, error) {
@@ -358,6 +363,7 @@ func TestRunCorruptStateFileChangesNothing(t *testing.T) {
 	v, err := config.Validate(c, sys)
 	require.NoError(t, err)
 	env := defaultRunEnv()
+	env.dropCaps = nil // never the test process's own
 	env.sys = sys
 	env.stderr = io.Discard
 	env.capStatus = ""
@@ -396,6 +402,7 @@ func TestRunProbeFailureStopsAndRestores(t *testing.T) {
 	var n notes
 	logs := &daemontest.SyncBuffer{}
 	env := defaultRunEnv()
+	env.dropCaps = nil // never the test process's own
 	env.sys = sys
 	env.stderr = logs
 	env.capStatus = ""
@@ -410,4 +417,44 @@ func TestRunProbeFailureStopsAndRestores(t *testing.T) {
 	assert.Contains(t, msgs[0], "READY=1")
 	assert.Equal(t, "STOPPING=1", msgs[1])
 	assert.Contains(t, logs.String(), "restored; exiting")
+}
+
+// A forged originals.json names a disk the configuration does not tune
+// (vda here): restore refuses it on one line and writes nothing there,
+// while the configured disk whose identity matches gets its original back.
+func TestRestoreCommandRefusesForgedOriginals(t *testing.T) {
+	sys := fakeSysfs(t, map[string]int{"sdx": 128, "vda": 128})
+	dir := t.TempDir()
+	sdx, err := sys.Lookup("sdx")
+	require.NoError(t, err)
+	vda, err := sys.Lookup("vda")
+	require.NoError(t, err)
+	// True device numbers; no diskseq (this fake kernel has none).
+	forged := `{"version":1,"devices":[
+	 {"device":"sdx","dev":"` + sdx.Dev.String() + `","read_ahead_kb":256,"recorded_at":"2026-01-01T00:00:00Z"},
+	 {"device":"vda","dev":"` + vda.Dev.String() + `","read_ahead_kb":1048576,"recorded_at":"2026-01-01T00:00:00Z"}]}`
+	require.NoError(t, os.WriteFile(filepath.Join(dir, state.FileName), []byte(forged), 0o600))
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte("device: [sdx]\n"), 0o644))
+	cmd := newRestoreCmd(sys)
+	var buf bytes.Buffer
+	cmd.SetOut(&buf)
+	cmd.SetArgs([]string{"--state-dir", dir, "--config", cfg})
+	require.NoError(t, cmd.Execute(), buf.String())
+	assert.Contains(t, buf.String(), "sdx: read_ahead_kb restored to 256")
+	assert.Contains(t, buf.String(), "vda: refused, nothing written (not a device this configuration tunes")
+	for name, want := range map[string]int{"sdx": 256, "vda": 128} {
+		kb, err := sys.ReadAheadKB(name)
+		require.NoError(t, err)
+		assert.Equal(t, want, kb, name)
+	}
+
+	// With --device naming it, the same record is written back.
+	cmd = newRestoreCmd(sys)
+	buf.Reset()
+	cmd.SetOut(&buf)
+	cmd.SetArgs([]string{"--state-dir", dir, "--device", "vda"})
+	require.NoError(t, cmd.Execute(), buf.String())
+	kb, _ := sys.ReadAheadKB("vda")
+	assert.Equal(t, 1048576, kb)
 }

@@ -166,7 +166,7 @@ func (s SysFS) SetReadAheadKB(name string, kb int) error {
 		if errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("set read_ahead_kb of %q: %w", name, ErrNoDevice)
 		}
-		return fmt.Errorf("set read_ahead_kb of %q: %w (readaheadd needs write access to sysfs: run as root, without ProtectKernelTunables)", name, err)
+		return fmt.Errorf("set read_ahead_kb of %q: %w (readaheadd needs write access to this file: run as root; under the systemd unit, list it in ReadWritePaths= with a drop-in)", name, err)
 	}
 	_, werr := f.WriteString(strconv.Itoa(kb) + "\n")
 	cerr := f.Close()

@@ -16,9 +16,11 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/yaml"
 
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
+	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
 // Defaults and bounds. The flag names and defaults are part of the
@@ -40,6 +42,11 @@ const (
 	MaxInterval = time.Minute
 )
 
+// DefaultDevicesRule is which disks are tuned when no device is given. It
+// is stated once, here, for the flag's help, the shipped config.yaml and the
+// docs (a deploy test checks config.yaml says the same).
+const DefaultDevicesRule = "every disk in /sys/block except loop, ram, zram, nbd, dm-* and md devices, and except the disk that holds the root filesystem (the OS disk) unless allow-os-disk is set"
+
 // Log formats.
 const (
 	LogText = "text"
@@ -49,8 +56,13 @@ const (
 // Config is the configuration of `readaheadd run`. The JSON names are the
 // YAML keys of the config file and equal the flag names.
 type Config struct {
-	Devices        []string `json:"device,omitempty"`
-	AllowPaths     []string `json:"allow-path,omitempty"`
+	Devices    []string `json:"device,omitempty"`
+	AllowPaths []string `json:"allow-path,omitempty"`
+	// AllowOSDisk lets readaheadd tune the disk that holds the root
+	// filesystem, and AllowRootFS lets "/" be an allow-path: both reach
+	// every service on the machine, so neither happens by default.
+	AllowOSDisk    bool     `json:"allow-os-disk,omitempty"`
+	AllowRootFS    bool     `json:"allow-root-fs,omitempty"`
 	MetricsAddr    string   `json:"metrics-addr"`
 	StateDir       string   `json:"state-dir"`
 	MaxReadAheadKB int      `json:"max-read-ahead-kb"`
@@ -132,8 +144,9 @@ func AddFlags(fs *pflag.FlagSet) *Flags {
 	d := Default()
 	f := &Flags{fs: fs}
 	fs.StringVar(&f.configPath, "config", "", "YAML config file (keys are the flag names; flags given on the command line win)")
-	fs.StringArrayVar(&f.v.Devices, "device", nil, "block device to watch and tune, as named in /sys/block (repeatable; default: every disk that is not loop, ram, zram or a partition)")
-	fs.StringArrayVar(&f.v.AllowPaths, "allow-path", nil, "absolute path prefix whose files per-file actions may touch (repeatable; default: none, device-level actions only)")
+	AddDeviceFlags(fs, &f.v)
+	fs.StringArrayVar(&f.v.AllowPaths, "allow-path", nil, "absolute directory whose files per-file actions may touch (repeatable; default: none, device-level actions only; / needs --allow-root-fs)")
+	fs.BoolVar(&f.v.AllowRootFS, "allow-root-fs", false, "let --allow-path be / (every file of every service)")
 	fs.StringVar(&f.v.MetricsAddr, "metrics-addr", d.MetricsAddr, "HOST:PORT for /metrics, /healthz and /debug/*; \"\" disables")
 	fs.StringVar(&f.v.StateDir, "state-dir", d.StateDir, "directory recording original settings for restore")
 	fs.IntVar(&f.v.MaxReadAheadKB, "max-read-ahead-kb", d.MaxReadAheadKB, fmt.Sprintf("largest read_ahead_kb readaheadd may set (%d..%d)", MinReadAheadKB, MaxReadAheadKBLimit))
@@ -142,6 +155,13 @@ func AddFlags(fs *pflag.FlagSet) *Flags {
 	fs.StringVar(&f.v.LogFormat, "log-format", d.LogFormat, "log format: text or json")
 	fs.StringVar(&f.v.LogLevel, "log-level", d.LogLevel, "log level: debug, info, warn or error")
 	return f
+}
+
+// AddDeviceFlags registers --device and --allow-os-disk into c: `run` and
+// `restore` decide the same way which disks readaheadd may tune.
+func AddDeviceFlags(fs *pflag.FlagSet, c *Config) {
+	fs.StringArrayVar(&c.Devices, "device", nil, "block device to watch and tune, as named in /sys/block (repeatable; default: "+DefaultDevicesRule+")")
+	fs.BoolVar(&c.AllowOSDisk, "allow-os-disk", false, "let readaheadd tune the disk that holds the root filesystem")
 }
 
 // Config returns the defaults, overlaid with the --config file if given,
@@ -160,6 +180,12 @@ func (f *Flags) Config() (Config, error) {
 	}
 	if set("allow-path") {
 		c.AllowPaths = f.v.AllowPaths
+	}
+	if set("allow-os-disk") {
+		c.AllowOSDisk = f.v.AllowOSDisk
+	}
+	if set("allow-root-fs") {
+		c.AllowRootFS = f.v.AllowRootFS
 	}
 	if set("metrics-addr") {
 		c.MetricsAddr = f.v.MetricsAddr
@@ -189,7 +215,10 @@ func (f *Flags) Config() (Config, error) {
 // resolved to disks and its paths cleaned.
 type Validated struct {
 	Config
-	Disks    []blockdev.Disk
+	Disks []blockdev.Disk
+	// OSDisk is the disk that holds the root filesystem, "" if it could
+	// not be identified (a root on tmpfs, overlay or btrfs).
+	OSDisk   string
 	Level    slog.Level
 	Interval time.Duration
 }
@@ -225,35 +254,93 @@ func Validate(c Config, sys blockdev.SysFS) (Validated, error) {
 		return Validated{}, fmt.Errorf("state-dir %s exists and is not a directory", v.StateDir)
 	}
 
-	v.AllowPaths = nil
+	paths, err := ResolveAllowPaths(c)
+	if err != nil {
+		return Validated{}, err
+	}
+	v.AllowPaths = paths
+
+	disks, osDisk, err := TunableDisks(c, sys)
+	if err != nil {
+		return Validated{}, err
+	}
+	v.Disks, v.OSDisk, v.Devices = disks, osDisk, nil
+	for _, d := range disks {
+		v.Devices = append(v.Devices, d.Name)
+	}
+	return v, nil
+}
+
+// ResolveAllowPaths checks c's allow-paths (existing directories; "/"
+// only with AllowRootFS) and returns them with symlinks resolved.
+func ResolveAllowPaths(c Config) ([]string, error) {
+	var out []string
 	for _, p := range c.AllowPaths {
 		clean, err := validateAllowPath(p)
 		if err != nil {
-			return Validated{}, err
+			return nil, err
 		}
-		v.AllowPaths = append(v.AllowPaths, clean)
+		if clean == "/" && !c.AllowRootFS {
+			return nil, fmt.Errorf("allow-path %s is the whole root filesystem (every file of every service): give the data directories instead, or set allow-root-fs to mean it", p)
+		}
+		out = append(out, clean)
 	}
+	return out, nil
+}
 
+// rootFSDev returns the device number of the host's root filesystem:
+// through /proc/1/root first, so that in a container with the host's PID
+// namespace it is the host's and not the container's overlay.
+var rootFSDev = func() (uint64, error) {
+	var st unix.Stat_t
+	err := unix.Stat("/proc/1/root", &st)
+	if err != nil {
+		err = unix.Stat("/", &st)
+	}
+	return st.Dev, err
+}
+
+// OSDisk returns the disk that holds the root filesystem, "" if it cannot
+// be identified (a root filesystem on tmpfs, overlay or btrfs has no single
+// block device number).
+func OSDisk(sys blockdev.SysFS) string {
+	dev, err := rootFSDev()
+	if err != nil {
+		return ""
+	}
+	d, err := sys.DiskOf(probe.DevFromUnix(dev))
+	if err != nil {
+		return ""
+	}
+	return d.Name
+}
+
+// TunableDisks resolves which disks readaheadd may tune under c: the
+// devices given, or DefaultDevicesRule; the OS disk only with
+// AllowOSDisk. The daemon and `readaheadd restore` both use it, so that
+// restore writes only to disks the daemon may tune.
+func TunableDisks(c Config, sys blockdev.SysFS) (disks []blockdev.Disk, osDisk string, err error) {
+	osDisk = OSDisk(sys)
 	if len(c.Devices) == 0 {
-		disks, err := sys.DefaultDisks()
+		all, err := sys.DefaultDisks()
 		if err != nil {
-			return Validated{}, fmt.Errorf("find default devices: %v (give --device)", err)
+			return nil, osDisk, fmt.Errorf("find default devices: %v (give --device)", err)
+		}
+		for _, d := range all {
+			if d.Name == osDisk && !c.AllowOSDisk {
+				continue
+			}
+			disks = append(disks, d)
 		}
 		if len(disks) == 0 {
-			return Validated{}, errors.New("no disk found to watch (only loop, ram, zram or virtual devices here): give --device")
+			return nil, osDisk, fmt.Errorf("no disk found to watch (the default is %s): give --device", DefaultDevicesRule)
 		}
-		v.Disks = disks
-		v.Devices = nil
-		for _, d := range disks {
-			v.Devices = append(v.Devices, d.Name)
-		}
-		return v, nil
+		return disks, osDisk, nil
 	}
 	seen := map[string]bool{}
-	v.Devices = nil
 	for _, name := range c.Devices {
 		if err := blockdev.ValidName(name); err != nil {
-			return Validated{}, fmt.Errorf("device: %v", err)
+			return nil, osDisk, fmt.Errorf("device: %v", err)
 		}
 		if seen[name] {
 			continue
@@ -261,12 +348,14 @@ func Validate(c Config, sys blockdev.SysFS) (Validated, error) {
 		seen[name] = true
 		d, err := sys.Lookup(name)
 		if err != nil {
-			return Validated{}, fmt.Errorf("device: %v", err)
+			return nil, osDisk, fmt.Errorf("device: %v", err)
 		}
-		v.Disks = append(v.Disks, d)
-		v.Devices = append(v.Devices, name)
+		if name == osDisk && !c.AllowOSDisk {
+			return nil, osDisk, fmt.Errorf("device %s holds the root filesystem (the OS disk, shared by every service): set allow-os-disk (--allow-os-disk) to tune it anyway", name)
+		}
+		disks = append(disks, d)
 	}
-	return v, nil
+	return disks, osDisk, nil
 }
 
 func validateAddr(addr string) error {
@@ -324,8 +413,10 @@ func validateAllowPath(p string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("allow-path %s: %v", p, err)
 	}
-	if !fi.IsDir() && !fi.Mode().IsRegular() {
-		return "", fmt.Errorf("allow-path %s is neither a directory nor a regular file", p)
+	// Per-file actions are scoped by directory; a file here would pass
+	// this check and fail only later, after the probe attached.
+	if !fi.IsDir() {
+		return "", fmt.Errorf("allow-path %s is not a directory: give the directory that holds the files (such as the DataNode's data directory)", p)
 	}
 	return real, nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
 )
@@ -153,7 +154,10 @@ func TestValidateErrors(t *testing.T) {
 		"device missing":     {func(c *Config) { c.Devices = []string{"sdz"} }, `block device "sdz": no such block device`},
 		"allow relative":     {func(c *Config) { c.AllowPaths = []string{"data"} }, `allow-path "data" is not an absolute path`},
 		"allow missing":      {func(c *Config) { c.AllowPaths = []string{"/nonexistent/readaheadd"} }, "allow-path /nonexistent/readaheadd does not exist"},
-		"allow device":       {func(c *Config) { c.AllowPaths = []string{"/dev/null"} }, "neither a directory nor a regular file"},
+		"allow device":       {func(c *Config) { c.AllowPaths = []string{"/dev/null"} }, "is not a directory"},
+		"allow regular file": {func(c *Config) { c.AllowPaths = []string{file} }, "allow-path " + file + " is not a directory"},
+		"allow root":         {func(c *Config) { c.AllowPaths = []string{"/"} }, "set allow-root-fs to mean it"},
+		"allow root dotdot":  {func(c *Config) { c.AllowPaths = []string{"/tmp/.."} }, "whole root filesystem"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := validBase(t)
@@ -190,4 +194,74 @@ func TestDurationRoundTrip(t *testing.T) {
 	require.NoError(t, d.UnmarshalJSON(b))
 	assert.Equal(t, Duration(1500*time.Millisecond), d)
 	assert.True(t, strings.Contains(string(b), "1.5s"))
+}
+
+// osDiskSys is a sysfs tree in which vda (with partition vda1 holding the
+// root filesystem), sdb, and loop0 exist.
+func osDiskSys(t *testing.T) blockdev.SysFS {
+	sys := fakeSys(t, map[string]string{"vda": "254:0", "sdb": "8:16", "loop0": "7:0"})
+	part := filepath.Join(sys.Root, "block", "vda", "vda1")
+	require.NoError(t, os.MkdirAll(part, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(part, "partition"), []byte("1\n"), 0o644))
+	require.NoError(t, os.MkdirAll(filepath.Join(sys.Root, "dev", "block"), 0o755))
+	require.NoError(t, os.Symlink(part, filepath.Join(sys.Root, "dev", "block", "254:1")))
+	old := rootFSDev
+	rootFSDev = func() (uint64, error) { return unix.Mkdev(254, 1), nil }
+	t.Cleanup(func() { rootFSDev = old })
+	return sys
+}
+
+func TestOSDiskOnlyWithExplicitWord(t *testing.T) {
+	sys := osDiskSys(t)
+	c := validBase(t)
+	v, err := Validate(c, sys)
+	require.NoError(t, err)
+	assert.Equal(t, "vda", v.OSDisk)
+	assert.Equal(t, []string{"sdb"}, v.Devices, "default: the OS disk is left out")
+
+	c.Devices = []string{"vda"}
+	_, err = Validate(c, sys)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "holds the root filesystem")
+	assert.Contains(t, err.Error(), "allow-os-disk")
+
+	c.AllowOSDisk = true
+	v, err = Validate(c, sys)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"vda"}, v.Devices)
+
+	c.Devices = nil
+	v, err = Validate(c, sys)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"sdb", "vda"}, v.Devices, "default with allow-os-disk: every non-virtual disk")
+}
+
+func TestOnlyOSDiskMeansNoDefault(t *testing.T) {
+	sys := osDiskSys(t)
+	require.NoError(t, os.RemoveAll(filepath.Join(sys.Root, "block", "sdb")))
+	_, err := Validate(validBase(t), sys)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "give --device")
+	assert.Contains(t, err.Error(), "root filesystem")
+}
+
+func TestAllowRootFSWithExplicitWord(t *testing.T) {
+	sys := fakeSys(t, map[string]string{"sdb": "8:16"})
+	c := validBase(t)
+	c.AllowPaths = []string{"/"}
+	c.AllowRootFS = true
+	v, err := Validate(c, sys)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"/"}, v.AllowPaths)
+
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+	f := AddFlags(fs)
+	require.NoError(t, fs.Parse([]string{"--allow-root-fs", "--allow-os-disk"}))
+	c, err = f.Config()
+	require.NoError(t, err)
+	assert.True(t, c.AllowRootFS)
+	assert.True(t, c.AllowOSDisk)
+	c, err = Parse([]byte("allow-os-disk: true\nallow-root-fs: true\n"), Default())
+	require.NoError(t, err)
+	assert.True(t, c.AllowRootFS && c.AllowOSDisk)
 }

@@ -110,6 +110,16 @@ type baselineClass struct {
 // atomically: a temporary file in the same directory, fsync, rename, fsync
 // of the directory.
 func (d *Detector) SaveBaseline(path string) error {
+	data, err := d.BaselineData()
+	if err != nil {
+		return err
+	}
+	return writeAtomic(path, data)
+}
+
+// BaselineData encodes the baselines as SaveBaseline writes them, for a
+// caller that writes the file itself.
+func (d *Detector) BaselineData() ([]byte, error) {
 	d.mu.Lock()
 	f := baselineFile{Version: BaselineFileVersion}
 	for _, ds := range d.devices {
@@ -132,9 +142,9 @@ func (d *Detector) SaveBaseline(path string) error {
 	slices.SortFunc(f.Devices, func(a, b baselineDevice) int { return int(int64(a.Dev) - int64(b.Dev)) })
 	data, err := json.MarshalIndent(&f, "", "  ")
 	if err != nil {
-		return fmt.Errorf("save detector baseline: %w", err)
+		return nil, fmt.Errorf("save detector baseline: %w", err)
 	}
-	return writeAtomic(path, append(data, '\n'))
+	return append(data, '\n'), nil
 }
 
 func writeAtomic(path string, data []byte) (err error) {
@@ -182,12 +192,25 @@ func (d *Detector) LoadBaseline(path string) error {
 	if err != nil {
 		return fmt.Errorf("load detector baseline: %w", err)
 	}
+	return d.LoadBaselineData(path, data)
+}
+
+// maxBaselineDevices bounds the devices a baseline file may name: each
+// becomes a device entry in the detector.
+const maxBaselineDevices = 1024
+
+// LoadBaselineData is LoadBaseline on a file's content already read (by a
+// caller that reads it with its own bounds); path names it in errors.
+func (d *Detector) LoadBaselineData(path string, data []byte) error {
 	var f baselineFile
 	if err := json.Unmarshal(data, &f); err != nil {
 		return fmt.Errorf("load detector baseline %s: corrupt file (delete it to relearn): %w", path, err)
 	}
 	if f.Version != BaselineFileVersion {
 		return fmt.Errorf("load detector baseline %s: version %d, this build reads %d (delete it to relearn): %w", path, f.Version, BaselineFileVersion, ErrBaselineVersion)
+	}
+	if len(f.Devices) > maxBaselineDevices {
+		return fmt.Errorf("load detector baseline %s: %d devices, more than %d (delete the file to relearn)", path, len(f.Devices), maxBaselineDevices)
 	}
 	loaded := make(map[probe.Dev]baseline, len(f.Devices))
 	for _, bd := range f.Devices {

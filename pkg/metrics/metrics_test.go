@@ -448,3 +448,45 @@ func TestEveryWatchedDeviceHasItsSeriesFromTheStart(t *testing.T) {
 	assert.Equal(t, 4.0, rep["cause=out_of_scope"])
 	assert.Zero(t, rep["cause=process_gone"])
 }
+
+// Debug requests beyond MaxDebugInFlight are refused at once (429) instead
+// of queueing work behind the ones in flight.
+func TestDebugRequestsInFlightAreBounded(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{}, MaxDebugInFlight)
+	src := Sources{Tuner: func() TunerStatus {
+		entered <- struct{}{}
+		<-release
+		return TunerStatus{}
+	}}
+	srv := NewServer(src, prometheus.NewRegistry(), nil, "test", nil)
+	h := srv.Handler()
+	done := make(chan int, MaxDebugInFlight)
+	for i := 0; i < MaxDebugInFlight; i++ {
+		go func() {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest("GET", "/debug/status", nil))
+			done <- rec.Code
+		}()
+	}
+	for i := 0; i < MaxDebugInFlight; i++ {
+		<-entered
+	}
+	for _, path := range []string{"/debug/status", "/debug/files"} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		assert.Equal(t, http.StatusTooManyRequests, rec.Code, path)
+		assert.Equal(t, "1", rec.Header().Get("Retry-After"))
+	}
+	// Health checks are not held up by debug requests.
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+	assert.Equal(t, http.StatusOK, rec.Code)
+	close(release)
+	for i := 0; i < MaxDebugInFlight; i++ {
+		assert.Equal(t, http.StatusOK, <-done)
+	}
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/debug/files", nil))
+	assert.Equal(t, http.StatusOK, rec.Code, "slots are given back")
+}

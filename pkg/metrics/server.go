@@ -24,6 +24,15 @@ const (
 	MaxTopFiles     = 200
 )
 
+// MaxDebugInFlight and MaxMetricsInFlight bound concurrent requests: the
+// endpoints are unauthenticated, and a scrape or a status is a few
+// milliseconds of work, so more at once is a client misbehaving. Excess
+// requests get 429 (503 from promhttp) at once instead of queueing.
+const (
+	MaxDebugInFlight   = 2
+	MaxMetricsInFlight = 4
+)
+
 // Status is the JSON served at /debug/status and printed by `readaheadd status`.
 type Status struct {
 	Version       string         `json:"version"`
@@ -95,10 +104,11 @@ func NewServer(src Sources, reg *prometheus.Registry, health func() error, versi
 	}
 	s := &Server{src: src, reg: reg, health: health, version: version, started: time.Now(), log: log}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slogAdapter{log}}))
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slogAdapter{log}, MaxRequestsInFlight: MaxMetricsInFlight}))
 	mux.HandleFunc("/healthz", s.serveHealth)
-	mux.HandleFunc("/debug/status", s.serveStatus)
-	mux.HandleFunc("/debug/files", s.serveFiles)
+	debug := make(chan struct{}, MaxDebugInFlight) // shared by both debug endpoints
+	mux.Handle("/debug/status", limit(debug, http.HandlerFunc(s.serveStatus)))
+	mux.Handle("/debug/files", limit(debug, http.HandlerFunc(s.serveFiles)))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {
 			http.NotFound(w, r)
@@ -157,6 +167,20 @@ func readOnly(h http.Handler) http.Handler {
 			return
 		}
 		h.ServeHTTP(w, r)
+	})
+}
+
+// limit serves at most cap(slots) requests at once and refuses the rest.
+func limit(slots chan struct{}, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case slots <- struct{}{}:
+			defer func() { <-slots }()
+			h.ServeHTTP(w, r)
+		default:
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, fmt.Sprintf("too many requests in flight (at most %d): retry in a second", cap(slots)), http.StatusTooManyRequests)
+		}
 	})
 }
 

@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/blockdev"
 )
 
 // PinsName is the file, inside the state directory, that lists the open
@@ -18,6 +20,13 @@ const PinsName = "pins.json"
 // MaxPins bounds the record: beyond it the oldest entries are dropped (their
 // windows end when their readers close the files, as they would anyway).
 const MaxPins = 16384
+
+// MaxPinsBytes bounds the pins file: MaxPins entries of a few hundred bytes
+// each (paths included).
+const MaxPinsBytes = 8 << 20
+
+// maxPID is the kernel's PID_MAX_LIMIT on 64-bit machines.
+const maxPID = 1 << 22
 
 // Pin is one descriptor of another process whose open file readaheadd gave
 // a window other than its device's. The window belongs to the open file
@@ -44,6 +53,26 @@ type pinID struct {
 
 func (p Pin) id() pinID { return pinID{p.PID, p.FD} }
 
+// Validate checks each field of a pin against what readaheadd records:
+// restore hands the pid and fd to pidfd_getfd, so nothing else may pass.
+func (p Pin) Validate() error {
+	switch {
+	case p.PID == 0 || p.PID > maxPID:
+		return fmt.Errorf("pid %d is not a process id", p.PID)
+	case p.FD < 0 || p.FD > 1<<30:
+		return fmt.Errorf("fd %d is not a descriptor number", p.FD)
+	case p.Dev == 0 || p.Ino == 0:
+		return fmt.Errorf("file %d:%d is not a device and inode", p.Dev, p.Ino)
+	case blockdev.ValidName(p.Device) != nil:
+		return fmt.Errorf("device %q is not a block device name", p.Device)
+	case p.WindowKB < 0 || p.WindowKB > MaxReadAheadKB:
+		return fmt.Errorf("window %d KB is out of range", p.WindowKB)
+	case p.Path != "" && (!filepath.IsAbs(p.Path) || len(p.Path) > 4096 || strings.ContainsRune(p.Path, 0)):
+		return fmt.Errorf("path %q is not an absolute path", p.Path)
+	}
+	return nil
+}
+
 type pinsFormat struct {
 	Version int    `json:"version"`
 	BootID  string `json:"boot_id,omitempty"`
@@ -58,8 +87,8 @@ func (s *Store) PinsPath() string { return filepath.Join(s.dir, PinsName) }
 // and set aside rather than stopping the daemon.
 func (s *Store) loadPins() {
 	p := s.PinsPath()
-	removeTemps(p)
-	b, err := os.ReadFile(p)
+	removeTemps(s.dir, PinsName)
+	b, err := ReadFileBounded(s.dir, PinsName, MaxPinsBytes)
 	if errors.Is(err, os.ErrNotExist) {
 		return
 	}
@@ -71,6 +100,17 @@ func (s *Store) loadPins() {
 		if err == nil && pf.Version != Version {
 			err = fmt.Errorf("format version %d, this readaheadd reads version %d", pf.Version, Version)
 		}
+		if err == nil && len(pf.Pins) > MaxPins {
+			err = fmt.Errorf("%d entries, more than the %d readaheadd ever records", len(pf.Pins), MaxPins)
+		}
+		if err == nil {
+			for i, pin := range pf.Pins {
+				if verr := pin.Validate(); verr != nil {
+					err = fmt.Errorf("entry %d: %w", i, verr)
+					break
+				}
+			}
+		}
 	}
 	if err != nil {
 		aside := p + ".unusable"
@@ -80,7 +120,7 @@ func (s *Store) loadPins() {
 		return
 	}
 	if pf.BootID != "" && s.bootID != "" && pf.BootID != s.bootID {
-		_ = os.Remove(p) // those processes are gone with the boot
+		_ = RemoveFile(s.dir, PinsName, false) // those processes are gone with the boot
 		return
 	}
 	for _, pin := range pf.Pins {
@@ -127,6 +167,9 @@ func (s *Store) UpdatePins(set, clear []Pin) error {
 		}
 	}
 	for _, p := range set {
+		if err := p.Validate(); err != nil {
+			return fmt.Errorf("record per-file window of pid %d fd %d: %w", p.PID, p.FD, err)
+		}
 		if p.PinnedAt.IsZero() {
 			p.PinnedAt = time.Now().UTC()
 		}
@@ -151,34 +194,14 @@ func (s *Store) UpdatePins(set, clear []Pin) error {
 }
 
 func (s *Store) persistPinsLocked() error {
-	p := s.PinsPath()
 	if len(s.pins) == 0 {
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("remove %s: %w", p, err)
-		}
-		return nil
+		return RemoveFile(s.dir, PinsName, false)
 	}
 	b, err := json.MarshalIndent(pinsFormat{Version: Version, BootID: s.bootID, Pins: s.sortedPinsLocked()}, "", "  ")
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(s.dir, PinsName+".tmp*")
-	if err != nil {
-		return fmt.Errorf("record per-file windows in %s: %w", s.dir, err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(append(b, '\n')); err != nil {
-		tmp.Close()
-		return fmt.Errorf("record per-file windows in %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), p); err != nil {
+	if err := WriteFileAtomic(s.dir, PinsName, append(b, '\n'), false); err != nil {
 		return fmt.Errorf("record per-file windows: %w", err)
 	}
 	return nil

@@ -42,7 +42,7 @@ func TestPinsRoundTripAndClear(t *testing.T) {
 func TestPinsFromAnotherBootOrUnusableAreDropped(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir)
-	require.NoError(t, s.UpdatePins([]Pin{{PID: 1, FD: 3, Ino: 5, WindowKB: 512}}, nil))
+	require.NoError(t, s.UpdatePins([]Pin{{PID: 1, FD: 3, Dev: 7 << 20, Ino: 5, Device: "loop0", WindowKB: 512}}, nil))
 	require.NoError(t, s.Close())
 	s2, err := Open(dir, Options{BootID: "boot-b"})
 	require.NoError(t, err)
@@ -63,7 +63,7 @@ func TestPinsBounded(t *testing.T) {
 	s := open(t, t.TempDir())
 	pins := make([]Pin, MaxPins+5)
 	for i := range pins {
-		pins[i] = Pin{PID: uint32(i + 1), FD: 3, Ino: uint64(i), WindowKB: 512}
+		pins[i] = Pin{PID: uint32(i + 1), FD: 3, Dev: 7 << 20, Ino: uint64(i + 1), Device: "loop0", WindowKB: 512}
 	}
 	require.NoError(t, s.UpdatePins(pins, nil))
 	assert.Len(t, s.Pins(), MaxPins)

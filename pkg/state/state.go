@@ -6,6 +6,11 @@
 // fsync of the directory) with mode 0600. An exclusive flock on a lock file
 // in the same directory keeps two daemons (or a daemon and `readaheadd
 // restore`) from fighting over it.
+//
+// The directory's content is untrusted: every file is opened without
+// following symlinks and read with a size bound, every field is checked,
+// and a recorded original is written back only to a device the caller's
+// configuration tunes and whose identity (dev_t, diskseq) still matches.
 package state
 
 import (
@@ -32,6 +37,14 @@ const Version = 1
 // MaxReadAheadKB bounds a recorded original (1 GiB, far above any window a
 // kernel is given); a larger value marks the file as corrupt.
 const MaxReadAheadKB = 1 << 20
+
+// MaxEntries bounds the devices in the record (a machine has far fewer
+// disks), and MaxStateBytes the file's size: more means it was not written
+// by readaheadd.
+const (
+	MaxEntries    = 1024
+	MaxStateBytes = 1 << 20
+)
 
 const (
 	// FileName is the state file inside the state directory.
@@ -88,21 +101,37 @@ type Options struct {
 	BootID string
 	Logger *slog.Logger
 	// DiskSeq reads a disk's media sequence number (blockdev.SysFS.DiskSeq);
-	// nil records none and restores by name alone.
+	// nil records none.
 	DiskSeq func(device string) (uint64, error)
+	// DevOf reads a disk's current major:minor (blockdev.SysFS.Lookup).
+	DevOf func(device string) (string, error)
+	// Tunable reports whether the configuration lets readaheadd tune
+	// device, and Protected whether it must never be written unless
+	// tunable (the OS disk). An original loaded from the file is written
+	// back to a tunable device whose dev_t (and diskseq, when both are
+	// known) still match the record, or to a device that is not protected
+	// whose dev_t and non-zero diskseq both match; nil Tunable allows only
+	// the second, nil Protected protects nothing.
+	Tunable   func(device string) bool
+	Protected func(device string) bool
 }
 
 // Store is an open, locked state directory.
 type Store struct {
-	dir    string
-	bootID string
-	log    *slog.Logger
-	lock   *os.File
-	seq    func(string) (uint64, error)
+	dir       string
+	bootID    string
+	log       *slog.Logger
+	lock      *os.File
+	seq       func(string) (uint64, error)
+	devOf     func(string) (string, error)
+	tunable   func(string) bool
+	protected func(string) bool
 
 	mu      sync.Mutex
 	entries map[string]Entry
 	pins    map[pinID]Pin
+	// mine: devices this Store recorded itself (this process changed them).
+	mine map[string]bool
 }
 
 // Open creates dir if needed (mode 0700), takes its lock and loads the
@@ -121,12 +150,21 @@ func Open(dir string, opt Options) (*Store, error) {
 		return nil, fmt.Errorf("create state directory %s: %w", dir, err)
 	}
 	lockPath := filepath.Join(dir, LockName)
-	lf, err := os.OpenFile(lockPath, os.O_RDWR|os.O_CREATE, 0o600)
+	dfd, err := openDir(dir)
 	if err != nil {
-		return nil, fmt.Errorf("open lock file %s: %w", lockPath, err)
+		return nil, err
+	}
+	// Not following links: a symlink named like the lock must not get its
+	// target truncated below.
+	lf, err := openAtNoFollow(dfd, dir, LockName, unix.O_RDWR|unix.O_CREAT, 0o600)
+	unix.Close(dfd)
+	if err != nil {
+		return nil, fmt.Errorf("open lock file: %w (move it aside; readaheadd creates its own)", err)
 	}
 	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		holder, _ := os.ReadFile(lockPath)
+		holder := make([]byte, 32)
+		n, _ := lf.ReadAt(holder, 0)
+		holder = holder[:n]
 		lf.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			return nil, fmt.Errorf("%s (lock %s, holder pid %s): stop the running daemon first; it restores the devices itself on SIGTERM: %w",
@@ -144,7 +182,8 @@ func Open(dir string, opt Options) (*Store, error) {
 			boot = strings.TrimSpace(string(b))
 		}
 	}
-	s := &Store{dir: dir, bootID: boot, log: log, lock: lf, seq: opt.DiskSeq, entries: map[string]Entry{}, pins: map[pinID]Pin{}}
+	s := &Store{dir: dir, bootID: boot, log: log, lock: lf, seq: opt.DiskSeq, devOf: opt.DevOf, tunable: opt.Tunable, protected: opt.Protected,
+		entries: map[string]Entry{}, pins: map[pinID]Pin{}, mine: map[string]bool{}}
 	if err := s.load(); err != nil {
 		s.Close()
 		return nil, err
@@ -166,21 +205,15 @@ func (s *Store) Close() error {
 	return err
 }
 
-// removeTemps drops the temporary files a crash mid-write left next to p:
-// they never replaced the record.
-func removeTemps(p string) {
-	olds, _ := filepath.Glob(p + ".tmp*")
-	for _, o := range olds {
-		_ = os.Remove(o)
-	}
-}
-
 func (s *Store) load() error {
 	p := s.Path()
-	removeTemps(p)
-	b, err := os.ReadFile(p)
+	removeTemps(s.dir, FileName)
+	b, err := ReadFileBounded(s.dir, FileName, MaxStateBytes)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
+	}
+	if errors.Is(err, ErrUnsafeFile) {
+		return &CorruptError{Path: p, Reason: err.Error()}
 	}
 	if err != nil {
 		return fmt.Errorf("read state file %s: %w", p, err)
@@ -206,13 +239,18 @@ func (s *Store) load() error {
 	if err := dec.Decode(&ff); err != nil {
 		return &CorruptError{Path: p, Reason: "unexpected content: " + err.Error()}
 	}
+	if len(ff.Devices) > MaxEntries {
+		return &CorruptError{Path: p, Reason: fmt.Sprintf("%d devices recorded, more than the %d readaheadd ever records", len(ff.Devices), MaxEntries)}
+	}
+	seen := map[string]bool{}
 	for i, e := range ff.Devices {
 		// Restore writes these names and values into sysfs: a name that is
 		// not a plain device name, or a value no kernel had, means the file
 		// was not written by readaheadd.
-		if blockdev.ValidName(e.Device) != nil || e.ReadAheadKB < 0 || e.ReadAheadKB > MaxReadAheadKB {
-			return &CorruptError{Path: p, Reason: fmt.Sprintf("entry %d (%q, %d KB) is not a valid device setting", i, e.Device, e.ReadAheadKB)}
+		if blockdev.ValidName(e.Device) != nil || e.ReadAheadKB < 0 || e.ReadAheadKB > MaxReadAheadKB || !validDevNum(e.Dev) || seen[e.Device] {
+			return &CorruptError{Path: p, Reason: fmt.Sprintf("entry %d (%q, dev %q, %d KB) is not a valid device setting", i, e.Device, e.Dev, e.ReadAheadKB)}
 		}
+		seen[e.Device] = true
 	}
 	if ff.BootID != "" && s.bootID != "" && ff.BootID != s.bootID {
 		s.log.Info("state: originals were recorded before the last reboot; the kernel has reset every device since, so they are discarded",
@@ -261,6 +299,9 @@ func (s *Store) Record(device, dev string, kb int) error {
 	if _, ok := s.entries[device]; ok {
 		return nil
 	}
+	if !validDevNum(dev) {
+		return fmt.Errorf("record original of %s: %q is not MAJOR:MINOR", device, dev)
+	}
 	e := Entry{Device: device, Dev: dev, ReadAheadKB: kb, RecordedAt: time.Now().UTC()}
 	if s.seq != nil {
 		if seq, err := s.seq(device); err == nil {
@@ -272,6 +313,7 @@ func (s *Store) Record(device, dev string, kb int) error {
 		delete(s.entries, device)
 		return err
 	}
+	s.mine[device] = true
 	return nil
 }
 
@@ -291,26 +333,88 @@ func (s *Store) Forget(device string) error {
 	return nil
 }
 
-// Restore writes every recorded original back and clears its record. A
-// device that no longer exists keeps its record (it is logged) so a later
-// restore can still put it back; other failures are returned, also keeping
-// the record.
+// errReplaced marks a record whose device name now belongs to other media.
+var errReplaced = errors.New("replaced")
+
+// Check tells whether Restore may write e back: nil if so, else why not.
+// An original this Store recorded itself is for a device this process
+// changed. One loaded from the file (untrusted) must name a device whose
+// dev_t still matches the record, and then either a device the
+// configuration tunes (its diskseq matching too when both are known), or
+// any device but a protected one (the OS disk) whose recorded non-zero
+// diskseq matches: the disk readaheadd recorded, still holding the same
+// media.
+func (s *Store) Check(e Entry) error {
+	s.mu.Lock()
+	mine := s.mine[e.Device]
+	s.mu.Unlock()
+	if e.DiskSeq != 0 && s.seq != nil {
+		if seq, err := s.seq(e.Device); err == nil && seq != 0 && seq != e.DiskSeq {
+			return fmt.Errorf("the disk was replaced since (diskseq %d, recorded %d): %w", seq, e.DiskSeq, errReplaced)
+		}
+	}
+	if mine {
+		return nil
+	}
+	tunable := s.tunable != nil && s.tunable(e.Device)
+	if !tunable && s.protected != nil && s.protected(e.Device) {
+		return errors.New("it holds the root filesystem and this configuration does not tune it (allow-os-disk)")
+	}
+	if s.devOf == nil || e.Dev == "" {
+		return errors.New("no device number to check the record against")
+	}
+	dev, err := s.devOf(e.Device)
+	if err != nil {
+		return err
+	}
+	if dev != e.Dev {
+		return fmt.Errorf("the name now belongs to device %s (recorded %s): %w", dev, e.Dev, errReplaced)
+	}
+	var seq uint64
+	if s.seq != nil {
+		if seq, err = s.seq(e.Device); err != nil {
+			return err
+		}
+	}
+	switch {
+	case tunable && (seq == 0 || e.DiskSeq != 0):
+		return nil
+	case tunable:
+		return errors.New("the record has no diskseq to check the disk against")
+	case e.DiskSeq == 0 || seq == 0:
+		return errors.New("not a device this configuration tunes, and no diskseq to show it is the disk readaheadd recorded (add it with --device if readaheadd changed it)")
+	}
+	return nil // seq == e.DiskSeq: a mismatch was refused above
+}
+
+// Restore writes recorded originals back and clears their records. Only
+// entries that pass Check are written; each refused one is logged on one
+// line and its record kept (or dropped, when its name now belongs to other
+// media). A device that no longer exists keeps its record (it is logged) so
+// a later restore can still put it back; other failures are returned, also
+// keeping the record.
 func (s *Store) Restore(sys Sysfs) error {
 	var errs []error
 	for _, e := range s.Entries() {
-		if e.DiskSeq != 0 && s.seq != nil {
-			seq, err := s.seq(e.Device)
-			if err == nil && seq != 0 && seq != e.DiskSeq {
+		if cerr := s.Check(e); cerr != nil {
+			switch {
+			case errors.Is(cerr, errReplaced):
 				// The name now belongs to other media, which the kernel
 				// set up with its own default: writing the old value would
 				// change a device readaheadd never touched.
-				s.log.Warn("state: the device of a recorded original was replaced since (its diskseq changed); not writing the old value to the new device, dropping the record",
-					"device", e.Device, "dev", e.Dev, "original_kb", e.ReadAheadKB, "recorded_diskseq", e.DiskSeq, "diskseq", seq)
+				s.log.Warn("state: not writing a recorded original to a device that was replaced since; dropping the record",
+					"device", e.Device, "dev", e.Dev, "original_kb", e.ReadAheadKB, "reason", cerr.Error())
 				if err := s.Forget(e.Device); err != nil {
 					errs = append(errs, err)
 				}
-				continue
+			case isNoDevice(cerr):
+				s.log.Warn("state: device of a recorded original is gone; keeping its record for a later restore",
+					"device", e.Device, "dev", e.Dev, "original_kb", e.ReadAheadKB, "file", s.Path())
+			default:
+				s.log.Warn("state: refusing to restore a recorded original; record kept, nothing written",
+					"device", e.Device, "dev", e.Dev, "original_kb", e.ReadAheadKB, "reason", cerr.Error(), "file", s.Path())
 			}
+			continue
 		}
 		if err := sys.SetReadAheadKB(e.Device, e.ReadAheadKB); err != nil {
 			if isNoDevice(err) {
@@ -329,6 +433,26 @@ func (s *Store) Restore(sys Sysfs) error {
 	return errors.Join(errs...)
 }
 
+// validDevNum accepts "" (not recorded) or MAJOR:MINOR in decimal.
+func validDevNum(d string) bool {
+	if d == "" {
+		return true
+	}
+	maj, min, ok := strings.Cut(d, ":")
+	if !ok {
+		return false
+	}
+	for _, part := range []string{maj, min} {
+		if len(part) == 0 || len(part) > 10 {
+			return false
+		}
+		if _, err := strconv.ParseUint(part, 10, 32); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
 func isNoDevice(err error) bool {
 	return errors.Is(err, blockdev.ErrNoDevice) || errors.Is(err, os.ErrNotExist)
 }
@@ -338,10 +462,10 @@ func isNoDevice(err error) bool {
 func (s *Store) persistLocked() error {
 	p := s.Path()
 	if len(s.entries) == 0 {
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := RemoveFile(s.dir, FileName, true); err != nil {
 			return fmt.Errorf("remove state file %s: %w", p, err)
 		}
-		return syncDir(s.dir)
+		return nil
 	}
 	ff := fileFormat{Version: Version, BootID: s.bootID}
 	for _, e := range s.entries {
@@ -353,44 +477,17 @@ func (s *Store) persistLocked() error {
 		return fmt.Errorf("encode state: %w", err)
 	}
 	b = append(b, '\n')
-	tmp, err := os.CreateTemp(s.dir, FileName+".tmp*")
-	if err != nil {
-		return fmt.Errorf("write state file in %s: %w (check the state directory is writable and not full)", s.dir, err)
-	}
-	tmpName := tmp.Name()
-	fail := func(err error) error {
-		tmp.Close()
-		os.Remove(tmpName)
-		return fmt.Errorf("write state file %s: %w (check the state directory is writable and not full)", p, err)
-	}
-	if err := tmp.Chmod(0o600); err != nil {
-		return fail(err)
-	}
-	if _, err := tmp.Write(b); err != nil {
-		return fail(err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return fail(err)
-	}
-	if err := tmp.Close(); err != nil {
-		os.Remove(tmpName)
-		return fmt.Errorf("write state file %s: %w", p, err)
-	}
-	if err := os.Rename(tmpName, p); err != nil {
-		os.Remove(tmpName)
-		return fmt.Errorf("replace state file %s: %w", p, err)
-	}
-	return syncDir(s.dir)
+	return WriteFileAtomic(s.dir, FileName, b, true)
 }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("open state directory %s to sync it: %w", dir, err)
+// DevOfSysfs reads a disk's current MAJOR:MINOR from sysfs, for
+// Options.DevOf.
+func DevOfSysfs(sys blockdev.SysFS) func(string) (string, error) {
+	return func(name string) (string, error) {
+		d, err := sys.Lookup(name)
+		if err != nil {
+			return "", err
+		}
+		return d.Dev.String(), nil
 	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync state directory %s: %w", dir, err)
-	}
-	return nil
 }

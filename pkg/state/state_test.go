@@ -186,6 +186,8 @@ func TestRestoreSkipsReplacedDevice(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(q, "read_ahead_kb"), []byte("128\n"), 0o644))
 		require.NoError(t, os.WriteFile(filepath.Join(root, "block", name, "diskseq"), []byte(seq+"\n"), 0o644))
 	}
+	require.NoError(t, os.WriteFile(filepath.Join(root, "block", "loop7", "dev"), []byte("7:7\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "block", "sdb", "dev"), []byte("8:16\n"), 0o644))
 	sys := blockdev.SysFS{Root: root}
 	dir := t.TempDir()
 	st, err := Open(dir, Options{BootID: "b", DiskSeq: sys.DiskSeq})
@@ -199,7 +201,7 @@ func TestRestoreSkipsReplacedDevice(t *testing.T) {
 
 	// loop7 was detached and attached to other media: diskseq moved on.
 	require.NoError(t, os.WriteFile(filepath.Join(root, "block", "loop7", "diskseq"), []byte("42\n"), 0o644))
-	st, err = Open(dir, Options{BootID: "b", DiskSeq: sys.DiskSeq})
+	st, err = Open(dir, Options{BootID: "b", DiskSeq: sys.DiskSeq, DevOf: DevOfSysfs(sys), Tunable: func(string) bool { return true }})
 	require.NoError(t, err)
 	defer st.Close()
 	require.NoError(t, st.Restore(sys))

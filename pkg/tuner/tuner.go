@@ -214,9 +214,9 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 	}
 	if deps.Store != nil && len(deps.Store.Pins()) > 0 {
 		// After the devices: a reset open file takes its device's window.
-		reset, gone, err := RestorePins(deps.Store, deps.Files)
+		res, err := RestorePins(deps.Store, deps.Files, scope, cfg.Devices)
 		t.log.Warn("tuner: per-file windows of an earlier run were left (crash?); reset them to their devices' windows",
-			"file", deps.Store.PinsPath(), "reset", reset, "readers_gone", gone, "err", err)
+			"file", deps.Store.PinsPath(), "reset", res.Reset, "readers_gone", res.Gone, "refused_out_of_scope", res.Refused, "err", err)
 	}
 	return t, nil
 }
@@ -792,20 +792,50 @@ func (t *Tuner) recordPins(set, clear *[]state.Pin) {
 	}
 }
 
+// PinsRestored counts what RestorePins did with the recorded pins.
+type PinsRestored struct {
+	Reset   int // windows reset to their device's
+	Gone    int // readers exited, or descriptors closed or reused
+	Refused int // outside the allow-paths or the tuned devices: not touched, dropped
+}
+
 // RestorePins gives every open file that an earlier run recorded as pinned
 // (state.Store.Pins) its device's window again, with POSIX_FADV_NORMAL: the
-// device is expected at its original value by then. Descriptors whose
-// process exited, or that were closed or now name another file, need
-// nothing. Entries that could not be reached for another reason stay
-// recorded. It returns how many windows were reset and how many readers
-// were gone.
-func RestorePins(st *state.Store, files FileOps) (reset, gone int, err error) {
+// device is expected at its original value by then. The record is
+// untrusted: a pin is acted on only if its descriptor still names the
+// recorded file, that file's path passes scope like any per-file action,
+// and its device is one of devices (when given). Refused pins are dropped
+// untouched. Descriptors whose process exited, or that were closed or now
+// name another file, need nothing. Entries that could not be reached for
+// another reason stay recorded.
+func RestorePins(st *state.Store, files FileOps, scope *Scope, devices []string) (PinsRestored, error) {
+	var res PinsRestored
 	var done []state.Pin
 	var errs []error
+	tuned := map[string]bool{}
+	for _, d := range devices {
+		tuned[d] = true
+	}
 	for _, p := range st.Pins() {
-		h, derr := files.Dup(FileRef{Tgid: p.PID, FD: p.FD, Key: probe.FileKey{Dev: probe.Dev(p.Dev), Ino: p.Ino}, Path: p.Path})
+		key := probe.FileKey{Dev: probe.Dev(p.Dev), Ino: p.Ino}
+		ref, ferr := pinRef(files, p, key)
+		if errors.Is(ferr, ErrProcessGone) || errors.Is(ferr, ErrFDGone) {
+			res.Gone++
+			done = append(done, p)
+			continue
+		}
+		if ferr != nil {
+			errs = append(errs, fmt.Errorf("pid %d fd %d (%s): %w", p.PID, p.FD, p.Path, ferr))
+			continue
+		}
+		if _, serr := scope.Check(ref.Tgid, ref.FD, ref.Path, key); serr != nil || len(tuned) > 0 && !tuned[p.Device] {
+			res.Refused++
+			done = append(done, p)
+			continue
+		}
+		h, derr := files.Dup(ref)
 		if errors.Is(derr, ErrProcessGone) || errors.Is(derr, ErrFDGone) {
-			gone++
+			res.Gone++
 			done = append(done, p)
 			continue
 		}
@@ -813,19 +843,34 @@ func RestorePins(st *state.Store, files FileOps) (reset, gone int, err error) {
 			errs = append(errs, fmt.Errorf("pid %d fd %d (%s): %w", p.PID, p.FD, p.Path, derr))
 			continue
 		}
-		ferr := h.Fadvise(0, 0, AdviceNormal)
+		ferr = h.Fadvise(0, 0, AdviceNormal)
 		h.Close()
 		if ferr != nil {
 			errs = append(errs, fmt.Errorf("pid %d fd %d (%s): fadvise: %w", p.PID, p.FD, p.Path, ferr))
 			continue
 		}
-		reset++
+		res.Reset++
 		done = append(done, p)
 	}
 	if uerr := st.UpdatePins(nil, done); uerr != nil {
 		errs = append(errs, uerr)
 	}
-	return reset, gone, errors.Join(errs...)
+	return res, errors.Join(errs...)
+}
+
+// pinRef finds the recorded descriptor among those the process holds on
+// the recorded file, with the path it has now (for the scope check).
+func pinRef(files FileOps, p state.Pin, key probe.FileKey) (FileRef, error) {
+	refs, err := files.Find(p.PID, key)
+	if err != nil {
+		return FileRef{}, err
+	}
+	for _, r := range refs {
+		if r.FD == p.FD {
+			return r, nil
+		}
+	}
+	return FileRef{}, fmt.Errorf("pid %d fd %d no longer names %s: %w", p.PID, p.FD, key, ErrFDGone)
 }
 
 func (t *Tuner) pinFile(fd *fileDec, kb int, tgids map[uint32]bool, limit bool) error {
@@ -1544,7 +1589,7 @@ func (t *Tuner) RestoreAll() error {
 		// Windows the undos above did not reach (a reader not found
 		// this time) are reset from the record.
 		if len(t.deps.Store.Pins()) > 0 {
-			if _, _, err := RestorePins(t.deps.Store, t.deps.Files); err != nil {
+			if _, err := RestorePins(t.deps.Store, t.deps.Files, t.scope, t.cfg.Devices); err != nil {
 				errs = append(errs, fmt.Errorf("reset per-file windows: %w", err))
 			}
 		}

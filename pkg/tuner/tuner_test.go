@@ -984,7 +984,7 @@ func TestPinnedWindowsAreRecordedAndResetAfterACrash(t *testing.T) {
 	// The daemon dies here. The next one (same state directory) resets the
 	// open file to the device's window before anything else.
 	calls := len(r.files.calls)
-	_, err := New(Config{}, Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: r.store, Logger: quiet()})
+	_, err := New(Config{AllowPaths: []string{filepath.Join(r.dir, "data")}}, Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: r.store, Logger: quiet()})
 	require.NoError(t, err)
 	require.Len(t, r.files.calls, calls+1)
 	assert.Equal(t, AdviceNormal, r.files.calls[calls].advice)
@@ -1008,11 +1008,10 @@ func TestUndoClearsPinsAndGoneReadersAreForgotten(t *testing.T) {
 	assert.Equal(t, 128, r.files.window[key])
 
 	// A record whose reader is gone is dropped by RestorePins.
-	require.NoError(t, r.store.UpdatePins([]state.Pin{{PID: 101, FD: 4, Dev: uint32(key.Dev), Ino: key.Ino, WindowKB: 512}}, nil))
-	reset, gone, err := RestorePins(r.store, r.files)
+	require.NoError(t, r.store.UpdatePins([]state.Pin{{PID: 101, FD: 4, Dev: uint32(key.Dev), Ino: key.Ino, Device: "sdb", WindowKB: 512}}, nil))
+	res, err := RestorePins(r.store, r.files, r.tn.scope, nil)
 	require.NoError(t, err)
-	assert.Equal(t, 0, reset)
-	assert.Equal(t, 1, gone)
+	assert.Equal(t, PinsRestored{Gone: 1}, res)
 	assert.Empty(t, r.store.Pins())
 }
 
@@ -1142,4 +1141,32 @@ func TestTailInflationOnASaturatedDeviceStepsOneAtATime(t *testing.T) {
 	trials := filter(acts, KindDeviceWindow, ResultTrial)
 	require.Len(t, trials, 1)
 	assert.Equal(t, 256, trials[0].ToKB)
+}
+
+// A pins.json entry (forged, or left from a configuration with other
+// allow-paths) naming a descriptor on a file outside the allow-paths is
+// dropped without touching the open file.
+func TestRestorePinsRefusesFilesOutOfScope(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	outPath, outKey := realFile(t, filepath.Join(r.dir, "outside"), "secret")
+	inPath, inKey := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(200, 9, outPath, outKey)
+	r.reader(201, 4, inPath, inKey)
+	require.NoError(t, r.store.UpdatePins([]state.Pin{
+		{PID: 200, FD: 9, Dev: uint32(outKey.Dev), Ino: outKey.Ino, Device: "sdb", WindowKB: 512, Path: filepath.Join(r.dir, "data", "blk_1")},
+		{PID: 201, FD: 4, Dev: uint32(inKey.Dev), Ino: inKey.Ino, Device: "sdb", WindowKB: 512},
+	}, nil))
+	calls := len(r.files.calls)
+	res, err := RestorePins(r.store, r.files, r.tn.scope, []string{"sdb"})
+	require.NoError(t, err)
+	assert.Equal(t, PinsRestored{Reset: 1, Refused: 1}, res)
+	require.Len(t, r.files.calls, calls+1)
+	assert.Equal(t, uint32(201), r.files.calls[calls].ref.Tgid)
+	assert.Empty(t, r.store.Pins())
+
+	// A pin on a disk the configuration does not tune is refused as well.
+	require.NoError(t, r.store.UpdatePins([]state.Pin{{PID: 201, FD: 4, Dev: uint32(inKey.Dev), Ino: inKey.Ino, Device: "vda", WindowKB: 512}}, nil))
+	res, err = RestorePins(r.store, r.files, r.tn.scope, []string{"sdb"})
+	require.NoError(t, err)
+	assert.Equal(t, PinsRestored{Refused: 1}, res)
 }

@@ -137,7 +137,7 @@ func TestRunWithReducedCapabilitiesNamesTheMissingOne(t *testing.T) {
 	} {
 		t.Run(drop, func(t *testing.T) {
 			keep := []string{}
-			for _, c := range []string{"bpf", "perfmon", "sys_ptrace", "dac_override"} {
+			for _, c := range []string{"bpf", "perfmon", "sys_ptrace", "dac_read_search"} {
 				if c != drop {
 					keep = append(keep, "+"+c)
 				}
