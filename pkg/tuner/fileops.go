@@ -250,3 +250,6 @@ func (s *Scope) Check(path string, file probe.FileKey) (string, error) {
 	}
 	return "", fmt.Errorf("%s is outside every allow-path (or on another filesystem than the allow-path it is under)", real)
 }
+
+// FD is our descriptor's number (the kernel's per-file state is read by it).
+func (h procHandle) FD() int { return int(h) }
