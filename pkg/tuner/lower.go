@@ -80,8 +80,9 @@ type RAStates interface {
 	OnDevices(devs []probe.Dev) ([]OpenFile, error)
 }
 
-// DeviceWriter writes a device's read_ahead_kb.
-type DeviceWriter interface {
+// DeviceRW reads and writes a device's read_ahead_kb.
+type DeviceRW interface {
+	ReadAheadKB(name string) (int, error)
 	SetReadAheadKB(name string, kb int) error
 }
 
@@ -93,7 +94,7 @@ type fdHandle interface{ FD() int }
 // may be nil, and then every file is given a break of Hold (its reader's
 // progress cannot be seen) and files opened meanwhile are not looked for.
 type Lowerer struct {
-	Sysfs  DeviceWriter
+	Sysfs  DeviceRW
 	Files  FileOps
 	States RAStates
 	// Poll is how often the readers' progress is read during a break

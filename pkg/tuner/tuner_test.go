@@ -1009,7 +1009,7 @@ func TestUndoClearsPinsAndGoneReadersAreForgotten(t *testing.T) {
 
 	// A record whose reader is gone is dropped by RestorePins.
 	require.NoError(t, r.store.UpdatePins([]state.Pin{{PID: 101, FD: 4, Dev: uint32(key.Dev), Ino: key.Ino, WindowKB: 512}}, nil))
-	reset, gone, err := RestorePins(r.store, r.files)
+	reset, gone, err := RestorePins(r.store, r.files, nil)
 	require.NoError(t, err)
 	assert.Equal(t, 0, reset)
 	assert.Equal(t, 1, gone)
