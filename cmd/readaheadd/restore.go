@@ -10,6 +10,7 @@ import (
 
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
 	"github.com/readaheadd/readaheadd/pkg/config"
+	"github.com/readaheadd/readaheadd/pkg/fileras"
 	"github.com/readaheadd/readaheadd/pkg/state"
 	"github.com/readaheadd/readaheadd/pkg/tuner"
 )
@@ -50,7 +51,18 @@ func newRestoreCmd(sys blockdev.SysFS) *cobra.Command {
 			if len(st.Pins()) > 0 {
 				// After the devices: a reset open file takes its device's
 				// window.
-				reset, gone, perr := tuner.RestorePins(st, tuner.NewProcFileOps())
+				// Through the Lowerer: a reader still streaming on the
+				// window comes down too. Without the kernel's per-file
+				// state each file gets a fixed break (Lowerer.Hold).
+				files := tuner.NewProcFileOps()
+				low := &tuner.Lowerer{Sysfs: sys, Files: files}
+				if it, ierr := fileras.Open(); ierr == nil {
+					defer it.Close()
+					low.States = fileras.States{It: it}
+				} else {
+					fmt.Fprintf(cmd.ErrOrStderr(), "warning: open files' readahead iterator not available (%v): each reset file pauses its readahead for %v\n", ierr, tuner.DefaultMaxHold)
+				}
+				reset, gone, perr := tuner.RestorePins(st, files, low)
 				fmt.Fprintf(cmd.OutOrStdout(), "open files: %d window(s) reset to their device's, %d reader(s) gone\n", reset, gone)
 				if perr != nil {
 					err = errors.Join(err, fmt.Errorf("per-file windows not reset (kept in %s): %w", st.PinsPath(), perr))

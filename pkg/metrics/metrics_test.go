@@ -360,3 +360,9 @@ readaheadd_tuner_errors_total{kind="rate_limited"} 0
 `
 	require.NoError(t, testutil.CollectAndCompare(NewCollector(src), strings.NewReader(want), "readaheadd_tuner_errors_total"))
 }
+
+func TestWindowBucketBounded(t *testing.T) {
+	for kb, want := range map[int]string{0: "0", 4: "4", 16: "16", 100: "128", 128: "128", 1024: "1024", 16384: "16384", 16385: "+Inf", 1 << 30: "+Inf"} {
+		assert.Equal(t, want, WindowBucket(kb), "%d KB", kb)
+	}
+}

@@ -106,6 +106,9 @@ type Lowerer struct {
 	Now                 func() time.Duration
 }
 
+// DefaultMaxHold is Lowerer.MaxHold's default.
+const DefaultMaxHold = 250 * time.Millisecond
+
 // LowerFile is one open file to set: the reader's descriptor and ours on
 // the same open file.
 type LowerFile struct {
@@ -210,7 +213,7 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 
 func (l *Lowerer) defaults() {
 	orDefault(&l.Poll, time.Millisecond)
-	orDefault(&l.MaxHold, 250*time.Millisecond)
+	orDefault(&l.MaxHold, DefaultMaxHold)
 	orDefault(&l.Hold, l.MaxHold)
 	if l.Sleep == nil {
 		l.Sleep = time.Sleep
