@@ -60,7 +60,7 @@ func newRestoreCmd(sys blockdev.SysFS) *cobra.Command {
 					defer it.Close()
 					low.States = fileras.States{It: it}
 				} else {
-					fmt.Fprintf(cmd.ErrOrStderr(), "warning: open files' readahead iterator not available (%v): each reset file pauses its readahead for %v\n", ierr, tuner.DefaultMaxHold)
+					fmt.Fprintf(cmd.ErrOrStderr(), "warning: open files' readahead iterator not available (%v): each reset file pauses its readahead for %v\n", ierr, tuner.DefaultHold)
 				}
 				reset, gone, perr := tuner.RestorePins(st, files, low)
 				fmt.Fprintf(cmd.OutOrStdout(), "open files: %d window(s) reset to their device's, %d reader(s) gone\n", reset, gone)

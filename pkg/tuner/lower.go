@@ -98,16 +98,21 @@ type Lowerer struct {
 	Files  FileOps
 	States RAStates
 	// Poll is how often the readers' progress is read during a break
-	// (default 1ms); MaxHold bounds a break (default 250ms: a reader at
-	// 16 MB/s reads past a 4 MB window within it); Hold is the break
-	// without States (default MaxHold).
-	Poll, MaxHold, Hold time.Duration
-	Sleep               func(time.Duration) // default time.Sleep
-	Now                 func() time.Duration
+	// (default 1ms). A break lasts until the reader is past its window,
+	// at most MaxHold (default 2s: a reader at 4 MB/s two 4 MB windows
+	// behind), and ends sooner when the reader has not moved for IdleHold
+	// (default 200ms). Hold is the break without States (default 250ms).
+	Poll, MaxHold, IdleHold, Hold time.Duration
+	Sleep                         func(time.Duration) // default time.Sleep
+	Now                           func() time.Duration
 }
 
-// DefaultMaxHold is Lowerer.MaxHold's default.
-const DefaultMaxHold = 250 * time.Millisecond
+// DefaultMaxHold and DefaultHold are Lowerer.MaxHold's and Hold's
+// defaults.
+const (
+	DefaultMaxHold = 2 * time.Second
+	DefaultHold    = 250 * time.Millisecond
+)
 
 // LowerFile is one open file to set: the reader's descriptor and ours on
 // the same open file.
@@ -129,7 +134,7 @@ type LowerReq struct {
 type LowerStats struct {
 	Set         int           // files given the window
 	Broken      int           // files that needed a break (window above KB)
-	Unconfirmed int           // broken files whose reader did not read past its window within MaxHold
+	Unconfirmed int           // broken files whose reader did not read past its window (idle, or MaxHold)
 	Hold        time.Duration // longest break (ra_pages 0) of a file
 	// DeviceOff is the longest instant read_ahead_kb held a value other
 	// than DeviceKB (0 for a break, KB for a raise-pin-restore).
@@ -170,32 +175,57 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 		// failed break leaves none at 0 (set puts the device back).
 		return st, errors.Join(append(errs, fmt.Errorf("break the readahead windows: %w", err))...)
 	}
-	pending := brk
+	// Each broken file waits until its reader is past its window, while
+	// the reader makes progress: one reading slowly needs longer (a reader
+	// at 20 MB/s two 4 MB windows behind needs 0.4 s), an idle one would
+	// hold the break for nothing.
+	type wait struct {
+		f        LowerFile
+		pos      int64
+		movedAt  time.Duration
+		notFirst bool
+	}
+	pending := make([]wait, len(brk))
+	for i, f := range brk {
+		pending[i] = wait{f: f, movedAt: start}
+	}
 	for len(pending) > 0 {
-		elapsed := l.Now() - start
-		limit := l.MaxHold
-		if !known {
-			limit = l.Hold
+		now := l.Now()
+		var done []LowerFile
+		var left []wait
+		var states map[int]RAState
+		if known {
+			fs := make([]LowerFile, len(pending))
+			for i, w := range pending {
+				fs[i] = w.f
+			}
+			states, _ = l.own(fs)
 		}
-		var done, left []LowerFile
-		if elapsed >= limit {
-			done = pending
-			if known {
-				st.Unconfirmed += len(pending)
-			}
-		} else if known {
-			states, _ := l.own(pending)
-			for i, f := range pending {
-				// Gone from the iterator: the descriptor was closed, nothing
-				// to wait for. ra_pages no longer 0: someone else reset it.
-				if s, ok := states[i]; !ok || s.RAPages != 0 || s.passedWindow() {
-					done = append(done, f)
+		for i, w := range pending {
+			if !known {
+				if now-start >= l.Hold {
+					done = append(done, w.f)
 				} else {
-					left = append(left, f)
+					left = append(left, w)
 				}
+				continue
 			}
-		} else {
-			left = pending
+			s, ok := states[i]
+			switch {
+			// Gone from the iterator: the descriptor was closed, nothing
+			// to wait for. ra_pages no longer 0: someone else reset it.
+			case !ok || s.RAPages != 0 || s.passedWindow():
+				done = append(done, w.f)
+			case now-start >= l.MaxHold || now-w.movedAt >= l.IdleHold:
+				st.Unconfirmed++
+				done = append(done, w.f)
+			default:
+				if w.notFirst && s.PrevPos != w.pos {
+					w.movedAt = now
+				}
+				w.pos, w.notFirst = s.PrevPos, true
+				left = append(left, w)
+			}
 		}
 		if len(done) > 0 {
 			n, err := l.set(req, done, &st)
@@ -214,7 +244,8 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 func (l *Lowerer) defaults() {
 	orDefault(&l.Poll, time.Millisecond)
 	orDefault(&l.MaxHold, DefaultMaxHold)
-	orDefault(&l.Hold, l.MaxHold)
+	orDefault(&l.IdleHold, 200*time.Millisecond)
+	orDefault(&l.Hold, DefaultHold)
 	if l.Sleep == nil {
 		l.Sleep = time.Sleep
 	}

@@ -203,7 +203,7 @@ func TestLowerIdleReaderIsNotLeftAtZero(t *testing.T) {
 	st, err := l.Lower(LowerReq{Device: "sdb", DeviceKB: 128, KB: 128, Files: []LowerFile{f}})
 	require.NoError(t, err)
 	assert.Equal(t, 1, st.Unconfirmed)
-	assert.Equal(t, l.MaxHold, st.Hold)
+	assert.Equal(t, l.IdleHold, st.Hold, "a reader that does not move ends its break after IdleHold")
 	assert.EqualValues(t, 32, k.files[3].raPages)
 }
 
@@ -240,6 +240,20 @@ func TestLowerWithoutStatesHoldsAFixedBreak(t *testing.T) {
 	assert.Equal(t, 40*time.Millisecond, st.Hold)
 	assert.Zero(t, st.Unconfirmed)
 	for i := 0; i < 100; i++ {
+		k.sleep(time.Millisecond)
+	}
+	assert.EqualValues(t, 32, k.files[3].size)
+}
+
+func TestLowerWaitsForASlowReader(t *testing.T) {
+	k, l := newKernel()
+	k.rate = 1 // 4 MB/s
+	f := k.streaming(3, 1024)
+	st, err := l.Lower(LowerReq{Device: "sdb", DeviceKB: 128, KB: 128, Files: []LowerFile{f}})
+	require.NoError(t, err)
+	assert.Zero(t, st.Unconfirmed)
+	assert.Greater(t, st.Hold, 250*time.Millisecond, "a slow reader takes longer to get past its window")
+	for i := 0; i < 1000; i++ {
 		k.sleep(time.Millisecond)
 	}
 	assert.EqualValues(t, 32, k.files[3].size)
