@@ -18,11 +18,11 @@ build: labfs
 
 # Regenerate the BPF objects and Go bindings (needs clang, llvm, libbpf-dev, bpftool).
 generate:
-	$(GO) generate ./pkg/probe/...
+	$(GO) generate ./pkg/...
 
 # CI: regenerated objects must equal the committed ones.
 check-generate: generate
-	git diff --exit-code -- pkg/probe bpf || { echo "BPF objects differ from bpf/ sources: run 'make generate' and commit"; exit 1; }
+	git diff --exit-code -- pkg/probe pkg/fileras bpf || { echo "BPF objects differ from bpf/ sources: run 'make generate' and commit"; exit 1; }
 
 # The lab's FUSE server (libfuse3, Debian's libfuse3-dev).
 labfs: $(LABFS)

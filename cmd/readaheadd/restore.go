@@ -10,6 +10,7 @@ import (
 
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
 	"github.com/readaheadd/readaheadd/pkg/config"
+	"github.com/readaheadd/readaheadd/pkg/fileras"
 	"github.com/readaheadd/readaheadd/pkg/state"
 	"github.com/readaheadd/readaheadd/pkg/tuner"
 )
@@ -93,11 +94,22 @@ record refused is printed on one line and kept.`,
 			if len(st.Pins()) > 0 {
 				// After the devices: a reset open file takes its device's
 				// window.
+				// Through the Lowerer: a reader still streaming on the
+				// window comes down too. Without the kernel's per-file
+				// state each file gets a fixed break (Lowerer.Hold).
 				scope, serr := scopeOf(c)
 				if serr != nil {
 					err = errors.Join(err, fmt.Errorf("per-file windows not reset (kept in %s): %w", st.PinsPath(), serr))
 				} else {
-					res, perr := tuner.RestorePins(st, tuner.NewProcFileOps(), scope, devices)
+					files := tuner.NewProcFileOps()
+					low := &tuner.Lowerer{Sysfs: sys, Files: files}
+					if it, ierr := fileras.Open(); ierr == nil {
+						defer it.Close()
+						low.States = fileras.States{It: it}
+					} else {
+						fmt.Fprintf(cmd.ErrOrStderr(), "warning: open files' readahead iterator not available (%v): each reset file pauses its readahead for %v\n", ierr, tuner.DefaultHold)
+					}
+					res, perr := tuner.RestorePins(st, files, scope, devices, low)
 					fmt.Fprintf(out, "open files: %d window(s) reset to their device's, %d reader(s) gone, %d record(s) refused (outside the allow-paths or the tuned disks)\n",
 						res.Reset, res.Gone, res.Refused)
 					if perr != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/clock"
 	"github.com/readaheadd/readaheadd/pkg/config"
 	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/fileras"
 	"github.com/readaheadd/readaheadd/pkg/metrics"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 	"github.com/readaheadd/readaheadd/pkg/sdnotify"
@@ -41,6 +42,8 @@ type runEnv struct {
 	newControl func(controlDeps) (controller, error)
 	ringBytes  int                    // probe.Config.RingBytes; 0 is the probe's default
 	dropCaps   func(keep []int) error // nil keeps every capability (tests in-process)
+	// openRA loads the iterator of open files' readahead state; nil: none.
+	openRA func() (*fileras.Iter, error)
 }
 
 func defaultRunEnv() runEnv {
@@ -62,6 +65,7 @@ func defaultRunEnv() runEnv {
 		capStatus:  "/proc/self/status",
 		newControl: newController,
 		dropCaps:   dropCapabilities,
+		openRA:     fileras.Open,
 	}
 }
 
@@ -112,6 +116,7 @@ type controlDeps struct {
 	store *state.Store
 	log   *slog.Logger
 	names func(probe.Dev) string
+	ra    *fileras.Iter // nil: the kernel's per-file state is not readable
 }
 
 // controller is the probe -> detector -> tuner loop behind one seam: it is
@@ -199,7 +204,21 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 		return fmt.Errorf("restore settings left by a previous run: %w", err)
 	}
 
-	ctl, err := env.newControl(controlDeps{cfg: v, sys: env.sys, clk: env.clk, store: store, log: log, names: devName})
+	// The kernel's per-file readahead state: lowerings that reach readers
+	// already streaming, and the windows really in force in status and
+	// metrics. Loaded before the tuner, which resets windows left by a
+	// crashed run as it starts.
+	var ra *fileras.Iter
+	if env.openRA != nil {
+		if ra, err = env.openRA(); err != nil {
+			log.Warn("the open files' readahead iterator is not available: a lowered window will not reach a reader already streaming on a larger one, and status shows only the windows readaheadd set", "err", err)
+			ra = nil
+		} else {
+			defer ra.Close()
+		}
+	}
+
+	ctl, err := env.newControl(controlDeps{cfg: v, sys: env.sys, clk: env.clk, store: store, log: log, names: devName, ra: ra})
 	if err != nil {
 		return err
 	}
@@ -239,6 +258,13 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 		Tuner:      ctl.TunerStatus,
 		DeviceName: devName,
 		FilePath:   ctl.FilePath,
+	}
+	if ra != nil {
+		keep := map[string]bool{}
+		for _, d := range v.Disks {
+			keep[d.Name] = true
+		}
+		sources.OpenFileWindows = openFileWindows(ra, env.sys, keep, log)
 	}
 	if fc, ok := ctl.(interface{ DetectorFiles() (int, uint64) }); ok {
 		sources.DetectorFiles = fc.DetectorFiles

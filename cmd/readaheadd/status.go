@@ -86,6 +86,18 @@ func printStatus(w io.Writer, st metrics.Status) {
 	}
 	tw.Flush()
 
+	if len(st.OpenFileWindows) > 0 {
+		// The kernel's own per-file windows: what readers really get,
+		// including windows readaheadd did not set.
+		fmt.Fprintln(w, "\nopen files by window in force (kernel's f_ra):")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  DEVICE\tWINDOW_KB\tOPEN_FILES")
+		for _, o := range st.OpenFileWindows {
+			fmt.Fprintf(tw, "  %s\t%d\t%d\n", o.Device, o.WindowKB, o.Files)
+		}
+		tw.Flush()
+	}
+
 	fmt.Fprintln(w)
 	if len(st.Regimes) == 0 {
 		fmt.Fprintln(w, "active regimes: none")

@@ -35,6 +35,7 @@ var (
 	descTracked  = desc("detector_files_tracked", "Files the detector keeps state for (bounded by its MaxFiles; idle files age out).")
 	descEvicted  = desc("detector_files_evicted_total", "Files whose detector state was dropped: idle too long, or the oldest when the table was full.")
 	descRepeated = desc("repeated_failures_total", "Failed per-file actions not logged because the same failure (file, action, cause) was logged once before; they are retried with back-off. Causes: out_of_scope, process_gone, fd_gone, permission, other.", "cause")
+	descOpenWin  = desc("open_file_windows", "Open regular files on the device by the readahead window the kernel holds for them (their ra_pages, read with a BPF iterator over every process's open files), whoever set it; window_kb is rounded up to a power of two, \"+Inf\" above 16384.", "device", "window_kb")
 	descTunerErr = desc("tuner_errors_total", "Tuner operations that did not happen: file_op (a reader's descriptor could not be taken or advised: process exited, file closed or deleted), out_of_scope (a descriptor outside the allow-paths was refused), rate_limited (a sysfs write deferred).", "kind")
 )
 
@@ -49,7 +50,7 @@ func NewCollector(src Sources) *Collector { return &Collector{src: src} }
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLatency, descBytes, descRequests, descRA, descRAOrig,
-		descRegime, descActions, descFiles, descLost, descRunTime, descAttached, descDryRun, descTunerErr, descRepeated, descTracked, descEvicted} {
+		descRegime, descActions, descFiles, descLost, descRunTime, descAttached, descDryRun, descTunerErr, descRepeated, descTracked, descEvicted, descOpenWin} {
 		ch <- d
 	}
 }
@@ -91,6 +92,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		sort.Strings(progs)
 		for _, p := range progs {
 			ch <- prometheus.MustNewConstMetric(descRunTime, prometheus.CounterValue, ps.ProgramRunTime[p].Seconds(), p)
+		}
+	}
+
+	if c.src.OpenFileWindows != nil {
+		counts := map[[2]string]int{}
+		for _, w := range c.src.OpenFileWindows() {
+			counts[[2]string{w.Device, WindowBucket(w.WindowKB)}] += w.Files
+		}
+		for k, n := range counts {
+			ch <- prometheus.MustNewConstMetric(descOpenWin, prometheus.GaugeValue, float64(n), k[0], k[1])
 		}
 	}
 

@@ -490,3 +490,9 @@ func TestDebugRequestsInFlightAreBounded(t *testing.T) {
 	h.ServeHTTP(rec, httptest.NewRequest("GET", "/debug/files", nil))
 	assert.Equal(t, http.StatusOK, rec.Code, "slots are given back")
 }
+
+func TestWindowBucketBounded(t *testing.T) {
+	for kb, want := range map[int]string{0: "0", 4: "4", 16: "16", 100: "128", 128: "128", 1024: "1024", 16384: "16384", 16385: "+Inf", 1 << 30: "+Inf"} {
+		assert.Equal(t, want, WindowBucket(kb), "%d KB", kb)
+	}
+}

@@ -45,6 +45,9 @@ type Status struct {
 	Devices       []DeviceStatus `json:"devices"`
 	Regimes       []RegimeStatus `json:"regimes"`
 	RecentActions []Action       `json:"recent_actions"`
+	// OpenFileWindows: open files per device by the window in force (the
+	// kernel's own per-file state), sorted by device and window.
+	OpenFileWindows []OpenWindows `json:"open_file_windows,omitempty"`
 }
 
 // DeviceStatus is one device in Status.
@@ -209,6 +212,9 @@ func (s *Server) BuildStatus() Status {
 		st.HealthReason = err.Error()
 	} else {
 		st.Healthy = true
+	}
+	if s.src.OpenFileWindows != nil {
+		st.OpenFileWindows = s.src.OpenFileWindows()
 	}
 	byName := map[string]int{}
 	if s.src.Tuner != nil {

@@ -9,6 +9,7 @@
 package metrics
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/readaheadd/readaheadd/pkg/detector"
@@ -114,6 +115,35 @@ type Sources struct {
 	DeviceName func(probe.Dev) string
 	// FilePath resolves a file for display in /debug/files; optional.
 	FilePath func(probe.FileKey) string
+	// OpenFileWindows counts open files per device by the window the
+	// kernel holds for them (a BPF iterator over every process's files);
+	// optional.
+	OpenFileWindows func() []OpenWindows
+}
+
+// OpenWindows is how many open regular files on a device the kernel reads
+// ahead with a window of WindowKB (its ra_pages), whoever set it.
+type OpenWindows struct {
+	Device   string `json:"device"`
+	WindowKB int    `json:"window_kb"`
+	Files    int    `json:"files"`
+}
+
+// WindowBucket is the label a window gets in readaheadd_open_file_windows:
+// the window rounded up to a power of two (0 stays 0), "+Inf" above
+// 16384 KB, so the label set stays bounded whatever windows are set.
+func WindowBucket(kb int) string {
+	if kb <= 0 {
+		return "0"
+	}
+	b := 4
+	for b < kb {
+		b *= 2
+	}
+	if b > 16384 {
+		return "+Inf"
+	}
+	return strconv.Itoa(b)
 }
 
 func (s Sources) devName(d probe.Dev) string {

@@ -187,3 +187,6 @@ type Scope = scope.Scope
 
 // NewScope resolves the allowed directories in the daemon's namespace.
 func NewScope(paths []string) (*Scope, error) { return scope.New(paths) }
+
+// FD is our descriptor's number (the kernel's per-file state is read by it).
+func (h procHandle) FD() int { return int(h) }

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -172,6 +173,9 @@ type Tuner struct {
 	trims      map[probe.FileKey]*trimDec
 	trimOffs   map[probe.FileKey]*trimOff
 	trimScanAt map[probe.FileKey]time.Duration
+	// lower changes per-file windows when the kernel's per-file state is
+	// readable (Deps.States); nil otherwise.
+	lower *Lowerer
 }
 
 // New builds a tuner. If the store holds originals from an earlier run that
@@ -205,6 +209,9 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 		counts:     map[string]uint64{},
 		logged:     map[string]time.Duration{},
 	}
+	if deps.States != nil && !cfg.DryRun {
+		t.lower = &Lowerer{Sysfs: deps.Sysfs, Files: deps.Files, States: deps.States}
+	}
 	if deps.Store != nil && len(deps.Store.Entries()) > 0 {
 		t.log.Warn("tuner: originals of an earlier run were not restored (crash?); restoring them before anything else",
 			"file", deps.Store.Path(), "devices", len(deps.Store.Entries()))
@@ -214,7 +221,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 	}
 	if deps.Store != nil && len(deps.Store.Pins()) > 0 {
 		// After the devices: a reset open file takes its device's window.
-		res, err := RestorePins(deps.Store, deps.Files, scope, cfg.Devices)
+		res, err := RestorePins(deps.Store, deps.Files, scope, cfg.Devices, t.lower)
 		t.log.Warn("tuner: per-file windows of an earlier run were left (crash?); reset them to their devices' windows",
 			"file", deps.Store.PinsPath(), "reset", res.Reset, "readers_gone", res.Gone, "refused_out_of_scope", res.Refused, "err", err)
 	}
@@ -742,6 +749,9 @@ func (t *Tuner) pinExact(d *devState, kb int, refs []FileRef, limit bool) (int, 
 	if len(hs) == 0 {
 		return 0, fmt.Errorf("take descriptors: %w", errors.Join(errs...))
 	}
+	if t.lower != nil {
+		return t.lowerPin(d, kb, hs, hrefs, errs, &set, &clear)
+	}
 	if raise {
 		if err := t.writeDevice(d, kb); err != nil {
 			return 0, fmt.Errorf("set read_ahead_kb of %s to %d for a pin: %w", d.name, kb, err)
@@ -776,6 +786,47 @@ func (t *Tuner) pinExact(d *devState, kb int, refs []FileRef, limit bool) (int, 
 	return n, nil
 }
 
+// lowerPin is pinExact's window change through the Lowerer: a file whose
+// kernel window is above kb gets a break first, so the change reaches a
+// stream on asynchronous readahead (lower.go).
+func (t *Tuner) lowerPin(d *devState, kb int, hs []Handle, hrefs []FileRef, errs []error, set, clear *[]state.Pin) (int, error) {
+	if err := t.record(d); err != nil {
+		return 0, fmt.Errorf("record original of %s before writing it: %w", d.name, err)
+	}
+	fs := make([]LowerFile, len(hs))
+	for i := range hs {
+		fs[i] = LowerFile{Ref: hrefs[i], H: hs[i]}
+	}
+	st, err := t.lower.Lower(LowerReq{Device: d.name, DeviceKB: d.cur, KB: kb, Files: fs})
+	if errors.Is(err, ErrDeviceNotBack) {
+		d.dirty = true
+		t.log.Error("tuner: could not put read_ahead_kb back after changing a file window; retrying next interval",
+			"device", d.name, "want_kb", d.cur, "err", err)
+	}
+	if st.Broken > 0 {
+		t.log.Debug("tuner: window lowered on streaming readers", "device", d.name, "to_kb", kb, "files", st.Broken,
+			"break", st.Hold, "device_off", st.DeviceOff, "unconfirmed", st.Unconfirmed, "strays_reset", st.Strays)
+	}
+	if st.Strays > 0 {
+		t.log.Info("tuner: files opened while read_ahead_kb held another value were given the device's window",
+			"device", d.name, "files", st.Strays)
+	}
+	if st.Set == 0 {
+		t.fileFail += uint64(len(hs))
+		return 0, fmt.Errorf("set window: %w", errors.Join(append(errs, err)...))
+	}
+	// Per-file failures are not told apart here: all are recorded as set
+	// or all as cleared; the record is best effort (RestorePins).
+	for _, r := range hrefs {
+		if kb != d.orig {
+			*set = append(*set, pinOf(d, r, kb))
+		} else {
+			*clear = append(*clear, pinOf(d, r, 0))
+		}
+	}
+	return st.Set, nil
+}
+
 func pinOf(d *devState, r FileRef, kb int) state.Pin {
 	return state.Pin{PID: r.Tgid, FD: r.FD, Dev: uint32(r.Key.Dev), Ino: r.Key.Ino, Device: d.name, WindowKB: kb, Path: r.Path}
 }
@@ -808,7 +859,10 @@ type PinsRestored struct {
 // untouched. Descriptors whose process exited, or that were closed or now
 // name another file, need nothing. Entries that could not be reached for
 // another reason stay recorded.
-func RestorePins(st *state.Store, files FileOps, scope *Scope, devices []string) (PinsRestored, error) {
+//
+// With a Lowerer, a reader still streaming on the window an earlier run
+// gave it comes down to its device's window too (lower.go).
+func RestorePins(st *state.Store, files FileOps, scope *Scope, devices []string, low *Lowerer) (PinsRestored, error) {
 	var res PinsRestored
 	var done []state.Pin
 	var errs []error
@@ -816,6 +870,8 @@ func RestorePins(st *state.Store, files FileOps, scope *Scope, devices []string)
 	for _, d := range devices {
 		tuned[d] = true
 	}
+	byDev := map[string][]LowerFile{}
+	pinOfFile := map[Handle]state.Pin{}
 	for _, p := range st.Pins() {
 		key := probe.FileKey{Dev: probe.Dev(p.Dev), Ino: p.Ino}
 		ref, ferr := pinRef(files, p, key)
@@ -843,14 +899,41 @@ func RestorePins(st *state.Store, files FileOps, scope *Scope, devices []string)
 			errs = append(errs, fmt.Errorf("pid %d fd %d (%s): %w", p.PID, p.FD, p.Path, derr))
 			continue
 		}
-		ferr = h.Fadvise(0, 0, AdviceNormal)
-		h.Close()
-		if ferr != nil {
-			errs = append(errs, fmt.Errorf("pid %d fd %d (%s): fadvise: %w", p.PID, p.FD, p.Path, ferr))
+		if low == nil {
+			ferr = h.Fadvise(0, 0, AdviceNormal)
+			h.Close()
+			if ferr != nil {
+				errs = append(errs, fmt.Errorf("pid %d fd %d (%s): fadvise: %w", p.PID, p.FD, p.Path, ferr))
+				continue
+			}
+			res.Reset++
+			done = append(done, p)
 			continue
 		}
-		res.Reset++
-		done = append(done, p)
+		byDev[p.Device] = append(byDev[p.Device], LowerFile{Ref: ref, H: h})
+		pinOfFile[h] = p
+	}
+	// Through the Lowerer, a reader still streaming on the window an
+	// earlier run gave it comes down to its device's window too.
+	for _, dev := range slices.Sorted(maps.Keys(byDev)) {
+		fs := byDev[dev]
+		kb, rerr := low.Sysfs.ReadAheadKB(dev)
+		if rerr == nil {
+			var lst LowerStats
+			lst, rerr = low.Lower(LowerReq{Device: dev, DeviceKB: kb, KB: kb, Files: fs})
+			if rerr == nil || lst.Set == len(fs) {
+				res.Reset += len(fs)
+				for _, f := range fs {
+					done = append(done, pinOfFile[f.H])
+				}
+			}
+		}
+		if rerr != nil {
+			errs = append(errs, fmt.Errorf("device %s: %w", dev, rerr))
+		}
+		for _, f := range fs {
+			f.H.Close()
+		}
 	}
 	if uerr := st.UpdatePins(nil, done); uerr != nil {
 		errs = append(errs, uerr)
@@ -1589,7 +1672,7 @@ func (t *Tuner) RestoreAll() error {
 		// Windows the undos above did not reach (a reader not found
 		// this time) are reset from the record.
 		if len(t.deps.Store.Pins()) > 0 {
-			if _, err := RestorePins(t.deps.Store, t.deps.Files, t.scope, t.cfg.Devices); err != nil {
+			if _, err := RestorePins(t.deps.Store, t.deps.Files, t.scope, t.cfg.Devices, t.lower); err != nil {
 				errs = append(errs, fmt.Errorf("reset per-file windows: %w", err))
 			}
 		}

@@ -1009,7 +1009,7 @@ func TestUndoClearsPinsAndGoneReadersAreForgotten(t *testing.T) {
 
 	// A record whose reader is gone is dropped by RestorePins.
 	require.NoError(t, r.store.UpdatePins([]state.Pin{{PID: 101, FD: 4, Dev: uint32(key.Dev), Ino: key.Ino, Device: "sdb", WindowKB: 512}}, nil))
-	res, err := RestorePins(r.store, r.files, r.tn.scope, nil)
+	res, err := RestorePins(r.store, r.files, r.tn.scope, nil, nil)
 	require.NoError(t, err)
 	assert.Equal(t, PinsRestored{Gone: 1}, res)
 	assert.Empty(t, r.store.Pins())
@@ -1157,7 +1157,7 @@ func TestRestorePinsRefusesFilesOutOfScope(t *testing.T) {
 		{PID: 201, FD: 4, Dev: uint32(inKey.Dev), Ino: inKey.Ino, Device: "sdb", WindowKB: 512},
 	}, nil))
 	calls := len(r.files.calls)
-	res, err := RestorePins(r.store, r.files, r.tn.scope, []string{"sdb"})
+	res, err := RestorePins(r.store, r.files, r.tn.scope, []string{"sdb"}, nil)
 	require.NoError(t, err)
 	assert.Equal(t, PinsRestored{Reset: 1, Refused: 1}, res)
 	require.Len(t, r.files.calls, calls+1)
@@ -1166,7 +1166,7 @@ func TestRestorePinsRefusesFilesOutOfScope(t *testing.T) {
 
 	// A pin on a disk the configuration does not tune is refused as well.
 	require.NoError(t, r.store.UpdatePins([]state.Pin{{PID: 201, FD: 4, Dev: uint32(inKey.Dev), Ino: inKey.Ino, Device: "vda", WindowKB: 512}}, nil))
-	res, err = RestorePins(r.store, r.files, r.tn.scope, []string{"sdb"})
+	res, err = RestorePins(r.store, r.files, r.tn.scope, []string{"sdb"}, nil)
 	require.NoError(t, err)
 	assert.Equal(t, PinsRestored{Refused: 1}, res)
 }

@@ -168,8 +168,14 @@ var _ Sysfs = blockdev.SysFS{}
 
 // Deps are the tuner's seams to the system.
 type Deps struct {
-	Sysfs  Sysfs
-	Files  FileOps // NewProcFileOps() in production
+	Sysfs Sysfs
+	Files FileOps // NewProcFileOps() in production
+	// States is the kernel's per-file readahead state (fileras.States in
+	// production). With it every per-file window change goes through a
+	// Lowerer, so a lowering reaches a reader streaming on a larger
+	// window; without it a lowering only sets ra_pages, which such a
+	// reader ignores (lower.go).
+	States RAStates
 	Clock  clock.Clock
 	Store  *state.Store // may be nil only in dry-run mode
 	Logger *slog.Logger

@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * The kernel's own per-file readahead state: a task_file iterator that
+ * writes, for every regular file open on a watched device, who holds it
+ * (tgid, fd), which file it is (s_dev, inode), its mode and its struct
+ * file_ra_state (ra_pages, start, size, async_size, prev_pos). User space
+ * reads it with read(2) on an iterator descriptor; nothing runs between
+ * reads.
+ *
+ * filter[0] (struct fileras_filter) narrows the walk: one process only
+ * (tgid, 0 for every process), and watched devices only (the watch map)
+ * unless all_devs is set.
+ */
+#include "fileras.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define S_IFMT 00170000
+#define S_IFREG 0100000
+
+struct fileras_filter {
+	u32 tgid;
+	u32 all_devs;
+};
+
+struct ra_file {
+	u64 file; /* identity of the open file description while it lives */
+	u64 ino;
+	u64 start;
+	s64 prev_pos;
+	u32 tgid;
+	u32 fd;
+	u32 dev;
+	u32 mode;
+	u32 ra_pages;
+	u32 size;
+	u32 async_size;
+	u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct fileras_filter);
+} filter SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, u32);
+	__type(value, u8);
+} watch SEC(".maps");
+
+/* Keeps struct ra_file in the BTF for bpf2go's -type. */
+const struct ra_file *unused_ra_file __attribute__((unused));
+
+SEC("iter/task_file")
+int dump_ra(struct bpf_iter__task_file *ctx)
+{
+	struct task_struct *task = ctx->task;
+	struct file *file = ctx->file;
+	struct inode *inode;
+	struct ra_file rec = {};
+	u32 zero = 0;
+	struct fileras_filter *flt;
+
+	if (!task || !file)
+		return 0;
+	flt = bpf_map_lookup_elem(&filter, &zero);
+	if (!flt)
+		return 0;
+	/* Threads share the descriptor table: the group leader lists it. */
+	if (task->pid != task->tgid)
+		return 0;
+	if (flt->tgid && (u32)task->tgid != flt->tgid)
+		return 0;
+	inode = file->f_inode;
+	if (!inode || (inode->i_mode & S_IFMT) != S_IFREG)
+		return 0;
+	rec.dev = inode->i_sb->s_dev;
+	if (!flt->all_devs && !bpf_map_lookup_elem(&watch, &rec.dev))
+		return 0;
+	rec.file = (u64)file;
+	rec.ino = inode->i_ino;
+	rec.tgid = task->tgid;
+	rec.fd = ctx->fd;
+	rec.mode = file->f_mode;
+	/*
+	 * f_ra shares a union with f_task_work (6.12+): the verifier's typed
+	 * walk resolves the offset to the callback head, so copy the fields.
+	 */
+	rec.ra_pages = BPF_CORE_READ(file, f_ra.ra_pages);
+	rec.start = BPF_CORE_READ(file, f_ra.start);
+	rec.size = BPF_CORE_READ(file, f_ra.size);
+	rec.async_size = BPF_CORE_READ(file, f_ra.async_size);
+	rec.prev_pos = BPF_CORE_READ(file, f_ra.prev_pos);
+	bpf_seq_write(ctx->meta->seq, &rec, sizeof(rec));
+	return 0;
+}

@@ -1,0 +1,86 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * The kernel types the open-file readahead iterator reads, declared by hand
+ * (see kernel.h for why): every struct carries preserve_access_index, so
+ * each field access is relocated against the running kernel's BTF.
+ */
+#ifndef READAHEADD_FILERAS_H
+#define READAHEADD_FILERAS_H
+
+typedef unsigned char __u8;
+typedef unsigned short __u16;
+typedef unsigned int __u32;
+typedef unsigned long long __u64;
+typedef signed int __s32;
+typedef signed long long __s64;
+typedef __u8 u8;
+typedef __u16 u16;
+typedef __u32 u32;
+typedef __u64 u64;
+typedef __s64 s64;
+typedef __u32 __be32;
+typedef __u64 __be64;
+typedef __u16 __be16;
+typedef __u32 __wsum;
+typedef _Bool bool;
+
+enum bpf_map_type {
+	BPF_MAP_TYPE_HASH = 1,
+	BPF_MAP_TYPE_ARRAY = 2,
+};
+
+#pragma clang attribute push(__attribute__((preserve_access_index)), apply_to = record)
+
+struct super_block {
+	unsigned int s_dev;
+};
+
+struct inode {
+	unsigned short i_mode;
+	struct super_block *i_sb;
+	unsigned long i_ino;
+};
+
+struct file_ra_state {
+	unsigned long start;
+	unsigned int size;
+	unsigned int async_size;
+	unsigned int ra_pages;
+	long long prev_pos;
+};
+
+struct file {
+	unsigned int f_mode;
+	struct inode *f_inode;
+	struct file_ra_state f_ra;
+};
+
+struct task_struct {
+	int pid;
+	int tgid;
+};
+
+struct seq_file;
+
+struct bpf_iter_meta {
+	struct seq_file *seq;
+	u64 session_id;
+	u64 seq_num;
+};
+
+struct bpf_iter__task_file {
+	union {
+		struct bpf_iter_meta *meta;
+	};
+	union {
+		struct task_struct *task;
+	};
+	u32 fd;
+	union {
+		struct file *file;
+	};
+};
+
+#pragma clang attribute pop
+
+#endif

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"log/slog"
+	"sort"
+
+	"github.com/readaheadd/readaheadd/pkg/blockdev"
+	"github.com/readaheadd/readaheadd/pkg/fileras"
+	"github.com/readaheadd/readaheadd/pkg/metrics"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/tuner"
+)
+
+// raStates is the tuner's view of the kernel's per-file readahead state,
+// nil (no interface value) without an iterator.
+func raStates(it *fileras.Iter) tuner.RAStates {
+	if it == nil {
+		return nil
+	}
+	return fileras.States{It: it}
+}
+
+// openFileWindows counts, at each call, the open regular files on the
+// disks in keep (every disk when keep is empty) by the window the kernel
+// holds for them. Files on a partition count for its disk.
+func openFileWindows(it *fileras.Iter, sys blockdev.SysFS, keep map[string]bool, log *slog.Logger) func() []metrics.OpenWindows {
+	disk := map[probe.Dev]string{} // s_dev -> disk name, "" for none (tmpfs, overlay...)
+	return func() []metrics.OpenWindows {
+		fs, err := it.Files(fileras.Query{AllDevs: true})
+		if err != nil {
+			log.Warn("could not read the open files' readahead windows", "err", err)
+			return nil
+		}
+		counts := map[metrics.OpenWindows]int{}
+		for _, f := range fs {
+			name, ok := disk[f.Key.Dev]
+			if !ok {
+				if d, err := sys.DiskOf(f.Key.Dev); err == nil {
+					name = d.Name
+				}
+				disk[f.Key.Dev] = name
+			}
+			if name == "" || len(keep) > 0 && !keep[name] {
+				continue
+			}
+			counts[metrics.OpenWindows{Device: name, WindowKB: f.WindowKB()}]++
+		}
+		out := make([]metrics.OpenWindows, 0, len(counts))
+		for k, n := range counts {
+			k.Files = n
+			out = append(out, k)
+		}
+		sort.Slice(out, func(i, j int) bool {
+			if out[i].Device != out[j].Device {
+				return out[i].Device < out[j].Device
+			}
+			return out[i].WindowKB < out[j].WindowKB
+		})
+		return out
+	}
+}

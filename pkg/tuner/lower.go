@@ -1,0 +1,379 @@
+package tuner
+
+// Lowering a window that a stream is already using.
+//
+// POSIX_FADV_NORMAL copies the device's read_ahead_kb into the open file's
+// ra_pages, but a stream running on asynchronous readahead does not look at
+// ra_pages alone (mm/readahead.c, page_cache_async_ra): when the reader
+// reaches the marker page of its latest window, the next window is
+// max(previous size, next size under ra_pages), so a window only grows.
+// FMODE_RANDOM (POSIX_FADV_RANDOM) is checked only on the synchronous path;
+// dropping cached pages ahead does not reach the marker, which is under
+// read. Two things reset the window: with ra_pages 0 the asynchronous path
+// returns at once, leaving the window state untouched; and a cache miss
+// takes the synchronous path, which for a sequential reader starts a fresh
+// window sized from ra_pages. So a lowering holds ra_pages at 0 until the
+// reader has read past the end of its latest window (seen in the kernel's
+// own f_ra: the last read position beyond start+size), then sets the
+// wanted window: the next miss starts the stream afresh at it. Ending the
+// break as soon as the reader passes the marker page is not enough: with
+// large folios the marker folio spans much of the window, the next read
+// hits it again, and the window is back at its old size (measured).
+// A file whose current window is not above the wanted one needs no break.
+//
+// ra_pages can only be set through the device: write 0 to read_ahead_kb,
+// POSIX_FADV_NORMAL, write the device's value back. Any file opened in
+// between copies 0 (and during a raise-pin-restore, the raised value): after
+// each such instant, files on the device that took the value while it was
+// in force are found with the kernel's per-file state and given the
+// device's own value.
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// pageKB is the size of a page in KB (file_ra_state counts pages).
+const pageKB = 4
+
+// RAState is the kernel's readahead state of one open file (struct
+// file_ra_state inside its struct file), in pages.
+type RAState struct {
+	ID        uint64 // the open file description, while it is open
+	RAPages   uint32
+	Start     uint64
+	Size      uint32
+	AsyncSize uint32
+	PrevPos   int64 // byte offset of the last read, -1 before any
+}
+
+// passedWindow reports whether the reader has read beyond the end of its
+// latest window (or never built one): with ra_pages 0 nothing beyond it was
+// read ahead, so it has taken a cache miss, and nothing of the window (its
+// marker included: with large folios the marker folio can span most of the
+// window) is left to trigger an asynchronous readahead.
+func (s RAState) passedWindow() bool {
+	if s.Size == 0 {
+		return true
+	}
+	return s.PrevPos >= 0 && uint64(s.PrevPos)>>12 >= s.Start+uint64(s.Size)
+}
+
+// OpenFile is one descriptor any process holds, with its kernel state.
+type OpenFile struct {
+	Ref FileRef
+	RA  RAState
+}
+
+// RAStates reads the kernel's per-file readahead state (fileras.Iter in
+// production).
+type RAStates interface {
+	// Own returns the state of this process's descriptors fds (taken with
+	// pidfd_getfd: the same open files as the readers'); a missing fd is
+	// left out.
+	Own(fds []int) (map[int]RAState, error)
+	// OnDevices lists every process's open files on the filesystems devs.
+	OnDevices(devs []probe.Dev) ([]OpenFile, error)
+}
+
+// DeviceRW reads and writes a device's read_ahead_kb.
+type DeviceRW interface {
+	ReadAheadKB(name string) (int, error)
+	SetReadAheadKB(name string, kb int) error
+}
+
+// fdHandle is a Handle that is a descriptor of this process.
+type fdHandle interface{ FD() int }
+
+// Lowerer sets open files' windows so that the change reaches a reader
+// already streaming on a larger one. Sysfs and Files are required; States
+// may be nil, and then every file is given a break of Hold (its reader's
+// progress cannot be seen) and files opened meanwhile are not looked for.
+type Lowerer struct {
+	Sysfs  DeviceRW
+	Files  FileOps
+	States RAStates
+	// Poll is how often the readers' progress is read during a break
+	// (default 1ms). A break lasts until the reader is past its window,
+	// at most MaxHold (default 2s: a reader at 4 MB/s two 4 MB windows
+	// behind), and ends sooner when the reader has not moved for IdleHold
+	// (default 200ms). Hold is the break without States (default 250ms).
+	Poll, MaxHold, IdleHold, Hold time.Duration
+	Sleep                         func(time.Duration) // default time.Sleep
+	Now                           func() time.Duration
+}
+
+// DefaultMaxHold and DefaultHold are Lowerer.MaxHold's and Hold's
+// defaults.
+const (
+	DefaultMaxHold = 2 * time.Second
+	DefaultHold    = 250 * time.Millisecond
+)
+
+// LowerFile is one open file to set: the reader's descriptor and ours on
+// the same open file.
+type LowerFile struct {
+	Ref FileRef
+	H   Handle
+}
+
+// LowerReq sets the window KB on Files, all on disk Device whose own
+// read_ahead_kb is DeviceKB (it holds it before and after).
+type LowerReq struct {
+	Device   string
+	DeviceKB int
+	KB       int
+	Files    []LowerFile
+}
+
+// LowerStats is what a Lower cost.
+type LowerStats struct {
+	Set         int           // files given the window
+	Broken      int           // files that needed a break (window above KB)
+	Unconfirmed int           // broken files whose reader did not read past its window (idle, or MaxHold)
+	Hold        time.Duration // longest break (ra_pages 0) of a file
+	// DeviceOff is the longest instant read_ahead_kb held a value other
+	// than DeviceKB (0 for a break, KB for a raise-pin-restore).
+	DeviceOff time.Duration
+	Strays    int // files opened during such an instant, given the device's value
+}
+
+// Lower gives each file the window req.KB. Files whose kernel window is
+// above it get a break first (see the top of this file). It returns the
+// first error of each kind; files that failed are counted out of Set.
+func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
+	l.defaults()
+	var st LowerStats
+	var errs []error
+	kbPages := uint32(req.KB / pageKB)
+	var brk, plain []LowerFile
+	states, known := l.own(req.Files)
+	for i, f := range req.Files {
+		s, ok := states[i]
+		if known && ok && s.Size <= kbPages {
+			plain = append(plain, f)
+			continue
+		}
+		brk = append(brk, f)
+	}
+	n, err := l.set(req, plain, &st)
+	st.Set += n
+	errs = append(errs, err)
+	if len(brk) == 0 {
+		return st, errors.Join(errs...)
+	}
+	st.Broken = len(brk)
+	start := l.Now()
+	zero := req
+	zero.KB = 0
+	if _, err := l.set(zero, brk, &st); err != nil {
+		// The files are at the window they had or at the device's; a
+		// failed break leaves none at 0 (set puts the device back).
+		return st, errors.Join(append(errs, fmt.Errorf("break the readahead windows: %w", err))...)
+	}
+	// Each broken file waits until its reader is past its window, while
+	// the reader makes progress: one reading slowly needs longer (a reader
+	// at 20 MB/s two 4 MB windows behind needs 0.4 s), an idle one would
+	// hold the break for nothing.
+	type wait struct {
+		f        LowerFile
+		pos      int64
+		movedAt  time.Duration
+		notFirst bool
+	}
+	pending := make([]wait, len(brk))
+	for i, f := range brk {
+		pending[i] = wait{f: f, movedAt: start}
+	}
+	for len(pending) > 0 {
+		now := l.Now()
+		var done []LowerFile
+		var left []wait
+		var states map[int]RAState
+		if known {
+			fs := make([]LowerFile, len(pending))
+			for i, w := range pending {
+				fs[i] = w.f
+			}
+			states, _ = l.own(fs)
+		}
+		for i, w := range pending {
+			if !known {
+				if now-start >= l.Hold {
+					done = append(done, w.f)
+				} else {
+					left = append(left, w)
+				}
+				continue
+			}
+			s, ok := states[i]
+			switch {
+			// Gone from the iterator: the descriptor was closed, nothing
+			// to wait for. ra_pages no longer 0: someone else reset it.
+			case !ok || s.RAPages != 0 || s.passedWindow():
+				done = append(done, w.f)
+			case now-start >= l.MaxHold || now-w.movedAt >= l.IdleHold:
+				st.Unconfirmed++
+				done = append(done, w.f)
+			default:
+				if w.notFirst && s.PrevPos != w.pos {
+					w.movedAt = now
+				}
+				w.pos, w.notFirst = s.PrevPos, true
+				left = append(left, w)
+			}
+		}
+		if len(done) > 0 {
+			n, err := l.set(req, done, &st)
+			st.Set += n
+			errs = append(errs, err)
+			st.Hold = max(st.Hold, l.Now()-start)
+		}
+		pending = left
+		if len(pending) > 0 {
+			l.Sleep(l.Poll)
+		}
+	}
+	return st, errors.Join(errs...)
+}
+
+func (l *Lowerer) defaults() {
+	orDefault(&l.Poll, time.Millisecond)
+	orDefault(&l.MaxHold, DefaultMaxHold)
+	orDefault(&l.IdleHold, 200*time.Millisecond)
+	orDefault(&l.Hold, DefaultHold)
+	if l.Sleep == nil {
+		l.Sleep = time.Sleep
+	}
+	if l.Now == nil {
+		start := time.Now()
+		l.Now = func() time.Duration { return time.Since(start) }
+	}
+}
+
+// own reads the kernel state of each file's handle (by index); known is
+// false when it cannot be read at all.
+func (l *Lowerer) own(fs []LowerFile) (map[int]RAState, bool) {
+	if l.States == nil {
+		return nil, false
+	}
+	var fds []int
+	for _, f := range fs {
+		if h, ok := f.H.(fdHandle); ok {
+			fds = append(fds, h.FD())
+		}
+	}
+	byFD, err := l.States.Own(fds)
+	if err != nil {
+		return nil, false
+	}
+	out := map[int]RAState{}
+	for i, f := range fs {
+		if h, ok := f.H.(fdHandle); ok {
+			if s, ok := byFD[h.FD()]; ok {
+				out[i] = s
+			}
+		}
+	}
+	return out, true
+}
+
+// set gives fs the window req.KB: POSIX_FADV_NORMAL when it is the
+// device's value, SEQUENTIAL for twice it, otherwise through the device
+// (write, NORMAL, write back), then repairs files opened meanwhile.
+func (l *Lowerer) set(req LowerReq, fs []LowerFile, st *LowerStats) (n int, err error) {
+	if len(fs) == 0 {
+		return 0, nil
+	}
+	advice, through := AdviceNormal, false
+	switch {
+	case req.KB == req.DeviceKB:
+	case req.KB == 2*req.DeviceKB && req.KB != 0:
+		advice = AdviceSequential
+	default:
+		through = true
+	}
+	var errs []error
+	if through {
+		before := l.atWindow(fs, req.KB, nil)
+		t0 := l.Now()
+		if err := l.Sysfs.SetReadAheadKB(req.Device, req.KB); err != nil {
+			return 0, fmt.Errorf("set read_ahead_kb of %s to %d: %w", req.Device, req.KB, err)
+		}
+		defer func() {
+			if werr := l.Sysfs.SetReadAheadKB(req.Device, req.DeviceKB); werr != nil {
+				err = errors.Join(err, fmt.Errorf("%w: %s left at %d KB, want %d: %w", ErrDeviceNotBack, req.Device, req.KB, req.DeviceKB, werr))
+				return
+			}
+			st.DeviceOff = max(st.DeviceOff, l.Now()-t0)
+			if before != nil {
+				st.Strays += l.repair(l.atWindow(fs, req.KB, before))
+			}
+		}()
+	}
+	for _, f := range fs {
+		if err := f.H.Fadvise(0, 0, advice); err != nil {
+			errs = append(errs, fmt.Errorf("pid %d fd %d: %w", f.Ref.Tgid, f.Ref.FD, err))
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// ErrDeviceNotBack: read_ahead_kb could not be written back after a
+// raise-pin-restore or a break; the caller retries.
+var ErrDeviceNotBack = errors.New("read_ahead_kb not put back")
+
+// atWindow lists the open files on fs's filesystems whose window is kb,
+// other than fs's own and those in seen, one descriptor per open file (by
+// ID); nil when the kernel state cannot be read.
+func (l *Lowerer) atWindow(fs []LowerFile, kb int, seen map[uint64]FileRef) map[uint64]FileRef {
+	if l.States == nil {
+		return nil
+	}
+	var devs []probe.Dev
+	for _, f := range fs {
+		if !slices.Contains(devs, f.Ref.Key.Dev) {
+			devs = append(devs, f.Ref.Key.Dev)
+		}
+	}
+	all, err := l.States.OnDevices(devs)
+	if err != nil {
+		return nil
+	}
+	ours := map[uint64]bool{}
+	if states, ok := l.own(fs); ok {
+		for _, s := range states {
+			ours[s.ID] = true
+		}
+	}
+	out := map[uint64]FileRef{}
+	for _, f := range all {
+		if _, old := seen[f.RA.ID]; int(f.RA.RAPages)*pageKB == kb && !ours[f.RA.ID] && !old {
+			out[f.RA.ID] = f.Ref
+		}
+	}
+	return out
+}
+
+// repair gives the device's window back to open files that took another
+// value while the device held it (opened in that instant).
+func (l *Lowerer) repair(strays map[uint64]FileRef) int {
+	n := 0
+	for _, ref := range strays {
+		h, err := l.Files.Dup(ref)
+		if err != nil {
+			continue // closed meanwhile
+		}
+		if h.Fadvise(0, 0, AdviceNormal) == nil {
+			n++
+		}
+		h.Close()
+	}
+	return n
+}

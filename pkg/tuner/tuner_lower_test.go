@@ -1,0 +1,148 @@
+package tuner
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/pkg/clock"
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/state"
+)
+
+// streams adds to fakeFiles the part of the kernel a lowering is about:
+// each file's stream window (f_ra.size) only grows with its ra_pages,
+// unless ra_pages went through 0 (a break, which the reader here always
+// outruns at once), after which it starts afresh at the new ra_pages.
+type streams struct {
+	*fakeFiles
+	size   map[probe.FileKey]int // KB
+	broken map[probe.FileKey]bool
+}
+
+func (s *streams) Dup(ref FileRef) (Handle, error) {
+	h, err := s.fakeFiles.Dup(ref)
+	if err != nil {
+		return nil, err
+	}
+	return &streamHandle{s: s, ref: ref, h: h}, nil
+}
+
+func (s *streams) Own(fds []int) (map[int]RAState, error) {
+	out := map[int]RAState{}
+	for _, refs := range s.fds {
+		for _, r := range refs {
+			for _, fd := range fds {
+				if r.FD == fd {
+					out[fd] = RAState{ID: r.Key.Ino, RAPages: uint32(s.window[r.Key] / 4), Size: uint32(s.sizeOf(r.Key) / 4), PrevPos: 1 << 40}
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+func (s *streams) OnDevices([]probe.Dev) ([]OpenFile, error) { return nil, nil }
+
+func (s *streams) sizeOf(k probe.FileKey) int {
+	if _, ok := s.size[k]; !ok {
+		s.size[k] = s.window[k]
+	}
+	return s.size[k]
+}
+
+type streamHandle struct {
+	s   *streams
+	ref FileRef
+	h   Handle
+}
+
+func (h *streamHandle) FD() int      { return h.ref.FD }
+func (h *streamHandle) Close() error { return h.h.Close() }
+func (h *streamHandle) Fadvise(off, n int64, a Advice) error {
+	k := h.ref.Key
+	size := h.s.sizeOf(k)
+	if err := h.h.Fadvise(off, n, a); err != nil {
+		return err
+	}
+	w := h.s.window[k]
+	switch {
+	case w == 0:
+		h.s.broken[k] = true
+	case h.s.broken[k]:
+		h.s.size[k], h.s.broken[k] = w, false
+	default:
+		h.s.size[k] = max(size, w)
+	}
+	return nil
+}
+
+func newStreamRig(t *testing.T, cfg Config) (*rig, *streams) {
+	t.Helper()
+	r := &rig{t: t, clk: clock.NewFake(time.Hour), sys: newFakeSys(128), dir: t.TempDir()}
+	r.files = newFakeFiles(r.sys)
+	s := &streams{fakeFiles: r.files, size: map[probe.FileKey]int{}, broken: map[probe.FileKey]bool{}}
+	cfg.AllowPaths = []string{filepath.Join(r.dir, "data")}
+	require.NoError(t, os.MkdirAll(cfg.AllowPaths[0], 0o755))
+	st, err := state.Open(filepath.Join(r.dir, "state"), state.Options{BootID: "b"})
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close() })
+	r.store = st
+	r.tn, err = New(cfg, Deps{Sysfs: r.sys, Files: s, States: s, Clock: r.clk, Store: st, Logger: quiet()})
+	require.NoError(t, err)
+	return r, s
+}
+
+func TestBackOffLowersTheRunningStream(t *testing.T) {
+	r, s := newStreamRig(t, Config{BackoffBase: 2 * time.Second, BackoffMax: time.Minute, Grace: time.Hour, DisablePrefetch: true})
+	r.tput = func(int) float64 { return 60e6 } // no step pays
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	acts := r.run(3, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)
+	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1)
+	assert.Equal(t, 128, r.files.window[key])
+	assert.Equal(t, 128, s.size[key], "the stream's window is back at the device's, not only its ra_pages")
+	assert.Contains(t, r.sys.writes, write{"sdb", 0}, "the lowering went through a break")
+	assert.Equal(t, 128, r.sys.get("sdb"))
+	assert.Empty(t, r.store.Pins(), "nothing left to reset after a crash")
+}
+
+func TestRegimeEndAndShutdownLowerTheRunningStream(t *testing.T) {
+	for _, end := range []string{"regime end", "shutdown"} {
+		t.Run(end, func(t *testing.T) {
+			r, s := newStreamRig(t, Config{Grace: 5 * time.Second, DisablePrefetch: true})
+			r.tput = kneeModel
+			p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+			r.reader(100, 7, p, key)
+			r.run(6, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+			require.Greater(t, s.size[key], 128, "the stream runs on a raised window")
+			if end == "shutdown" {
+				require.NoError(t, r.tn.RestoreAll())
+			} else {
+				r.run(7, func() detector.Snapshot { return r.snap("", key) })
+			}
+			assert.Equal(t, 128, r.files.window[key])
+			assert.Equal(t, 128, s.size[key], "the stream's window is back at the device's")
+			assert.Equal(t, 128, r.sys.get("sdb"))
+		})
+	}
+}
+
+func TestRestorePinsLowersTheRunningStream(t *testing.T) {
+	r, s := newStreamRig(t, Config{DisablePrefetch: true})
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	s.size[key], r.files.window[key] = 1024, 1024 // left by a killed run
+	require.NoError(t, r.store.UpdatePins([]state.Pin{{PID: 100, FD: 7, Dev: uint32(key.Dev), Ino: key.Ino, Device: "sdb", WindowKB: 1024, Path: p}}, nil))
+	res, err := RestorePins(r.store, s, r.tn.scope, nil, &Lowerer{Sysfs: r.sys, Files: s, States: s})
+	require.NoError(t, err)
+	assert.Equal(t, PinsRestored{Reset: 1}, res)
+	assert.Equal(t, 128, s.size[key])
+	assert.Empty(t, r.store.Pins())
+}
