@@ -17,12 +17,15 @@ build: labfs
 	$(GO) build -o $(BIN)/readaheadd ./cmd/readaheadd
 
 # Regenerate the BPF objects and Go bindings (needs clang, llvm, libbpf-dev, bpftool).
+# Every package with a go:generate line (each BPF object has its own).
 generate:
-	$(GO) generate ./pkg/probe/...
+	$(GO) generate ./pkg/... ./cmd/...
 
-# CI: regenerated objects must equal the committed ones.
+# CI: regenerated objects must equal the committed ones (and none may be
+# missing from git).
 check-generate: generate
-	git diff --exit-code -- pkg/probe bpf || { echo "BPF objects differ from bpf/ sources: run 'make generate' and commit"; exit 1; }
+	git diff --exit-code -- pkg cmd bpf || { echo "BPF objects differ from bpf/ sources: run 'make generate' and commit"; exit 1; }
+	test -z "$$(git status --porcelain --untracked-files=all -- pkg cmd bpf)" || { git status --short -- pkg cmd bpf; echo "generated files not in git: run 'make generate' and commit them"; exit 1; }
 
 # The lab's FUSE server (libfuse3, Debian's libfuse3-dev).
 labfs: $(LABFS)
