@@ -124,6 +124,9 @@ struct inflight_val {
 	u32 weight;   /* sampled: the sampling period N; 0 = not sampled */
 };
 
+/* Only requests smaller than this are sampled (pkg/probe SampleBelow). */
+#define SAMPLE_BELOW (32 << 10)
+
 #define DEV_BITS 6
 #define DEV_SLOTS (1 << DEV_BITS)
 #define DEV_PROBES 8
@@ -290,15 +293,6 @@ static __always_inline u32 hash_bits(u64 v, u32 bits)
 	return (u32)((v * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
 }
 
-/* The request's address as a plain number, to hash and compare. The
- * verifier forbids arithmetic on the trusted pointer itself; reading the
- * tracepoint's argument word yields the same value as a scalar. */
-static __always_inline u64 rq_addr(void *ctx)
-{
-	u64 a = 0;
-	bpf_probe_read_kernel(&a, sizeof(a), ctx);
-	return a;
-}
 
 /* The request's home slot in its disk's in-flight region: its driver tag
  * plus 256 per hardware queue, or -1 without a tag. A tag belongs to one
@@ -397,7 +391,7 @@ int BPF_PROG(block_rq_issue, struct request *rq)
 	struct inflight_val *v = home_slot(rq, slot);
 	if (!v)
 		return 0;
-	u64 key = rq_addr(ctx);
+	u64 key = (u64)rq;
 	if (!key)
 		return 0;
 	u64 cur = v->rq;
@@ -415,9 +409,15 @@ int BPF_PROG(block_rq_issue, struct request *rq)
 		__sync_fetch_and_add(&ds->completed, 1);
 	}
 	u64 seq = __sync_fetch_and_add(&ds->issued, 1);
-	u32 z = slot;
-	u32 *mask = bpf_map_lookup_elem(&sampling, &z);
-	u32 m = mask ? *mask : 0;
+	u32 m = 0;
+	/* Requests of SAMPLE_BELOW bytes or more (readahead-sized: the streams
+	 * the detector follows request by request) are always attributed. */
+	if (rq->__data_len < SAMPLE_BELOW) {
+		u32 z = slot;
+		u32 *mask = bpf_map_lookup_elem(&sampling, &z);
+		if (mask)
+			m = *mask;
+	}
 	if ((seq & m) == 0) {
 		s64 depth = (s64)(seq + 1 - ds->completed);
 		v->depth = depth > 0 ? (u32)depth : 1;
@@ -579,7 +579,7 @@ int BPF_PROG(block_rq_requeue, struct request *rq)
 	struct inflight_val *v = home_slot(rq, slot);
 	if (!v)
 		return 0;
-	u64 key = rq_addr(ctx);
+	u64 key = (u64)rq;
 	if (!key || v->rq != key)
 		return 0;
 	v->rq = 0;
@@ -667,7 +667,7 @@ int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_b
 	struct inflight_val *v = home_slot(rq, slot);
 	if (!v)
 		return 0;
-	u64 key = rq_addr(ctx);
+	u64 key = (u64)rq;
 	if (!key || v->rq != key)
 		return 0; /* not counted at issue (issued before attach, or a collision) */
 	u32 w = v->weight;

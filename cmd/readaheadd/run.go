@@ -344,6 +344,7 @@ func probeStats(src probe.Source, attached bool, name func(probe.Dev) string, lo
 		ps.Devices = append(ps.Devices, metrics.DeviceIO{
 			Device: n, LatencyLog2US: append([]uint64(nil), d.Hist[:]...),
 			LatencySum: d.LatencySum, Bytes: d.Bytes, Requests: d.Requests,
+			SampleEvery: d.SampleEvery,
 		})
 	}
 	ps.EventsLost = st.Lost.Total()
