@@ -151,6 +151,7 @@ struct dev_stats {
 	u64 hist[HIST_BUCKETS];
 	u64 sampled;  /* requests attributed and streamed */
 	u64 untimed;  /* requests without a latency (not in hist or latency_ns) */
+	u64 alloc_timed; /* unsampled requests timed from start_time_ns (no io_start_time_ns) */
 };
 
 struct file_key {
@@ -395,9 +396,10 @@ int BPF_PROG(block_rq_issue, struct request *rq)
 	if (!key)
 		return 0;
 	u64 cur = v->rq;
-	if (cur == key)
-		return 0; /* issued again without a requeue event seen: in flight once */
-	if (cur) {
+	if (cur == key) {
+		/* Issued again without its requeue seen: its first issue counts as done. */
+		__sync_fetch_and_add(&ds->completed, 1);
+	} else if (cur) {
 		/* Another request holds this home: a collision, or a slot whose
 		 * completion was never seen (taken over after 60 s). */
 		u64 ts = v->issue_ns;
@@ -568,7 +570,9 @@ static __always_inline void attribute(struct request *rq, struct rec *r)
 }
 
 /* A request put back on the queue gives up its driver tag, and will be
- * issued again, maybe with another: count it done and free its slot now. */
+ * issued again, maybe with another: count it done and free its slot now.
+ * Its tag may already be gone (-1) or another: then search its disk's
+ * region (requeues are rare: a few per 512 MB on a loop device). */
 SEC("tp_btf/block_rq_requeue")
 int BPF_PROG(block_rq_requeue, struct request *rq)
 {
@@ -576,11 +580,20 @@ int BPF_PROG(block_rq_requeue, struct request *rq)
 	int slot = disk_slot(rq, &ds);
 	if (slot < 0 || !ds)
 		return 0;
-	struct inflight_val *v = home_slot(rq, slot);
-	if (!v)
-		return 0;
 	u64 key = (u64)rq;
-	if (!key || v->rq != key)
+	struct inflight_val *v = home_slot(rq, slot);
+	if (!v || v->rq != key) {
+		v = 0;
+		for (u32 i = 0; i < INFLIGHT_REGION; i++) {
+			u32 k = (u32)slot * INFLIGHT_REGION + i;
+			struct inflight_val *c = bpf_map_lookup_elem(&inflight, &k);
+			if (c && c->rq == key) {
+				v = c;
+				break;
+			}
+		}
+	}
+	if (!v)
 		return 0;
 	v->rq = 0;
 	__sync_fetch_and_add(&ds->completed, 1);
@@ -684,13 +697,16 @@ int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_b
 		issue = 0;
 		if (bpf_core_field_exists(rq->io_start_time_ns))
 			issue = rq->io_start_time_ns;
-		if (!issue && bpf_core_field_exists(rq->start_time_ns))
-			issue = rq->start_time_ns;
 	}
 	u32 dslot = slot;
 	struct dev_stats *st = bpf_map_lookup_elem(&devstats, &dslot);
 	if (!st)
 		return 0;
+	if (!issue && !w && bpf_core_field_exists(rq->start_time_ns)) {
+		issue = rq->start_time_ns;
+		if (issue)
+			st->alloc_timed++;
+	}
 	st->requests++;
 	st->bytes += len;
 	if (error)

@@ -383,6 +383,7 @@ func (p *Probe) Stats() (Stats, error) {
 			d.Errors += v.Errors
 			d.Sampled += v.Sampled
 			d.Untimed += v.Untimed
+			d.AllocTimed += v.AllocTimed
 			d.LatencySum += time.Duration(v.LatencyNs)
 			for i := range d.Hist {
 				d.Hist[i] += v.Hist[i]

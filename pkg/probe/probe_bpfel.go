@@ -22,14 +22,15 @@ type probeDevSlot struct {
 }
 
 type probeDevStats struct {
-	_         structs.HostLayout
-	Requests  uint64
-	Bytes     uint64
-	LatencyNs uint64
-	Errors    uint64
-	Hist      [28]uint64
-	Sampled   uint64
-	Untimed   uint64
+	_          structs.HostLayout
+	Requests   uint64
+	Bytes      uint64
+	LatencyNs  uint64
+	Errors     uint64
+	Hist       [28]uint64
+	Sampled    uint64
+	Untimed    uint64
+	AllocTimed uint64
 }
 
 type probeFileCache struct {

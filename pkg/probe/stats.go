@@ -51,6 +51,11 @@ type DeviceStats struct {
 	// Untimed counts requests without a latency: not sampled, on a queue
 	// that keeps neither I/O statistics nor accounting timestamps.
 	Untimed uint64
+	// AllocTimed counts unsampled requests timed from their allocation
+	// (request start_time_ns: includes time queued before issue) because
+	// the queue keeps no issue time (io_start_time_ns, set only while the
+	// queue collects statistics).
+	AllocTimed uint64
 	// SampleEvery is the current sampling period N: 1 in N requests is
 	// attributed and streamed (1: every request).
 	SampleEvery uint32
