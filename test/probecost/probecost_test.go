@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	"github.com/stretchr/testify/require"
 
 	"github.com/readaheadd/readaheadd/pkg/probe"
@@ -32,6 +34,15 @@ type workload struct {
 	args []string
 }
 
+// Arms: no daemon; the daemon; no daemon but an empty tp_btf program on
+// block_rq_issue and one on block_rq_complete (the floor of any design that
+// runs a program per request at issue and at completion).
+const (
+	armOff   = "off"
+	armOn    = "on"
+	armEmpty = "empty"
+)
+
 var workloads = []workload{
 	{"4k-randread-qd32", []string{"--rw=randread", "--bs=4k", "--iodepth=32", "--ioengine=io_uring", "--direct=1"}},
 	{"1m-seqread-qd4", []string{"--rw=read", "--bs=1M", "--iodepth=4", "--ioengine=io_uring", "--direct=1"}},
@@ -40,6 +51,7 @@ var workloads = []workload{
 // arm is one fio run and, with the daemon, what the daemon and its BPF
 // programs cost during it.
 type arm struct {
+	kind      string // armOff, armOn or armEmpty
 	daemon    bool
 	iops, bps float64
 	// With the daemon only:
@@ -90,29 +102,66 @@ func TestIOPSCost(t *testing.T) {
 	require.NoError(t, os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", []byte("1"), 0o644))
 	t.Cleanup(func() { os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", old, 0o644) })
 
+	// Warm-up, not counted: the first run after the device appears is slower.
+	for _, w := range workloads {
+		fio(t, w, loop, 2)
+	}
 	results := map[string][]arm{}
 	for r := 0; r < rounds; r++ {
 		for _, w := range workloads {
-			// off, on within each round; the order alternates between rounds
-			// so that drift (the other engineers' load, the host) cancels.
-			order := []bool{false, true}
-			if r%2 == 1 {
-				order = []bool{true, false}
-			}
-			for _, on := range order {
-				a := runArm(t, w, loop, name, bin, work, on, secs)
+			// off, on, empty within each round, rotating between rounds so
+			// that drift (other load on the host) cancels.
+			kinds := []string{armOff, armOn, armEmpty}
+			for i := range kinds {
+				k := kinds[(i+r)%len(kinds)]
+				a := runArm(t, w, loop, name, bin, work, k, secs)
 				results[w.name] = append(results[w.name], a)
-				t.Logf("round %d %-18s daemon=%-5v IOPS %8.0f  MB/s %7.1f  cpu %.3f", r+1, w.name, on, a.iops, a.bps/1e6, a.cpu)
+				t.Logf("round %d %-18s %-5s IOPS %8.0f  MB/s %7.1f  cpu %.3f", r+1, w.name, k, a.iops, a.bps/1e6, a.cpu)
 			}
 		}
 	}
 	report(t, results, secs)
 }
 
-func runArm(t *testing.T, w workload, loop, name, bin, work string, on bool, secs int) arm {
-	a := arm{daemon: on}
+func runArm(t *testing.T, w workload, loop, name, bin, work string, kind string, secs int) (a arm) {
+	on := kind == armOn
+	a = arm{kind: kind, daemon: on}
 	var d *daemon
 	var before map[ebpf.ProgramID]ebpf.ProgramStats
+	var empties []*ebpf.Program
+	if kind == armEmpty {
+		for _, tp := range []string{probe.ProgBlockRqIssue, probe.ProgBlockRqComplete} {
+			p, l := emptyProgram(t, tp)
+			defer p.Close()
+			defer l.Close()
+			empties = append(empties, p)
+		}
+		emptyBefore := make([]ebpf.ProgramStats, len(empties))
+		for i, p := range empties {
+			s, err := p.Stats()
+			require.NoError(t, err)
+			emptyBefore[i] = *s
+		}
+		defer func() {
+			a.progNs = map[string]int64{}
+			a.progRuns = map[string]uint64{}
+			var total time.Duration
+			for i, p := range empties {
+				s, err := p.Stats()
+				require.NoError(t, err)
+				n := []string{probe.ProgBlockRqIssue, probe.ProgBlockRqComplete}[i]
+				runs := s.RunCount - emptyBefore[i].RunCount
+				a.progRuns[n] = runs
+				if runs > 0 {
+					a.progNs[n] = int64(s.Runtime-emptyBefore[i].Runtime) / int64(runs)
+				}
+				total += s.Runtime - emptyBefore[i].Runtime
+			}
+			if r := a.progRuns[probe.ProgBlockRqComplete]; r > 0 {
+				a.perRequest = float64(total) / float64(r)
+			}
+		}()
+	}
 	if on {
 		var err error
 		d, err = startDaemon(bin, name, work)
@@ -125,24 +174,10 @@ func runArm(t *testing.T, w workload, loop, name, bin, work string, on bool, sec
 		cpu0 = procCPU(t, d.cmd.Process.Pid)
 	}
 	t0 := time.Now()
-	args := append([]string{"--name=" + w.name, "--filename=" + loop, "--time_based", "--runtime=" + strconv.Itoa(secs),
-		"--output-format=json", "--numjobs=1", "--group_reporting"}, w.args...)
-	out, err := exec.Command("fio", args...).Output()
-	require.NoError(t, err, "fio %v", args)
+	a.iops, a.bps = fio(t, w, loop, secs)
 	wall := time.Since(t0)
-	var res struct {
-		Jobs []struct {
-			Read struct {
-				IOPS float64 `json:"iops"`
-				BW   float64 `json:"bw_bytes"`
-			} `json:"read"`
-		} `json:"jobs"`
-	}
-	require.NoError(t, json.Unmarshal(out, &res))
-	require.NotEmpty(t, res.Jobs)
-	a.iops, a.bps = res.Jobs[0].Read.IOPS, res.Jobs[0].Read.BW
 	if !on {
-		return a
+		return a // the empty arm's figures are filled in by its deferred function
 	}
 	a.cpu = float64(procCPU(t, d.cmd.Process.Pid)-cpu0) * 1e9 / float64(unixTicks()) / float64(wall)
 	a.rssMB = procRSS(t, d.cmd.Process.Pid)
@@ -169,6 +204,37 @@ func runArm(t *testing.T, w workload, loop, name, bin, work string, on bool, sec
 	a.lost = m["readaheadd_bpf_events_lost_total"]
 	a.sampleN = m[`readaheadd_probe_sample_every{device="`+name+`"}`]
 	return a
+}
+
+// fio runs workload w on dev for secs seconds and returns IOPS and bytes/s.
+func fio(t *testing.T, w workload, dev string, secs int) (float64, float64) {
+	args := append([]string{"--name=" + w.name, "--filename=" + dev, "--time_based", "--runtime=" + strconv.Itoa(secs),
+		"--output-format=json", "--numjobs=1", "--group_reporting"}, w.args...)
+	out, err := exec.Command("fio", args...).Output()
+	require.NoError(t, err, "fio %v", args)
+	var res struct {
+		Jobs []struct {
+			Read struct {
+				IOPS float64 `json:"iops"`
+				BW   float64 `json:"bw_bytes"`
+			} `json:"read"`
+		} `json:"jobs"`
+	}
+	require.NoError(t, json.Unmarshal(out, &res))
+	require.NotEmpty(t, res.Jobs)
+	return res.Jobs[0].Read.IOPS, res.Jobs[0].Read.BW
+}
+
+// emptyProgram attaches a tp_btf program that returns at once.
+func emptyProgram(t *testing.T, tp string) (*ebpf.Program, link.Link) {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name: "empty_" + tp[9:], Type: ebpf.Tracing, AttachType: ebpf.AttachTraceRawTp, AttachTo: tp,
+		License: "GPL", Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+	})
+	require.NoError(t, err)
+	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
+	require.NoError(t, err)
+	return prog, l
 }
 
 type daemon struct {
@@ -366,15 +432,26 @@ func mean(xs []float64) float64 {
 	return s / float64(len(xs))
 }
 
-// report prints, per workload, the arms side by side and the ratios.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	c := append([]float64(nil), xs...)
+	sort.Float64s(c)
+	if len(c)%2 == 1 {
+		return c[len(c)/2]
+	}
+	return (c[len(c)/2-1] + c[len(c)/2]) / 2
+}
+
+// report prints, per workload and round, the three arms side by side and
+// the ratios to the arm without anything attached.
 func report(t *testing.T, results map[string][]arm, secs int) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nreadaheadd probe cost, fio on a RAM-backed loop device, %d s per arm, %s\n", secs, time.Now().UTC().Format(time.RFC3339))
-	var la [3]float64
 	if l, err := os.ReadFile("/proc/loadavg"); err == nil {
-		fmt.Sscan(string(l), &la[0], &la[1], &la[2])
+		fmt.Fprintf(&b, "load average at the end: %s", l)
 	}
-	fmt.Fprintf(&b, "load average %.2f %.2f %.2f\n", la[0], la[1], la[2])
 	names := make([]string, 0, len(results))
 	for n := range results {
 		names = append(names, n)
@@ -382,37 +459,42 @@ func report(t *testing.T, results map[string][]arm, secs int) {
 	sort.Strings(names)
 	for _, n := range names {
 		arms := results[n]
-		fmt.Fprintf(&b, "\n%s\n%-6s %10s %10s %10s | %8s %7s %6s %6s %8s %8s %8s %6s %8s\n", n,
-			"arm", "IOPS off", "IOPS on", "ratio", "MB/s on", "cpu", "RSS", "N", "issue ns", "compl ns", "ns/req", "lost", "requeue")
-		var offs, ons, ratios, cpus []float64
-		var pending *arm
-		pair := 0
-		for i := range arms {
-			a := arms[i]
-			if a.daemon {
-				ons = append(ons, a.iops)
-				cpus = append(cpus, a.cpu)
-			} else {
-				offs = append(offs, a.iops)
+		fmt.Fprintf(&b, "\n%s\n%-5s %9s %9s %6s %9s %6s | %7s %7s %5s %5s %6s %6s %6s %5s | %6s %6s %6s\n", n,
+			"round", "IOPS off", "IOPS on", "on/off", "IOPS emp", "emp/of",
+			"MB/s on", "cpu", "RSS", "N", "issue", "compl", "ns/req", "lost", "e.iss", "e.cmp", "e.req")
+		var offs, ons, emps, rOn, rEmp, cpus, rss, nsReq, eReq []float64
+		var lost float64
+		for i := 0; i+3 <= len(arms); i += 3 {
+			var off, on, emp arm
+			for _, a := range arms[i : i+3] {
+				switch a.kind {
+				case armOff:
+					off = a
+				case armOn:
+					on = a
+				case armEmpty:
+					emp = a
+				}
 			}
-			if pending == nil {
-				pending = &arms[i]
-				continue
-			}
-			off, on := *pending, a
-			if off.daemon {
-				off, on = on, off
-			}
-			pending = nil
-			pair++
-			ratios = append(ratios, on.iops/off.iops)
-			fmt.Fprintf(&b, "%-6d %10.0f %10.0f %10.3f | %8.1f %7.3f %6.1f %6.0f %8d %8d %8.0f %6.0f %8d\n", pair,
-				off.iops, on.iops, on.iops/off.iops, on.bps/1e6, on.cpu, on.rssMB, on.sampleN,
-				on.progNs["block_rq_issue"], on.progNs["block_rq_complete"], on.perRequest, on.lost, on.progRuns[probe.ProgBlockRqRequeue])
+			offs, ons, emps = append(offs, off.iops), append(ons, on.iops), append(emps, emp.iops)
+			rOn, rEmp = append(rOn, on.iops/off.iops), append(rEmp, emp.iops/off.iops)
+			cpus, rss = append(cpus, on.cpu), append(rss, on.rssMB)
+			nsReq, eReq = append(nsReq, on.perRequest), append(eReq, emp.perRequest)
+			lost = max(lost, on.lost)
+			fmt.Fprintf(&b, "%-5d %9.0f %9.0f %6.3f %9.0f %6.3f | %7.0f %7.3f %5.1f %5.0f %6d %6d %6.0f %5.0f | %6d %6d %6.0f\n", i/3+1,
+				off.iops, on.iops, on.iops/off.iops, emp.iops, emp.iops/off.iops,
+				on.bps/1e6, on.cpu, on.rssMB, on.sampleN,
+				on.progNs[probe.ProgBlockRqIssue], on.progNs[probe.ProgBlockRqComplete], on.perRequest, on.lost,
+				emp.progNs[probe.ProgBlockRqIssue], emp.progNs[probe.ProgBlockRqComplete], emp.perRequest)
 		}
-		fmt.Fprintf(&b, "%-6s %10.0f %10.0f %10.3f | daemon cpu %.3f of a core; ratio of means %.3f\n", "mean",
-			mean(offs), mean(ons), mean(ratios), mean(cpus), mean(ons)/mean(offs))
+		fmt.Fprintf(&b, "%-5s %9.0f %9.0f %6.3f %9.0f %6.3f | %7s %7.3f %5.1f %5s %6s %6s %6.0f %5.0f | %6s %6s %6.0f\n", "mean",
+			mean(offs), mean(ons), mean(ons)/mean(offs), mean(emps), mean(emps)/mean(offs),
+			"", mean(cpus), mean(rss), "", "", "", mean(nsReq), lost, "", "", mean(eReq))
+		fmt.Fprintf(&b, "%-5s %9s %9s %6.3f %9s %6.3f   (median of the rounds' ratios)\n", "med", "", "", median(rOn), "", median(rEmp))
 	}
+	b.WriteString("\ncpu: daemon CPU time / wall time (1 = one core); RSS in MB; N: sampling period at the end;\n" +
+		"issue, compl: ns per run from bpf_stats; ns/req: all block programs' run time per completed request;\n" +
+		"lost: readaheadd_bpf_events_lost_total; e.*: the same for the empty pair.\n")
 	t.Log(b.String())
 	if p := os.Getenv("READAHEADD_BENCH_OUT"); p != "" {
 		require.NoError(t, os.WriteFile(p, []byte(b.String()), 0o644))
