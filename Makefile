@@ -25,7 +25,7 @@ generate:
 # missing from git).
 check-generate: generate
 	git diff --exit-code -- pkg cmd bpf || { echo "BPF objects differ from bpf/ sources: run 'make generate' and commit"; exit 1; }
-	test -z "$$(git status --porcelain --untracked-files=all -- pkg cmd bpf)" || { git status --short -- pkg cmd bpf; echo "generated files not in git: run 'make generate' and commit them"; exit 1; }
+	test -z "$$(git status --porcelain --untracked-files=all -- ':(glob)**/*_bpfel.go' ':(glob)**/*_bpfel.o')" || { git status --short -- ':(glob)**/*_bpfel.*'; echo "generated BPF objects not in git: run 'make generate' and commit them"; exit 1; }
 
 # The lab's FUSE server (libfuse3, Debian's libfuse3-dev).
 labfs: $(LABFS)
