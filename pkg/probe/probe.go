@@ -512,13 +512,7 @@ func (p *Probe) adjustSampling(now time.Time) {
 	if p.closed {
 		return
 	}
-	var k uint32
-	var slot probeDevSlot
-	it := p.objs.Devslots.Iterate()
-	for it.Next(&k, &slot) {
-		if slot.Dev == 0 {
-			continue
-		}
+	for k, slot := range p.devSlots() {
 		// Issued counts every read request, sampled or not, on one shared
 		// line: no per-CPU sum needed.
 		s := p.sampler[k]
@@ -541,6 +535,29 @@ func (p *Probe) adjustSampling(now time.Time) {
 		}
 		s.every = e
 	}
+}
+
+// devSlots returns the claimed disk slots: with a device list, only its
+// slots are read (one lookup each, ten times a second), else all 64.
+func (p *Probe) devSlots() map[uint32]probeDevSlot {
+	out := map[uint32]probeDevSlot{}
+	var slot probeDevSlot
+	if n := len(p.cfg.Devices); n > 0 {
+		for k := range uint32(n) {
+			if err := p.objs.Devslots.Lookup(k, &slot); err == nil && slot.Dev != 0 {
+				out[k] = slot
+			}
+		}
+		return out
+	}
+	var k uint32
+	it := p.objs.Devslots.Iterate()
+	for it.Next(&k, &slot) {
+		if slot.Dev != 0 {
+			out[k] = slot
+		}
+	}
+	return out
 }
 
 // SamplePeriod returns the sampling period for a disk issuing rate requests

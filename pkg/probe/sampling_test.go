@@ -115,3 +115,68 @@ func TestSamplingIsUnbiasedOnLoopDevice(t *testing.T) {
 		assert.Equal(t, uint64(est[k]), s.Files[k].Bytes)
 	}
 }
+
+// Above its budget a disk's small requests are sampled 1 in N, N following
+// the rate; the device's counts stay exact.
+func TestAdaptiveSamplingFollowsTheRate(t *testing.T) {
+	needRoot(t, "loads BPF programs and creates a loop device")
+	l := newLab(t, 64)
+	path, key := l.writeFile(t, "r", mb(24))
+	dropCaches(t)
+	const budget = 200
+	p, err := Load(Config{Devices: []Dev{l.Dev}, Poll: 20 * time.Millisecond, SampleBudget: budget})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, p.Close()) })
+	var c collector
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx, &c) }()
+
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_RANDOM))
+	rng := rand.New(rand.NewPCG(3, 4))
+	buf := make([]byte, 4096)
+	pages := rng.Perm(int(mb(24) / 4096))
+	start := time.Now()
+	var reads int
+	for _, pg := range pages {
+		_, err := f.ReadAt(buf, int64(pg)*4096)
+		require.NoError(t, err)
+		reads++
+		if time.Since(start) > 1500*time.Millisecond {
+			break
+		}
+	}
+	rate := float64(reads) / time.Since(start).Seconds()
+	s, err := p.Stats()
+	require.NoError(t, err)
+	time.Sleep(60 * time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	ds := s.Devices[l.Dev]
+	t.Logf("%d reads at %.0f/s: %d requests, %d sampled, period %d", reads, rate, ds.Requests, ds.Sampled, ds.SampleEvery)
+	require.Greater(t, rate, 4.0*budget, "the reads must outrun the budget for this test to mean anything")
+	assert.Greater(t, ds.SampleEvery, uint32(1))
+	assert.LessOrEqual(t, ds.SampleEvery, 2*SamplePeriod(rate, budget, 1))
+	assert.GreaterOrEqual(t, ds.Requests, uint64(reads)-16, "counts stay exact")
+	assert.Less(t, ds.Sampled, ds.Requests/2)
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var est uint64
+	weighted := 0
+	for _, r := range c.recs {
+		if r.Weight > 1 {
+			weighted++
+		}
+		if r.File == key {
+			est += uint64(r.Bytes) * r.W()
+		}
+	}
+	assert.Positive(t, weighted, "records carry their weight")
+	// Every request read this file: the weighted estimate is its byte count,
+	// within the noise of the period changing on the way.
+	assert.InDelta(t, float64(ds.Bytes), float64(est), 0.25*float64(ds.Bytes))
+}
