@@ -96,6 +96,8 @@ struct request {
 	unsigned int __data_len;
 	unsigned long long __sector;
 	struct bio *bio;
+	unsigned long long start_time_ns;
+	unsigned long long io_start_time_ns;
 };
 
 /* Kernels before 5.17 kept the disk in the request. */

@@ -2,18 +2,23 @@
 /*
  * readaheadd's block-read probe.
  *
- * block_rq_issue: for a read on a watched disk, stamp the request (time,
- * in-flight depth) in `inflight`, keyed by the request pointer.
- * block_rq_complete: look the stamp up and delete it, attribute the request
- * to a file through its first page (bio->bi_io_vec[0].bv_page->mapping->host),
- * update the per-disk and per-file aggregates and stream one struct rec.
+ * block_rq_issue: for a read on a watched disk, count it in flight and mark
+ * its in-flight slot (the request's driver-tag home in its disk's region):
+ * depth at issue, and whether this request is sampled.
+ * block_rq_complete: for a marked request, count it completed; per-disk
+ * totals and latency histogram for every request (latency from the
+ * request's own io_start_time_ns when the queue keeps it); for a sampled
+ * request only: attribution to a file through its first page
+ * (bio->bi_io_vec[0].bv_page->mapping->host), per-file totals weighted by
+ * the sampling rate, one struct rec in the ring.
  * page_cache_sync_ra / page_cache_async_ra: stream which process runs
  * readahead on which file, with the open file's window.
  *
- * Cost matters (this runs for every block read): attribution happens only at
- * completion, pointers are followed with direct BTF loads (no probe_read
- * helper calls), and ring-buffer submissions do not wake the reader unless
- * the ring is filling; user space polls.
+ * Cost matters (this runs for every block read): above a per-disk rate set
+ * by user space (sampling[]), only 1 in N requests is attributed and
+ * streamed, while counts, bytes and the latency histogram stay exact;
+ * pointers are followed with direct BTF loads, and ring-buffer submissions
+ * do not wake the reader unless the ring is filling; user space polls.
  */
 #include "kernel.h"
 #include <bpf/bpf_helpers.h>
@@ -71,7 +76,7 @@ struct rec {
 	u64 issue_ns;
 	u64 latency_ns;
 	u32 file_dev;
-	u32 _pad1;
+	u32 weight; /* requests this record stands for: the sampling period N */
 	u64 ino;
 	u64 offset;
 };
@@ -101,35 +106,39 @@ struct ra_event {
  * cold lines (bucket, element, free list, lock).
  *
  * The in-flight table has a region of INFLIGHT_REGION slots per disk slot;
- * a request's home slot in it is its driver tag (mixed with its hardware
- * queue). Tags are small and reused in order, so the slots of requests in
- * flight share a few lines that stay in cache; the slot holds the request's
- * address to tell requests apart, and a claim is a compare-and-swap of it,
- * probing up to INFLIGHT_PROBES slots in the region.
+ * a request's slot in it is its home, from its driver tag and hardware
+ * queue (rq_home). Tags are small and reused in order, so the slots of
+ * requests in flight share a few lines that stay in cache; the slot holds
+ * the request's address to tell requests apart.
  */
-#define INFLIGHT_REGION_BITS 9
+#define INFLIGHT_REGION_BITS 10
 #define INFLIGHT_REGION (1 << INFLIGHT_REGION_BITS)
-#define INFLIGHT_PROBES 8
 /* A slot held this long lost its completion (e.g. a request issued just
- * before a detach): the next claimer may take it over. */
+ * before a detach): the next request homed there may take it over. */
 #define INFLIGHT_STALE_NS (60ULL * 1000000000ULL)
 
 struct inflight_val {
 	u64 rq;       /* request address; 0 = free */
-	u64 issue_ns; /* 0 while being claimed or free */
-	u32 dev_slot;
-	u32 depth;
+	u64 issue_ns; /* sampled: issue time; else the request's start_time_ns (for staleness) */
+	u32 depth;    /* sampled: read requests in flight at issue, this one included */
+	u32 weight;   /* sampled: the sampling period N; 0 = not sampled */
 };
+
+/* Only requests smaller than this are sampled (pkg/probe SampleBelow). */
+#define SAMPLE_BELOW (32 << 10)
 
 #define DEV_BITS 6
 #define DEV_SLOTS (1 << DEV_BITS)
 #define DEV_PROBES 8
 
-/* Shared per disk: identity and the in-flight count (depth needs one
- * global number). */
+/* Shared per disk: identity and the issued / completed counts of read
+ * requests (in flight = issued - completed; issued numbers the requests for
+ * sampling). */
 struct dev_slot {
 	u64 dev; /* whole disk; 0 = free slot (64 bits for cmpxchg) */
-	s64 inflight; /* read requests issued and not yet completed */
+	u64 issued;
+	u64 completed;
+	u64 _pad;
 };
 
 /* Per disk and per CPU: totals, added without atomics on CPU-local lines;
@@ -140,6 +149,9 @@ struct dev_stats {
 	u64 latency_ns;
 	u64 errors;
 	u64 hist[HIST_BUCKETS];
+	u64 sampled;  /* requests attributed and streamed */
+	u64 untimed;  /* requests without a latency (not in hist or latency_ns) */
+	u64 alloc_timed; /* unsampled requests timed from start_time_ns (no io_start_time_ns) */
 };
 
 struct file_key {
@@ -184,6 +196,16 @@ struct {
 	__type(key, u32);
 	__type(value, struct dev_stats);
 } devstats SEC(".maps");
+
+/* Per disk slot, written by user space: sampling period minus one (a power
+ * of two minus one). Request number `issued` is sampled when
+ * (issued & mask) == 0. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, DEV_SLOTS);
+	__type(key, u32);
+	__type(value, u32);
+} sampling SEC(".maps");
 
 /* Per-file totals since load, per CPU (no atomics); LRU keeps the active
  * files when more than max_entries files are read. */
@@ -272,18 +294,14 @@ static __always_inline u32 hash_bits(u64 v, u32 bits)
 	return (u32)((v * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
 }
 
-/* The request's address as a plain number, to hash and compare. The
- * verifier forbids arithmetic on the trusted pointer itself; reading the
- * tracepoint's argument word yields the same value as a scalar. */
-static __always_inline u64 rq_addr(void *ctx)
-{
-	u64 a = 0;
-	bpf_probe_read_kernel(&a, sizeof(a), ctx);
-	return a;
-}
 
 /* The request's home slot in its disk's in-flight region: its driver tag
- * mixed with its hardware queue, or -1 without a tag. */
+ * plus 256 per hardware queue, or -1 without a tag. A tag belongs to one
+ * request at a time within its queue, so a home is free of collisions for
+ * tags < 256 on up to 4 hardware queues (loop: 1 queue; virtio here: 2);
+ * beyond that two requests may share a home and the later one is not
+ * traced (Lost.Inflight). One home per request is what lets completion find
+ * its slot with a single lookup, sampled or not. */
 static __always_inline int rq_home(struct request *rq)
 {
 	int tag = rq->tag;
@@ -293,7 +311,7 @@ static __always_inline int rq_home(struct request *rq)
 	struct blk_mq_hw_ctx *hctx = rq->mq_hctx;
 	if (hctx)
 		hq = hctx->queue_num;
-	return (int)(((u32)tag + hq * 61) & (INFLIGHT_REGION - 1));
+	return (int)(((u32)tag + (hq << 8)) & (INFLIGHT_REGION - 1));
 }
 
 /* Finds or claims dev's slot in devslots. */
@@ -320,62 +338,98 @@ static __always_inline struct dev_slot *dev_slot_of(u32 dev, u32 *slot)
 	return 0;
 }
 
-SEC("tp_btf/block_rq_issue")
-int BPF_PROG(block_rq_issue, struct request *rq)
+/*
+ * The disk slot of a read request on a watched disk, or -1. With a device
+ * list the slot is the disk's index in it (user space wrote its devslots
+ * entry before attaching): a few compares against verifier-known constants,
+ * the cheapest filter there is for the handful of disks a daemon watches.
+ */
+static __always_inline int disk_slot(struct request *rq, struct dev_slot **dsp)
 {
 	if ((rq->cmd_flags & REQ_OP_MASK) != REQ_OP_READ)
-		return 0;
+		return -1;
 	u32 dev = rq_disk_dev(rq);
-	if (!dev || !watched(dev))
-		return 0;
-	u32 dslot = 0;
-	struct dev_slot *ds = dev_slot_of(dev, &dslot);
-	if (!ds)
-		return 0;
-	u64 key = rq_addr(ctx);
-	if (!key)
-		return 0;
+	if (!dev)
+		return -1;
+	u32 n = n_filter_devs;
+	u32 slot = 0;
+	if (n) {
+		int i;
+		for (i = 0; i < MAX_FILTER_DEVS; i++) {
+			if (i >= n)
+				return -1;
+			if (filter_devs[i] == dev)
+				break;
+		}
+		if (i >= MAX_FILTER_DEVS)
+			return -1;
+		slot = i;
+		*dsp = bpf_map_lookup_elem(&devslots, &slot);
+	} else {
+		*dsp = dev_slot_of(dev, &slot);
+	}
+	if (!*dsp)
+		return -1;
+	return slot;
+}
+
+static __always_inline struct inflight_val *home_slot(struct request *rq, u32 dslot)
+{
 	int home = rq_home(rq);
 	if (home < 0)
 		return 0;
-	u64 now = bpf_ktime_get_ns();
-	for (u32 i = 0; i < INFLIGHT_PROBES; i++) {
-		u32 k = dslot * INFLIGHT_REGION + ((home + i) & (INFLIGHT_REGION - 1));
-		struct inflight_val *v = bpf_map_lookup_elem(&inflight, &k);
-		if (!v)
-			return 0;
-		u64 cur = v->rq;
-		if (cur == key) {
-			/* Issued again without a requeue event seen: in flight
-			 * once, timed from its last issue. */
-			v->issue_ns = now;
-			return 0;
-		}
-		if (cur == 0) {
-			if (__sync_val_compare_and_swap(&v->rq, 0, key) != 0)
-				continue; /* another CPU took it */
-		} else {
-			u64 ts = v->issue_ns;
-			if (ts == 0 || now - ts < INFLIGHT_STALE_NS)
-				continue;
-			/* Take over a stale slot: claim its timestamp first, so
-			 * no one else sees it stale meanwhile. */
-			if (__sync_val_compare_and_swap(&v->issue_ns, ts, now) != ts)
-				continue;
-			count_lost(LOST_STALE);
-			u32 os = v->dev_slot;
-			struct dev_slot *ods = bpf_map_lookup_elem(&devslots, &os);
-			if (ods)
-				__sync_fetch_and_add(&ods->inflight, -1);
-			v->rq = key;
-		}
-		s64 depth = __sync_fetch_and_add(&ds->inflight, 1) + 1;
-		v->dev_slot = dslot;
-		v->depth = depth > 0 ? (u32)depth : 1;
-		v->issue_ns = now;
+	u32 k = dslot * INFLIGHT_REGION + (u32)home;
+	return bpf_map_lookup_elem(&inflight, &k);
+}
+
+SEC("tp_btf/block_rq_issue")
+int BPF_PROG(block_rq_issue, struct request *rq)
+{
+	struct dev_slot *ds = 0;
+	int slot = disk_slot(rq, &ds);
+	if (slot < 0 || !ds)
 		return 0;
+	struct inflight_val *v = home_slot(rq, slot);
+	if (!v)
+		return 0;
+	u64 key = (u64)rq;
+	if (!key)
+		return 0;
+	u64 cur = v->rq;
+	if (cur == key) {
+		/* Issued again without its requeue seen: its first issue counts as done. */
+		__sync_fetch_and_add(&ds->completed, 1);
+	} else if (cur) {
+		/* Another request holds this home: a collision, or a slot whose
+		 * completion was never seen (taken over after 60 s). */
+		u64 ts = v->issue_ns;
+		if (!ts || bpf_ktime_get_ns() - ts < INFLIGHT_STALE_NS) {
+			count_lost(LOST_INFLIGHT);
+			return 0;
+		}
+		count_lost(LOST_STALE);
+		__sync_fetch_and_add(&ds->completed, 1);
 	}
-	count_lost(LOST_INFLIGHT);
+	u64 seq = __sync_fetch_and_add(&ds->issued, 1);
+	u32 m = 0;
+	/* Requests of SAMPLE_BELOW bytes or more (readahead-sized: the streams
+	 * the detector follows request by request) are always attributed. */
+	if (rq->__data_len < SAMPLE_BELOW) {
+		u32 z = slot;
+		u32 *mask = bpf_map_lookup_elem(&sampling, &z);
+		if (mask)
+			m = *mask;
+	}
+	if ((seq & m) == 0) {
+		s64 depth = (s64)(seq + 1 - ds->completed);
+		v->depth = depth > 0 ? (u32)depth : 1;
+		v->weight = m + 1;
+		v->issue_ns = bpf_ktime_get_ns();
+	} else {
+		v->weight = 0;
+		v->issue_ns = rq->start_time_ns;
+	}
+	v->rq = key;
 	return 0;
 }
 
@@ -515,68 +569,34 @@ static __always_inline void attribute(struct request *rq, struct rec *r)
 	r->offset = ((index + sub) << PAGE_SHIFT) + in;
 }
 
-/* The in-flight slot of rq, or NULL if rq is not a traced read. A real
- * loop (not unrolled): clang 14 miscompiles the unrolled form into code the
- * verifier rejects. */
-static __noinline struct inflight_val *find_inflight(struct request *rq, u64 key)
-{
-	u32 dev = rq_disk_dev(rq);
-	if (!dev)
-		return 0;
-	u32 dslot = 0;
-	u32 h = hash_bits(dev, DEV_BITS);
-	struct dev_slot *ds = 0;
-	for (u32 i = 0; i < DEV_PROBES; i++) {
-		u32 k = (h + i) & (DEV_SLOTS - 1);
-		ds = bpf_map_lookup_elem(&devslots, &k);
-		if (!ds)
-			return 0;
-		if (ds->dev == dev) {
-			dslot = k;
-			break;
-		}
-		ds = 0;
-	}
-	if (!ds)
-		return 0;
-	int home = rq_home(rq);
-	if (home < 0)
-		return 0;
-	for (u32 i = 0; i < INFLIGHT_PROBES; i++) {
-		u32 k = dslot * INFLIGHT_REGION + ((home + i) & (INFLIGHT_REGION - 1));
-		struct inflight_val *c = bpf_map_lookup_elem(&inflight, &k);
-		if (!c)
-			return 0;
-		if (c->rq == key)
-			return c;
-	}
-	return 0;
-}
-
-/* Frees a slot: timestamp first (a zero one is never stale), then the key
- * (xchg: ordered after the caller's loads). */
-static __always_inline void release(struct inflight_val *v)
-{
-	v->issue_ns = 0;
-	__sync_lock_test_and_set(&v->rq, 0);
-}
-
 /* A request put back on the queue gives up its driver tag, and will be
- * issued again, maybe with another: free its slot now. */
+ * issued again, maybe with another: count it done and free its slot now.
+ * Its tag may already be gone (-1) or another: then search its disk's
+ * region (requeues are rare: a few per 512 MB on a loop device). */
 SEC("tp_btf/block_rq_requeue")
 int BPF_PROG(block_rq_requeue, struct request *rq)
 {
-	u64 key = rq_addr(ctx);
-	if (!key)
+	struct dev_slot *ds = 0;
+	int slot = disk_slot(rq, &ds);
+	if (slot < 0 || !ds)
 		return 0;
-	struct inflight_val *v = find_inflight(rq, key);
-	if (!v || !v->issue_ns)
+	u64 key = (u64)rq;
+	struct inflight_val *v = home_slot(rq, slot);
+	if (!v || v->rq != key) {
+		v = 0;
+		for (u32 i = 0; i < INFLIGHT_REGION; i++) {
+			u32 k = (u32)slot * INFLIGHT_REGION + i;
+			struct inflight_val *c = bpf_map_lookup_elem(&inflight, &k);
+			if (c && c->rq == key) {
+				v = c;
+				break;
+			}
+		}
+	}
+	if (!v)
 		return 0;
-	u32 dslot = v->dev_slot;
-	release(v);
-	struct dev_slot *dsl = bpf_map_lookup_elem(&devslots, &dslot);
-	if (dsl)
-		__sync_fetch_and_add(&dsl->inflight, -1);
+	v->rq = 0;
+	__sync_fetch_and_add(&ds->completed, 1);
 	return 0;
 }
 
@@ -609,7 +629,7 @@ static __always_inline void flush_file(struct file_cache_entry *fc)
  * loop device's file sits on a disk's file). User space adds the pending
  * deltas when it reads.
  */
-static __always_inline void count_file(struct rec *r, u32 dev, u32 len, u64 lat, u32 depth, u64 now)
+static __always_inline void count_file(struct rec *r, u32 dev, u32 len, u64 lat, u32 depth, u64 now, u32 w)
 {
 	u32 zero = 0;
 	struct file_cache *fc = bpf_map_lookup_elem(&filecache, &zero);
@@ -637,52 +657,74 @@ static __always_inline void count_file(struct rec *r, u32 dev, u32 len, u64 lat,
 		e->delta.depth_sum = 0;
 		e->delta.disk = dev;
 	}
-	e->delta.requests++;
-	e->delta.bytes += len;
-	e->delta.latency_ns += lat;
-	e->delta.depth_sum += depth;
+	/* Weighted by the sampling period: unbiased estimates of the file's
+	 * totals (exact when every request is sampled). */
+	e->delta.requests += w;
+	e->delta.bytes += (u64)len * w;
+	e->delta.latency_ns += lat * w;
+	e->delta.depth_sum += (u64)depth * w;
 	e->delta.last_ns = now;
 }
 
 SEC("tp_btf/block_rq_complete")
 int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 {
-	u64 key = rq_addr(ctx);
-	if (!key)
+	struct dev_slot *ds = 0;
+	int slot = disk_slot(rq, &ds);
+	if (slot < 0 || !ds)
 		return 0;
-	struct inflight_val *v = find_inflight(rq, key);
-	if (!v)
-		return 0; /* not a traced read */
 	unsigned int len = rq->__data_len;
 	/* A partial completion (more calls follow for this request): wait for the last. */
 	if (nr_bytes < len)
 		return 0;
-	u64 now = bpf_ktime_get_ns();
+	struct inflight_val *v = home_slot(rq, slot);
+	if (!v)
+		return 0;
+	u64 key = (u64)rq;
+	if (!key || v->rq != key)
+		return 0; /* not counted at issue (issued before attach, or a collision) */
+	u32 w = v->weight;
+	u32 depth = v->depth;
 	u64 issue = v->issue_ns;
-	u32 dslot = v->dev_slot, depth = v->depth;
-	if (!issue)
-		return 0; /* claimed on another CPU this instant: not ours to end */
-	release(v);
-
-	struct dev_slot *dsl = bpf_map_lookup_elem(&devslots, &dslot);
-	u32 dev = 0;
-	if (dsl) {
-		dev = (u32)dsl->dev;
-		__sync_fetch_and_add(&dsl->inflight, -1);
+	v->rq = 0;
+	__sync_fetch_and_add(&ds->completed, 1);
+	u64 now = bpf_ktime_get_ns();
+	if (!w) {
+		/* Not sampled: the kernel's own stamps. io_start_time_ns is the
+		 * issue time when the queue collects statistics; start_time_ns
+		 * (allocation, so it includes time queued before issue) when it
+		 * keeps I/O accounting only. */
+		issue = 0;
+		if (bpf_core_field_exists(rq->io_start_time_ns))
+			issue = rq->io_start_time_ns;
 	}
-	u64 lat = now - issue;
-	struct dev_stats *ds = bpf_map_lookup_elem(&devstats, &dslot);
-	if (ds) {
-		ds->requests++;
-		ds->bytes += len;
-		ds->latency_ns += lat;
-		if (error)
-			ds->errors++;
+	u32 dslot = slot;
+	struct dev_stats *st = bpf_map_lookup_elem(&devstats, &dslot);
+	if (!st)
+		return 0;
+	if (!issue && !w && bpf_core_field_exists(rq->start_time_ns)) {
+		issue = rq->start_time_ns;
+		if (issue)
+			st->alloc_timed++;
+	}
+	st->requests++;
+	st->bytes += len;
+	if (error)
+		st->errors++;
+	u64 lat = 0;
+	if (issue && issue <= now) {
+		lat = now - issue;
+		st->latency_ns += lat;
 		u32 b = log2_bucket(lat / 1000);
 		if (b >= HIST_BUCKETS)
 			b = HIST_BUCKETS - 1;
-		ds->hist[b]++;
+		st->hist[b]++;
+	} else {
+		st->untimed++;
 	}
+	if (!w)
+		return 0;
+	st->sampled++;
 
 	/* Built on the stack and copied with bpf_ringbuf_output: the per-file
 	 * counters need the attribution even when the ring is full. */
@@ -690,20 +732,20 @@ int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_b
 	r->type = EVENT_READ;
 	r->error = error != 0;
 	r->_pad0 = 0;
-	r->dev = dev;
+	r->dev = (u32)ds->dev;
 	r->sector = rq->__sector;
 	r->bytes = len;
 	r->depth = depth;
 	r->issue_ns = issue;
 	r->latency_ns = lat;
 	r->file_dev = 0;
-	r->_pad1 = 0;
+	r->weight = w;
 	r->ino = 0;
 	r->offset = 0;
 	attribute(rq, r);
 
 	if (r->kind == KIND_FILE)
-		count_file(r, dev, len, lat, depth, now);
+		count_file(r, r->dev, len, lat, depth, now, w);
 
 	u64 flags = BPF_RB_NO_WAKEUP;
 	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)

@@ -30,18 +30,19 @@ import (
 
 // runEnv is what `run` touches outside the process; tests replace parts.
 type runEnv struct {
-	sys        blockdev.SysFS
-	clk        clock.Clock
-	openProbe  func(probe.Config) (probe.Source, error)
-	signals    func(ctx context.Context) (context.Context, context.CancelFunc)
-	notify     func(state string) (bool, error)
-	onListen   func(net.Addr) // tests learn the metrics address
-	stderr     io.Writer
-	bootID     string // state.Options.BootID override for tests
-	capStatus  string // /proc/self/status, for the capability check; "" skips it
-	newControl func(controlDeps) (controller, error)
-	ringBytes  int                    // probe.Config.RingBytes; 0 is the probe's default
-	dropCaps   func(keep []int) error // nil keeps every capability (tests in-process)
+	sys          blockdev.SysFS
+	clk          clock.Clock
+	openProbe    func(probe.Config) (probe.Source, error)
+	signals      func(ctx context.Context) (context.Context, context.CancelFunc)
+	notify       func(state string) (bool, error)
+	onListen     func(net.Addr) // tests learn the metrics address
+	stderr       io.Writer
+	bootID       string // state.Options.BootID override for tests
+	capStatus    string // /proc/self/status, for the capability check; "" skips it
+	newControl   func(controlDeps) (controller, error)
+	ringBytes    int                    // probe.Config.RingBytes; 0 is the probe's default
+	sampleBudget int                    // probe.Config.SampleBudget; 0 is the probe's default, negative never samples
+	dropCaps     func(keep []int) error // nil keeps every capability (tests in-process)
 	// openRA loads the iterator of open files' readahead state; nil: none.
 	openRA func() (*fileras.Iter, error)
 }
@@ -82,11 +83,15 @@ configuration exit with code 2 before anything is changed on the machine.`,
 	// Hidden: the ring size only matters to tests that make it overflow.
 	ringKB := cmd.Flags().Int("probe-ring-kb", 0, "BPF ring buffer size in KiB (a power of two, at least a page; 0: 4096)")
 	_ = cmd.Flags().MarkHidden("probe-ring-kb")
+	// Hidden: tests that need every request streamed (to overflow the ring).
+	sampleBudget := cmd.Flags().Int("probe-sample-budget", 0, "requests per second and disk attributed before the probe samples 1 in N (0: 4096; negative: never sample)")
+	_ = cmd.Flags().MarkHidden("probe-sample-budget")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if *ringKB < 0 || *ringKB > 1<<20 || *ringKB&(*ringKB-1) != 0 || *ringKB != 0 && *ringKB*1024 < os.Getpagesize() {
 			return usageErrorf("probe-ring-kb %d: must be 0 or a power of two from the page size up to 1048576", *ringKB)
 		}
 		env.ringBytes = *ringKB * 1024
+		env.sampleBudget = *sampleBudget
 		c, err := flags.Config()
 		if err != nil {
 			return usageError{err}
@@ -187,7 +192,7 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 	if len(devs) > probe.MaxDevices {
 		devs = nil // more than the kernel filter holds: trace all; the tuner still acts only on the configured devices
 	}
-	src, err := env.openProbe(probe.Config{Devices: devs, RingBytes: env.ringBytes})
+	src, err := env.openProbe(probe.Config{Devices: devs, RingBytes: env.ringBytes, SampleBudget: env.sampleBudget})
 	if err != nil {
 		return fmt.Errorf("attach the BPF probe: %w (run `readaheadd check` for details)", err)
 	}
@@ -395,6 +400,7 @@ func probeStats(src probe.Source, attached bool, name func(probe.Dev) string, lo
 		ps.Devices = append(ps.Devices, metrics.DeviceIO{
 			Device: n, LatencyLog2US: append([]uint64(nil), d.Hist[:]...),
 			LatencySum: d.LatencySum, Bytes: d.Bytes, Requests: d.Requests,
+			SampleEvery: d.SampleEvery,
 		})
 	}
 	ps.EventsLost = st.Lost.Total()

@@ -42,9 +42,19 @@ type sample struct {
 	gen      uint32 // file slot's generation; for noSlot, the unattributed stream
 	class    uint8
 	flags    uint8
+	weight   uint16 // requests this one stands for (probe.Record.Weight); 0 or 1: itself
 }
 
 func (s *sample) issue() int64 { return s.complete - s.lat }
+
+// w is the sample's weight in request and byte counts: the probe attributes
+// 1 in N small requests on a disk above its rate budget.
+func (s *sample) w() uint64 {
+	if s.weight == 0 {
+		return 1
+	}
+	return uint64(s.weight)
+}
 
 // sizeClass is ceil(log2(bytes)): requests of 65..128 KiB share class 17.
 func sizeClass(b uint32) uint8 {
@@ -229,6 +239,7 @@ func (d *Detector) Observe(r probe.Record) {
 		depth:    r.Depth,
 		slot:     noSlot,
 		class:    sizeClass(r.Bytes),
+		weight:   uint16(min(r.W(), 1<<16-1)),
 	}
 	ds.n++
 	if r.Kind != probe.KindFile || r.File.IsZero() {
@@ -245,8 +256,8 @@ func (d *Detector) Observe(r probe.Record) {
 
 // sequence updates f's sequencing state with r and returns r's flags.
 func (d *Detector) sequence(ds *deviceState, f *fileState, r *probe.Record, seq uint64) uint8 {
-	f.requests++
-	f.bytes += uint64(r.Bytes)
+	f.requests += r.W()
+	f.bytes += uint64(r.Bytes) * r.W()
 	offEnd := r.Offset + uint64(r.Bytes)
 	secEnd := r.Sector + uint64(r.Bytes+511)/512
 	issue := int64(r.Issue)

@@ -326,7 +326,7 @@ func (d *Detector) setStats(set []sample, idx []int32, reqs, byts *uint64, p50, 
 	sc := &d.sc
 	sc.vals = sc.vals[:0]
 	sc.ivals = sc.ivals[:0]
-	var b uint64
+	var b, wn uint64
 	var depth, sumLat float64
 	n := len(set)
 	if idx != nil {
@@ -334,13 +334,16 @@ func (d *Detector) setStats(set []sample, idx []int32, reqs, byts *uint64, p50, 
 	}
 	for k := 0; k < n; k++ {
 		s := d.at(set, idx, k)
-		b += uint64(s.bytes)
+		// Counts and bytes with the sampling weight; latencies and depths
+		// are sampled uniformly, so their percentiles and means are not.
+		b += uint64(s.bytes) * s.w()
+		wn += s.w()
 		depth += float64(s.depth)
 		sumLat += float64(s.lat)
 		sc.vals = append(sc.vals, float64(s.lat))
 		sc.ivals = append(sc.ivals, [2]int64{s.issue(), s.complete})
 	}
-	*reqs, *byts = uint64(n), b
+	*reqs, *byts = wn, b
 	if n == 0 {
 		return 0, 0
 	}
@@ -348,7 +351,7 @@ func (d *Detector) setStats(set []sample, idx []int32, reqs, byts *uint64, p50, 
 	*p50 = durNS(percentile(sc.vals, 0.50))
 	*p95 = durNS(percentile(sc.vals, 0.95))
 	*p99 = durNS(percentile(sc.vals, 0.99))
-	*meanSize = float64(b) / float64(n)
+	*meanSize = float64(b) / float64(wn)
 	*meanDepth = depth / float64(n)
 	busy := busyNS(sc.ivals)
 	if busy > 0 {

@@ -28,6 +28,7 @@ var (
 	descRegime   = desc("regime_active", "1 while the detector sees this slowdown regime on the device (on the device or on any of its files), else 0.", "device", "regime")
 	descActions  = desc("actions_total", "Tuner actions by kind and outcome (kept: it paid; undone: it did not; failed: it could not be applied).", "device", "action", "result")
 	descFiles    = desc("files_adjusted", "Open files whose readahead window readaheadd currently holds changed.", "device")
+	descSample   = desc("probe_sample_every", "The probe attributes and streams 1 in this many read requests of the device (1: all); counts, bytes and the latency histogram include every request.", "device")
 	descLost     = desc("bpf_events_lost_total", "Probe events dropped because the ring buffer was full.")
 	descRunTime  = desc("bpf_run_seconds_total", "Kernel CPU time spent in each BPF program (needs kernel.bpf_stats_enabled=1).", "program")
 	descAttached = desc("probe_attached", "1 when the BPF programs are loaded and attached.")
@@ -50,7 +51,7 @@ func NewCollector(src Sources) *Collector { return &Collector{src: src} }
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLatency, descBytes, descRequests, descRA, descRAOrig,
-		descRegime, descActions, descFiles, descLost, descRunTime, descAttached, descDryRun, descTunerErr, descRepeated, descTracked, descEvicted, descOpenWin} {
+		descRegime, descActions, descFiles, descSample, descLost, descRunTime, descAttached, descDryRun, descTunerErr, descRepeated, descTracked, descEvicted, descOpenWin} {
 		ch <- d
 	}
 }
@@ -71,6 +72,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstHistogram(descLatency, count, sum, buckets, d.Device)
 			ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, float64(d.Bytes), d.Device)
 			ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(d.Requests), d.Device)
+			ch <- prometheus.MustNewConstMetric(descSample, prometheus.GaugeValue, float64(max(d.SampleEvery, 1)), d.Device)
 		}
 		// A watched device not read from yet: its series at zero, with
 		// every bucket, rather than absent.
@@ -83,6 +85,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstHistogram(descLatency, count, sum, buckets, d.Name)
 			ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, 0, d.Name)
 			ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, 0, d.Name)
+			ch <- prometheus.MustNewConstMetric(descSample, prometheus.GaugeValue, 1, d.Name)
 		}
 		ch <- prometheus.MustNewConstMetric(descLost, prometheus.CounterValue, float64(ps.EventsLost))
 		progs := make([]string, 0, len(ps.ProgramRunTime))

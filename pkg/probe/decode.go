@@ -33,6 +33,7 @@ func decodeRecord(b []byte) (Record, error) {
 		Depth:   le.Uint32(b[20:]),
 		Issue:   time.Duration(le.Uint64(b[24:])),
 		Latency: time.Duration(le.Uint64(b[32:])),
+		Weight:  max(le.Uint32(b[44:]), 1),
 	}
 	if r.Kind > KindUnknown {
 		return Record{}, fmt.Errorf("decode read record: kind %d out of range", b[1])

@@ -14,18 +14,23 @@ import (
 )
 
 type probeDevSlot struct {
-	_        structs.HostLayout
-	Dev      uint64
-	Inflight int64
+	_         structs.HostLayout
+	Dev       uint64
+	Issued    uint64
+	Completed uint64
+	Pad       uint64
 }
 
 type probeDevStats struct {
-	_         structs.HostLayout
-	Requests  uint64
-	Bytes     uint64
-	LatencyNs uint64
-	Errors    uint64
-	Hist      [28]uint64
+	_          structs.HostLayout
+	Requests   uint64
+	Bytes      uint64
+	LatencyNs  uint64
+	Errors     uint64
+	Hist       [28]uint64
+	Sampled    uint64
+	Untimed    uint64
+	AllocTimed uint64
 }
 
 type probeFileCache struct {
@@ -63,8 +68,8 @@ type probeInflightVal struct {
 	_       structs.HostLayout
 	Rq      uint64
 	IssueNs uint64
-	DevSlot uint32
 	Depth   uint32
+	Weight  uint32
 }
 
 type probeRaEvent struct {
@@ -98,7 +103,7 @@ type probeRec struct {
 	IssueNs   uint64
 	LatencyNs uint64
 	FileDev   uint32
-	Pad1      uint32
+	Weight    uint32
 	Ino       uint64
 	Offset    uint64
 }
@@ -114,6 +119,7 @@ const (
 	probeMapFilestats         = "filestats"
 	probeMapInflight          = "inflight"
 	probeMapLost              = "lost"
+	probeMapSampling          = "sampling"
 	probeProgBlockRqComplete  = "block_rq_complete"
 	probeProgBlockRqIssue     = "block_rq_issue"
 	probeProgBlockRqRequeue   = "block_rq_requeue"
@@ -186,6 +192,7 @@ type probeMapSpecs struct {
 	Filestats *ebpf.MapSpec `ebpf:"filestats"`
 	Inflight  *ebpf.MapSpec `ebpf:"inflight"`
 	Lost      *ebpf.MapSpec `ebpf:"lost"`
+	Sampling  *ebpf.MapSpec `ebpf:"sampling"`
 }
 
 // probeVariableSpecs contains global variables before they are loaded into the kernel.
@@ -226,6 +233,7 @@ type probeMaps struct {
 	Filestats *ebpf.Map `ebpf:"filestats"`
 	Inflight  *ebpf.Map `ebpf:"inflight"`
 	Lost      *ebpf.Map `ebpf:"lost"`
+	Sampling  *ebpf.Map `ebpf:"sampling"`
 }
 
 func (m *probeMaps) Close() error {
@@ -237,6 +245,7 @@ func (m *probeMaps) Close() error {
 		m.Filestats,
 		m.Inflight,
 		m.Lost,
+		m.Sampling,
 	)
 }
 

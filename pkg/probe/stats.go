@@ -36,17 +36,33 @@ func HistBucket(d time.Duration) int {
 	return b
 }
 
-// DeviceStats are one disk's read totals since load.
+// DeviceStats are one disk's read totals since load. Requests, Bytes,
+// Errors, LatencySum and Hist count every request, sampled or not.
 type DeviceStats struct {
 	Requests   uint64
 	Bytes      uint64
 	Errors     uint64
-	LatencySum time.Duration
-	InFlight   int64 // read requests issued and not completed, now
+	LatencySum time.Duration // over the Requests - Untimed requests in Hist
+	InFlight   int64         // read requests issued and not completed, now
 	Hist       [HistBuckets]uint64
+	// Sampled counts the requests attributed to files and streamed as
+	// records (all of them while the disk is under Config.SampleBudget).
+	Sampled uint64
+	// Untimed counts requests without a latency: not sampled, on a queue
+	// that keeps neither I/O statistics nor accounting timestamps.
+	Untimed uint64
+	// AllocTimed counts unsampled requests timed from their allocation
+	// (request start_time_ns: includes time queued before issue) because
+	// the queue keeps no issue time (io_start_time_ns, set only while the
+	// queue collects statistics).
+	AllocTimed uint64
+	// SampleEvery is the current sampling period N: 1 in N requests is
+	// attributed and streamed (1: every request).
+	SampleEvery uint32
 }
 
-// FileStats are one file's read totals since load.
+// FileStats are one file's read totals since load. While a disk is
+// sampled they are estimates: each sampled request counts for N.
 type FileStats struct {
 	File       FileKey
 	Disk       Dev // disk of the first request seen
@@ -130,7 +146,8 @@ func (s Stats) TopFiles(n int) []FileStats {
 }
 
 // Aggregator computes, in user space, the aggregates the kernel side keeps:
-// used by Replay and to check the kernel against the record stream.
+// used by Replay and to check the kernel against the record stream. Records
+// count with their weight (per-disk totals are then estimates too).
 type Aggregator struct {
 	devs  map[Dev]DeviceStats
 	files map[FileKey]FileStats
@@ -142,14 +159,17 @@ func (a *Aggregator) Add(r Record) {
 		a.devs = map[Dev]DeviceStats{}
 		a.files = map[FileKey]FileStats{}
 	}
+	w := r.W()
 	d := a.devs[r.Device]
-	d.Requests++
-	d.Bytes += uint64(r.Bytes)
-	d.LatencySum += r.Latency
+	d.Requests += w
+	d.Bytes += uint64(r.Bytes) * w
+	d.LatencySum += r.Latency * time.Duration(w)
 	if r.Error {
-		d.Errors++
+		d.Errors += w
 	}
-	d.Hist[HistBucket(r.Latency)]++
+	d.Hist[HistBucket(r.Latency)] += w
+	d.Sampled++
+	d.SampleEvery = uint32(w)
 	a.devs[r.Device] = d
 	if r.Kind != KindFile {
 		return
@@ -158,10 +178,10 @@ func (a *Aggregator) Add(r Record) {
 	if !ok {
 		f = FileStats{File: r.File, Disk: r.Device}
 	}
-	f.Requests++
-	f.Bytes += uint64(r.Bytes)
-	f.LatencySum += r.Latency
-	f.DepthSum += uint64(r.Depth)
+	f.Requests += w
+	f.Bytes += uint64(r.Bytes) * w
+	f.LatencySum += r.Latency * time.Duration(w)
+	f.DepthSum += uint64(r.Depth) * w
 	if c := r.Complete(); c > f.Last {
 		f.Last = c
 	}

@@ -85,10 +85,22 @@ type Record struct {
 	File    FileKey // set when Kind == KindFile
 	Offset  uint64  // byte offset in File of the first page, when Kind == KindFile
 	Error   bool    // the request completed with an error
+	// Weight is how many requests of Device this record stands for: the
+	// sampling period when the probe attributes 1 in N requests (above
+	// Config.SampleBudget), 1 otherwise. 0 (a Record built by hand) means 1.
+	Weight uint32
 }
 
 // Complete returns the completion time.
 func (r Record) Complete() time.Duration { return r.Issue + r.Latency }
+
+// W returns the record's weight, 1 when Weight is unset.
+func (r Record) W() uint64 {
+	if r.Weight == 0 {
+		return 1
+	}
+	return uint64(r.Weight)
+}
 
 // ReadaheadEvent says that the kernel ran readahead for File on behalf of
 // process Tgid: the reader of a file, found without looking at file

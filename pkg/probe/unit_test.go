@@ -20,7 +20,7 @@ import (
 func TestDecodeRecordMatchesBPFLayout(t *testing.T) {
 	in := probeRec{Type: eventRead, Kind: uint8(KindFile), Error: 1, Dev: uint32(MkDev(7, 3)),
 		Sector: 123456, Bytes: 131072, Depth: 4, IssueNs: 5e9, LatencyNs: 1500000,
-		FileDev: uint32(MkDev(7, 3)), Ino: 12, Offset: 1 << 30}
+		FileDev: uint32(MkDev(7, 3)), Ino: 12, Offset: 1 << 30, Weight: 16}
 	var buf bytes.Buffer
 	require.NoError(t, binary.Write(&buf, binary.LittleEndian, in))
 	require.Equal(t, recSize, buf.Len())
@@ -28,7 +28,7 @@ func TestDecodeRecordMatchesBPFLayout(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, Record{Device: MkDev(7, 3), Sector: 123456, Bytes: 131072, Issue: 5 * time.Second,
 		Latency: 1500 * time.Microsecond, Depth: 4, Kind: KindFile, File: FileKey{MkDev(7, 3), 12},
-		Offset: 1 << 30, Error: true}, r)
+		Offset: 1 << 30, Error: true, Weight: 16}, r)
 
 	// Non-file kinds carry no file even if the words are set.
 	in.Kind = uint8(KindMeta)
@@ -270,4 +270,27 @@ func TestResolverIsBounded(t *testing.T) {
 	_, ok := r.readers[FileKey{Dev: MkDev(7, 0), Ino: uint64(3 * maxResolverFiles)}]
 	r.mu.Unlock()
 	assert.True(t, ok)
+}
+
+func TestSamplePeriod(t *testing.T) {
+	const budget = 10000
+	for _, c := range []struct {
+		rate float64
+		cur  uint32
+		want uint32
+	}{
+		{0, 1, 1},
+		{budget, 1, 1},
+		{budget + 1, 1, 2},
+		{295000, 1, 32},  // 9219 a second attributed
+		{295000, 64, 64}, // 9219 fits the budget but not 3/4 of it: 64 holds
+		{200000, 32, 32}, // 6250 <= 7500: 32 is enough even with the margin
+		{200000, 1, 32},
+		{1e12, 1, maxSampleEvery},
+		{7000, 4, 1}, // well under the budget: straight down
+		{9000, 4, 2}, // under the budget, but not by the margin: one step
+	} {
+		assert.Equal(t, c.want, SamplePeriod(c.rate, budget, c.cur), "rate %.0f from %d", c.rate, c.cur)
+	}
+	assert.Equal(t, uint32(1), SamplePeriod(1e9, 0, 8), "no budget: no sampling")
 }

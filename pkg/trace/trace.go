@@ -76,10 +76,12 @@ type acc struct {
 }
 
 func (a *acc) add(r probe.Record, rnd *uint64) {
-	a.bytes += uint64(r.Bytes)
-	a.requests++
-	a.latSum += r.Latency
-	a.depthSum += uint64(r.Depth)
+	// A record the probe sampled 1 in N stands for N requests.
+	w := r.W()
+	a.bytes += uint64(r.Bytes) * w
+	a.requests += w
+	a.latSum += r.Latency * time.Duration(w)
+	a.depthSum += uint64(r.Depth) * w
 	a.seen++
 	if len(a.samples) < maxSamples {
 		a.samples = append(a.samples, r.Latency)
@@ -155,7 +157,7 @@ func (w *Window) HandleRecord(r probe.Record) {
 	}
 	d.add(r, &w.rnd)
 	if r.Kind != probe.KindFile {
-		d.other++
+		d.other += r.W()
 		return
 	}
 	f := w.files[r.File]

@@ -123,7 +123,10 @@ func TestFaultsWhileRunning(t *testing.T) {
 	fast := newLoop(t, 64)
 	stateDir := filepath.Join(t.TempDir(), "state")
 	d := startDaemon(t, "--device", a.Name, "--device", b.Name, "--device", fast.Name, "--allow-path", a.Mount, "--allow-path", b.Mount,
-		"--state-dir", stateDir, "--interval", "200ms", "--max-read-ahead-kb", "2048", "--probe-ring-kb", "4")
+		"--state-dir", stateDir, "--interval", "200ms", "--max-read-ahead-kb", "2048", "--probe-ring-kb", "4",
+		// Every request streamed: the probe would otherwise sample the burst
+		// down to a rate the ring holds.
+		"--probe-sample-budget", "-1")
 	healthy := func(what string) {
 		t.Helper()
 		code, body, err := d.get("/healthz")

@@ -1,0 +1,182 @@
+package probe
+
+import (
+	"context"
+	"math/rand/v2"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// With 1 in 8 small requests attributed, each file's share of the bytes
+// estimated from the weighted records stays within a few percent of its
+// exact share, the device's counts stay exact, and the latencies of the
+// unsampled requests come from the kernel's own timestamps.
+func TestSamplingIsUnbiasedOnLoopDevice(t *testing.T) {
+	needRoot(t, "loads BPF programs and creates a loop device")
+	l := newLab(t, 128)
+	sizes := []int64{mb(6), mb(12), mb(18)}
+	var paths []string
+	var keys []FileKey
+	for i, sz := range sizes {
+		p, k := l.writeFile(t, string(rune('a'+i)), sz)
+		paths, keys = append(paths, p), append(keys, k)
+	}
+	dropCaches(t)
+
+	const every = 8
+	p, err := Load(Config{Devices: []Dev{l.Dev}, Poll: 20 * time.Millisecond, SampleEvery: every})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, p.Close()) })
+	var c collector
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx, &c) }()
+
+	// Every page of the three files once, in random order, with readahead
+	// off on each file (FADV_RANDOM): one 4 KiB request per read.
+	type page struct {
+		f   int
+		off int64
+	}
+	var pages []page
+	files := make([]*os.File, len(paths))
+	for i, path := range paths {
+		f, err := os.Open(path)
+		require.NoError(t, err)
+		t.Cleanup(func() { f.Close() })
+		require.NoError(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_RANDOM))
+		files[i] = f
+		for off := int64(0); off < sizes[i]; off += 4096 {
+			pages = append(pages, page{i, off})
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	rng.Shuffle(len(pages), func(i, j int) { pages[i], pages[j] = pages[j], pages[i] })
+	buf := make([]byte, 4096)
+	for _, pg := range pages {
+		_, err := files[pg.f].ReadAt(buf, pg.off)
+		require.NoError(t, err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	est := map[FileKey]float64{}
+	var n int
+	for _, r := range c.recs {
+		require.Equal(t, uint32(4096), r.Bytes, "one page per read: %+v", r)
+		require.Equal(t, uint32(every), r.Weight, "%+v", r)
+		if r.Kind == KindFile {
+			est[r.File] += float64(uint64(r.Bytes) * r.W())
+			assert.Less(t, r.Offset, uint64(sizes[len(sizes)-1]), "%+v", r)
+			assert.Zero(t, r.Offset%4096, "%+v", r)
+			n++
+		}
+		assert.Greater(t, r.Latency, time.Duration(0))
+	}
+	total := float64(mb(36))
+	for i, k := range keys {
+		exact := float64(sizes[i]) / total
+		got := est[k] / total
+		t.Logf("file %c: exact share %.3f, from %d sampled records %.3f", 'a'+i, exact, n, got)
+		// 3456 records: the standard error of a share is under 0.01.
+		assert.InDelta(t, exact, got, 0.04, "byte share of file %c", 'a'+i)
+	}
+
+	s, err := p.Stats()
+	require.NoError(t, err)
+	ds := s.Devices[l.Dev]
+	t.Logf("device: %d requests, %d sampled, %d timed from allocation, %d untimed", ds.Requests, ds.Sampled, ds.AllocTimed, ds.Untimed)
+	// Counts are exact: every page read is one request (a few may have
+	// been cached already, and a few metadata reads come on top).
+	assert.GreaterOrEqual(t, ds.Requests, uint64(len(pages))-16)
+	assert.Less(t, ds.Requests, uint64(len(pages))+64)
+	assert.Equal(t, ds.Requests*4096, ds.Bytes)
+	assert.Equal(t, uint64(len(c.recs)), ds.Sampled)
+	assert.InDelta(t, float64(ds.Requests)/every, float64(ds.Sampled), 2)
+	assert.Equal(t, uint32(every), ds.SampleEvery)
+	assert.Zero(t, ds.Untimed, "every request has a latency")
+	var histSum uint64
+	for _, v := range ds.Hist {
+		histSum += v
+	}
+	assert.Equal(t, ds.Requests, histSum)
+	assert.Equal(t, int64(0), ds.InFlight)
+	assert.Zero(t, s.Lost.Total(), "%+v", s.Lost)
+	// Per-file kernel totals are the same weighted estimates.
+	for _, k := range keys {
+		assert.Equal(t, uint64(est[k]), s.Files[k].Bytes)
+	}
+}
+
+// Above its budget a disk's small requests are sampled 1 in N, N following
+// the rate; the device's counts stay exact.
+func TestAdaptiveSamplingFollowsTheRate(t *testing.T) {
+	needRoot(t, "loads BPF programs and creates a loop device")
+	l := newLab(t, 64)
+	path, key := l.writeFile(t, "r", mb(24))
+	dropCaches(t)
+	const budget = 200
+	p, err := Load(Config{Devices: []Dev{l.Dev}, Poll: 20 * time.Millisecond, SampleBudget: budget})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, p.Close()) })
+	var c collector
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx, &c) }()
+
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_RANDOM))
+	rng := rand.New(rand.NewPCG(3, 4))
+	buf := make([]byte, 4096)
+	pages := rng.Perm(int(mb(24) / 4096))
+	start := time.Now()
+	var reads int
+	for _, pg := range pages {
+		_, err := f.ReadAt(buf, int64(pg)*4096)
+		require.NoError(t, err)
+		reads++
+		if time.Since(start) > 1500*time.Millisecond {
+			break
+		}
+	}
+	rate := float64(reads) / time.Since(start).Seconds()
+	s, err := p.Stats()
+	require.NoError(t, err)
+	time.Sleep(60 * time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	ds := s.Devices[l.Dev]
+	t.Logf("%d reads at %.0f/s: %d requests, %d sampled, period %d", reads, rate, ds.Requests, ds.Sampled, ds.SampleEvery)
+	require.Greater(t, rate, 4.0*budget, "the reads must outrun the budget for this test to mean anything")
+	assert.Greater(t, ds.SampleEvery, uint32(1))
+	assert.LessOrEqual(t, ds.SampleEvery, 2*SamplePeriod(rate, budget, 1))
+	assert.GreaterOrEqual(t, ds.Requests, uint64(reads)-16, "counts stay exact")
+	assert.Less(t, ds.Sampled, ds.Requests/2)
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var est uint64
+	weighted := 0
+	for _, r := range c.recs {
+		if r.Weight > 1 {
+			weighted++
+		}
+		if r.File == key {
+			est += uint64(r.Bytes) * r.W()
+		}
+	}
+	assert.Positive(t, weighted, "records carry their weight")
+	// Every request read this file: the weighted estimate is its byte count,
+	// within the noise of the period changing on the way.
+	assert.InDelta(t, float64(ds.Bytes), float64(est), 0.25*float64(ds.Bytes))
+}
