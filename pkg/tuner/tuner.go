@@ -56,6 +56,9 @@ type ladder struct {
 	keptAt     time.Duration
 	probeUntil time.Duration
 	probeEvery time.Duration
+	// baseM: the measure when the first step left base; keptM: when the
+	// value in force was kept (what a re-probe and the memory compare with).
+	baseM, keptM measure
 }
 
 func (l *ladder) inForce() int {
@@ -91,8 +94,14 @@ func (l *ladder) exhausted(max int) bool {
 
 type measure struct {
 	ok   bool
-	tput float64 // bytes/s while busy
+	tput float64 // bytes/s judged: busy throughput, or rate for decisions judged by rate
 	p50  time.Duration
+	// rate: the file's bytes per second over the detector's window (what
+	// the stream's reader gets, unlike busy throughput, which a larger
+	// window raises even for a reader limited by its application).
+	rate float64
+	// dev: the device's bytes per second over the same window, 0 if unknown.
+	dev float64
 }
 
 func (m measure) String() string {
@@ -108,6 +117,7 @@ type readerInfo struct {
 	appliedKB int // window the tuner last pinned on its descriptors
 	appliedAt time.Duration
 	pending   bool
+	priorAt   time.Duration // when freshOpen last looked at this reader
 }
 
 type devState struct {
@@ -127,6 +137,10 @@ type devState struct {
 	lastNeeded time.Duration
 	// reached: open files given the device-wide window (reachOpenFiles)
 	reached map[probe.FileKey]bool
+	// Back-off of outcome-driven trials on the device (policy.go): a
+	// healthy device whose streams are at its bandwidth sees them rarely.
+	outcomeFails   int
+	outcomeRetryAt time.Duration
 }
 
 type fileDec struct {
@@ -144,6 +158,14 @@ type fileDec struct {
 	notSeqLogged bool
 	// atCapLogged: the file was found at the device's capacity (logged once).
 	atCapLogged bool
+	// byRate: judged by the stream's rate, not its busy throughput (an
+	// outcome-driven or prior decision: no regime says the file is slow,
+	// so only what the reader gets counts).
+	byRate bool
+	// prior: the directory prior this decision started from (decayed if
+	// it does not pay); learnedKB: window last taught to the memory.
+	prior     *dirPrior
+	learnedKB int
 }
 
 // Tuner is the closed-loop actuator. Its methods are safe for concurrent use.
@@ -171,6 +193,13 @@ type Tuner struct {
 	trims      map[probe.FileKey]*trimDec
 	trimOffs   map[probe.FileKey]*trimOff
 	trimScanAt map[probe.FileKey]time.Duration
+	// Memory of windows that paid (memory.go, fresh.go) and its file.
+	mem           *memory
+	priorsPath    string
+	priorsSavedAt time.Duration
+	// nReaders bounds the readers table (file x process).
+	nReaders int
+	evOut    []Action // actions taken from the event path, not yet returned
 }
 
 // New builds a tuner. If the store holds originals from an earlier run that
@@ -203,6 +232,10 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 		trimScanAt: map[probe.FileKey]time.Duration{},
 		counts:     map[string]uint64{},
 		logged:     map[string]time.Duration{},
+		mem:        newMemory(),
+	}
+	if deps.Store != nil {
+		t.priorsPath = deps.Store.PriorsPath()
 	}
 	if deps.Store != nil && len(deps.Store.Entries()) > 0 {
 		t.log.Warn("tuner: originals of an earlier run were not restored (crash?); restoring them before anything else",
@@ -217,6 +250,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 		t.log.Warn("tuner: per-file windows of an earlier run were left (crash?); reset them to their devices' windows",
 			"file", deps.Store.PinsPath(), "reset", reset, "readers_gone", gone, "err", err)
 	}
+	t.loadPriors()
 	return t, nil
 }
 
@@ -236,22 +270,47 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 	}
 	r := rs[ev.Tgid]
 	if r == nil {
+		if t.nReaders >= MaxReaders {
+			// Bounded: a flood of short-lived readers must not grow the
+			// table without end. Counted; the readers already known
+			// are still served.
+			t.counts["readers/dropped"]++
+			if len(rs) == 0 {
+				delete(t.readers, ev.File)
+			}
+			return
+		}
 		r = &readerInfo{}
 		rs[ev.Tgid] = r
+		t.nReaders++
 	}
 	r.lastSeen = now
 	r.raKB = int(ev.RaPages) * probe.PageSize / 1024
-	if fd := t.files[ev.File]; fd != nil {
-		// Events emitted before the last pin (still queued in the ring
-		// buffer) show the old window of a descriptor already pinned.
-		stale := ev.Time != 0 && ev.Time < r.appliedAt
-		if w := fd.win.inForce(); w > fd.win.base && r.raKB < w && !stale {
-			// A descriptor opened after the decision (HDFS opens the
-			// block file per read): apply within the interval.
-			r.pending = true
-		}
+	// Actions taken from the event path are returned by the next
+	// ApplyPending or Step.
+	saved := t.out
+	t.out = t.evOut
+	defer func() { t.evOut, t.out = t.out, saved }()
+	fd := t.files[ev.File]
+	if fd == nil {
+		// A fresh open (or a file the memory knows): the window that paid
+		// for its neighbours, now, from the event path.
+		t.freshOpen(ev.File, ev.Tgid, r, now)
+		return
+	}
+	// Events emitted before the last pin (still queued in the ring
+	// buffer) show the old window of a descriptor already pinned.
+	stale := ev.Time != 0 && ev.Time < r.appliedAt
+	if w := fd.win.inForce(); w > fd.win.base && r.raKB < w && !stale {
+		// A descriptor opened after the decision (HDFS opens the block
+		// file per read): apply now rather than at the next tick.
+		r.pending = true
+		t.applyPendingFile(fd, now)
 	}
 }
+
+// MaxReaders bounds the tuner's table of readers (file x process).
+const MaxReaders = 65536
 
 // Step runs one interval of the closed loop on the detector's snapshot and
 // returns what was done.
@@ -259,7 +318,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.deps.Clock.Now()
-	t.out = nil
+	t.out, t.evOut = t.evOut, nil
 	t.snap = snap
 	t.fstats = make(map[probe.FileKey]detector.FileStats, len(snap.Files))
 	for _, f := range snap.Files {
@@ -326,6 +385,10 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 
 	t.repairDevices()
 
+	// Control by outcome: streams bound by their window, whatever the
+	// detector saw (policy.go). Not counted towards a device-wide need.
+	byRate := t.outcomeNeeds(snap, fileNeeds, fileDev)
+
 	// Per-file decisions, only under allow-paths.
 	if !t.scope.Empty() {
 		for key, kinds := range fileNeeds {
@@ -335,7 +398,10 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			}
 			fd := t.files[key]
 			if fd == nil {
-				fd = &fileDec{key: key, dev: d,
+				if byRate[key] && !t.outcomeDue(d) {
+					continue // the device's outcome trials are backing off
+				}
+				fd = &fileDec{key: key, dev: d, byRate: byRate[key],
 					win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
 					pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
 				t.files[key] = fd
@@ -357,8 +423,25 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	for _, k := range keys {
 		fd := t.files[k]
 		_, needed := fileNeeds[k]
+		if fd.byRate && !needed && fd.win.cur > fd.win.base {
+			// A kept window no regime asked for stays while its stream
+			// reads; the re-probe tells whether it still pays.
+			if fs, ok := t.fstats[k]; ok && now-fs.LastSeen <= t.cfg.Settle {
+				needed = true
+				fd.lastNeeded = now
+			}
+		}
 		if fd.win.probeUntil != 0 {
+			if fd.byRate {
+				needed = t.stillPays(fd)
+			}
 			t.reprobeJudge(fd, needed)
+			if t.files[k] == nil && fd.byRate {
+				t.mem.forgetFile(k)
+				if p := t.mem.dirPrior(k.Dev, fd.path); p != nil {
+					t.mem.decay(p, false)
+				}
+			}
 			continue
 		}
 		if needed {
@@ -413,7 +496,9 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	t.trimAll()
 	t.prefetchAll()
 	t.applyPendingLocked()
+	t.judgePriorChecks(now)
 	t.pruneReaders(now)
+	t.savePriors(false)
 	return t.out
 }
 
@@ -539,7 +624,7 @@ func (t *Tuner) Fast(snap detector.Snapshot) []Action {
 func (t *Tuner) ApplyPending() []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.out = nil
+	t.out, t.evOut = t.evOut, nil
 	t.applyPendingLocked()
 	return t.out
 }
@@ -854,7 +939,23 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 	if !ok || fs.BusyThroughput <= 0 || t.snap.Now-fs.LastSeen > t.cfg.Settle {
 		return measure{}
 	}
-	return measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50}
+	// The detector's window is the tuner's Settle (the daemon sets both to
+	// its interval).
+	m := measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50, rate: float64(fs.Bytes) / t.cfg.Settle.Seconds()}
+	if ds, ok := t.dstats[fs.Device]; ok {
+		m.dev = float64(ds.Bytes) / t.cfg.Settle.Seconds()
+	}
+	return m
+}
+
+// measureFor is the measure a decision is judged by: the stream's rate for
+// decisions no regime started, its busy throughput otherwise.
+func (t *Tuner) measureFor(fd *fileDec) measure {
+	m := t.fileMeasure(fd.key)
+	if fd.byRate {
+		m.tput = m.rate
+	}
+	return m
 }
 
 // reprobeStart drops a file window kept for long enough back to the
@@ -1012,7 +1113,7 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		}
 		return
 	}
-	m := t.fileMeasure(fd.key)
+	m := t.measureFor(fd)
 	fd.win.hint = t.windowHint(fd.key)
 	if t.randomReaderBeside(fd) {
 		// Each window of transfers queued for the stream is waiting time
@@ -1021,7 +1122,11 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		// fills the device.
 		fd.win.hint = 0
 	}
-	if capBPS := t.dstats[fd.dev.dev].CapacityBPS; escalate && m.ok && capBPS > 0 && m.tput >= t.cfg.CapacityFrac*capBPS {
+	// A decision no regime started skips this at its first step: a device
+	// slow from the start learned its slow rate as its capacity, and only
+	// the trial tells.
+	if capBPS := t.dstats[fd.dev.dev].CapacityBPS; escalate && m.ok && capBPS > 0 && m.tput >= t.cfg.CapacityFrac*capBPS &&
+		!(fd.byRate && fd.win.cur == fd.win.base) {
 		// The file already reads at (nearly) the device's capacity: a
 		// further window step or prefetch has nothing left to gain and
 		// costs a trial interval to learn that. Judge a trial, take none.
@@ -1036,7 +1141,10 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 	}
 	applyWin := func(kb int) error { return t.pinFile(fd, kb, nil, true) }
 	if fd.pf.trial == 0 {
-		if t.drive(&fd.win, fd.dev, fd.key, fd.path, m, why, escalate, applyWin) || fd.win.trial != 0 {
+		hadTrial := fd.win.trial != 0
+		did := t.drive(&fd.win, fd.dev, fd.key, fd.path, m, why, escalate, applyWin)
+		t.remember(fd, hadTrial)
+		if did || fd.win.trial != 0 {
 			return
 		}
 	}
@@ -1156,8 +1264,14 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		if !m.ok || gain < margin {
 			return t.undoStep(l, now, ev, apply, act)
 		}
+		// The device's other readers must not pay for the gain: its total
+		// must not fall (a larger window that only queues ahead of others
+		// wins a stream nothing the device did not lose elsewhere).
+		if l.kind == KindFileWindow && l.before.dev > 0 && m.dev > 0 && m.dev < (1-devLossMax)*l.before.dev {
+			return t.undoStep(l, now, ev+fmt.Sprintf("; the device's total fell %.1f -> %.1f MB/s: its other readers lost more", l.before.dev/1e6, m.dev/1e6), apply, act)
+		}
 		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)
-		l.cur, l.trial, l.failures, l.keptAt = l.trial, 0, 0, now
+		l.cur, l.trial, l.failures, l.keptAt, l.keptM = l.trial, 0, 0, now, m
 		// The next step follows at once, measured against this one: a
 		// slowed reader regains its throughput one interval per step,
 		// not two.
@@ -1189,6 +1303,9 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		return true
 	}
 	l.trial, l.trialFrom, l.trialAt, l.before = next, l.cur, now, m
+	if l.cur == l.base {
+		l.baseM = m
+	}
 	act(l.kind, l.cur, next, ResultTrial, ev)
 	return true
 }
@@ -1223,6 +1340,10 @@ func (t *Tuner) undoStep(l *ladder, now time.Duration, ev string, apply func(int
 	act(undoOf(l.kind), from, l.cur, ResultUndone, ev)
 	return true
 }
+
+// devLossMax: a file window step whose device total falls by more than this
+// share is not kept.
+const devLossMax = 0.05
 
 func (t *Tuner) backoff(failures int) time.Duration {
 	b := t.cfg.BackoffBase
@@ -1357,9 +1478,20 @@ func (t *Tuner) applyPendingLocked() {
 	}
 	now := t.deps.Clock.Now()
 	for _, fd := range t.files {
+		t.applyPendingFile(fd, now)
+	}
+}
+
+// applyPendingFile pins the window in force on the descriptors of the
+// file's readers marked pending.
+func (t *Tuner) applyPendingFile(fd *fileDec, now time.Duration) {
+	if t.cfg.DryRun {
+		return
+	}
+	{
 		w := fd.win.inForce()
 		if w <= fd.win.base {
-			continue
+			return
 		}
 		tg := map[uint32]bool{}
 		for tgid, r := range t.readers[fd.key] {
@@ -1368,11 +1500,11 @@ func (t *Tuner) applyPendingLocked() {
 			}
 		}
 		if len(tg) == 0 {
-			continue
+			return
 		}
 		err := t.pinFile(fd, w, tg, true)
 		if errors.Is(err, errRateLimited) {
-			continue
+			return
 		}
 		res, ev := ResultApplied, fmt.Sprintf("new reader(s) of a file with a %d KB decision", w)
 		if err != nil {
@@ -1390,6 +1522,7 @@ func (t *Tuner) pruneReaders(now time.Duration) {
 		for tgid, r := range rs {
 			if now-r.lastSeen > 2*t.cfg.Grace && (r.appliedKB == 0 || t.files[k] == nil) {
 				delete(rs, tgid)
+				t.nReaders--
 			}
 		}
 		if len(rs) == 0 {
@@ -1496,6 +1629,9 @@ func (t *Tuner) RestoreAll() error {
 	if t.cfg.DryRun {
 		return nil
 	}
+	// What was learned outlives the run: a restart during a slowdown
+	// serves the first open at once.
+	t.savePriors(true)
 	var errs []error
 	for _, d := range t.devs {
 		if !d.known {

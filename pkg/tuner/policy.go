@@ -1,0 +1,154 @@
+package tuner
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// Labels of decisions that no detector regime started. They are evidence in
+// actions and status, not regimes: the detector reports none for them.
+const (
+	// WindowBound: a sequential stream whose bytes in flight fill its
+	// window (Little's law: its throughput is its window over its
+	// latency), whatever its history. A larger window is tried, and kept
+	// only if the stream's throughput pays.
+	WindowBound detector.RegimeKind = "window_bound"
+	// FromPrior: a fresh open given the window that paid for recent
+	// streams in its directory (or for the file itself) on its first
+	// readahead event.
+	FromPrior detector.RegimeKind = "prior"
+)
+
+// inflightFill is the share of a stream's window that must be in flight for
+// the stream to count as bound by its window. A sequential reader on
+// asynchronous readahead keeps between half its window and all of it
+// queued; a reader limited by its application or CPU leaves it mostly
+// empty between bursts.
+const inflightFill = 0.4
+
+// minBoundRequests: fewer requests in a window say too little.
+const minBoundRequests = 8
+
+// windowKB is the largest window a reader of the file was seen with in the
+// last Settle (readahead events carry the open file's ra_pages), 0 if none.
+func (t *Tuner) windowKB(k probe.FileKey) int {
+	now := t.deps.Clock.Now()
+	w := 0
+	for _, r := range t.readers[k] {
+		if now-r.lastSeen <= 2*t.cfg.Settle && r.raKB > w {
+			w = r.raKB
+		}
+	}
+	return w
+}
+
+// windowBound reports whether a file's stream is bound by its window, and
+// why (or why not). It needs no baseline and no onset: only the stream's
+// own reads now. Whether the stream is at the device's bandwidth cannot be
+// told from the stream alone (a device slow from the start learns its slow
+// rate as its capacity), so that is left to the trial: at bandwidth a
+// larger window does not pay, the step is undone and backed off.
+func (t *Tuner) windowBound(fs detector.FileStats, now time.Duration) (bool, string) {
+	if fs.Sequentiality < t.cfg.MinSequentiality {
+		return false, fmt.Sprintf("not sequential (%.2f)", fs.Sequentiality)
+	}
+	if fs.Requests < minBoundRequests || fs.Inflight <= 0 || fs.MeanSize <= 0 {
+		return false, "too few requests"
+	}
+	if now-fs.LastSeen > t.cfg.Settle {
+		return false, "not read now"
+	}
+	w := t.windowKB(fs.Key)
+	if w <= 0 {
+		return false, "window unknown (no readahead event)"
+	}
+	inflight := fs.Inflight * fs.MeanSize
+	fill := inflight / float64(w*1024)
+	if fill < inflightFill {
+		return false, fmt.Sprintf("%.0f KB in flight of a %d KB window", inflight/1024, w)
+	}
+	return true, fmt.Sprintf("%.0f KB in flight of a %d KB window (%.0f%%), %.1f MB/s at p50 %v", inflight/1024, w, 100*fill,
+		fs.BusyThroughput/1e6, fs.P50)
+}
+
+
+// outcomeNeeds adds to the needs every stream under the allow-paths that is
+// bound by its window (no regime required) and returns those whose need is
+// only that: their decisions are judged by the stream's rate.
+func (t *Tuner) outcomeNeeds(snap detector.Snapshot, needs map[probe.FileKey][]detector.RegimeKind, devOf map[probe.FileKey]probe.Dev) map[probe.FileKey]bool {
+	out := map[probe.FileKey]bool{}
+	if t.scope.Empty() {
+		return out
+	}
+	for _, f := range snap.Files {
+		ok, why := t.windowBound(f, snap.Now)
+		if !ok || t.mem.checking(f.Key) {
+			continue
+		}
+		if len(needs[f.Key]) == 0 {
+			out[f.Key] = true
+			devOf[f.Key] = f.Device
+			if fd := t.files[f.Key]; fd == nil || fd.win.trial == 0 && fd.win.cur == fd.win.base {
+				t.log.Debug("tuner: stream bound by its window", "file", f.Key.String(), "why", why)
+			}
+		}
+		needs[f.Key] = append(needs[f.Key], WindowBound)
+	}
+	return out
+}
+
+// outcomeDue reports whether a new outcome-driven decision may start on the
+// device now.
+func (t *Tuner) outcomeDue(d *devState) bool {
+	return t.deps.Clock.Now() >= d.outcomeRetryAt
+}
+
+// remember updates the memory and the device's outcome back-off after a
+// file window's trial was judged: a kept window teaches the directory's
+// prior; a first step that did not pay backs the device's outcome trials
+// off (a healthy device at its bandwidth: every stream there would fail
+// the same way) and decays the prior it came from.
+func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
+	l := &fd.win
+	if l.cur > l.base {
+		t.learnFrom(fd)
+	}
+	if !hadTrial || l.trial != 0 {
+		return
+	}
+	now := t.deps.Clock.Now()
+	switch {
+	case l.cur > l.base:
+		if fd.byRate {
+			fd.dev.outcomeFails, fd.dev.outcomeRetryAt = 0, 0
+			t.counts["outcome/paid"]++
+		}
+	case fd.byRate:
+		fd.dev.outcomeFails++
+		fd.dev.outcomeRetryAt = now + t.backoff(fd.dev.outcomeFails)
+		t.counts["outcome/not_paid"]++
+		if fd.prior != nil {
+			t.mem.decay(fd.prior, false)
+			t.mem.forgetFile(fd.key)
+			fd.prior = nil
+		}
+	}
+}
+
+// stillPays judges a re-probe of a decision judged by rate: at the end of
+// the hold, the stream at the device's window must read slower than at its
+// kept window by the margin for the window to come back.
+func (t *Tuner) stillPays(fd *fileDec) bool {
+	l := &fd.win
+	if t.deps.Clock.Now() < l.probeUntil {
+		return true
+	}
+	m := t.measureFor(fd)
+	if !m.ok || l.keptM.tput <= 0 {
+		return true // nothing to judge by: keep the window, probe again later
+	}
+	return m.tput*(1+t.cfg.Margin) < l.keptM.tput
+}
