@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/readaheadd/readaheadd/pkg/blockdev"
 	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 	"github.com/readaheadd/readaheadd/pkg/state"
@@ -26,12 +27,12 @@ const priorsSaveEvery = 5 * time.Second
 // is pinned on the reader's open file now, from the event path, as a trial
 // judged like any other one Settle later against the throughput the prior's
 // streams had at the device's window. Called with t.mu held.
-func (t *Tuner) freshOpen(key probe.FileKey, tgid uint32, r *readerInfo, now time.Duration) {
-	if t.cfg.DryRun || t.scope.Empty() || !t.mem.has(key.Dev) || now-r.priorAt < t.cfg.Grace && r.priorAt != 0 {
+func (t *Tuner) freshOpen(key probe.FileKey, disk probe.Dev, tgid uint32, r *readerInfo, now time.Duration) {
+	if disk == 0 || t.cfg.DryRun || t.scope.Empty() || !t.mem.has(key.Dev) || now-r.priorAt < t.cfg.Grace && r.priorAt != 0 {
 		return
 	}
 	r.priorAt = now
-	d := t.device(key.Dev)
+	d := t.device(disk)
 	if d == nil {
 		return
 	}
@@ -43,7 +44,9 @@ func (t *Tuner) freshOpen(key probe.FileKey, tgid uint32, r *readerInfo, now tim
 		return
 	}
 	kb, p := t.mem.lookup(key, fd.path)
-	if p == nil || p.baseBPS <= 0 || kb <= d.orig || r.raKB >= kb {
+	// A prior names its disk: one learned (or loaded) for another disk
+	// than the one holding the file now is not used.
+	if p == nil || p.device != d.name || p.baseBPS <= 0 || kb <= d.orig || r.raKB >= kb {
 		return
 	}
 	if p.checking.IsZero() && now >= p.checkAt {
@@ -135,11 +138,13 @@ func (t *Tuner) loadPriors() {
 		return
 	}
 	refused := t.mem.load(p, func(dev probe.Dev, device, dir string) bool {
-		if !t.scope.under(dir, dev) || len(t.cfg.Devices) > 0 && !slices.Contains(t.cfg.Devices, device) {
+		if !t.scope.under(dir, dev) || len(t.cfg.Devices) > 0 && !slices.Contains(t.cfg.Devices, device) || blockdev.ValidName(device) != nil {
 			return false
 		}
-		disk, err := t.deps.Sysfs.ByDev(dev)
-		return err == nil && disk.Name == device
+		// The disk must exist; a fresh open uses the prior only if its
+		// file is on that very disk (freshOpen).
+		_, err := t.deps.Sysfs.ReadAheadKB(device)
+		return err == nil
 	}, t.cfg.MaxKB, t.deps.Clock.Now(), PriorRecheck)
 	if refused > 0 {
 		t.log.Warn("tuner: saved priors outside the configured devices and allow-paths were ignored", "file", t.priorsPath, "refused", refused)

@@ -295,7 +295,7 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 	if fd == nil {
 		// A fresh open (or a file the memory knows): the window that paid
 		// for its neighbours, now, from the event path.
-		t.freshOpen(ev.File, ev.Tgid, r, now)
+		t.freshOpen(ev.File, ev.Device, ev.Tgid, r, now)
 		return
 	}
 	// Events emitted before the last pin (still queued in the ring
@@ -1138,6 +1138,9 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		}
 	} else if escalate {
 		fd.atCapLogged = false
+	}
+	if escalate && fd.byRate && fd.win.cur == fd.win.base && fd.win.trial == 0 && !t.outcomeDue(fd.dev) {
+		escalate = false // the device's outcome trials are backing off
 	}
 	applyWin := func(kb int) error { return t.pinFile(fd, kb, nil, true) }
 	if fd.pf.trial == 0 {

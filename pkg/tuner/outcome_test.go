@@ -1,0 +1,263 @@
+package tuner
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/state"
+)
+
+// stream is one reader of one file in an outcome test: its rate is a
+// function of its open file's window, and it keeps fill of its window in
+// flight (a window-bound stream keeps most of it; an application-limited
+// one little).
+type stream struct {
+	key  probe.FileKey
+	tgid uint32
+	fill float64
+}
+
+// outcomeSnap builds a snapshot with no regime: only the streams' own reads.
+// Each stream's readahead event (its open file's window) is observed first,
+// as the probe would deliver it.
+func (r *rig) outcomeSnap(ss ...stream) detector.Snapshot {
+	now := r.clk.Now()
+	var devBytes uint64
+	s := detector.Snapshot{Now: now}
+	for _, st := range ss {
+		w := r.files.window[st.key]
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: st.tgid, File: st.key, Device: sdb, RaPages: uint32(w / 4)})
+		rate := r.tput(w)
+		b := uint64(rate) // one-second window
+		devBytes += b
+		s.Files = append(s.Files, detector.FileStats{Key: st.key, Device: sdb, Requests: b / (128 << 10), Bytes: b,
+			BusyThroughput: rate, Sequentiality: 1, NextOffset: 64 << 20, LastSeen: now, P50: 3 * time.Millisecond,
+			P95: 3 * time.Millisecond, MeanSize: 128 << 10, Inflight: st.fill * float64(w) / 128})
+	}
+	s.Devices = []detector.DeviceStats{{Device: sdb, Bytes: devBytes, BusyThroughput: float64(devBytes), CapacityBPS: float64(devBytes)}}
+	return s
+}
+
+func (r *rig) runOutcome(n int, ss ...stream) []Action {
+	var all []Action
+	for i := 0; i < n; i++ {
+		r.clk.Advance(time.Second)
+		all = append(all, r.tn.Step(r.outcomeSnap(ss...))...)
+	}
+	return all
+}
+
+func logActs(t *testing.T, acts []Action) {
+	for _, a := range acts {
+		t.Logf("%v %s %d->%d %s %s", a.Time, a.Kind, a.FromKB, a.ToKB, a.Result, a.Evidence)
+	}
+}
+
+func TestWindowBoundStreamSlowFromTheStartGetsALargerWindow(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel // 60 MB/s at 128 KB, 150 at 512 KB
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	acts := r.runOutcome(6, stream{key: key, tgid: 100, fill: 0.9})
+	logActs(t, acts)
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial), "a trial with no regime and no baseline")
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultKept))
+	assert.GreaterOrEqual(t, r.files.window[key], 512)
+	assert.Contains(t, acts[0].Evidence, string(WindowBound))
+	assert.Equal(t, 128, r.sys.get("sdb"), "per-file only")
+}
+
+func TestApplicationLimitedStreamGetsNoTrial(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	acts := r.runOutcome(10, stream{key: key, tgid: 100, fill: 0.1})
+	assert.Empty(t, acts)
+}
+
+func TestHealthyStreamAtBandwidthTrialsAreRareAndBounded(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, BackoffMax: time.Minute}, nil)
+	r.tput = func(int) float64 { return 150e6 } // at the device's bandwidth whatever the window
+	p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	p2, k2 := realFile(t, filepath.Join(r.dir, "data"), "blk_2")
+	r.files.open(100, 7, p1, k1)
+	r.files.open(100, 8, p2, k2)
+	acts := r.runOutcome(300, stream{key: k1, tgid: 100, fill: 0.9}, stream{key: k2, tgid: 100, fill: 0.9})
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept), "nothing pays at bandwidth")
+	assert.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), len(trials), "every trial undone")
+	// Two streams, five minutes: exponential back-off per file and per
+	// device keeps the trials few (one second each).
+	assert.LessOrEqual(t, len(trials), 16, "trials: %d", len(trials))
+	assert.GreaterOrEqual(t, len(trials), 2)
+	assert.Equal(t, 128, r.files.window[k1])
+	assert.Equal(t, 128, r.sys.get("sdb"))
+	assert.NotZero(t, r.tn.Status().Counts["outcome/not_paid"])
+}
+
+func TestStepThatCostsTheDeviceIsNotKept(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	r.clk.Advance(time.Second)
+	acts := r.tn.Step(r.outcomeSnap(st))
+	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)
+	// The stream gains, but the device as a whole reads less: another
+	// reader lost more than the stream won.
+	r.clk.Advance(time.Second)
+	s := r.outcomeSnap(st)
+	s.Devices[0].Bytes = 20e6
+	acts = r.tn.Step(s)
+	logActs(t, acts)
+	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1)
+	assert.Contains(t, filter(acts, KindFileWindowUndo, ResultUndone)[0].Evidence, "other readers lost")
+}
+
+// learnPrior runs a slow stream in dir until its window is kept, and
+// returns the window.
+func learnPrior(t *testing.T, r *rig, name string) int {
+	p, key := realFile(t, filepath.Join(r.dir, "data", "sub0"), name)
+	r.files.open(100, 7, p, key)
+	r.runOutcome(6, stream{key: key, tgid: 100, fill: 0.9})
+	require.GreaterOrEqual(t, r.files.window[key], 512)
+	return r.files.window[key]
+}
+
+func TestFreshOpenGetsThePriorOnItsFirstReadaheadEvent(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	w := learnPrior(t, r, "blk_1")
+
+	// A new block file in another subdirectory of the same data directory,
+	// opened by another process: served on its first event, with no Step.
+	p2, k2 := realFile(t, filepath.Join(r.dir, "data", "sub0", "sub1"), "blk_2")
+	r.files.open(200, 9, p2, k2)
+	writes := len(r.sys.writes)
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 200, File: k2, Device: sdb, RaPages: 32})
+	assert.Equal(t, w, r.files.window[k2], "pinned from the event path")
+	assert.Equal(t, 128, r.sys.get("sdb"))
+	assert.Greater(t, len(r.sys.writes), writes)
+	acts := r.tn.ApplyPending()
+	require.Len(t, acts, 1)
+	assert.Equal(t, ResultTrial, acts[0].Result)
+	assert.Contains(t, acts[0].Evidence, "prior")
+
+	// Judged one Settle later like any trial: it paid (150 against the
+	// prior's 60 MB/s at the device's window).
+	acts = r.runOutcome(1, stream{key: k2, tgid: 200, fill: 0.9})
+	logActs(t, acts)
+	require.Len(t, filter(acts, KindFileWindow, ResultKept), 1)
+	assert.Equal(t, 1, int(r.tn.Status().Counts["prior/applied"]))
+}
+
+func TestPriorThatDoesNotPayIsUndoneAndDecays(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	learnPrior(t, r, "blk_1")
+	// Now the device has recovered for new files: 60 MB/s whatever the
+	// window (the application reads no faster).
+	r.tput = func(int) float64 { return 60e6 }
+	p2, k2 := realFile(t, filepath.Join(r.dir, "data", "sub0"), "blk_2")
+	r.files.open(200, 9, p2, k2)
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 200, File: k2, Device: sdb, RaPages: 32})
+	require.Greater(t, r.files.window[k2], 128)
+	acts := r.runOutcome(1, stream{key: k2, tgid: 200, fill: 0.2})
+	logActs(t, acts)
+	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1)
+	assert.Equal(t, 128, r.files.window[k2])
+	p := r.tn.mem.dirPrior(k2.Dev, p2)
+	if p != nil {
+		assert.Less(t, p.window, 1024, "halved")
+	}
+}
+
+func TestPriorRecheckDropsThePriorWhenTheDeviceRecovered(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	learnPrior(t, r, "blk_1")
+	r.clk.Advance(PriorRecheck)
+	r.tput = func(int) float64 { return 150e6 } // recovered: the default window reads at bandwidth
+	p2, k2 := realFile(t, filepath.Join(r.dir, "data", "sub0"), "blk_2")
+	r.files.open(200, 9, p2, k2)
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 200, File: k2, Device: sdb, RaPages: 32})
+	assert.Equal(t, 128, r.files.window[k2], "the re-check reads at the device's window")
+	r.runOutcome(2, stream{key: k2, tgid: 200, fill: 0.9})
+	assert.Equal(t, uint64(1), r.tn.Status().Counts["prior/dropped"])
+	assert.Nil(t, r.tn.mem.dirPrior(k2.Dev, p2))
+}
+
+func TestPriorsSurviveARestart(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	w := learnPrior(t, r, "blk_1")
+	require.NoError(t, r.tn.RestoreAll())
+	require.NoError(t, r.store.Close())
+	_, err := os.Stat(filepath.Join(r.dir, "state", state.PriorsName))
+	require.NoError(t, err)
+
+	st, err := state.Open(filepath.Join(r.dir, "state"), state.Options{BootID: "b"})
+	require.NoError(t, err)
+	defer st.Close()
+	tn, err := New(Config{AllowPaths: []string{filepath.Join(r.dir, "data")}, DisablePrefetch: true},
+		Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: st, Logger: quiet()})
+	require.NoError(t, err)
+	p2, k2 := realFile(t, filepath.Join(r.dir, "data", "sub0"), "blk_2")
+	r.files.open(300, 4, p2, k2)
+	tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 300, File: k2, Device: sdb, RaPages: 32})
+	assert.Equal(t, w, r.files.window[k2], "the first open after the restart is served at once")
+	require.NoError(t, tn.RestoreAll())
+}
+
+func TestUnusablePriorsFileIsIgnoredWithOneWarning(t *testing.T) {
+	for name, content := range map[string]string{
+		"garbage": "{not json",
+		"foreign": `{"format":"something-else","version":1,"dirs":[],"files":[]}`,
+		"version": `{"format":"readaheadd-priors","version":99,"dirs":[],"files":[]}`,
+		"huge":    `{"format":"readaheadd-priors","version":1,"dirs":[],"files":[],"pad":"` + strings.Repeat("x", state.MaxPriorsBytes) + `"}`,
+		// Well-formed, but naming a directory outside the allow-paths and
+		// a device that is not the one the system names for that
+		// filesystem: refused, never acted on.
+		"outside": `{"format":"readaheadd-priors","version":1,"dirs":[{"dev":1,"device":"sdb","dir":"/etc","window_kb":4096,"base_kb":128,"base_bps":1,"kept_bps":2,"streams":1,"updated":"2026-01-01T00:00:00Z"}],"files":[]}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			var logs bytes.Buffer
+			r := newRig(t, Config{DisablePrefetch: true}, func(r *rig) {
+				require.NoError(t, os.MkdirAll(filepath.Join(r.dir, "state"), 0o700))
+				require.NoError(t, os.WriteFile(filepath.Join(r.dir, "state", state.PriorsName), []byte(content), 0o600))
+			})
+			tn, err := New(Config{AllowPaths: []string{filepath.Join(r.dir, "data")}},
+				Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: r.store, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			require.NoError(t, err)
+			assert.Equal(t, 1, strings.Count(logs.String(), "level=WARN"), logs.String())
+			assert.Empty(t, tn.mem.dirs)
+			p, k := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+			r.files.open(100, 7, p, k)
+			tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: k, Device: sdb, RaPages: 32})
+			assert.Empty(t, r.sys.writes, "nothing written")
+		})
+	}
+}
+
+func TestReadersTableIsBounded(t *testing.T) {
+	r := newRig(t, Config{}, nil)
+	r.tput = kneeModel
+	r.tn.nReaders = MaxReaders - 1
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 1, File: probe.FileKey{Dev: sdb, Ino: 1}, Device: sdb, RaPages: 32})
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 2, File: probe.FileKey{Dev: sdb, Ino: 2}, Device: sdb, RaPages: 32})
+	assert.Equal(t, MaxReaders, r.tn.nReaders)
+	assert.Equal(t, uint64(1), r.tn.Status().Counts["readers/dropped"])
+	assert.Len(t, r.tn.readers, 1)
+}
