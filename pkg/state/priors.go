@@ -40,10 +40,10 @@ type DirPrior struct {
 	Device   string    `json:"device"` // whole disk in /sys/block
 	Dir      string    `json:"dir"`
 	WindowKB int       `json:"window_kb"`
-	BaseKB   int       `json:"base_kb"`   // the device's window the gain was measured against
-	BaseBPS  float64   `json:"base_bps"`  // stream throughput at BaseKB
-	KeptBPS  float64   `json:"kept_bps"`  // stream throughput at WindowKB
-	Streams  int       `json:"streams"`   // streams it paid for
+	BaseKB   int       `json:"base_kb"`  // the device's window the gain was measured against
+	BaseBPS  float64   `json:"base_bps"` // stream throughput at BaseKB
+	KeptBPS  float64   `json:"kept_bps"` // stream throughput at WindowKB
+	Streams  int       `json:"streams"`  // streams it paid for
 	Updated  time.Time `json:"updated"`
 }
 

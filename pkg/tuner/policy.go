@@ -74,7 +74,6 @@ func (t *Tuner) windowBound(fs detector.FileStats, now time.Duration) (bool, str
 		fs.BusyThroughput/1e6, fs.P50)
 }
 
-
 // outcomeNeeds adds to the needs every stream under the allow-paths that is
 // bound by its window (no regime required) and returns those whose need is
 // only that: their decisions are judged by the stream's rate.
