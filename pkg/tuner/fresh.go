@@ -27,7 +27,7 @@ const priorsSaveEvery = 5 * time.Second
 // is pinned on the reader's open file now, from the event path, as a trial
 // judged like any other one Settle later against the throughput the prior's
 // streams had at the device's window. Called with t.mu held.
-func (t *Tuner) freshOpen(key probe.FileKey, disk probe.Dev, tgid uint32, r *readerInfo, now time.Duration) {
+func (t *Tuner) freshOpen(key probe.FileKey, disk probe.Dev, tgid uint32, r *readerInfo, now, evTime time.Duration) {
 	if disk == 0 || t.cfg.DryRun || t.scope.Empty() || !t.mem.has(key.Dev) || now-r.priorAt < t.cfg.Grace && r.priorAt != 0 {
 		return
 	}
@@ -66,6 +66,12 @@ func (t *Tuner) freshOpen(key probe.FileKey, disk probe.Dev, tgid uint32, r *rea
 		return
 	}
 	r.appliedKB, r.appliedAt, r.pending = kb, now, false
+	// From the kernel's timestamp of the event to the pin: ring buffer
+	// polling, decoding and the pin itself.
+	lag := time.Duration(0)
+	if evTime > 0 && t.deps.Clock.Now() > evTime {
+		lag = t.deps.Clock.Now() - evTime
+	}
 	fd.prior = p
 	fd.regimes = []detector.RegimeKind{FromPrior}
 	fd.lastNeeded = now
@@ -74,8 +80,8 @@ func (t *Tuner) freshOpen(key probe.FileKey, disk probe.Dev, tgid uint32, r *rea
 	t.files[key] = fd
 	t.counts["prior/applied"]++
 	t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: key, Path: fd.path, Kind: KindFileWindow, FromKB: d.orig, ToKB: kb,
-		Result: ResultTrial, Evidence: fmt.Sprintf("prior: %d KB paid for %d recent stream(s) in this directory (%.1f -> %.1f MB/s); given on the file's first readahead event to %d descriptor(s)",
-			p.window, p.streams, p.baseBPS/1e6, p.keptBPS/1e6, n)})
+		Result: ResultTrial, Evidence: fmt.Sprintf("prior: %d KB paid for %d recent stream(s) in this directory (%.1f -> %.1f MB/s); given to %d descriptor(s) %v after the file's first readahead event",
+			p.window, p.streams, p.baseBPS/1e6, p.keptBPS/1e6, n, lag.Round(100*time.Microsecond))})
 }
 
 // judgePriorChecks ends the re-checks of priors whose stream has read at
