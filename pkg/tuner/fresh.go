@@ -27,8 +27,20 @@ const priorsSaveEvery = 5 * time.Second
 // is pinned on the reader's open file now, from the event path, as a trial
 // judged like any other one Settle later against the throughput the prior's
 // streams had at the device's window. Called with t.mu held.
-func (t *Tuner) freshOpen(key probe.FileKey, disk probe.Dev, tgid uint32, r *readerInfo, now, evTime time.Duration) {
+func (t *Tuner) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Duration) {
+	key, disk, tgid, evTime := ev.File, ev.Device, ev.Tgid, ev.Time
 	if disk == 0 || t.cfg.DryRun || t.scope.Empty() || !t.mem.has(key.Dev) || now-r.priorAt < t.cfg.Grace && r.priorAt != 0 {
+		return
+	}
+	// Only a stream: a read from the head of the file, or asynchronous
+	// readahead (a reader that hit the marker of its previous window).
+	// A page fault of a random mmap reader reads around its page, mid-file
+	// and synchronously: a larger window there is read amplification. A
+	// file the detector sees read randomly, or trimmed, is left alone too.
+	if !ev.Async && ev.Index != 0 {
+		return
+	}
+	if fs, ok := t.fstats[key]; ok && t.readRandomly(fs) || t.trims[key] != nil {
 		return
 	}
 	r.priorAt = now

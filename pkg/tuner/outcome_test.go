@@ -261,3 +261,18 @@ func TestReadersTableIsBounded(t *testing.T) {
 	assert.Equal(t, uint64(1), r.tn.Status().Counts["readers/dropped"])
 	assert.Len(t, r.tn.readers, 1)
 }
+
+func TestPriorIsNotGivenToAPageFaultMidFile(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	learnPrior(t, r, "blk_1")
+	p2, k2 := realFile(t, filepath.Join(r.dir, "data", "sub0"), "index")
+	r.files.open(200, 9, p2, k2)
+	// An mmap reader's fault: synchronous readahead in the middle of the file.
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 200, File: k2, Device: sdb, RaPages: 32, Index: 12345, ReqCount: 1})
+	assert.Equal(t, 128, r.files.window[k2])
+	assert.Empty(t, r.tn.ApplyPending())
+	// The same reader streaming (asynchronous readahead) is served.
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 200, File: k2, Device: sdb, RaPages: 32, Index: 12400, Async: true})
+	assert.Greater(t, r.files.window[k2], 128)
+}

@@ -84,7 +84,7 @@ func (t *Tuner) outcomeNeeds(snap detector.Snapshot, needs map[probe.FileKey][]d
 	}
 	for _, f := range snap.Files {
 		ok, why := t.windowBound(f, snap.Now)
-		if !ok || t.mem.checking(f.Key) {
+		if !ok || t.mem.checking(f.Key) || t.trims[f.Key] != nil {
 			continue
 		}
 		if len(needs[f.Key]) == 0 {

@@ -295,7 +295,7 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 	if fd == nil {
 		// A fresh open (or a file the memory knows): the window that paid
 		// for its neighbours, now, from the event path.
-		t.freshOpen(ev.File, ev.Device, ev.Tgid, r, now, ev.Time)
+		t.freshOpen(ev, r, now)
 		return
 	}
 	// Events emitted before the last pin (still queued in the ring
