@@ -112,6 +112,7 @@ func TestStepThatCostsTheDeviceIsNotKept(t *testing.T) {
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p, key)
 	st := stream{key: key, tgid: 100, fill: 0.9}
+	require.Empty(t, r.runOutcome(2, st), "no trial before the stream was read for a whole measurement")
 	r.clk.Advance(time.Second)
 	acts := r.tn.Step(r.outcomeSnap(st))
 	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)

@@ -33,16 +33,22 @@ const inflightFill = 0.4
 const minBoundRequests = 8
 
 // windowKB is the largest window a reader of the file was seen with in the
-// last Settle (readahead events carry the open file's ra_pages), 0 if none.
-func (t *Tuner) windowKB(k probe.FileKey) int {
+// last Settle (readahead events carry the open file's ra_pages), 0 if none,
+// and whether a reader has been reading it for a whole measurement (a
+// stream that started within the detector's window reads at a fraction of
+// its rate there: a step judged against that would be kept for nothing).
+func (t *Tuner) windowKB(k probe.FileKey) (int, bool) {
 	now := t.deps.Clock.Now()
-	w := 0
+	w, whole := 0, false
 	for _, r := range t.readers[k] {
 		if now-r.lastSeen <= 2*t.cfg.Settle && r.raKB > w {
 			w = r.raKB
 		}
+		if now-r.firstSeen >= t.cfg.Settle+t.cfg.Settle/2 {
+			whole = true
+		}
 	}
-	return w
+	return w, whole
 }
 
 // windowBound reports whether a file's stream is bound by its window, and
@@ -61,9 +67,12 @@ func (t *Tuner) windowBound(fs detector.FileStats, now time.Duration) (bool, str
 	if now-fs.LastSeen > t.cfg.Settle {
 		return false, "not read now"
 	}
-	w := t.windowKB(fs.Key)
+	w, whole := t.windowKB(fs.Key)
 	if w <= 0 {
 		return false, "window unknown (no readahead event)"
+	}
+	if !whole {
+		return false, "read for less than a whole measurement"
 	}
 	inflight := fs.Inflight * fs.MeanSize
 	fill := inflight / float64(w*1024)

@@ -118,6 +118,7 @@ type readerInfo struct {
 	appliedAt time.Duration
 	pending   bool
 	priorAt   time.Duration // when freshOpen last looked at this reader
+	firstSeen time.Duration
 }
 
 type devState struct {
@@ -280,7 +281,7 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 			}
 			return
 		}
-		r = &readerInfo{}
+		r = &readerInfo{firstSeen: now}
 		rs[ev.Tgid] = r
 		t.nReaders++
 	}
