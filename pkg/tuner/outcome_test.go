@@ -104,6 +104,7 @@ func TestHealthyStreamAtBandwidthTrialsAreRareAndBounded(t *testing.T) {
 	assert.Equal(t, 128, r.files.window[k1])
 	assert.Equal(t, 128, r.sys.get("sdb"))
 	assert.NotZero(t, r.tn.Status().Counts["outcome/not_paid"])
+	assert.Equal(t, uint64(len(trials)), r.tn.Status().Counts["actuator/lower"], "every undo went through the one lowering method")
 }
 
 func TestStepThatCostsTheDeviceIsNotKept(t *testing.T) {

@@ -160,3 +160,99 @@ func (t *Tuner) stillPays(fd *fileDec) bool {
 	}
 	return m.tput*(1+t.cfg.Margin) < l.keptM.tput
 }
+
+// streamShareMin: when at least this share of a contended device's bytes
+// goes to the sequential readers that a contention step would reach, the
+// contention is among them.
+const streamShareMin = 0.8
+
+// contentionAmongStreams reports whether a device's contention comes from
+// the sequential readers the tuner would give larger windows to: two or
+// more of them, taking at least streamShareMin of the device's bytes. A
+// larger window wins a reader share from the others; when the others are
+// the same kind of reader, each step takes from another's (the device stays
+// saturated) and only adds queueing.
+func (t *Tuner) contentionAmongStreams(snap detector.Snapshot, dev probe.Dev) (string, bool) {
+	var devBytes float64
+	for _, d := range snap.Devices {
+		if d.Device == dev {
+			devBytes = float64(d.Bytes)
+		}
+	}
+	var n int
+	var streamBytes float64
+	for _, f := range snap.Files {
+		if f.Device != dev || f.Sequentiality < t.cfg.MinSequentiality || snap.Now-f.LastSeen > t.cfg.Settle {
+			continue
+		}
+		n++
+		streamBytes += float64(f.Bytes)
+	}
+	if n < 2 || devBytes <= 0 {
+		return "", false
+	}
+	share := streamBytes / devBytes
+	return fmt.Sprintf("%d sequential readers take %.0f%% of the device's bytes", n, 100*share), share >= streamShareMin
+}
+
+// randomReaderBeside reports whether another file on fd's device is read
+// randomly now (or its read-around is trimmed).
+func (t *Tuner) randomReaderBeside(fd *fileDec) bool {
+	for _, td := range t.trims {
+		if td.dev == fd.dev {
+			return true
+		}
+	}
+	for k, fs := range t.fstats {
+		if k != fd.key && fs.Device == fd.dev.dev && t.readRandomly(fs) {
+			return true
+		}
+	}
+	return false
+}
+
+// windowHint is the window (KB) that keeps enough bytes in flight to hide
+// the file's p95 latency at the device's learned capacity (Little's law),
+// 0 when the detector has not measured both. The p95, not the median: a
+// sequential reader stalls on the slowest request of its window.
+func (t *Tuner) windowHint(k probe.FileKey) int {
+	fs, ok := t.fstats[k]
+	if !ok {
+		return 0
+	}
+	lat := fs.P95
+	if lat <= 0 {
+		lat = fs.P50
+	}
+	ds, ok := t.dstats[fs.Device]
+	if !ok || ds.CapacityBPS <= 0 || lat <= 0 {
+		return 0
+	}
+	return int(lat.Seconds() * ds.CapacityBPS / 1024)
+}
+
+// tailHint is the device window (KB) that keeps a stall of the device's
+// p99 latency hidden at its capacity, when the need is tail inflation and
+// the device is below CapacityFrac of its capacity (0 otherwise): a reader stalls on the slowest request of its window, and
+// under tail inflation that is the p99. Steps below it would each cost an
+// interval to learn only that they are too small (and under a periodic
+// stall, one interval's throughput says little).
+func (t *Tuner) tailHint(snap detector.Snapshot, dev probe.Dev) int {
+	tail := false
+	for _, r := range snap.Regimes {
+		if r.Kind == detector.TailInflation && r.Device == dev && r.File.IsZero() {
+			tail = true
+		}
+	}
+	ds, ok := t.dstats[dev]
+	if !tail || !ok || ds.CapacityBPS <= 0 || ds.P99 <= 0 {
+		return 0
+	}
+	// A device already near its capacity has no bandwidth for the stalled
+	// readers to take back, and its p99 is its queue: steps one at a time,
+	// each judged.
+	if ds.BusyThroughput >= t.cfg.CapacityFrac*ds.CapacityBPS {
+		return 0
+	}
+	return int(ds.P99.Seconds() * ds.CapacityBPS / 1024)
+}

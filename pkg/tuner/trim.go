@@ -138,7 +138,7 @@ func (t *Tuner) trimAll() {
 			t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: td.path, Kind: KindTrim, FromKB: td.from, ToKB: td.kb, Result: ResultDryRun, Evidence: ev})
 			continue
 		}
-		n, err := t.pinExact(d, td.kb, refs, true)
+		n, err := t.lowerFiles(d, td.kb, refs, true)
 		if errors.Is(err, errRateLimited) {
 			delete(t.trimScanAt, k) // next interval
 			continue
@@ -172,7 +172,7 @@ func (t *Tuner) retrim(td *trimDec) {
 	if len(fresh) == 0 {
 		return
 	}
-	n, err := t.pinExact(td.dev, td.kb, fresh, true)
+	n, err := t.lowerFiles(td.dev, td.kb, fresh, true)
 	if errors.Is(err, errRateLimited) {
 		delete(t.trimScanAt, td.key)
 		return
@@ -282,7 +282,7 @@ func (t *Tuner) endTrim(td *trimDec, why string) {
 		return
 	}
 	res := ResultUndone
-	if _, err := t.pinExact(td.dev, td.dev.cur, td.refs, false); err != nil {
+	if _, err := t.raiseFiles(td.dev, td.dev.cur, td.refs, false); err != nil {
 		if errors.Is(err, ErrProcessGone) || errors.Is(err, ErrFDGone) {
 			why += "; readers gone (their open files closed)"
 		} else {
