@@ -278,3 +278,35 @@ func TestPriorIsNotGivenToAPageFaultMidFile(t *testing.T) {
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 200, File: k2, Device: sdb, RaPages: 32, Index: 12400, Async: true})
 	assert.Greater(t, r.files.window[k2], 128)
 }
+
+func TestNoDeviceWindowWhileARandomReaderIsActive(t *testing.T) {
+	r := newRig(t, Config{DeviceMinFiles: 2}, nil)
+	var err error
+	r.tn, err = New(Config{AllowPaths: []string{}, DeviceMinFiles: 2}, Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: r.store, Logger: quiet()})
+	require.NoError(t, err)
+	r.tput = kneeModel
+	_, k1 := realFile(t, r.dir, "a")
+	_, k2 := realFile(t, r.dir, "b")
+	_, kr := realFile(t, r.dir, "index")
+	random := false
+	mk := func() detector.Snapshot {
+		s := r.snap(detector.FileLatencyShift, k1, k2)
+		if random {
+			s.Files = append(s.Files, detector.FileStats{Key: kr, Device: sdb, Requests: 100, Bytes: 100 << 17, BusyThroughput: 10e6,
+				Sequentiality: 0, MeanSize: 128 << 10, LastSeen: r.clk.Now()})
+		}
+		return s
+	}
+	acts := r.run(1, mk)
+	require.Len(t, filter(acts, KindDeviceWindow, ResultTrial), 1)
+	require.Equal(t, 256, r.sys.get("sdb"))
+	// A random reader appears: the device's window is taken back at once,
+	// and no new one is tried while it reads.
+	random = true
+	acts = r.run(5, mk)
+	logActs(t, acts)
+	require.Len(t, filter(acts, KindDeviceWindowUndo, ResultUndone), 1)
+	assert.Contains(t, filter(acts, KindDeviceWindowUndo, ResultUndone)[0].Evidence, "random reader")
+	assert.Empty(t, filter(acts, KindDeviceWindow, ResultTrial))
+	assert.Equal(t, 128, r.sys.get("sdb"))
+}

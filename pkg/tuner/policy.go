@@ -256,3 +256,19 @@ func (t *Tuner) tailHint(snap detector.Snapshot, dev probe.Dev) int {
 	}
 	return int(ds.P99.Seconds() * ds.CapacityBPS / 1024)
 }
+
+// randomOnDevice returns a file read randomly now on the device (or
+// trimmed there), if any.
+func (t *Tuner) randomOnDevice(dev probe.Dev) (probe.FileKey, bool) {
+	for k, td := range t.trims {
+		if td.dev != nil && td.dev.dev == dev {
+			return k, true
+		}
+	}
+	for k, fs := range t.fstats {
+		if fs.Device == dev && t.readRandomly(fs) && t.snap.Now-fs.LastSeen <= t.cfg.Settle {
+			return k, true
+		}
+	}
+	return probe.FileKey{}, false
+}

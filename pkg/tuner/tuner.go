@@ -387,10 +387,21 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 		}
 	}
 
-	// Device-wide decisions.
+	// Device-wide decisions. Not where a random reader is active: every
+	// file opened on the device after the write takes the larger window,
+	// and a reader that opens, faults a few pages and closes is reached by
+	// no trim. One that appears takes the device's window back.
 	for dev, why := range devWide {
 		d := t.device(dev)
 		if d == nil {
+			continue
+		}
+		if rk, ok := t.randomOnDevice(dev); ok {
+			t.logOnce(dev, "device-window-random", "tuner: a random reader is active on the device; no device-wide window (per-file windows only)",
+				"device", d.name, "random_file", rk.String(), "need", why)
+			if d.winActive && d.cur > d.orig {
+				t.undoDevice(d, fmt.Sprintf("a random reader (%s) is active on the device", rk))
+			}
 			continue
 		}
 		if !d.winActive {
