@@ -310,3 +310,16 @@ func TestNoDeviceWindowWhileARandomReaderIsActive(t *testing.T) {
 	assert.Empty(t, filter(acts, KindDeviceWindow, ResultTrial))
 	assert.Equal(t, 128, r.sys.get("sdb"))
 }
+
+func TestWholeSystemScansHaveAGlobalBudget(t *testing.T) {
+	r := newRig(t, Config{}, nil)
+	n := 0
+	for i := 0; i < 10; i++ {
+		if r.tn.takeScan() {
+			n++
+		}
+	}
+	assert.Equal(t, scansPerSec, n, "a burst of random files costs at most the budget")
+	r.clk.Advance(time.Second)
+	assert.True(t, r.tn.takeScan())
+}

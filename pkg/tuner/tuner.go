@@ -116,6 +116,9 @@ type Tuner struct {
 	trims      map[probe.FileKey]*trimDec
 	trimOffs   map[probe.FileKey]*trimOff
 	trimScanAt map[probe.FileKey]time.Duration
+	// Global budget of whole-system descriptor scans (trim.go).
+	scanTokens float64
+	scanAt     time.Duration
 	// Memory of windows that paid (memory.go, fresh.go) and its file.
 	mem           *memory
 	priorsPath    string
