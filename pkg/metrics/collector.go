@@ -33,6 +33,7 @@ var (
 	descDryRun   = desc("dry_run", "1 when the tuner only logs and exports what it would do.")
 	descTracked  = desc("detector_files_tracked", "Files the detector keeps state for (bounded by its MaxFiles; idle files age out).")
 	descEvicted  = desc("detector_files_evicted_total", "Files whose detector state was dropped: idle too long, or the oldest when the table was full.")
+	descControl  = desc("tuner_control_total", "Events of the tuner's control core: outcome_paid and outcome_not_paid (trials of a larger window for a stream bound by its window, no regime needed), prior_applied (a fresh open given the window that paid in its directory), prior_recheck, prior_confirmed, prior_dropped, actuator_lower (per-file windows lowered), readers_dropped (readers table full), trim_scan_deferred (whole-system descriptor scans over budget).", "event")
 	descTunerErr = desc("tuner_errors_total", "Tuner operations that did not happen: file_op (a reader's descriptor could not be taken or advised: process exited, file closed or deleted), out_of_scope (a descriptor outside the allow-paths was refused), rate_limited (a sysfs write deferred).", "kind")
 )
 
@@ -47,7 +48,7 @@ func NewCollector(src Sources) *Collector { return &Collector{src: src} }
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLatency, descBytes, descRequests, descRA, descRAOrig,
-		descRegime, descActions, descFiles, descLost, descRunTime, descAttached, descDryRun, descTunerErr, descTracked, descEvicted} {
+		descRegime, descActions, descFiles, descLost, descRunTime, descAttached, descDryRun, descTunerErr, descControl, descTracked, descEvicted} {
 		ch <- d
 	}
 }
@@ -80,6 +81,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descDryRun, prometheus.GaugeValue, b2f(ts.DryRun))
 		for _, k := range []string{ErrFileOp, ErrOutOfScope, ErrRateLimited} {
 			ch <- prometheus.MustNewConstMetric(descTunerErr, prometheus.CounterValue, float64(ts.Errors[k]), k)
+		}
+		for _, k := range ControlEvents {
+			ch <- prometheus.MustNewConstMetric(descControl, prometheus.CounterValue, float64(ts.Control[k]), k)
 		}
 		for _, d := range ts.Devices {
 			devices = append(devices, d.Name)
