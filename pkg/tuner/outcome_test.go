@@ -323,3 +323,26 @@ func TestWholeSystemScansHaveAGlobalBudget(t *testing.T) {
 	r.clk.Advance(time.Second)
 	assert.True(t, r.tn.takeScan())
 }
+
+func TestSlowdownAfterAHealthySpellDoesNotWaitOutTheBackoff(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 150e6 }
+	p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p1, k1)
+	acts := r.runOutcome(6, stream{key: k1, tgid: 100, fill: 0.9})
+	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1, "healthy: one trial, undone, backing off")
+	// A new block file, read at three times the latency: tried at once,
+	// not after the device's back-off.
+	r.tput = kneeModel
+	p2, k2 := realFile(t, filepath.Join(r.dir, "data"), "blk_2")
+	r.files.open(100, 8, p2, k2)
+	var trial []Action
+	for i := 0; i < 3 && len(trial) == 0; i++ {
+		r.clk.Advance(time.Second)
+		s := r.outcomeSnap(stream{key: k2, tgid: 100, fill: 0.9})
+		s.Files[0].P50 = 9 * time.Millisecond
+		trial = filter(r.tn.Step(s), KindFileWindow, ResultTrial)
+	}
+	require.Len(t, trial, 1)
+	assert.Equal(t, k2, trial[0].File)
+}

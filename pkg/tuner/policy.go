@@ -109,9 +109,16 @@ func (t *Tuner) outcomeNeeds(snap detector.Snapshot, needs map[probe.FileKey][]d
 }
 
 // outcomeDue reports whether a new outcome-driven decision may start on the
-// device now.
-func (t *Tuner) outcomeDue(d *devState) bool {
-	return t.deps.Clock.Now() >= d.outcomeRetryAt
+// device now for a file: once the device's back-off has passed, or at once
+// when the file's median latency is half again what it was at the trial
+// that did not pay (the conditions changed: a slowdown began after a
+// healthy spell, which must not wait out a healthy device's back-off).
+func (t *Tuner) outcomeDue(d *devState, k probe.FileKey) bool {
+	if t.deps.Clock.Now() >= d.outcomeRetryAt {
+		return true
+	}
+	fs, ok := t.fstats[k]
+	return ok && d.outcomeFailP50 > 0 && fs.P50 >= d.outcomeFailP50*3/2
 }
 
 // remember updates the memory and the device's outcome back-off after a
@@ -137,6 +144,9 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 	case fd.byRate:
 		fd.dev.outcomeFails++
 		fd.dev.outcomeRetryAt = now + t.backoff(fd.dev.outcomeFails)
+		if fd.win.before.p50 > 0 {
+			fd.dev.outcomeFailP50 = fd.win.before.p50
+		}
 		t.counts["outcome/not_paid"]++
 		if fd.prior != nil {
 			t.mem.decay(fd.prior, false)

@@ -64,6 +64,7 @@ type devState struct {
 	// healthy device whose streams are at its bandwidth sees them rarely.
 	outcomeFails   int
 	outcomeRetryAt time.Duration
+	outcomeFailP50 time.Duration // the stream's median latency at the last trial that did not pay
 }
 
 type fileDec struct {
@@ -324,7 +325,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			}
 			fd := t.files[key]
 			if fd == nil {
-				if byRate[key] && !t.outcomeDue(d) {
+				if byRate[key] && !t.outcomeDue(d, key) {
 					continue // the device's outcome trials are backing off
 				}
 				fd = &fileDec{key: key, dev: d, byRate: byRate[key],
@@ -642,7 +643,7 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 	} else if escalate {
 		fd.atCapLogged = false
 	}
-	if escalate && fd.byRate && fd.win.cur == fd.win.base && fd.win.trial == 0 && !t.outcomeDue(fd.dev) {
+	if escalate && fd.byRate && fd.win.cur == fd.win.base && fd.win.trial == 0 && !t.outcomeDue(fd.dev, fd.key) {
 		escalate = false // the device's outcome trials are backing off
 	}
 	applyWin := func(kb int) error { return t.pinFile(fd, kb, nil, true) }
