@@ -70,6 +70,8 @@ type Config struct {
 	// HDFSReaders is the number of concurrent HDFS clients in the
 	// concurrent case.
 	HDFSReaders int
+	// HDFSRegimes, when set, limits the HDFS cases to these regimes.
+	HDFSRegimes []string
 	// DaemonBin is the readaheadd binary; empty: built into a temporary
 	// directory.
 	DaemonBin string

@@ -84,11 +84,14 @@ func main() {
 				keep = append(keep, c)
 			}
 		}
-		if len(keep) == 0 {
+		if len(keep) == 0 && !cfg.HDFS {
 			fmt.Fprintf(os.Stderr, "no case of regimes %q in this matrix\n", *regimes)
 			os.Exit(2)
 		}
 		cfg.Cases = keep
+		for r := range want {
+			cfg.HDFSRegimes = append(cfg.HDFSRegimes, r)
+		}
 	}
 	if *starts {
 		cfg.Starts = bench.Starts
