@@ -113,7 +113,6 @@ func TestStepThatCostsTheDeviceIsNotKept(t *testing.T) {
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p, key)
 	st := stream{key: key, tgid: 100, fill: 0.9}
-	require.Empty(t, r.runOutcome(2, st), "no trial before the stream was read for a whole measurement")
 	r.clk.Advance(time.Second)
 	acts := r.tn.Step(r.outcomeSnap(st))
 	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)
@@ -329,8 +328,8 @@ func TestSlowdownAfterAHealthySpellDoesNotWaitOutTheBackoff(t *testing.T) {
 	r.tput = func(int) float64 { return 150e6 }
 	p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p1, k1)
-	acts := r.runOutcome(6, stream{key: k1, tgid: 100, fill: 0.9})
-	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1, "healthy: one trial, undone, backing off")
+	acts := r.runOutcome(12, stream{key: k1, tgid: 100, fill: 0.9})
+	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 3, "healthy: trials undone, backing off 2, 4, 8 s")
 	// A new block file, read at three times the latency: tried at once,
 	// not after the device's back-off.
 	r.tput = kneeModel
@@ -345,4 +344,46 @@ func TestSlowdownAfterAHealthySpellDoesNotWaitOutTheBackoff(t *testing.T) {
 	}
 	require.Len(t, trial, 1)
 	assert.Equal(t, k2, trial[0].File)
+}
+
+func TestYoungStreamIsJudgedByItsBusyThroughputBeforeTheStep(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 150e6 } // healthy, at bandwidth
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	// The stream began in the middle of the detector's window: its rate
+	// there is half its real one, its busy throughput the real one.
+	r.clk.Advance(time.Second)
+	s := r.outcomeSnap(stream{key: key, tgid: 100, fill: 0.9})
+	s.Files[0].Bytes /= 2
+	acts := r.tn.Step(s)
+	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)
+	acts = r.runOutcome(1, stream{key: key, tgid: 100, fill: 0.9})
+	logActs(t, acts)
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept), "a full window at bandwidth is no gain over the half one")
+	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1)
+}
+
+func TestRegimeOnAFileBackingOffFromHealthyTrialsActsAtOnce(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 150e6 }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	acts := r.runOutcome(12, stream{key: key, tgid: 100, fill: 0.9})
+	require.NotEmpty(t, filter(acts, KindFileWindowUndo, ResultUndone))
+	for i := 0; i < 5 && r.tn.files[key].win.trial != 0; i++ {
+		r.runOutcome(1, stream{key: key, tgid: 100, fill: 0.9})
+	}
+	require.Zero(t, r.tn.files[key].win.trial)
+	require.Greater(t, r.tn.files[key].win.retryAt, r.clk.Now()+time.Second, "backing off")
+	// The file slows down; the detector's fast path enters a shift.
+	r.tput = kneeModel
+	r.clk.Advance(100 * time.Millisecond)
+	fast := r.outcomeSnap(stream{key: key, tgid: 100, fill: 0.9})
+	fast.Regimes = []detector.Regime{{Kind: detector.FileLatencyShift, Device: sdb, File: key}}
+	fast.Devices[0].CapacityBPS = 150e6 // learned while healthy
+	acts = r.tn.Fast(fast)
+	logActs(t, acts)
+	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1, "the healthy trials' back-off does not hold up a regime")
+	assert.Contains(t, acts[0].Evidence, string(detector.FileLatencyShift))
 }

@@ -67,12 +67,9 @@ func (t *Tuner) windowBound(fs detector.FileStats, now time.Duration) (bool, str
 	if now-fs.LastSeen > t.cfg.Settle {
 		return false, "not read now"
 	}
-	w, whole := t.windowKB(fs.Key)
+	w, _ := t.windowKB(fs.Key)
 	if w <= 0 {
 		return false, "window unknown (no readahead event)"
-	}
-	if !whole {
-		return false, "read for less than a whole measurement"
 	}
 	inflight := fs.Inflight * fs.MeanSize
 	fill := inflight / float64(w*1024)
@@ -106,6 +103,21 @@ func (t *Tuner) outcomeNeeds(snap detector.Snapshot, needs map[probe.FileKey][]d
 		needs[f.Key] = append(needs[f.Key], WindowBound)
 	}
 	return out
+}
+
+// regimeTakesOver turns an outcome decision that holds no step (backing
+// off after a trial that did not pay, on a stream that was healthy then)
+// into a regime decision when the detector enters a regime on its file: the
+// regime is new evidence, so the back-off of the healthy trial does not
+// hold it up, and its Little's-law first step applies. It reports whether
+// it did.
+func (t *Tuner) regimeTakesOver(fd *fileDec) bool {
+	if !fd.byRate || fd.win.trial != 0 || fd.win.cur != fd.win.base || fd.win.probeUntil != 0 {
+		return false
+	}
+	fd.byRate, fd.prior = false, nil
+	fd.win.retryAt, fd.win.failures, fd.win.knee = 0, 0, false
+	return true
 }
 
 // outcomeDue reports whether a new outcome-driven decision may start on the

@@ -335,6 +335,9 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			}
 			fd.regimes = kinds
 			fd.lastNeeded = now
+			if !byRate[key] {
+				t.regimeTakesOver(fd)
+			}
 		}
 	}
 	keys := make([]probe.FileKey, 0, len(t.files))
@@ -487,7 +490,12 @@ func (t *Tuner) Fast(snap detector.Snapshot) []Action {
 		t.dstats[d.Device] = ds
 	}
 	start := func(key probe.FileKey, dev probe.Dev, kind detector.RegimeKind) {
-		if t.files[key] != nil {
+		if fd := t.files[key]; fd != nil {
+			if t.regimeTakesOver(fd) {
+				fd.regimes = append(fd.regimes, kind)
+				fd.lastNeeded = now
+				t.driveFile(fd, true)
+			}
 			return
 		}
 		d := t.device(dev)
@@ -585,7 +593,14 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 func (t *Tuner) measureFor(fd *fileDec) measure {
 	m := t.fileMeasure(fd.key)
 	if fd.byRate {
-		m.tput = m.rate
+		// A stream that began inside the detector's window read only part
+		// of it: its rate there understates it, and any step would look
+		// paid. Its busy throughput is its rate while it read (a
+		// window-bound stream is busy all along); the step's own verdict,
+		// a window later, is by rate.
+		if _, whole := t.windowKB(fd.key); whole || fd.win.trial != 0 {
+			m.tput = m.rate
+		}
 	}
 	return m
 }
