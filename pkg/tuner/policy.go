@@ -29,6 +29,10 @@ const (
 // empty between bursts.
 const inflightFill = 0.4
 
+// outcomeFirstFactor: an outcome decision's first step is at least this
+// many times the device's window.
+const outcomeFirstFactor = 4
+
 // minBoundRequests: fewer requests in a window say too little.
 const minBoundRequests = 8
 

@@ -634,6 +634,13 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 	}
 	m := t.measureFor(fd)
 	fd.win.hint = t.windowHint(fd.key)
+	if fd.byRate {
+		// The learned capacity of a device slow from the start is its slow
+		// rate, so the Little's-law hint undershoots: a stream bound by its
+		// window starts at four times it (one trial, judged like any other;
+		// at bandwidth it does not pay and is undone).
+		fd.win.hint = max(fd.win.hint, outcomeFirstFactor*fd.win.base)
+	}
 	if t.randomReaderBeside(fd) {
 		// Each window of transfers queued for the stream is waiting time
 		// for the random reader's faults: grow one step at a time, each
