@@ -387,3 +387,15 @@ func TestRegimeOnAFileBackingOffFromHealthyTrialsActsAtOnce(t *testing.T) {
 	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1, "the healthy trials' back-off does not hold up a regime")
 	assert.Contains(t, acts[0].Evidence, string(detector.FileLatencyShift))
 }
+
+func TestOutcomeStepsAreNotStoppedByACapacityLearnedOnTheSlowDevice(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	// Slow from the start: every window's rate is the highest the device
+	// was ever seen at (outcomeSnap's capacity is the current rate).
+	r.tput = func(kb int) float64 { return min(150e6, 40e6*float64(kb)/128*0.7) }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	acts := r.runOutcome(6, stream{key: key, tgid: 100, fill: 0.9})
+	logActs(t, acts)
+	assert.Equal(t, 1024, r.files.window[key])
+}

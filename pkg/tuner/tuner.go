@@ -648,11 +648,10 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		// fills the device.
 		fd.win.hint = 0
 	}
-	// A decision no regime started skips this at its first step: a device
-	// slow from the start learned its slow rate as its capacity, and only
-	// the trial tells.
-	if capBPS := t.dstats[fd.dev.dev].CapacityBPS; escalate && m.ok && capBPS > 0 && m.tput >= t.cfg.CapacityFrac*capBPS &&
-		!(fd.byRate && fd.win.cur == fd.win.base) {
+	// A decision no regime started skips this: a device slow from the start
+	// learned its slow rate (then each kept step's) as its capacity, and
+	// only the trial tells.
+	if capBPS := t.dstats[fd.dev.dev].CapacityBPS; escalate && m.ok && capBPS > 0 && m.tput >= t.cfg.CapacityFrac*capBPS && !fd.byRate {
 		// The file already reads at (nearly) the device's capacity: a
 		// further window step or prefetch has nothing left to gain and
 		// costs a trial interval to learn that. Judge a trial, take none.
