@@ -283,16 +283,23 @@ func (t *Tuner) tailHint(snap detector.Snapshot, dev probe.Dev) int {
 	return int(ds.P99.Seconds() * ds.CapacityBPS / 1024)
 }
 
-// randomOnDevice returns a file read randomly now on the device (or
-// trimmed there), if any.
+// randomOnDevice returns a file read randomly now on the device whose reads
+// are read-around sized (an mmap reader: each fault reads the file's window
+// around it, so a larger device window makes every fault larger), or one
+// trimmed there, if any. A buffered random reader reads what it asks for
+// whatever the window and is no reason to keep the device's window down.
 func (t *Tuner) randomOnDevice(dev probe.Dev) (probe.FileKey, bool) {
 	for k, td := range t.trims {
 		if td.dev != nil && td.dev.dev == dev {
 			return k, true
 		}
 	}
+	kb := 0
+	if d := t.devs[dev]; d != nil {
+		kb = d.orig
+	}
 	for k, fs := range t.fstats {
-		if fs.Device == dev && t.readRandomly(fs) && t.snap.Now-fs.LastSeen <= t.cfg.Settle {
+		if fs.Device == dev && t.readRandomly(fs) && readAroundSized(fs, min(kb, t.cfg.TrimKB)) && t.snap.Now-fs.LastSeen <= t.cfg.Settle {
 			return k, true
 		}
 	}
