@@ -401,3 +401,35 @@ func TestOutcomeStepsAreNotStoppedByACapacityLearnedOnTheSlowDevice(t *testing.T
 	require.NotEmpty(t, kept)
 	assert.Equal(t, 1024, kept[len(kept)-1].ToKB, "steps up to the window the device's bandwidth is reached at, and no further")
 }
+
+func TestStepTakenFromAnotherStreamIsNotKept(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	// Two streams share a saturated device: a larger window wins one a
+	// share the other loses.
+	pa, ka := realFile(t, filepath.Join(r.dir, "data"), "blk_a")
+	pb, kb := realFile(t, filepath.Join(r.dir, "data"), "blk_b")
+	r.files.open(100, 7, pa, ka)
+	r.files.open(101, 7, pb, kb)
+	share := func(w int) float64 { return 150e6 * float64(w) / float64(w+r.files.window[kb]) }
+	snap := func() detector.Snapshot {
+		r.tput = share
+		s := r.outcomeSnap(stream{key: ka, tgid: 100, fill: 0.9})
+		b := 150e6 - s.Files[0].BusyThroughput
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 101, File: kb, Device: sdb, RaPages: 32})
+		s.Files = append(s.Files, detector.FileStats{Key: kb, Device: sdb, Requests: 500, Bytes: uint64(b), BusyThroughput: b,
+			Sequentiality: 1, LastSeen: s.Now, P50: 3 * time.Millisecond, MeanSize: 128 << 10, Inflight: 0.1})
+		s.Devices[0].Bytes, s.Devices[0].CapacityBPS = 150e6, 150e6
+		return s
+	}
+	var acts []Action
+	for i := 0; i < 4; i++ {
+		r.clk.Advance(time.Second)
+		acts = append(acts, r.tn.Step(snap())...)
+	}
+	logActs(t, acts)
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
+	undone := filter(acts, KindFileWindowUndo, ResultUndone)
+	require.NotEmpty(t, undone)
+	assert.Contains(t, undone[0].Evidence, "other readers lost")
+}

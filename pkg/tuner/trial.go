@@ -84,6 +84,9 @@ type measure struct {
 	rate float64
 	// dev: the device's bytes per second over the same window, 0 if unknown.
 	dev float64
+	// othersMustNotLose: judge the step also by the device's other
+	// readers (dev - rate), not only by the device's total.
+	othersMustNotLose bool
 }
 
 func (m measure) String() string {
@@ -133,6 +136,12 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		if l.kind == KindFileWindow && l.before.dev > 0 && m.dev > 0 && m.dev < (1-devLossMax)*l.before.dev {
 			return t.undoStep(l, now, ev+fmt.Sprintf("; the device's total fell %.1f -> %.1f MB/s: its other readers lost more", l.before.dev/1e6, m.dev/1e6), apply, act)
 		}
+		// A step no regime asked for must not be paid for by the device's
+		// other readers at all (several streams sharing a saturated
+		// device: one's gain is the others' loss).
+		if bo, ao := l.before.dev-l.before.rate, m.dev-m.rate; m.othersMustNotLose && l.before.dev > 0 && bo > othersMin*l.before.dev && ao < (1-devLossMax)*bo {
+			return t.undoStep(l, now, ev+fmt.Sprintf("; the device's other readers lost %.1f -> %.1f MB/s", bo/1e6, ao/1e6), apply, act)
+		}
 		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)
 		l.cur, l.trial, l.failures, l.keptAt, l.keptM = l.trial, 0, 0, now, m
 		// The next step follows at once, measured against this one: a
@@ -176,6 +185,10 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 // devLossMax: a file window step whose device total falls by more than this
 // share is not kept.
 const devLossMax = 0.05
+
+// othersMin: the device's other readers count for a step's verdict once
+// they read at least this share of its bytes.
+const othersMin = 0.1
 
 // undoStep takes back a step that did not pay: back-off if it was the
 // first, the knee if an earlier step had paid.

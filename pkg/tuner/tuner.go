@@ -592,6 +592,7 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 // decisions no regime started, its busy throughput otherwise.
 func (t *Tuner) measureFor(fd *fileDec) measure {
 	m := t.fileMeasure(fd.key)
+	m.othersMustNotLose = fd.byRate
 	if fd.byRate {
 		// A stream that began inside the detector's window read only part
 		// of it: its rate there understates it, and any step would look
