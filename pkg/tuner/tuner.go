@@ -584,11 +584,14 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 	m := measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50, rate: float64(fs.Bytes) / t.cfg.Settle.Seconds()}
 	if ds, ok := t.dstats[fs.Device]; ok {
 		m.dev = float64(ds.Bytes) / t.cfg.Settle.Seconds()
-		// A trimmed random reader reads fewer bytes by design (and more
-		// pages touched): its bytes are no loss to judge a step by.
-		for tk := range t.trims {
-			if tfs, ok := t.fstats[tk]; ok && tfs.Device == fs.Device && tk != k {
-				m.dev -= float64(tfs.Bytes) / t.cfg.Settle.Seconds()
+		// Random readers' bytes say nothing of what they get (a trimmed
+		// mmap reader reads fewer bytes by design, and touches more
+		// pages): they are left out of the total a step is judged by,
+		// before and after alike. The trim and the one-step growth beside
+		// them protect them.
+		for ok2, ofs := range t.fstats {
+			if ok2 != k && ofs.Device == fs.Device && t.readRandomly(ofs) {
+				m.dev -= float64(ofs.Bytes) / t.cfg.Settle.Seconds()
 			}
 		}
 	}
