@@ -433,3 +433,24 @@ func TestStepTakenFromAnotherStreamIsNotKept(t *testing.T) {
 	require.NotEmpty(t, undone)
 	assert.Contains(t, undone[0].Evidence, "other readers lost")
 }
+
+func TestDeviceWindowReachesAStreamWhoseOutcomeTrialsBackOff(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 150e6 }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	r.runOutcome(12, stream{key: key, tgid: 100, fill: 0.9})
+	for i := 0; i < 5 && r.tn.files[key] != nil && r.tn.files[key].win.trial != 0; i++ {
+		r.runOutcome(1, stream{key: key, tgid: 100, fill: 0.9})
+	}
+	require.False(t, r.tn.ownWindow(key), "backing off, no window of its own")
+	// A device-wide regime: the device's window must reach the open file.
+	r.clk.Advance(time.Second)
+	s := r.outcomeSnap(stream{key: key, tgid: 100, fill: 0.9})
+	s.Regimes = []detector.Regime{{Kind: detector.TailInflation, Device: sdb}}
+	acts := r.tn.Step(s)
+	logActs(t, acts)
+	require.Len(t, filter(acts, KindDeviceWindow, ResultTrial), 1)
+	require.Len(t, filter(acts, KindFileWindow, ResultApplied), 1, "the device's window given to the stream's open file")
+	assert.Equal(t, r.sys.get("sdb"), r.files.window[key])
+}

@@ -710,6 +710,14 @@ func (t *Tuner) driveDevice(d *devState, why string, escalate bool) {
 	})
 }
 
+// ownWindow reports whether a file's decision holds a window of its own (a
+// step kept or under trial): an outcome decision that holds none (backing
+// off after trials that did not pay) leaves the file to the device's window.
+func (t *Tuner) ownWindow(k probe.FileKey) bool {
+	fd := t.files[k]
+	return fd != nil && !(fd.byRate && fd.win.cur == fd.win.base && fd.win.trial == 0 && fd.win.probeUntil == 0)
+}
+
 // reachOpenFiles gives the device's window to the files being read on it
 // now: a device's read_ahead_kb reaches only files opened after the write
 // (the kernel copies it into each open file), and a device-wide regime
@@ -724,7 +732,7 @@ func (t *Tuner) reachOpenFiles(d *devState) {
 	var keys []probe.FileKey
 	if d.cur != d.orig {
 		for k, fs := range t.fstats {
-			if fs.Device != d.dev || t.files[k] != nil || fs.Sequentiality < t.cfg.MinSequentiality || t.snap.Now-fs.LastSeen > t.cfg.Settle {
+			if fs.Device != d.dev || t.ownWindow(k) || fs.Sequentiality < t.cfg.MinSequentiality || t.snap.Now-fs.LastSeen > t.cfg.Settle {
 				continue
 			}
 			keys = append(keys, k)
@@ -738,7 +746,7 @@ func (t *Tuner) reachOpenFiles(d *devState) {
 	slices.SortFunc(keys, func(a, b probe.FileKey) int { return cmp.Or(cmp.Compare(a.Dev, b.Dev), cmp.Compare(a.Ino, b.Ino)) })
 	keys = slices.Compact(keys)
 	for _, k := range keys {
-		if t.files[k] != nil {
+		if t.ownWindow(k) {
 			delete(d.reached, k) // a decision of its own took over
 			continue
 		}
