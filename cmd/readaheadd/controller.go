@@ -224,7 +224,11 @@ func (p *pipeline) TunerStatus() metrics.TunerStatus {
 	st := p.tun.Status()
 	ts := metrics.TunerStatus{DryRun: st.DryRun, Errors: map[string]uint64{
 		metrics.ErrFileOp: st.FileOpFailures, metrics.ErrOutOfScope: st.OutOfScope, metrics.ErrRateLimited: st.RateLimited,
-	}}
+	}, Control: map[string]uint64{}}
+	for _, k := range metrics.ControlEvents {
+		// The tuner counts "outcome/paid"; the label is "outcome_paid".
+		ts.Control[k] = st.Counts[strings.Replace(k, "_", "/", 1)]
+	}
 	ts.Repeated = st.Repeated
 	for _, d := range st.Devices {
 		ts.Devices = append(ts.Devices, metrics.DeviceState{

@@ -192,7 +192,11 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 	if len(devs) > probe.MaxDevices {
 		devs = nil // more than the kernel filter holds: trace all; the tuner still acts only on the configured devices
 	}
-	src, err := env.openProbe(probe.Config{Devices: devs, RingBytes: env.ringBytes, SampleBudget: env.sampleBudget})
+	// Readahead events drive the tuner's fresh-open path (a block file
+	// opened now gets the window that paid for its neighbours): collect
+	// them every 20 ms rather than the probe's default 100 ms, so the
+	// first event of a fresh open is acted on well within 100 ms.
+	src, err := env.openProbe(probe.Config{Devices: devs, RingBytes: env.ringBytes, SampleBudget: env.sampleBudget, Poll: eventPoll})
 	if err != nil {
 		return fmt.Errorf("attach the BPF probe: %w (run `readaheadd check` for details)", err)
 	}
@@ -349,6 +353,9 @@ func stateOptions(v config.Validated, sys blockdev.SysFS, log *slog.Logger, boot
 		Protected: func(name string) bool { return name == v.OSDisk },
 	}
 }
+
+// eventPoll is how often the daemon collects the probe's records.
+const eventPoll = 20 * time.Millisecond
 
 // daemonState tracks health.
 type daemonState struct {

@@ -37,6 +37,7 @@ var (
 	descEvicted  = desc("detector_files_evicted_total", "Files whose detector state was dropped: idle too long, or the oldest when the table was full.")
 	descRepeated = desc("repeated_failures_total", "Failed per-file actions not logged because the same failure (file, action, cause) was logged once before; they are retried with back-off. Causes: out_of_scope, process_gone, fd_gone, permission, other.", "cause")
 	descOpenWin  = desc("open_file_windows", "Open regular files on the device by the readahead window the kernel holds for them (their ra_pages, read with a BPF iterator over every process's open files), whoever set it; window_kb is rounded up to a power of two, \"+Inf\" above 16384.", "device", "window_kb")
+	descControl  = desc("tuner_control_total", "Events of the tuner's control core: outcome_paid and outcome_not_paid (trials of a larger window for a stream bound by its window, no regime needed), prior_applied (a fresh open given the window that paid in its directory), prior_recheck, prior_confirmed, prior_dropped, actuator_lower (per-file windows lowered), readers_dropped (readers table full), trim_scan_deferred (whole-system descriptor scans over budget).", "event")
 	descTunerErr = desc("tuner_errors_total", "Tuner operations that did not happen: file_op (a reader's descriptor could not be taken or advised: process exited, file closed or deleted), out_of_scope (a descriptor outside the allow-paths was refused), rate_limited (a sysfs write deferred).", "kind")
 )
 
@@ -51,7 +52,7 @@ func NewCollector(src Sources) *Collector { return &Collector{src: src} }
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLatency, descBytes, descRequests, descRA, descRAOrig,
-		descRegime, descActions, descFiles, descSample, descLost, descRunTime, descAttached, descDryRun, descTunerErr, descRepeated, descTracked, descEvicted, descOpenWin} {
+		descRegime, descActions, descFiles, descSample, descLost, descRunTime, descAttached, descDryRun, descTunerErr, descRepeated, descControl, descTracked, descEvicted, descOpenWin} {
 		ch <- d
 	}
 }
@@ -116,6 +117,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for _, k := range FailureCauses {
 			ch <- prometheus.MustNewConstMetric(descRepeated, prometheus.CounterValue, float64(ts.Repeated[k]), k)
+		}
+		for _, k := range ControlEvents {
+			ch <- prometheus.MustNewConstMetric(descControl, prometheus.CounterValue, float64(ts.Control[k]), k)
 		}
 		for _, d := range ts.Devices {
 			devices = append(devices, d.Name)

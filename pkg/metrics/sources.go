@@ -103,7 +103,17 @@ type TunerStatus struct {
 	Devices  []DeviceState
 	Actions  []ActionCount
 	Recent   []Action // newest last, bounded by the tuner
+	// Control counts the control core's own events by name (ControlEvents);
+	// missing names are zero.
+	Control map[string]uint64
 }
+
+// ControlEvents are the names of readaheadd_tuner_control_total: outcome
+// trials that paid or not, priors applied to fresh opens, re-checked,
+// confirmed and dropped, windows lowered, readers not tracked (table full),
+// whole-system scans deferred (budget).
+var ControlEvents = []string{"outcome_paid", "outcome_not_paid", "prior_applied", "prior_recheck", "prior_confirmed",
+	"prior_dropped", "actuator_lower", "readers_dropped", "trim_scan_deferred"}
 
 // Sources are read at scrape and request time. A nil function means the
 // part is not running; its metrics are then absent rather than zero.

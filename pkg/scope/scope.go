@@ -143,6 +143,25 @@ func (s *Scope) Paths() []string { return append([]string(nil), s.paths...) }
 // Check decides whether the file descriptor fd of process tgid, whose link
 // target is path (as /proc/TGID/fd/FD names it, in the reader's mount
 // namespace) and which is the open file file, lies under an allowed
+// Covers reports whether dir, a directory in the daemon's mount namespace,
+// lies under an allowed directory and on that directory's file system (dev):
+// what the tuner asks of a directory a remembered window was learned in.
+func (s *Scope) Covers(dir string, dev probe.Dev) bool {
+	if s.Empty() || !filepath.IsAbs(dir) {
+		return false
+	}
+	dir = filepath.Clean(dir)
+	s.mu.Lock()
+	roots := s.roots
+	s.mu.Unlock()
+	for _, r := range roots {
+		if r.dev == dev && under(dir, r.path) {
+			return true
+		}
+	}
+	return false
+}
+
 // directory. It returns the file's path in the daemon's namespace.
 func (s *Scope) Check(tgid uint32, fd int, path string, file probe.FileKey) (string, error) {
 	if s.Empty() {

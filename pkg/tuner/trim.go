@@ -138,7 +138,7 @@ func (t *Tuner) trimAll() {
 			t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: td.path, Kind: KindTrim, FromKB: td.from, ToKB: td.kb, Result: ResultDryRun, Evidence: ev})
 			continue
 		}
-		n, err := t.pinExact(d, td.kb, refs, true)
+		n, err := t.lowerFiles(d, td.kb, refs, true)
 		if errors.Is(err, errRateLimited) {
 			delete(t.trimScanAt, k) // next interval
 			continue
@@ -172,7 +172,7 @@ func (t *Tuner) retrim(td *trimDec) {
 	if len(fresh) == 0 {
 		return
 	}
-	n, err := t.pinExact(td.dev, td.kb, fresh, true)
+	n, err := t.lowerFiles(td.dev, td.kb, fresh, true)
 	if errors.Is(err, errRateLimited) {
 		delete(t.trimScanAt, td.key)
 		return
@@ -218,6 +218,12 @@ func (t *Tuner) trimRefs(k probe.FileKey, d *devState) []FileRef {
 	if len(t.readers[k]) > 0 {
 		found = t.refs(&fileDec{key: k, dev: d}, nil)
 	} else {
+		if !t.takeScan() {
+			// Over the global budget of whole-system scans: try again later.
+			t.counts["trim/scan_deferred"]++
+			delete(t.trimScanAt, k)
+			return nil
+		}
 		all, err := t.deps.Files.FindAll(k)
 		if err != nil {
 			t.log.Debug("tuner: cannot search for a file's readers", "file", k.String(), "err", err)
@@ -285,7 +291,7 @@ func (t *Tuner) endTrim(td *trimDec, why string) {
 		return
 	}
 	res := ResultUndone
-	if _, err := t.pinExact(td.dev, td.dev.cur, td.refs, false); err != nil {
+	if _, err := t.raiseFiles(td.dev, td.dev.cur, td.refs, false); err != nil {
 		if errors.Is(err, ErrProcessGone) || errors.Is(err, ErrFDGone) {
 			why += "; readers gone (their open files closed)"
 		} else {
@@ -303,4 +309,26 @@ func sortedKeys[V any](m map[probe.FileKey]V) []probe.FileKey {
 	}
 	slices.SortFunc(keys, func(a, b probe.FileKey) int { return cmp.Or(cmp.Compare(a.Dev, b.Dev), cmp.Compare(a.Ino, b.Ino)) })
 	return keys
+}
+
+// scansPerSec bounds the walks of every process's descriptors (FindAll),
+// whatever the number of random files: each reads /proc/PID/fd of every
+// process on the machine.
+const scansPerSec = 2
+
+// takeScan takes one whole-system scan from the budget (burst
+// scansPerSec).
+func (t *Tuner) takeScan() bool {
+	now := t.deps.Clock.Now()
+	if t.scanAt == 0 {
+		t.scanTokens = scansPerSec
+	} else {
+		t.scanTokens = min(scansPerSec, t.scanTokens+(now-t.scanAt).Seconds()*scansPerSec)
+	}
+	t.scanAt = now
+	if t.scanTokens < 1 {
+		return false
+	}
+	t.scanTokens--
+	return true
 }

@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -23,7 +22,6 @@ import (
 
 	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/probe"
-	"github.com/readaheadd/readaheadd/pkg/state"
 )
 
 // errRateLimited defers a step to a later interval; it is not a failure.
@@ -35,80 +33,14 @@ var errNoReaders = errors.New("no known reader holds the file open")
 // errOutOfScope: the readers' descriptors are outside the allow-paths.
 var errOutOfScope = errors.New("the file is outside the allow-paths")
 
-// ladder is one knob's closed-loop state: the value in force, a step under
-// trial, the knee, and the back-off.
-type ladder struct {
-	kind      ActionKind
-	base, cur int // value before the tuner; value kept
-	first     int // first step when cur is 0 (prefetch)
-	trial     int // value under trial, 0 if none
-	trialFrom int
-	trialAt   time.Duration
-	before    measure
-	knee      bool
-	failures  int
-	retryAt   time.Duration
-	dryAt     int // value last reported in dry-run mode
-	// hint is the window Little's law says the reader needs (KB, 0 if
-	// unknown): the first step from base skips steps smaller than it.
-	hint int
-	// Re-probe of a kept file window: when cur last changed, when the
-	// current probe (window back at base) ends, and the period.
-	keptAt     time.Duration
-	probeUntil time.Duration
-	probeEvery time.Duration
-}
-
-func (l *ladder) inForce() int {
-	if l.probeUntil != 0 {
-		return l.base
-	}
-	if l.trial != 0 {
-		return l.trial
-	}
-	return l.cur
-}
-
-func (l *ladder) next(growth, max int) (int, bool) {
-	n := l.cur * growth
-	if l.cur == 0 {
-		n = l.first
-	}
-	// From base, skip steps that cannot hide the reader's latency: each
-	// would cost an interval of slow reading to learn only that.
-	for l.cur == l.base && l.cur > 0 && n < l.hint && n < max {
-		n *= growth
-	}
-	if n > max {
-		n = max
-	}
-	return n, n > l.cur
-}
-
-// exhausted: more of this knob alone will not help now.
-func (l *ladder) exhausted(max int) bool {
-	return l.trial == 0 && (l.knee || l.cur >= max)
-}
-
-type measure struct {
-	ok   bool
-	tput float64 // bytes/s while busy
-	p50  time.Duration
-}
-
-func (m measure) String() string {
-	if !m.ok {
-		return "no data"
-	}
-	return fmt.Sprintf("%.1f MB/s p50 %v", m.tput/1e6, m.p50)
-}
-
 type readerInfo struct {
 	lastSeen  time.Duration
 	raKB      int // the open file's window as the last event saw it
 	appliedKB int // window the tuner last pinned on its descriptors
 	appliedAt time.Duration
 	pending   bool
+	priorAt   time.Duration // when freshOpen last looked at this reader
+	firstSeen time.Duration
 }
 
 type devState struct {
@@ -128,6 +60,11 @@ type devState struct {
 	lastNeeded time.Duration
 	// reached: open files given the device-wide window (reachOpenFiles)
 	reached map[probe.FileKey]bool
+	// Back-off of outcome-driven trials on the device (policy.go): a
+	// healthy device whose streams are at its bandwidth sees them rarely.
+	outcomeFails   int
+	outcomeRetryAt time.Duration
+	outcomeFailP50 time.Duration // the stream's median latency at the last trial that did not pay
 }
 
 type fileDec struct {
@@ -145,6 +82,14 @@ type fileDec struct {
 	notSeqLogged bool
 	// atCapLogged: the file was found at the device's capacity (logged once).
 	atCapLogged bool
+	// byRate: judged by the stream's rate, not its busy throughput (an
+	// outcome-driven or prior decision: no regime says the file is slow,
+	// so only what the reader gets counts).
+	byRate bool
+	// prior: the directory prior this decision started from (decayed if
+	// it does not pay); learnedKB: window last taught to the memory.
+	prior     *dirPrior
+	learnedKB int
 }
 
 // Tuner is the closed-loop actuator. Its methods are safe for concurrent use.
@@ -176,6 +121,16 @@ type Tuner struct {
 	// lower changes per-file windows when the kernel's per-file state is
 	// readable (Deps.States); nil otherwise.
 	lower *Lowerer
+	// Global budget of whole-system descriptor scans (trim.go).
+	scanTokens float64
+	scanAt     time.Duration
+	// Memory of windows that paid (memory.go, fresh.go) and its file.
+	mem           *memory
+	priorsPath    string
+	priorsSavedAt time.Duration
+	// nReaders bounds the readers table (file x process).
+	nReaders int
+	evOut    []Action // actions taken from the event path, not yet returned
 }
 
 // New builds a tuner. If the store holds originals from an earlier run that
@@ -208,6 +163,10 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 		trimScanAt: map[probe.FileKey]time.Duration{},
 		counts:     map[string]uint64{},
 		logged:     map[string]time.Duration{},
+		mem:        newMemory(),
+	}
+	if deps.Store != nil {
+		t.priorsPath = deps.Store.PriorsPath()
 	}
 	if deps.States != nil && !cfg.DryRun {
 		t.lower = &Lowerer{Sysfs: deps.Sysfs, Files: deps.Files, States: deps.States}
@@ -225,6 +184,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 		t.log.Warn("tuner: per-file windows of an earlier run were left (crash?); reset them to their devices' windows",
 			"file", deps.Store.PinsPath(), "reset", res.Reset, "readers_gone", res.Gone, "refused_out_of_scope", res.Refused, "err", err)
 	}
+	t.loadPriors()
 	return t, nil
 }
 
@@ -244,22 +204,47 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 	}
 	r := rs[ev.Tgid]
 	if r == nil {
-		r = &readerInfo{}
+		if t.nReaders >= MaxReaders {
+			// Bounded: a flood of short-lived readers must not grow the
+			// table without end. Counted; the readers already known
+			// are still served.
+			t.counts["readers/dropped"]++
+			if len(rs) == 0 {
+				delete(t.readers, ev.File)
+			}
+			return
+		}
+		r = &readerInfo{firstSeen: now}
 		rs[ev.Tgid] = r
+		t.nReaders++
 	}
 	r.lastSeen = now
 	r.raKB = int(ev.RaPages) * probe.PageSize / 1024
-	if fd := t.files[ev.File]; fd != nil {
-		// Events emitted before the last pin (still queued in the ring
-		// buffer) show the old window of a descriptor already pinned.
-		stale := ev.Time != 0 && ev.Time < r.appliedAt
-		if w := fd.win.inForce(); w > fd.win.base && r.raKB < w && !stale {
-			// A descriptor opened after the decision (HDFS opens the
-			// block file per read): apply within the interval.
-			r.pending = true
-		}
+	// Actions taken from the event path are returned by the next
+	// ApplyPending or Step.
+	saved := t.out
+	t.out = t.evOut
+	defer func() { t.evOut, t.out = t.out, saved }()
+	fd := t.files[ev.File]
+	if fd == nil {
+		// A fresh open (or a file the memory knows): the window that paid
+		// for its neighbours, now, from the event path.
+		t.freshOpen(ev, r, now)
+		return
+	}
+	// Events emitted before the last pin (still queued in the ring
+	// buffer) show the old window of a descriptor already pinned.
+	stale := ev.Time != 0 && ev.Time < r.appliedAt
+	if w := fd.win.inForce(); w > fd.win.base && r.raKB < w && !stale {
+		// A descriptor opened after the decision (HDFS opens the block
+		// file per read): apply now rather than at the next tick.
+		r.pending = true
+		t.applyPendingFile(fd, now)
 	}
 }
+
+// MaxReaders bounds the tuner's table of readers (file x process).
+const MaxReaders = 65536
 
 // Step runs one interval of the closed loop on the detector's snapshot and
 // returns what was done.
@@ -267,7 +252,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.deps.Clock.Now()
-	t.out = nil
+	t.out, t.evOut = t.evOut, nil
 	t.snap = snap
 	t.fstats = make(map[probe.FileKey]detector.FileStats, len(snap.Files))
 	for _, f := range snap.Files {
@@ -334,6 +319,10 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 
 	t.repairDevices()
 
+	// Control by outcome: streams bound by their window, whatever the
+	// detector saw (policy.go). Not counted towards a device-wide need.
+	byRate := t.outcomeNeeds(snap, fileNeeds, fileDev)
+
 	// Per-file decisions, only under allow-paths.
 	if !t.scope.Empty() {
 		for key, kinds := range fileNeeds {
@@ -343,13 +332,19 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			}
 			fd := t.files[key]
 			if fd == nil {
-				fd = &fileDec{key: key, dev: d,
+				if byRate[key] && !t.outcomeDue(d, key) {
+					continue // the device's outcome trials are backing off
+				}
+				fd = &fileDec{key: key, dev: d, byRate: byRate[key],
 					win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
 					pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
 				t.files[key] = fd
 			}
 			fd.regimes = kinds
 			fd.lastNeeded = now
+			if !byRate[key] {
+				t.regimeTakesOver(fd)
+			}
 		}
 	}
 	keys := make([]probe.FileKey, 0, len(t.files))
@@ -365,8 +360,25 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	for _, k := range keys {
 		fd := t.files[k]
 		_, needed := fileNeeds[k]
+		if fd.byRate && !needed && fd.win.cur > fd.win.base {
+			// A kept window no regime asked for stays while its stream
+			// reads; the re-probe tells whether it still pays.
+			if fs, ok := t.fstats[k]; ok && now-fs.LastSeen <= t.cfg.Settle {
+				needed = true
+				fd.lastNeeded = now
+			}
+		}
 		if fd.win.probeUntil != 0 {
+			if fd.byRate {
+				needed = t.stillPays(fd)
+			}
 			t.reprobeJudge(fd, needed)
+			if t.files[k] == nil && fd.byRate {
+				t.mem.forgetFile(k)
+				if p := t.mem.dirPrior(k.Dev, fd.path); p != nil {
+					t.mem.decay(p, false)
+				}
+			}
 			continue
 		}
 		if needed {
@@ -389,10 +401,21 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 		}
 	}
 
-	// Device-wide decisions.
+	// Device-wide decisions. Not where a random reader is active: every
+	// file opened on the device after the write takes the larger window,
+	// and a reader that opens, faults a few pages and closes is reached by
+	// no trim. One that appears takes the device's window back.
 	for dev, why := range devWide {
 		d := t.device(dev)
 		if d == nil {
+			continue
+		}
+		if rk, ok := t.randomOnDevice(dev); ok {
+			t.logOnce(dev, "device-window-random", "tuner: a random reader is active on the device; no device-wide window (per-file windows only)",
+				"device", d.name, "random_file", rk.String(), "need", why)
+			if d.winActive && d.cur > d.orig {
+				t.undoDevice(d, fmt.Sprintf("a random reader (%s) is active on the device", rk))
+			}
 			continue
 		}
 		if !d.winActive {
@@ -421,42 +444,10 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	t.trimAll()
 	t.prefetchAll()
 	t.applyPendingLocked()
+	t.judgePriorChecks(now)
 	t.pruneReaders(now)
+	t.savePriors(false)
 	return t.out
-}
-
-// streamShareMin: when at least this share of a contended device's bytes
-// goes to the sequential readers that a contention step would reach, the
-// contention is among them.
-const streamShareMin = 0.8
-
-// contentionAmongStreams reports whether a device's contention comes from
-// the sequential readers the tuner would give larger windows to: two or
-// more of them, taking at least streamShareMin of the device's bytes. A
-// larger window wins a reader share from the others; when the others are
-// the same kind of reader, each step takes from another's (the device stays
-// saturated) and only adds queueing.
-func (t *Tuner) contentionAmongStreams(snap detector.Snapshot, dev probe.Dev) (string, bool) {
-	var devBytes float64
-	for _, d := range snap.Devices {
-		if d.Device == dev {
-			devBytes = float64(d.Bytes)
-		}
-	}
-	var n int
-	var streamBytes float64
-	for _, f := range snap.Files {
-		if f.Device != dev || f.Sequentiality < t.cfg.MinSequentiality || snap.Now-f.LastSeen > t.cfg.Settle {
-			continue
-		}
-		n++
-		streamBytes += float64(f.Bytes)
-	}
-	if n < 2 || devBytes <= 0 {
-		return "", false
-	}
-	share := streamBytes / devBytes
-	return fmt.Sprintf("%d sequential readers take %.0f%% of the device's bytes", n, 100*share), share >= streamShareMin
 }
 
 // logOnce logs msg once per device and topic until the topic's condition
@@ -506,7 +497,12 @@ func (t *Tuner) Fast(snap detector.Snapshot) []Action {
 		t.dstats[d.Device] = ds
 	}
 	start := func(key probe.FileKey, dev probe.Dev, kind detector.RegimeKind) {
-		if t.files[key] != nil {
+		if fd := t.files[key]; fd != nil {
+			if t.regimeTakesOver(fd) {
+				fd.regimes = append(fd.regimes, kind)
+				fd.lastNeeded = now
+				t.driveFile(fd, true)
+			}
 			return
 		}
 		d := t.device(dev)
@@ -547,7 +543,7 @@ func (t *Tuner) Fast(snap detector.Snapshot) []Action {
 func (t *Tuner) ApplyPending() []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.out = nil
+	t.out, t.evOut = t.evOut, nil
 	t.applyPendingLocked()
 	return t.out
 }
@@ -585,533 +581,46 @@ func (t *Tuner) device(dev probe.Dev) *devState {
 	return d
 }
 
-func (t *Tuner) take(d *devState, n int) bool {
-	now := t.deps.Clock.Now()
-	d.tokens += (now - d.tokenAt).Seconds() * t.cfg.SysfsWritesPerSec
-	d.tokenAt = now
-	if b := float64(t.cfg.SysfsBurst); d.tokens > b {
-		d.tokens = b
-	}
-	if d.tokens < float64(n) {
-		t.limited++
-		return false
-	}
-	d.tokens -= float64(n)
-	return true
-}
-
-// record makes sure the device's original is on disk before a write.
-func (t *Tuner) record(d *devState) error {
-	if t.deps.Store == nil {
-		return errors.New("no state store")
-	}
-	return t.deps.Store.Record(d.name, d.dev.String(), d.orig)
-}
-
-// writeDevice sets read_ahead_kb, recording the original first.
-func (t *Tuner) writeDevice(d *devState, kb int) error {
-	if err := t.record(d); err != nil {
-		return fmt.Errorf("record original of %s before writing it: %w", d.name, err)
-	}
-	return t.deps.Sysfs.SetReadAheadKB(d.name, kb)
-}
-
-// setDevice moves the device's own window (a device-wide decision).
-func (t *Tuner) setDevice(d *devState, kb int, limit bool) error {
-	kb = t.clamp(d, kb)
-	if kb == d.cur && !d.dirty {
-		return nil
-	}
-	if limit && !t.take(d, 1) {
-		return errRateLimited
-	}
-	if err := t.writeDevice(d, kb); err != nil {
-		return err
-	}
-	d.cur = kb
-	d.dirty = false
-	return nil
-}
-
-func (t *Tuner) clamp(d *devState, kb int) int {
-	if kb > t.cfg.MaxKB {
-		kb = t.cfg.MaxKB
-	}
-	if kb < d.orig {
-		kb = d.orig
-	}
-	return kb
-}
-
-// repairDevices retries a write back that failed after a raise.
-func (t *Tuner) repairDevices() {
-	for _, d := range t.devs {
-		if d.known && d.dirty {
-			if err := t.writeDevice(d, d.cur); err != nil {
-				t.log.Error("tuner: read_ahead_kb is still not back at its intended value", "device", d.name, "want_kb", d.cur, "err", err)
-				continue
-			}
-			d.dirty = false
-			t.log.Info("tuner: read_ahead_kb put back", "device", d.name, "kb", d.cur)
-		}
-	}
-}
-
-// refs finds the in-scope descriptors of the file's readers (only those in
-// tgids when given).
-func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []FileRef {
-	now := t.deps.Clock.Now()
-	var out []FileRef
-	tg := make([]uint32, 0, len(t.readers[fd.key]))
-	for tgid, r := range t.readers[fd.key] {
-		// Readers the tuner pinned stay reachable for the undo however
-		// long ago they were seen.
-		if (now-r.lastSeen > t.cfg.Grace && r.appliedKB == 0) || (tgids != nil && !tgids[tgid]) {
-			continue
-		}
-		tg = append(tg, tgid)
-	}
-	slices.Sort(tg)
-	for _, tgid := range tg {
-		found, err := t.deps.Files.Find(tgid, fd.key)
-		if err != nil {
-			t.fileFail++
-			t.log.Debug("tuner: cannot list a reader's descriptors", "pid", tgid, "file", fd.key.String(), "err", err)
-			continue
-		}
-		for _, ref := range found {
-			real, err := t.scope.Check(ref.Tgid, ref.FD, ref.Path, fd.key)
-			if err != nil {
-				t.refused++
-				if !fd.outOfScope {
-					t.log.Warn("tuner: file is outside the allow-paths; no per-file action", "pid", tgid, "fd", ref.FD, "path", ref.Path, "reason", err)
-				}
-				fd.outOfScope = true
-				fd.scopeAt = now
-				continue
-			}
-			fd.outOfScope = false
-			fd.path = real
-			out = append(out, ref)
-		}
-	}
-	return out
-}
-
-// pin gives each ref's open file the window kb: with fadvise alone when kb
-// is the device's window (NORMAL) or twice it (SEQUENTIAL), otherwise by
-// raise, pin, restore. Descriptors are taken before the raise so the device
-// holds kb for as short a time as possible.
-func (t *Tuner) pin(d *devState, kb int, refs []FileRef, limit bool) (int, error) {
-	return t.pinExact(d, t.clamp(d, kb), refs, limit)
-}
-
-// pinExact is pin without the clamp to the device's original: a
-// read-around trim pins below it.
-func (t *Tuner) pinExact(d *devState, kb int, refs []FileRef, limit bool) (int, error) {
-	if len(refs) == 0 {
-		return 0, errNoReaders
-	}
-	advice, raise := AdviceNormal, false
-	switch {
-	case kb == d.cur:
-	case kb == 2*d.cur:
-		advice = AdviceSequential
-	default:
-		raise = true
-	}
-	if raise && limit && !t.take(d, 2) {
-		return 0, errRateLimited
-	}
-	var hs []Handle
-	var hrefs []FileRef
-	var errs []error
-	var set, clear []state.Pin
-	for _, r := range refs {
-		h, err := t.deps.Files.Dup(r)
-		if err != nil {
-			t.fileFail++
-			errs = append(errs, err)
-			if errors.Is(err, ErrProcessGone) || errors.Is(err, ErrFDGone) {
-				clear = append(clear, pinOf(d, r, 0))
-			}
-			continue
-		}
-		hs = append(hs, h)
-		hrefs = append(hrefs, r)
-	}
-	defer t.recordPins(&set, &clear)
-	defer func() {
-		for _, h := range hs {
-			h.Close()
-		}
-	}()
-	if len(hs) == 0 {
-		return 0, fmt.Errorf("take descriptors: %w", errors.Join(errs...))
-	}
-	if t.lower != nil {
-		return t.lowerPin(d, kb, hs, hrefs, errs, &set, &clear)
-	}
-	if raise {
-		if err := t.writeDevice(d, kb); err != nil {
-			return 0, fmt.Errorf("set read_ahead_kb of %s to %d for a pin: %w", d.name, kb, err)
-		}
-	}
-	n := 0
-	for i, h := range hs {
-		if err := h.Fadvise(0, 0, advice); err != nil {
-			t.fileFail++
-			errs = append(errs, err)
-			continue
-		}
-		n++
-		// What outlives a crash of the daemon is recorded: a window other
-		// than the device's original (the device is put back first).
-		if kb != d.orig {
-			set = append(set, pinOf(d, hrefs[i], kb))
-		} else {
-			clear = append(clear, pinOf(d, hrefs[i], 0))
-		}
-	}
-	if raise {
-		if err := t.deps.Sysfs.SetReadAheadKB(d.name, d.cur); err != nil {
-			d.dirty = true
-			t.log.Error("tuner: could not put read_ahead_kb back after pinning a file window; retrying next interval",
-				"device", d.name, "left_at_kb", kb, "want_kb", d.cur, "err", err)
-		}
-	}
-	if n == 0 {
-		return 0, fmt.Errorf("fadvise: %w", errors.Join(errs...))
-	}
-	return n, nil
-}
-
-// lowerPin is pinExact's window change through the Lowerer: a file whose
-// kernel window is above kb gets a break first, so the change reaches a
-// stream on asynchronous readahead (lower.go).
-func (t *Tuner) lowerPin(d *devState, kb int, hs []Handle, hrefs []FileRef, errs []error, set, clear *[]state.Pin) (int, error) {
-	if err := t.record(d); err != nil {
-		return 0, fmt.Errorf("record original of %s before writing it: %w", d.name, err)
-	}
-	fs := make([]LowerFile, len(hs))
-	for i := range hs {
-		fs[i] = LowerFile{Ref: hrefs[i], H: hs[i]}
-	}
-	st, err := t.lower.Lower(LowerReq{Device: d.name, DeviceKB: d.cur, KB: kb, Files: fs})
-	if errors.Is(err, ErrDeviceNotBack) {
-		d.dirty = true
-		t.log.Error("tuner: could not put read_ahead_kb back after changing a file window; retrying next interval",
-			"device", d.name, "want_kb", d.cur, "err", err)
-	}
-	if st.Broken > 0 {
-		t.log.Debug("tuner: window lowered on streaming readers", "device", d.name, "to_kb", kb, "files", st.Broken,
-			"break", st.Hold, "device_off", st.DeviceOff, "unconfirmed", st.Unconfirmed, "strays_reset", st.Strays)
-	}
-	if st.Strays > 0 {
-		t.log.Info("tuner: files opened while read_ahead_kb held another value were given the device's window",
-			"device", d.name, "files", st.Strays)
-	}
-	if st.Set == 0 {
-		t.fileFail += uint64(len(hs))
-		return 0, fmt.Errorf("set window: %w", errors.Join(append(errs, err)...))
-	}
-	// Per-file failures are not told apart here: all are recorded as set
-	// or all as cleared; the record is best effort (RestorePins).
-	for _, r := range hrefs {
-		if kb != d.orig {
-			*set = append(*set, pinOf(d, r, kb))
-		} else {
-			*clear = append(*clear, pinOf(d, r, 0))
-		}
-	}
-	return st.Set, nil
-}
-
-func pinOf(d *devState, r FileRef, kb int) state.Pin {
-	return state.Pin{PID: r.Tgid, FD: r.FD, Dev: uint32(r.Key.Dev), Ino: r.Key.Ino, Device: d.name, WindowKB: kb, Path: r.Path}
-}
-
-// recordPins writes what pin changed into the state directory's record of
-// per-file windows (best effort: a window left behind ends when its reader
-// closes the file).
-func (t *Tuner) recordPins(set, clear *[]state.Pin) {
-	if t.deps.Store == nil || len(*set)+len(*clear) == 0 {
-		return
-	}
-	if err := t.deps.Store.UpdatePins(*set, *clear); err != nil {
-		t.log.Warn("tuner: could not record per-file windows; after a crash they would stay until their files are closed", "err", err)
-	}
-}
-
-// PinsRestored counts what RestorePins did with the recorded pins.
-type PinsRestored struct {
-	Reset   int // windows reset to their device's
-	Gone    int // readers exited, or descriptors closed or reused
-	Refused int // outside the allow-paths or the tuned devices: not touched, dropped
-}
-
-// RestorePins gives every open file that an earlier run recorded as pinned
-// (state.Store.Pins) its device's window again, with POSIX_FADV_NORMAL: the
-// device is expected at its original value by then. The record is
-// untrusted: a pin is acted on only if its descriptor still names the
-// recorded file, that file's path passes scope like any per-file action,
-// and its device is one of devices (when given). Refused pins are dropped
-// untouched. Descriptors whose process exited, or that were closed or now
-// name another file, need nothing. Entries that could not be reached for
-// another reason stay recorded.
-//
-// With a Lowerer, a reader still streaming on the window an earlier run
-// gave it comes down to its device's window too (lower.go).
-func RestorePins(st *state.Store, files FileOps, scope *Scope, devices []string, low *Lowerer) (PinsRestored, error) {
-	var res PinsRestored
-	var done []state.Pin
-	var errs []error
-	tuned := map[string]bool{}
-	for _, d := range devices {
-		tuned[d] = true
-	}
-	byDev := map[string][]LowerFile{}
-	pinOfFile := map[Handle]state.Pin{}
-	for _, p := range st.Pins() {
-		key := probe.FileKey{Dev: probe.Dev(p.Dev), Ino: p.Ino}
-		ref, ferr := pinRef(files, p, key)
-		if errors.Is(ferr, ErrProcessGone) || errors.Is(ferr, ErrFDGone) {
-			res.Gone++
-			done = append(done, p)
-			continue
-		}
-		if ferr != nil {
-			errs = append(errs, fmt.Errorf("pid %d fd %d (%s): %w", p.PID, p.FD, p.Path, ferr))
-			continue
-		}
-		if _, serr := scope.Check(ref.Tgid, ref.FD, ref.Path, key); serr != nil || len(tuned) > 0 && !tuned[p.Device] {
-			res.Refused++
-			done = append(done, p)
-			continue
-		}
-		h, derr := files.Dup(ref)
-		if errors.Is(derr, ErrProcessGone) || errors.Is(derr, ErrFDGone) {
-			res.Gone++
-			done = append(done, p)
-			continue
-		}
-		if derr != nil {
-			errs = append(errs, fmt.Errorf("pid %d fd %d (%s): %w", p.PID, p.FD, p.Path, derr))
-			continue
-		}
-		if low == nil {
-			ferr = h.Fadvise(0, 0, AdviceNormal)
-			h.Close()
-			if ferr != nil {
-				errs = append(errs, fmt.Errorf("pid %d fd %d (%s): fadvise: %w", p.PID, p.FD, p.Path, ferr))
-				continue
-			}
-			res.Reset++
-			done = append(done, p)
-			continue
-		}
-		byDev[p.Device] = append(byDev[p.Device], LowerFile{Ref: ref, H: h})
-		pinOfFile[h] = p
-	}
-	// Through the Lowerer, a reader still streaming on the window an
-	// earlier run gave it comes down to its device's window too.
-	for _, dev := range slices.Sorted(maps.Keys(byDev)) {
-		fs := byDev[dev]
-		kb, rerr := low.Sysfs.ReadAheadKB(dev)
-		if rerr == nil {
-			var lst LowerStats
-			lst, rerr = low.Lower(LowerReq{Device: dev, DeviceKB: kb, KB: kb, Files: fs})
-			if rerr == nil || lst.Set == len(fs) {
-				res.Reset += len(fs)
-				for _, f := range fs {
-					done = append(done, pinOfFile[f.H])
-				}
-			}
-		}
-		if rerr != nil {
-			errs = append(errs, fmt.Errorf("device %s: %w", dev, rerr))
-		}
-		for _, f := range fs {
-			f.H.Close()
-		}
-	}
-	if uerr := st.UpdatePins(nil, done); uerr != nil {
-		errs = append(errs, uerr)
-	}
-	return res, errors.Join(errs...)
-}
-
-// pinRef finds the recorded descriptor among those the process holds on
-// the recorded file, with the path it has now (for the scope check).
-func pinRef(files FileOps, p state.Pin, key probe.FileKey) (FileRef, error) {
-	refs, err := files.Find(p.PID, key)
-	if err != nil {
-		return FileRef{}, err
-	}
-	for _, r := range refs {
-		if r.FD == p.FD {
-			return r, nil
-		}
-	}
-	return FileRef{}, fmt.Errorf("pid %d fd %d no longer names %s: %w", p.PID, p.FD, key, ErrFDGone)
-}
-
-func (t *Tuner) pinFile(fd *fileDec, kb int, tgids map[uint32]bool, limit bool) error {
-	refs := t.refs(fd, tgids)
-	if len(refs) == 0 && fd.outOfScope {
-		return errOutOfScope
-	}
-	n, err := t.pin(fd.dev, kb, refs, limit)
-	if err != nil {
-		return err
-	}
-	seen := map[uint32]bool{}
-	for _, r := range refs {
-		seen[r.Tgid] = true
-	}
-	for tgid := range seen {
-		if r := t.readers[fd.key][tgid]; r != nil {
-			r.appliedKB, r.pending, r.appliedAt = kb, false, t.deps.Clock.Now()
-		}
-	}
-	_ = n
-	return nil
-}
-
 func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 	fs, ok := t.fstats[k]
 	if !ok || fs.BusyThroughput <= 0 || t.snap.Now-fs.LastSeen > t.cfg.Settle {
 		return measure{}
 	}
-	return measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50}
-}
-
-// reprobeStart drops a file window kept for long enough back to the
-// device's window, to learn whether its regime is over: under a window
-// that keeps the device bandwidth-saturated the detector cannot tell and
-// holds the regime. It reports whether it started a probe.
-func (t *Tuner) reprobeStart(fd *fileDec) bool {
-	now := t.deps.Clock.Now()
-	l := &fd.win
-	if t.cfg.DryRun || l.trial != 0 || fd.pf.inForce() != 0 || l.cur <= l.base ||
-		slices.Contains(fd.regimes, detector.StarvedStream) { // starved: the window is visibly needed
-		return false
-	}
-	if l.probeEvery == 0 {
-		l.probeEvery = t.cfg.ReprobeAfter
-	}
-	if now-l.keptAt < l.probeEvery {
-		return false
-	}
-	if err := t.pinFile(fd, l.base, nil, true); err != nil {
-		if !errors.Is(err, errRateLimited) {
-			l.keptAt = now // try again a period later
-			t.log.Debug("tuner: re-probe not started", "file", fd.key.String(), "err", err)
-		}
-		return false
-	}
-	l.probeUntil = now + t.cfg.ReprobeHold
-	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
-		FromKB: l.cur, ToKB: l.base, Result: ResultTrial,
-		Evidence: fmt.Sprintf("re-probe: window kept for %v under regimes %v; back to the device's window for %v to see whether the regime is over", (now - l.keptAt).Round(time.Second), fd.regimes, t.cfg.ReprobeHold)})
-	return true
-}
-
-// reprobeJudge ends a re-probe: the regime cleared at the device's window
-// (the decision ends), or it persisted for ReprobeHold (the kept window is
-// put back and the next probe waits twice as long).
-func (t *Tuner) reprobeJudge(fd *fileDec, needed bool) {
-	now := t.deps.Clock.Now()
-	l := &fd.win
-	if !needed {
-		kept := l.cur
-		l.probeUntil, l.cur = 0, l.base
-		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
-			FromKB: kept, ToKB: l.base, Result: ResultUndone,
-			Evidence: fmt.Sprintf("re-probe: no regime at the device's window (was %v): the %d KB window is no longer needed", fd.regimes, kept)})
-		t.undoFile(fd, "re-probe ended the decision") // stops prefetch; the window is already back
-		delete(t.files, fd.key)
-		return
-	}
-	fd.lastNeeded = now
-	if now < l.probeUntil {
-		return
-	}
-	if err := t.pinFile(fd, l.cur, nil, true); err != nil && !errors.Is(err, errNoReaders) {
-		if errors.Is(err, errRateLimited) {
-			return // next interval
-		}
-		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindow,
-			FromKB: l.base, ToKB: l.cur, Result: ResultFailed, Evidence: "re-probe: putting the kept window back failed: " + err.Error()})
-	} else {
-		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindow,
-			FromKB: l.base, ToKB: l.cur, Result: ResultKept,
-			Evidence: fmt.Sprintf("re-probe: regimes %v persist at the device's window after %v; the kept window is back, next re-probe in %v", fd.regimes, t.cfg.ReprobeHold, min(2*l.probeEvery, t.cfg.BackoffMax))})
-	}
-	l.probeUntil, l.keptAt = 0, now
-	l.probeEvery = min(2*l.probeEvery, t.cfg.BackoffMax)
-}
-
-// randomReaderBeside reports whether another file on fd's device is read
-// randomly now (or its read-around is trimmed).
-func (t *Tuner) randomReaderBeside(fd *fileDec) bool {
-	for _, td := range t.trims {
-		if td.dev == fd.dev {
-			return true
+	// The detector's window is the tuner's Settle (the daemon sets both to
+	// its interval).
+	m := measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50, rate: float64(fs.Bytes) / t.cfg.Settle.Seconds()}
+	if ds, ok := t.dstats[fs.Device]; ok {
+		m.dev = float64(ds.Bytes) / t.cfg.Settle.Seconds()
+		// Random readers' bytes say nothing of what they get (a trimmed
+		// mmap reader reads fewer bytes by design, and touches more
+		// pages): they are left out of the total a step is judged by,
+		// before and after alike. The trim and the one-step growth beside
+		// them protect them.
+		for ok2, ofs := range t.fstats {
+			if ok2 != k && ofs.Device == fs.Device && t.readRandomly(ofs) {
+				m.dev -= float64(ofs.Bytes) / t.cfg.Settle.Seconds()
+			}
 		}
 	}
-	for k, fs := range t.fstats {
-		if k != fd.key && fs.Device == fd.dev.dev && t.readRandomly(fs) {
-			return true
-		}
-	}
-	return false
+	return m
 }
 
-// windowHint is the window (KB) that keeps enough bytes in flight to hide
-// the file's p95 latency at the device's learned capacity (Little's law),
-// 0 when the detector has not measured both. The p95, not the median: a
-// sequential reader stalls on the slowest request of its window.
-func (t *Tuner) windowHint(k probe.FileKey) int {
-	fs, ok := t.fstats[k]
-	if !ok {
-		return 0
-	}
-	lat := fs.P95
-	if lat <= 0 {
-		lat = fs.P50
-	}
-	ds, ok := t.dstats[fs.Device]
-	if !ok || ds.CapacityBPS <= 0 || lat <= 0 {
-		return 0
-	}
-	return int(lat.Seconds() * ds.CapacityBPS / 1024)
-}
-
-// tailHint is the device window (KB) that keeps a stall of the device's
-// p99 latency hidden at its capacity, when the need is tail inflation and
-// the device is below CapacityFrac of its capacity (0 otherwise): a reader stalls on the slowest request of its window, and
-// under tail inflation that is the p99. Steps below it would each cost an
-// interval to learn only that they are too small (and under a periodic
-// stall, one interval's throughput says little).
-func (t *Tuner) tailHint(snap detector.Snapshot, dev probe.Dev) int {
-	tail := false
-	for _, r := range snap.Regimes {
-		if r.Kind == detector.TailInflation && r.Device == dev && r.File.IsZero() {
-			tail = true
+// measureFor is the measure a decision is judged by: the stream's rate for
+// decisions no regime started, its busy throughput otherwise.
+func (t *Tuner) measureFor(fd *fileDec) measure {
+	m := t.fileMeasure(fd.key)
+	m.othersMustNotLose = fd.byRate
+	if fd.byRate {
+		// A stream that began inside the detector's window read only part
+		// of it: its rate there understates it, and any step would look
+		// paid. Its busy throughput is its rate while it read (a
+		// window-bound stream is busy all along); the step's own verdict,
+		// a window later, is by rate.
+		if _, whole := t.windowKB(fd.key); whole || fd.win.trial != 0 {
+			m.tput = m.rate
 		}
 	}
-	ds, ok := t.dstats[dev]
-	if !tail || !ok || ds.CapacityBPS <= 0 || ds.P99 <= 0 {
-		return 0
-	}
-	// A device already near its capacity has no bandwidth for the stalled
-	// readers to take back, and its p99 is its queue: steps one at a time,
-	// each judged.
-	if ds.BusyThroughput >= t.cfg.CapacityFrac*ds.CapacityBPS {
-		return 0
-	}
-	return int(ds.P99.Seconds() * ds.CapacityBPS / 1024)
+	return m
 }
 
 func (t *Tuner) devMeasure(dev probe.Dev) measure {
@@ -1141,8 +650,15 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		}
 		return
 	}
-	m := t.fileMeasure(fd.key)
+	m := t.measureFor(fd)
 	fd.win.hint = t.windowHint(fd.key)
+	if fd.byRate {
+		// The learned capacity of a device slow from the start is its slow
+		// rate, so the Little's-law hint undershoots: a stream bound by its
+		// window starts at four times it (one trial, judged like any other;
+		// at bandwidth it does not pay and is undone).
+		fd.win.hint = max(fd.win.hint, outcomeFirstFactor*fd.win.base)
+	}
 	if t.randomReaderBeside(fd) {
 		// Each window of transfers queued for the stream is waiting time
 		// for the random reader's faults: grow one step at a time, each
@@ -1150,7 +666,10 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		// fills the device.
 		fd.win.hint = 0
 	}
-	if capBPS := t.dstats[fd.dev.dev].CapacityBPS; escalate && m.ok && capBPS > 0 && m.tput >= t.cfg.CapacityFrac*capBPS {
+	// A decision no regime started skips this: a device slow from the start
+	// learned its slow rate (then each kept step's) as its capacity, and
+	// only the trial tells.
+	if capBPS := t.dstats[fd.dev.dev].CapacityBPS; escalate && m.ok && capBPS > 0 && m.tput >= t.cfg.CapacityFrac*capBPS && !fd.byRate {
 		// The file already reads at (nearly) the device's capacity: a
 		// further window step or prefetch has nothing left to gain and
 		// costs a trial interval to learn that. Judge a trial, take none.
@@ -1163,9 +682,15 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 	} else if escalate {
 		fd.atCapLogged = false
 	}
+	if escalate && fd.byRate && fd.win.cur == fd.win.base && fd.win.trial == 0 && !t.outcomeDue(fd.dev, fd.key) {
+		escalate = false // the device's outcome trials are backing off
+	}
 	applyWin := func(kb int) error { return t.pinFile(fd, kb, nil, true) }
 	if fd.pf.trial == 0 {
-		if t.drive(&fd.win, fd.dev, fd.key, fd.path, m, why, escalate, applyWin) || fd.win.trial != 0 {
+		hadTrial := fd.win.trial != 0
+		did := t.drive(&fd.win, fd.dev, fd.key, fd.path, m, why, escalate, applyWin)
+		t.remember(fd, hadTrial)
+		if did || fd.win.trial != 0 {
 			return
 		}
 	}
@@ -1192,6 +717,14 @@ func (t *Tuner) driveDevice(d *devState, why string, escalate bool) {
 	})
 }
 
+// ownWindow reports whether a file's decision holds a window of its own (a
+// step kept or under trial): an outcome decision that holds none (backing
+// off after trials that did not pay) leaves the file to the device's window.
+func (t *Tuner) ownWindow(k probe.FileKey) bool {
+	fd := t.files[k]
+	return fd != nil && !(fd.byRate && fd.win.cur == fd.win.base && fd.win.trial == 0 && fd.win.probeUntil == 0)
+}
+
 // reachOpenFiles gives the device's window to the files being read on it
 // now: a device's read_ahead_kb reaches only files opened after the write
 // (the kernel copies it into each open file), and a device-wide regime
@@ -1206,7 +739,7 @@ func (t *Tuner) reachOpenFiles(d *devState) {
 	var keys []probe.FileKey
 	if d.cur != d.orig {
 		for k, fs := range t.fstats {
-			if fs.Device != d.dev || t.files[k] != nil || fs.Sequentiality < t.cfg.MinSequentiality || t.snap.Now-fs.LastSeen > t.cfg.Settle {
+			if fs.Device != d.dev || t.ownWindow(k) || fs.Sequentiality < t.cfg.MinSequentiality || t.snap.Now-fs.LastSeen > t.cfg.Settle {
 				continue
 			}
 			keys = append(keys, k)
@@ -1220,13 +753,17 @@ func (t *Tuner) reachOpenFiles(d *devState) {
 	slices.SortFunc(keys, func(a, b probe.FileKey) int { return cmp.Or(cmp.Compare(a.Dev, b.Dev), cmp.Compare(a.Ino, b.Ino)) })
 	keys = slices.Compact(keys)
 	for _, k := range keys {
-		if t.files[k] != nil {
+		if t.ownWindow(k) {
 			delete(d.reached, k) // a decision of its own took over
 			continue
 		}
 		fd := &fileDec{key: k, dev: d}
 		refs := t.refs(fd, nil)
-		n, err := t.pin(d, d.cur, refs, false)
+		move := t.raiseFiles
+		if d.cur == d.orig {
+			move = t.lowerFiles // the device window taken back from the files it reached
+		}
+		n, err := move(d, d.cur, refs, false)
 		if err != nil && !errors.Is(err, errNoReaders) {
 			t.log.Debug("tuner: device window not given to an open file", "file", k.String(), "err", err)
 		}
@@ -1249,119 +786,6 @@ func (t *Tuner) reachOpenFiles(d *devState) {
 				Result: ResultApplied, Evidence: fmt.Sprintf("device window %d KB given to an open file read on the device", d.cur)})
 		}
 	}
-}
-
-// drive advances one knob's closed loop: it judges a step under trial and,
-// if escalate, takes the next one. It reports whether it did anything.
-func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m measure, why string, escalate bool, apply func(int) error) bool {
-	now := t.deps.Clock.Now()
-	max := t.cfg.MaxKB
-	if l.kind == KindPrefetch {
-		max = t.cfg.PrefetchMaxKB
-	}
-	act := func(kind ActionKind, from, to int, res Result, ev string) {
-		t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: file, Path: path, Kind: kind, FromKB: from, ToKB: to, Result: res, Evidence: ev})
-	}
-	did := false
-	if l.trial != 0 {
-		// Steps are taken on interval ticks: the tick one Settle after the
-		// step may read the clock a little early, and must still judge it
-		// (otherwise every step would take two intervals).
-		if now-l.trialAt < t.cfg.Settle-t.cfg.Settle/10 {
-			return false
-		}
-		if !m.ok && now-l.trialAt < 4*t.cfg.Settle {
-			return false // no reads yet to judge by
-		}
-		gain := 0.0
-		if m.ok && l.before.tput > 0 {
-			gain = m.tput/l.before.tput - 1
-		}
-		margin := t.cfg.Margin
-		if l.kind == KindDeviceWindow {
-			margin = t.cfg.DeviceMargin
-		}
-		ev := fmt.Sprintf("%s; before %s, after %s (%+.0f%%, keep margin %+.0f%%)", why, l.before, m, gain*100, margin*100)
-		if !m.ok || gain < margin {
-			return t.undoStep(l, now, ev, apply, act)
-		}
-		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)
-		l.cur, l.trial, l.failures, l.keptAt = l.trial, 0, 0, now
-		// The next step follows at once, measured against this one: a
-		// slowed reader regains its throughput one interval per step,
-		// not two.
-		did = true
-	}
-	if !escalate || now < l.retryAt {
-		return did
-	}
-	l.knee = false
-	next, ok := l.next(t.cfg.Growth, max)
-	if !ok || !m.ok {
-		return did
-	}
-	ev := fmt.Sprintf("%s; now %s", why, m)
-	if t.cfg.DryRun {
-		if l.dryAt != next {
-			l.dryAt = next
-			act(l.kind, l.cur, next, ResultDryRun, ev)
-		}
-		return false
-	}
-	if err := apply(next); err != nil {
-		if errors.Is(err, errRateLimited) || errors.Is(err, errNoReaders) || errors.Is(err, errOutOfScope) {
-			return did // deferred, or not ours to act on: no action
-		}
-		l.failures++
-		l.retryAt = now + t.backoff(l.failures)
-		act(l.kind, l.cur, next, ResultFailed, fmt.Sprintf("%s; %v; retry in %v", ev, err, t.backoff(l.failures)))
-		return true
-	}
-	l.trial, l.trialFrom, l.trialAt, l.before = next, l.cur, now, m
-	act(l.kind, l.cur, next, ResultTrial, ev)
-	return true
-}
-
-// undoStep takes back a step that did not pay: back-off if it was the
-// first, the knee if an earlier step had paid.
-func (t *Tuner) undoStep(l *ladder, now time.Duration, ev string, apply func(int) error, act func(ActionKind, int, int, Result, string)) bool {
-	from := l.trial
-	l.trial = 0
-	if err := apply(l.cur); err != nil && !errors.Is(err, errNoReaders) {
-		// The step stays in force until an undo succeeds.
-		l.trial = from
-		act(undoOf(l.kind), from, l.cur, ResultFailed, ev+"; undo failed: "+err.Error())
-		return true
-	}
-	if l.cur == l.base {
-		l.failures++
-		l.retryAt = now + t.backoff(l.failures)
-		ev += fmt.Sprintf("; backing off %v", t.backoff(l.failures))
-	} else {
-		// A knee found by one noisy interval would hold the window short
-		// for BackoffMax: confirm it once, BackoffBase later.
-		l.knee = true
-		l.failures++
-		wait := t.cfg.BackoffMax
-		if l.failures == 1 {
-			wait = t.cfg.BackoffBase
-		}
-		l.retryAt = now + wait
-		ev += fmt.Sprintf("; knee at %d KB, probing further in %v", l.cur, wait)
-	}
-	act(undoOf(l.kind), from, l.cur, ResultUndone, ev)
-	return true
-}
-
-func (t *Tuner) backoff(failures int) time.Duration {
-	b := t.cfg.BackoffBase
-	for i := 1; i < failures && b < t.cfg.BackoffMax; i++ {
-		b *= 2
-	}
-	if b > t.cfg.BackoffMax {
-		b = t.cfg.BackoffMax
-	}
-	return b
 }
 
 func (t *Tuner) undoFile(fd *fileDec, why string) {
@@ -1421,74 +845,26 @@ func (t *Tuner) undoDevice(d *devState, why string) {
 	t.emit(Action{Time: now, Device: d.name, Dev: d.dev, Kind: KindDeviceWindowUndo, FromKB: from, ToKB: d.orig, Result: res, Evidence: why})
 }
 
-// prefetchAll issues WILLNEED ahead of each prefetched reader, within each
-// device's byte budget.
-func (t *Tuner) prefetchAll() {
-	if t.cfg.DryRun {
-		return
-	}
-	now := t.deps.Clock.Now()
-	for _, fd := range t.files {
-		depth := fd.pf.inForce()
-		if depth == 0 {
-			continue
-		}
-		fs, ok := t.fstats[fd.key]
-		if !ok {
-			continue
-		}
-		d := fd.dev
-		d.pfBytes += (now - d.pfAt).Seconds() * t.cfg.PrefetchBytesPerSec
-		d.pfAt = now
-		if d.pfBytes > t.cfg.PrefetchBytesPerSec {
-			d.pfBytes = t.cfg.PrefetchBytesPerSec
-		}
-		start := fs.NextOffset
-		if fd.pfEnd > start && fd.pfEnd < start+uint64(depth)*1024 {
-			start = fd.pfEnd
-		}
-		end := fs.NextOffset + uint64(depth)*1024
-		if end <= start {
-			continue
-		}
-		n := end - start
-		if float64(n) > d.pfBytes {
-			n = uint64(d.pfBytes)
-		}
-		if n < 4096 {
-			continue
-		}
-		refs := t.refs(fd, nil)
-		if len(refs) == 0 {
-			continue
-		}
-		h, err := t.deps.Files.Dup(refs[0])
-		if err != nil {
-			t.fileFail++
-			t.log.Debug("tuner: prefetch: cannot take a descriptor", "file", fd.key.String(), "err", err)
-			continue
-		}
-		err = h.Fadvise(int64(start), int64(n), AdviceWillNeed)
-		h.Close()
-		if err != nil {
-			t.fileFail++
-			t.log.Warn("tuner: prefetch failed", "file", fd.key.String(), "path", fd.path, "err", err)
-			continue
-		}
-		d.pfBytes -= float64(n)
-		fd.pfEnd = start + n
-	}
-}
-
 func (t *Tuner) applyPendingLocked() {
 	if t.cfg.DryRun {
 		return
 	}
 	now := t.deps.Clock.Now()
 	for _, fd := range t.files {
+		t.applyPendingFile(fd, now)
+	}
+}
+
+// applyPendingFile pins the window in force on the descriptors of the
+// file's readers marked pending.
+func (t *Tuner) applyPendingFile(fd *fileDec, now time.Duration) {
+	if t.cfg.DryRun {
+		return
+	}
+	{
 		w := fd.win.inForce()
 		if w <= fd.win.base {
-			continue
+			return
 		}
 		tg := map[uint32]bool{}
 		for tgid, r := range t.readers[fd.key] {
@@ -1497,11 +873,11 @@ func (t *Tuner) applyPendingLocked() {
 			}
 		}
 		if len(tg) == 0 || !t.fails.due(fd.key, KindFileWindow, now) {
-			continue
+			return
 		}
 		err := t.pinFile(fd, w, tg, true)
 		if errors.Is(err, errRateLimited) {
-			continue
+			return
 		}
 		res, ev := ResultApplied, fmt.Sprintf("new reader(s) of a file with a %d KB decision", w)
 		a := Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindow, FromKB: fd.win.base, ToKB: w, Result: res, Evidence: ev}
@@ -1511,7 +887,7 @@ func (t *Tuner) applyPendingLocked() {
 			}
 			a.Result, a.Evidence = ResultFailed, ev+": "+err.Error()
 			t.emitFailed(a, err)
-			continue
+			return
 		}
 		t.fails.ok(fd.key, KindFileWindow)
 		t.emit(a)
@@ -1523,6 +899,7 @@ func (t *Tuner) pruneReaders(now time.Duration) {
 		for tgid, r := range rs {
 			if now-r.lastSeen > 2*t.cfg.Grace && (r.appliedKB == 0 || t.files[k] == nil) {
 				delete(rs, tgid)
+				t.nReaders--
 			}
 		}
 		if len(rs) == 0 {
@@ -1630,6 +1007,9 @@ func (t *Tuner) RestoreAll() error {
 	if t.cfg.DryRun {
 		return nil
 	}
+	// What was learned outlives the run: a restart during a slowdown
+	// serves the first open at once.
+	t.savePriors(true)
 	var errs []error
 	for _, d := range t.devs {
 		if !d.known {

@@ -62,11 +62,16 @@ type Config struct {
 	Sample time.Duration
 	// Cases are the (workload, regime) pairs to run.
 	Cases []Case
+	// Starts are the start conditions (other than onset) the readaheadd arm
+	// of each seq and sendfile case under a slowdown also runs in.
+	Starts []string
 	// HDFS runs the real-HDFS cases (needs Java 17 and Maven).
 	HDFS bool
 	// HDFSReaders is the number of concurrent HDFS clients in the
 	// concurrent case.
 	HDFSReaders int
+	// HDFSRegimes, when set, limits the HDFS cases to these regimes.
+	HDFSRegimes []string
 	// DaemonBin is the readaheadd binary; empty: built into a temporary
 	// directory.
 	DaemonBin string
@@ -111,7 +116,7 @@ func FullConfig() Config {
 	for _, r := range Regimes {
 		cases = append(cases, Case{WSeq, r})
 	}
-	for _, r := range []string{RHealthy, RPerm, RPermSev} {
+	for _, r := range []string{RHealthy, RPerm, RPermSev, RTemporal, RIntrinsic, RContended} {
 		cases = append(cases, Case{WSendfile, r})
 	}
 	for _, r := range []string{RPerm, RPermSev} {
@@ -126,6 +131,10 @@ func FullConfig() Config {
 		Warm: time.Second, DaemonWarm: 12 * time.Second, Measure: 8 * time.Second,
 		Sample: 100 * time.Millisecond,
 		Cases:  cases, HDFS: true, HDFSReaders: 4,
+		// Every seq and sendfile case under a slowdown also runs the
+		// readaheadd arm slowed before the open, before the daemon's start,
+		// and before a restart with saved state.
+		Starts: Starts,
 	}
 }
 

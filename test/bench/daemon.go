@@ -87,14 +87,21 @@ type Daemon struct {
 // mount, and waits until its /healthz answers ok. It polls /debug/status
 // every 100 ms to record actions (the status keeps only recent ones).
 func StartDaemon(ctx context.Context, bin, dev, mount, work string) (*Daemon, error) {
+	return StartDaemonState(ctx, bin, dev, mount, work, "")
+}
+
+// StartDaemonState is StartDaemon with a given state directory (one an
+// earlier run left, say); "" makes a fresh one.
+func StartDaemonState(ctx context.Context, bin, dev, mount, work, state string) (*Daemon, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	state, err := os.MkdirTemp(work, "state-")
-	if err != nil {
-		return nil, err
+	if state == "" {
+		if state, err = os.MkdirTemp(work, "state-"); err != nil {
+			return nil, err
+		}
 	}
 	logf, err := os.CreateTemp(work, "readaheadd-*.log")
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -76,6 +77,9 @@ func runHDFS(ctx context.Context, cfg Config, work string, rep *Report) (err err
 		{WHDFSConc, RPermSev, 3 * time.Millisecond, n},
 	}
 	for _, hc := range cases {
+		if len(cfg.HDFSRegimes) > 0 && !slices.Contains(cfg.HDFSRegimes, hc.regime) {
+			continue
+		}
 		for _, arm := range cfg.Arms() {
 			if err := ctx.Err(); err != nil {
 				return err

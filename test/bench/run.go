@@ -112,6 +112,22 @@ func runLabCases(ctx context.Context, cfg Config, work string, rep *Report) (err
 				"mbps", fmt.Sprintf("%.1f", r.MBps), "p99_ms", fmt.Sprintf("%.2f", r.P99ms), "actions", len(r.Actions))
 			rep.add(r)
 		}
+		if (c.Workload != WSeq && c.Workload != WSendfile) || c.Regime == RHealthy || c.Regime == RMixed {
+			continue
+		}
+		for _, st := range cfg.Starts {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			cfg.Log.Info("run", "workload", c.Workload, "regime", c.Regime, "start", st)
+			r, err := e.runStart(ctx, c, st)
+			if err != nil {
+				return fmt.Errorf("%s/%s/%s: %w", c.Workload, c.Regime, st, err)
+			}
+			cfg.Log.Info("result", "workload", c.Workload, "regime", c.Regime, "start", st,
+				"mbps", fmt.Sprintf("%.1f", r.MBps), "first_action_s", fmt.Sprintf("%.2f", r.FirstActionSec))
+			rep.Starts = append(rep.Starts, r)
+		}
 	}
 	return nil
 }

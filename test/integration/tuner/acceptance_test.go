@@ -239,8 +239,11 @@ func TestAcceptancePermanentSlowdown(t *testing.T) {
 	// each of its page faults reads less, never more.
 	require.NotZero(t, noDaemonKB, "the random reader read from the device")
 	assert.Less(t, actKB, 0.5*noDaemonKB, "the random reader's bytes per touch fall with the read-around trim (%.0f KB vs %.0f KB)", actKB, noDaemonKB)
-	if len(healthySizes) > 0 && len(actSizes) > 0 {
-		assert.Less(t, median(actSizes), 0.5*median(healthySizes), "the probe sees smaller requests for the random file")
+	// Against the read-around without the daemon: the daemon may act
+	// before onset too (a stream bound by its window beside the random
+	// reader gets a trial whatever its history, and the trim comes with it).
+	if len(actSizes) > 0 {
+		assert.Less(t, median(actSizes), 0.5*noDaemonKB, "the probe sees smaller requests for the random file than its read-around without the daemon")
 	}
 	var trimKept bool
 	for _, a := range actions {

@@ -30,8 +30,8 @@ import (
 	"github.com/readaheadd/readaheadd/test/lab"
 )
 
-// childEnv makes the test binary a reader process: "seq:PATH" or
-// "random:PATH". The daemon must reach a separate process's open file
+// childEnv makes the test binary a reader process: "seq:PATH",
+// "random:PATH" (mmap) or "pread:PATH" (buffered random 4 KB reads). The daemon must reach a separate process's open file
 // (pidfd_getfd), as it reaches a DataNode's.
 const childEnv = "READAHEADD_TUNER_IT_CHILD"
 
@@ -77,6 +77,10 @@ func childMain(spec string) int {
 		return 1
 	}
 	var data []byte
+	var size int64
+	if st, err := f.Stat(); err == nil {
+		size = st.Size()
+	}
 	if mode == "random" {
 		st, err := f.Stat()
 		if err != nil {
@@ -146,6 +150,21 @@ func childMain(spec string) int {
 			if err != nil {
 				fmt.Println("error", err)
 				return 1
+			}
+		case "pread":
+			// Buffered random 4 KB reads, every one a miss.
+			for i := 0; i < 16; i++ {
+				if _, err := f.ReadAt(buf[:4096], rng.Int64N(size/4096)*4096); err != nil {
+					fmt.Println("error", err)
+					return 1
+				}
+			}
+			mu.Lock()
+			count += 16
+			mu.Unlock()
+			if time.Since(lastDrop) > 500*time.Millisecond {
+				_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+				lastDrop = time.Now()
 			}
 		case "random":
 			for i := 0; i < 16; i++ {

@@ -20,15 +20,17 @@ import (
 // provokeDeviceWindow makes the daemon change the device's own
 // read_ahead_kb: a temporal slowdown (a share of every read on the device
 // waits 20 ms more) is a device-wide regime, so the tuner tries a
-// device-wide window. The readers are random (mmap) readers: a file in a
-// per-file regime (a starved sequential stream, say) is left out of the
-// device's tail statistics. It returns the value seen once the device left
-// 128.
+// device-wide window. The readers are random buffered readers (pread): a
+// file in a per-file regime (a starved sequential stream, say) is left out
+// of the device's tail statistics, and a device-wide window is not taken
+// beside a random mmap reader (each of its faults would read the larger
+// window around it); a buffered random read reads only what it asks for.
+// It returns the value seen once the device left 128.
 func provokeDeviceWindow(t *testing.T, l *lab.Lab, d *daemon, files []string) int {
 	t.Helper()
 	for _, f := range files {
 		require.NoError(t, lab.DropFileCache(f))
-		startChild(t, "random", f).goRead(t)
+		startChild(t, "pread", f).goRead(t)
 	}
 	// Healthy reads first: the tail is judged against a learned p99.
 	time.Sleep(6 * time.Second)

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/readaheadd/readaheadd/test/bench"
@@ -24,6 +25,8 @@ func main() {
 	work := flag.String("work", "", "keep daemon logs here (default: a temporary directory)")
 	from := flag.String("from", "", "only re-render the report and plots from a results.json of an earlier run")
 	workload := flag.String("workload", "", "run only this workload's cases (seq, sendfile, seq+mmap), for a quick look; the report then holds only those")
+	regimes := flag.String("regimes", "", "comma-separated regimes: run only these cases")
+	starts := flag.Bool("starts", false, "also run readaheadd under the start conditions slow-before-open, slow-before-daemon and slow-before-daemon-saved (seq and sendfile cases)")
 	flag.Parse()
 	if *from != "" {
 		b, err := os.ReadFile(*from)
@@ -69,6 +72,29 @@ func main() {
 			os.Exit(2)
 		}
 		cfg.Cases, cfg.HDFS = keep, false
+	}
+	if *regimes != "" {
+		want := map[string]bool{}
+		for _, r := range strings.Split(*regimes, ",") {
+			want[strings.TrimSpace(r)] = true
+		}
+		var keep []bench.Case
+		for _, c := range cfg.Cases {
+			if want[c.Regime] {
+				keep = append(keep, c)
+			}
+		}
+		if len(keep) == 0 && !cfg.HDFS {
+			fmt.Fprintf(os.Stderr, "no case of regimes %q in this matrix\n", *regimes)
+			os.Exit(2)
+		}
+		cfg.Cases = keep
+		for r := range want {
+			cfg.HDFSRegimes = append(cfg.HDFSRegimes, r)
+		}
+	}
+	if *starts {
+		cfg.Starts = bench.Starts
 	}
 	cfg.WorkDir = *work
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))

@@ -1,0 +1,499 @@
+package tuner
+
+// The actuator: everything that changes a window on the system. Device
+// windows through sysfs (rate-limited, originals recorded first), per-file
+// windows through descriptors taken with pidfd_getfd (raise, pin, restore),
+// and the record of those pins for a crash. Policy and trials decide what
+// to change; only this file changes it.
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/state"
+)
+
+func (t *Tuner) take(d *devState, n int) bool {
+	now := t.deps.Clock.Now()
+	d.tokens += (now - d.tokenAt).Seconds() * t.cfg.SysfsWritesPerSec
+	d.tokenAt = now
+	if b := float64(t.cfg.SysfsBurst); d.tokens > b {
+		d.tokens = b
+	}
+	if d.tokens < float64(n) {
+		t.limited++
+		return false
+	}
+	d.tokens -= float64(n)
+	return true
+}
+
+// record makes sure the device's original is on disk before a write.
+func (t *Tuner) record(d *devState) error {
+	if t.deps.Store == nil {
+		return errors.New("no state store")
+	}
+	return t.deps.Store.Record(d.name, d.dev.String(), d.orig)
+}
+
+// writeDevice sets read_ahead_kb, recording the original first.
+func (t *Tuner) writeDevice(d *devState, kb int) error {
+	if err := t.record(d); err != nil {
+		return fmt.Errorf("record original of %s before writing it: %w", d.name, err)
+	}
+	return t.deps.Sysfs.SetReadAheadKB(d.name, kb)
+}
+
+// setDevice moves the device's own window (a device-wide decision).
+func (t *Tuner) setDevice(d *devState, kb int, limit bool) error {
+	kb = t.clamp(d, kb)
+	if kb == d.cur && !d.dirty {
+		return nil
+	}
+	if limit && !t.take(d, 1) {
+		return errRateLimited
+	}
+	if err := t.writeDevice(d, kb); err != nil {
+		return err
+	}
+	d.cur = kb
+	d.dirty = false
+	return nil
+}
+
+func (t *Tuner) clamp(d *devState, kb int) int {
+	if kb > t.cfg.MaxKB {
+		kb = t.cfg.MaxKB
+	}
+	if kb < d.orig {
+		kb = d.orig
+	}
+	return kb
+}
+
+// repairDevices retries a write back that failed after a raise.
+func (t *Tuner) repairDevices() {
+	for _, d := range t.devs {
+		if d.known && d.dirty {
+			if err := t.writeDevice(d, d.cur); err != nil {
+				t.log.Error("tuner: read_ahead_kb is still not back at its intended value", "device", d.name, "want_kb", d.cur, "err", err)
+				continue
+			}
+			d.dirty = false
+			t.log.Info("tuner: read_ahead_kb put back", "device", d.name, "kb", d.cur)
+		}
+	}
+}
+
+// refs finds the in-scope descriptors of the file's readers (only those in
+// tgids when given).
+func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []FileRef {
+	now := t.deps.Clock.Now()
+	var out []FileRef
+	tg := make([]uint32, 0, len(t.readers[fd.key]))
+	for tgid, r := range t.readers[fd.key] {
+		// Readers the tuner pinned stay reachable for the undo however
+		// long ago they were seen.
+		if (now-r.lastSeen > t.cfg.Grace && r.appliedKB == 0) || (tgids != nil && !tgids[tgid]) {
+			continue
+		}
+		tg = append(tg, tgid)
+	}
+	slices.Sort(tg)
+	for _, tgid := range tg {
+		found, err := t.deps.Files.Find(tgid, fd.key)
+		if err != nil {
+			t.fileFail++
+			t.log.Debug("tuner: cannot list a reader's descriptors", "pid", tgid, "file", fd.key.String(), "err", err)
+			continue
+		}
+		for _, ref := range found {
+			real, err := t.scope.Check(ref.Tgid, ref.FD, ref.Path, fd.key)
+			if err != nil {
+				t.refused++
+				if !fd.outOfScope {
+					t.log.Warn("tuner: file is outside the allow-paths; no per-file action", "pid", tgid, "fd", ref.FD, "path", ref.Path, "reason", err)
+				}
+				fd.outOfScope = true
+				fd.scopeAt = now
+				continue
+			}
+			fd.outOfScope = false
+			fd.path = real
+			out = append(out, ref)
+		}
+	}
+	return out
+}
+
+// pin gives each ref's open file the window kb: with fadvise alone when kb
+// is the device's window (NORMAL) or twice it (SEQUENTIAL), otherwise by
+// raise, pin, restore. Descriptors are taken before the raise so the device
+// holds kb for as short a time as possible.
+func (t *Tuner) pin(d *devState, kb int, refs []FileRef, limit bool) (int, error) {
+	return t.raiseFiles(d, t.clamp(d, kb), refs, limit)
+}
+
+// raiseFiles gives the refs' open files the window kb, at least the one
+// they have.
+func (t *Tuner) raiseFiles(d *devState, kb int, refs []FileRef, limit bool) (int, error) {
+	return t.pinExact(d, kb, refs, limit)
+}
+
+// lowerFiles is the one way a per-file window comes down (an undo, a step
+// that did not pay, a re-probe, a read-around trim, a device window taken
+// back from the open files it reached). pinExact hands every per-file
+// change to the Lowerer when the kernel's per-file state is readable: on
+// this kernel a plain pin of the lower value does not lower a stream
+// already on asynchronous readahead (lower.go).
+func (t *Tuner) lowerFiles(d *devState, kb int, refs []FileRef, limit bool) (int, error) {
+	t.counts["actuator/lower"]++
+	return t.pinExact(d, kb, refs, limit)
+}
+
+// pinExact is pin without the clamp to the device's original: a
+// read-around trim pins below it.
+func (t *Tuner) pinExact(d *devState, kb int, refs []FileRef, limit bool) (int, error) {
+	if len(refs) == 0 {
+		return 0, errNoReaders
+	}
+	advice, raise := AdviceNormal, false
+	switch {
+	case kb == d.cur:
+	case kb == 2*d.cur:
+		advice = AdviceSequential
+	default:
+		raise = true
+	}
+	if raise && limit && !t.take(d, 2) {
+		return 0, errRateLimited
+	}
+	var hs []Handle
+	var hrefs []FileRef
+	var errs []error
+	var set, clear []state.Pin
+	for _, r := range refs {
+		h, err := t.deps.Files.Dup(r)
+		if err != nil {
+			t.fileFail++
+			errs = append(errs, err)
+			if errors.Is(err, ErrProcessGone) || errors.Is(err, ErrFDGone) {
+				clear = append(clear, pinOf(d, r, 0))
+			}
+			continue
+		}
+		hs = append(hs, h)
+		hrefs = append(hrefs, r)
+	}
+	defer t.recordPins(&set, &clear)
+	defer func() {
+		for _, h := range hs {
+			h.Close()
+		}
+	}()
+	if len(hs) == 0 {
+		return 0, fmt.Errorf("take descriptors: %w", errors.Join(errs...))
+	}
+	if t.lower != nil {
+		return t.lowerPin(d, kb, hs, hrefs, errs, &set, &clear)
+	}
+	if raise {
+		if err := t.writeDevice(d, kb); err != nil {
+			return 0, fmt.Errorf("set read_ahead_kb of %s to %d for a pin: %w", d.name, kb, err)
+		}
+	}
+	n := 0
+	for i, h := range hs {
+		if err := h.Fadvise(0, 0, advice); err != nil {
+			t.fileFail++
+			errs = append(errs, err)
+			continue
+		}
+		n++
+		// What outlives a crash of the daemon is recorded: a window other
+		// than the device's original (the device is put back first).
+		if kb != d.orig {
+			set = append(set, pinOf(d, hrefs[i], kb))
+		} else {
+			clear = append(clear, pinOf(d, hrefs[i], 0))
+		}
+	}
+	if raise {
+		if err := t.deps.Sysfs.SetReadAheadKB(d.name, d.cur); err != nil {
+			d.dirty = true
+			t.log.Error("tuner: could not put read_ahead_kb back after pinning a file window; retrying next interval",
+				"device", d.name, "left_at_kb", kb, "want_kb", d.cur, "err", err)
+		}
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("fadvise: %w", errors.Join(errs...))
+	}
+	return n, nil
+}
+
+// lowerPin is pinExact's window change through the Lowerer: a file whose
+// kernel window is above kb gets a break first, so the change reaches a
+// stream on asynchronous readahead (lower.go).
+func (t *Tuner) lowerPin(d *devState, kb int, hs []Handle, hrefs []FileRef, errs []error, set, clear *[]state.Pin) (int, error) {
+	if err := t.record(d); err != nil {
+		return 0, fmt.Errorf("record original of %s before writing it: %w", d.name, err)
+	}
+	fs := make([]LowerFile, len(hs))
+	for i := range hs {
+		fs[i] = LowerFile{Ref: hrefs[i], H: hs[i]}
+	}
+	st, err := t.lower.Lower(LowerReq{Device: d.name, DeviceKB: d.cur, KB: kb, Files: fs})
+	if errors.Is(err, ErrDeviceNotBack) {
+		d.dirty = true
+		t.log.Error("tuner: could not put read_ahead_kb back after changing a file window; retrying next interval",
+			"device", d.name, "want_kb", d.cur, "err", err)
+	}
+	if st.Broken > 0 {
+		t.log.Debug("tuner: window lowered on streaming readers", "device", d.name, "to_kb", kb, "files", st.Broken,
+			"break", st.Hold, "device_off", st.DeviceOff, "unconfirmed", st.Unconfirmed, "strays_reset", st.Strays)
+	}
+	if st.Strays > 0 {
+		t.log.Info("tuner: files opened while read_ahead_kb held another value were given the device's window",
+			"device", d.name, "files", st.Strays)
+	}
+	if st.Set == 0 {
+		t.fileFail += uint64(len(hs))
+		return 0, fmt.Errorf("set window: %w", errors.Join(append(errs, err)...))
+	}
+	// Per-file failures are not told apart here: all are recorded as set
+	// or all as cleared; the record is best effort (RestorePins).
+	for _, r := range hrefs {
+		if kb != d.orig {
+			*set = append(*set, pinOf(d, r, kb))
+		} else {
+			*clear = append(*clear, pinOf(d, r, 0))
+		}
+	}
+	return st.Set, nil
+}
+
+func pinOf(d *devState, r FileRef, kb int) state.Pin {
+	return state.Pin{PID: r.Tgid, FD: r.FD, Dev: uint32(r.Key.Dev), Ino: r.Key.Ino, Device: d.name, WindowKB: kb, Path: r.Path}
+}
+
+// recordPins writes what pin changed into the state directory's record of
+// per-file windows (best effort: a window left behind ends when its reader
+// closes the file).
+func (t *Tuner) recordPins(set, clear *[]state.Pin) {
+	if t.deps.Store == nil || len(*set)+len(*clear) == 0 {
+		return
+	}
+	if err := t.deps.Store.UpdatePins(*set, *clear); err != nil {
+		t.log.Warn("tuner: could not record per-file windows; after a crash they would stay until their files are closed", "err", err)
+	}
+}
+
+// PinsRestored counts what RestorePins did with the recorded pins.
+type PinsRestored struct {
+	Reset   int // windows reset to their device's
+	Gone    int // readers exited, or descriptors closed or reused
+	Refused int // outside the allow-paths or the tuned devices: not touched, dropped
+}
+
+// RestorePins gives every open file that an earlier run recorded as pinned
+// (state.Store.Pins) its device's window again, with POSIX_FADV_NORMAL: the
+// device is expected at its original value by then. The record is
+// untrusted: a pin is acted on only if its descriptor still names the
+// recorded file, that file's path passes scope like any per-file action,
+// and its device is one of devices (when given). Refused pins are dropped
+// untouched. Descriptors whose process exited, or that were closed or now
+// name another file, need nothing. Entries that could not be reached for
+// another reason stay recorded.
+//
+// With a Lowerer, a reader still streaming on the window an earlier run
+// gave it comes down to its device's window too (lower.go).
+func RestorePins(st *state.Store, files FileOps, scope *Scope, devices []string, low *Lowerer) (PinsRestored, error) {
+	var res PinsRestored
+	var done []state.Pin
+	var errs []error
+	tuned := map[string]bool{}
+	for _, d := range devices {
+		tuned[d] = true
+	}
+	byDev := map[string][]LowerFile{}
+	pinOfFile := map[Handle]state.Pin{}
+	for _, p := range st.Pins() {
+		key := probe.FileKey{Dev: probe.Dev(p.Dev), Ino: p.Ino}
+		ref, ferr := pinRef(files, p, key)
+		if errors.Is(ferr, ErrProcessGone) || errors.Is(ferr, ErrFDGone) {
+			res.Gone++
+			done = append(done, p)
+			continue
+		}
+		if ferr != nil {
+			errs = append(errs, fmt.Errorf("pid %d fd %d (%s): %w", p.PID, p.FD, p.Path, ferr))
+			continue
+		}
+		if _, serr := scope.Check(ref.Tgid, ref.FD, ref.Path, key); serr != nil || len(tuned) > 0 && !tuned[p.Device] {
+			res.Refused++
+			done = append(done, p)
+			continue
+		}
+		h, derr := files.Dup(ref)
+		if errors.Is(derr, ErrProcessGone) || errors.Is(derr, ErrFDGone) {
+			res.Gone++
+			done = append(done, p)
+			continue
+		}
+		if derr != nil {
+			errs = append(errs, fmt.Errorf("pid %d fd %d (%s): %w", p.PID, p.FD, p.Path, derr))
+			continue
+		}
+		if low == nil {
+			ferr = h.Fadvise(0, 0, AdviceNormal)
+			h.Close()
+			if ferr != nil {
+				errs = append(errs, fmt.Errorf("pid %d fd %d (%s): fadvise: %w", p.PID, p.FD, p.Path, ferr))
+				continue
+			}
+			res.Reset++
+			done = append(done, p)
+			continue
+		}
+		byDev[p.Device] = append(byDev[p.Device], LowerFile{Ref: ref, H: h})
+		pinOfFile[h] = p
+	}
+	// Through the Lowerer, a reader still streaming on the window an
+	// earlier run gave it comes down to its device's window too.
+	for _, dev := range slices.Sorted(maps.Keys(byDev)) {
+		fs := byDev[dev]
+		kb, rerr := low.Sysfs.ReadAheadKB(dev)
+		if rerr == nil {
+			var lst LowerStats
+			lst, rerr = low.Lower(LowerReq{Device: dev, DeviceKB: kb, KB: kb, Files: fs})
+			if rerr == nil || lst.Set == len(fs) {
+				res.Reset += len(fs)
+				for _, f := range fs {
+					done = append(done, pinOfFile[f.H])
+				}
+			}
+		}
+		if rerr != nil {
+			errs = append(errs, fmt.Errorf("device %s: %w", dev, rerr))
+		}
+		for _, f := range fs {
+			f.H.Close()
+		}
+	}
+	if uerr := st.UpdatePins(nil, done); uerr != nil {
+		errs = append(errs, uerr)
+	}
+	return res, errors.Join(errs...)
+}
+
+// pinRef finds the recorded descriptor among those the process holds on
+// the recorded file, with the path it has now (for the scope check).
+func pinRef(files FileOps, p state.Pin, key probe.FileKey) (FileRef, error) {
+	refs, err := files.Find(p.PID, key)
+	if err != nil {
+		return FileRef{}, err
+	}
+	for _, r := range refs {
+		if r.FD == p.FD {
+			return r, nil
+		}
+	}
+	return FileRef{}, fmt.Errorf("pid %d fd %d no longer names %s: %w", p.PID, p.FD, key, ErrFDGone)
+}
+
+func (t *Tuner) pinFile(fd *fileDec, kb int, tgids map[uint32]bool, limit bool) error {
+	refs := t.refs(fd, tgids)
+	if len(refs) == 0 && fd.outOfScope {
+		return errOutOfScope
+	}
+	// Lowering or raising: against the largest window the tuner pinned on
+	// these readers, or their events showed.
+	kb = t.clamp(fd.dev, kb)
+	have := 0
+	for _, r := range refs {
+		if ri := t.readers[fd.key][r.Tgid]; ri != nil {
+			have = max(have, ri.appliedKB, ri.raKB)
+		}
+	}
+	move := t.raiseFiles
+	if kb < have {
+		move = t.lowerFiles
+	}
+	n, err := move(fd.dev, kb, refs, limit)
+	if err != nil {
+		return err
+	}
+	seen := map[uint32]bool{}
+	for _, r := range refs {
+		seen[r.Tgid] = true
+	}
+	for tgid := range seen {
+		if r := t.readers[fd.key][tgid]; r != nil {
+			r.appliedKB, r.pending, r.appliedAt = kb, false, t.deps.Clock.Now()
+		}
+	}
+	_ = n
+	return nil
+}
+
+// prefetchAll issues WILLNEED ahead of each prefetched reader, within each
+// device's byte budget.
+func (t *Tuner) prefetchAll() {
+	if t.cfg.DryRun {
+		return
+	}
+	now := t.deps.Clock.Now()
+	for _, fd := range t.files {
+		depth := fd.pf.inForce()
+		if depth == 0 {
+			continue
+		}
+		fs, ok := t.fstats[fd.key]
+		if !ok {
+			continue
+		}
+		d := fd.dev
+		d.pfBytes += (now - d.pfAt).Seconds() * t.cfg.PrefetchBytesPerSec
+		d.pfAt = now
+		if d.pfBytes > t.cfg.PrefetchBytesPerSec {
+			d.pfBytes = t.cfg.PrefetchBytesPerSec
+		}
+		start := fs.NextOffset
+		if fd.pfEnd > start && fd.pfEnd < start+uint64(depth)*1024 {
+			start = fd.pfEnd
+		}
+		end := fs.NextOffset + uint64(depth)*1024
+		if end <= start {
+			continue
+		}
+		n := end - start
+		if float64(n) > d.pfBytes {
+			n = uint64(d.pfBytes)
+		}
+		if n < 4096 {
+			continue
+		}
+		refs := t.refs(fd, nil)
+		if len(refs) == 0 {
+			continue
+		}
+		h, err := t.deps.Files.Dup(refs[0])
+		if err != nil {
+			t.fileFail++
+			t.log.Debug("tuner: prefetch: cannot take a descriptor", "file", fd.key.String(), "err", err)
+			continue
+		}
+		err = h.Fadvise(int64(start), int64(n), AdviceWillNeed)
+		h.Close()
+		if err != nil {
+			t.fileFail++
+			t.log.Warn("tuner: prefetch failed", "file", fd.key.String(), "path", fd.path, "err", err)
+			continue
+		}
+		d.pfBytes -= float64(n)
+		fd.pfEnd = start + n
+	}
+}

@@ -1,0 +1,188 @@
+package tuner
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/blockdev"
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/state"
+)
+
+// PriorRecheck is how soon a directory's prior is first re-checked: the
+// next fresh open after it is left at the device's window for one Settle,
+// and the prior is dropped if that stream reads about as fast as the prior
+// window's streams did (the device recovered). Each re-check that finds the
+// prior still paying doubles the wait, up to Config.BackoffMax.
+const PriorRecheck = 30 * time.Second
+
+// priorsSaveEvery bounds how often the priors file is rewritten.
+const priorsSaveEvery = 5 * time.Second
+
+// freshOpen is called on a readahead event of a reader of a file with no
+// decision: if the memory holds a window for the file or its directory, it
+// is pinned on the reader's open file now, from the event path, as a trial
+// judged like any other one Settle later against the throughput the prior's
+// streams had at the device's window. Called with t.mu held.
+func (t *Tuner) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Duration) {
+	key, disk, tgid, evTime := ev.File, ev.Device, ev.Tgid, ev.Time
+	if disk == 0 || t.cfg.DryRun || t.scope.Empty() || !t.mem.has(key.Dev) || now-r.priorAt < t.cfg.Grace && r.priorAt != 0 {
+		return
+	}
+	// Only a stream: a read from the head of the file, or asynchronous
+	// readahead (a reader that hit the marker of its previous window).
+	// A page fault of a random mmap reader reads around its page, mid-file
+	// and synchronously: a larger window there is read amplification. A
+	// file the detector sees read randomly, or trimmed, is left alone too.
+	if !ev.Async && ev.Index != 0 {
+		return
+	}
+	if fs, ok := t.fstats[key]; ok && t.readRandomly(fs) || t.trims[key] != nil {
+		return
+	}
+	r.priorAt = now
+	d := t.device(disk)
+	if d == nil {
+		return
+	}
+	fd := &fileDec{key: key, dev: d, byRate: true,
+		win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
+		pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
+	refs := t.refs(fd, map[uint32]bool{tgid: true})
+	if len(refs) == 0 {
+		return
+	}
+	kb, p := t.mem.lookup(key, fd.path)
+	// A prior names its disk: one learned (or loaded) for another disk
+	// than the one holding the file now is not used.
+	if p == nil || p.device != d.name || p.baseBPS <= 0 || kb <= d.orig || r.raKB >= kb {
+		return
+	}
+	if p.checking.IsZero() && now >= p.checkAt {
+		// Re-check: this stream reads at the device's window for one
+		// Settle; judgePriorChecks compares it with the prior's streams.
+		p.checking, p.checkStart = key, now
+		t.counts["prior/recheck"]++
+		return
+	}
+	kb = t.clamp(d, kb)
+	n, err := t.pin(d, kb, refs, true)
+	if err != nil {
+		if !errors.Is(err, errRateLimited) {
+			t.log.Debug("tuner: prior not applied to a fresh open", "file", key.String(), "path", fd.path, "err", err)
+		}
+		r.priorAt = 0 // try again on its next event
+		return
+	}
+	r.appliedKB, r.appliedAt, r.pending = kb, now, false
+	// From the kernel's timestamp of the event to the pin: ring buffer
+	// polling, decoding and the pin itself.
+	lag := time.Duration(0)
+	if evTime > 0 && t.deps.Clock.Now() > evTime {
+		lag = t.deps.Clock.Now() - evTime
+	}
+	fd.prior = p
+	fd.regimes = []detector.RegimeKind{FromPrior}
+	fd.lastNeeded = now
+	before := measure{ok: true, tput: p.baseBPS, rate: p.baseBPS}
+	fd.win.trial, fd.win.trialFrom, fd.win.trialAt, fd.win.before, fd.win.baseM = kb, d.orig, now, before, before
+	t.files[key] = fd
+	t.counts["prior/applied"]++
+	t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: key, Path: fd.path, Kind: KindFileWindow, FromKB: d.orig, ToKB: kb,
+		Result: ResultTrial, Evidence: fmt.Sprintf("prior: %d KB paid for %d recent stream(s) in this directory (%.1f -> %.1f MB/s); given to %d descriptor(s) %v after the file's first readahead event",
+			p.window, p.streams, p.baseBPS/1e6, p.keptBPS/1e6, n, lag.Round(100*time.Microsecond))})
+}
+
+// judgePriorChecks ends the re-checks of priors whose stream has read at
+// the device's window for a Settle: a stream at least as fast as the
+// prior's streams were at their kept window, less the margin, means the
+// window no longer pays there (the device recovered): the prior is
+// dropped. Otherwise the prior stands and the next re-check waits twice as
+// long. Called from Step with t.mu held.
+func (t *Tuner) judgePriorChecks(now time.Duration) {
+	for _, p := range t.mem.dirs {
+		if p.checking.IsZero() || now-p.checkStart < t.cfg.Settle-t.cfg.Settle/10 {
+			continue
+		}
+		key := p.checking
+		m := t.fileMeasure(key)
+		if !m.ok {
+			if now-p.checkStart > 4*t.cfg.Settle {
+				p.checking = probe.FileKey{} // no reads to judge by: the next open re-checks
+			}
+			continue
+		}
+		p.checking = probe.FileKey{}
+		if m.rate >= p.keptBPS/(1+t.cfg.Margin) {
+			t.counts["prior/dropped"]++
+			t.log.Info("tuner: a stream read as fast at the device's window as the prior's window made its neighbours; prior dropped",
+				"device", p.device, "window_kb", p.window, "rate_mbps", m.rate/1e6, "prior_kept_mbps", p.keptBPS/1e6)
+			t.mem.decay(p, true)
+			t.mem.forgetFile(key)
+			continue
+		}
+		p.checkEvery = min(2*p.checkEvery, t.cfg.BackoffMax)
+		p.checkAt = now + p.checkEvery
+		t.counts["prior/confirmed"]++
+	}
+}
+
+// learnFrom records a file window that paid in the memory.
+func (t *Tuner) learnFrom(fd *fileDec) {
+	if fd.win.cur <= fd.win.base || fd.path == "" || fd.win.cur == fd.learnedKB {
+		return
+	}
+	fd.learnedKB = fd.win.cur
+	base := fd.win.baseM.rate
+	if fd.prior != nil && base <= 0 {
+		base = fd.prior.baseBPS
+	}
+	t.mem.learn(fd.key, fd.dev.name, fd.path, fd.win.cur, fd.win.base, base, fd.win.keptM.rate, t.deps.Clock.Now(), time.Now(), PriorRecheck)
+}
+
+// loadPriors reads the priors file of the state directory. Anything wrong
+// with it is one warning and no priors; entries outside the configuration
+// are refused.
+func (t *Tuner) loadPriors() {
+	if t.priorsPath == "" || t.scope.Empty() {
+		return
+	}
+	p, err := state.LoadPriors(t.priorsPath)
+	if err != nil {
+		t.log.Warn("tuner: ignoring the saved priors; windows are learned afresh (the file is replaced at the next save)", "err", err)
+		return
+	}
+	refused := t.mem.load(p, func(dev probe.Dev, device, dir string) bool {
+		if !t.scope.Covers(dir, dev) || len(t.cfg.Devices) > 0 && !slices.Contains(t.cfg.Devices, device) || blockdev.ValidName(device) != nil {
+			return false
+		}
+		// The disk must exist; a fresh open uses the prior only if its
+		// file is on that very disk (freshOpen).
+		_, err := t.deps.Sysfs.ReadAheadKB(device)
+		return err == nil
+	}, t.cfg.MaxKB, t.deps.Clock.Now(), PriorRecheck)
+	if refused > 0 {
+		t.log.Warn("tuner: saved priors outside the configured devices and allow-paths were ignored", "file", t.priorsPath, "refused", refused)
+	}
+	if n := len(t.mem.dirs) + len(t.mem.files); n > 0 {
+		t.log.Info("tuner: loaded saved priors", "file", t.priorsPath, "dirs", len(t.mem.dirs), "files", len(t.mem.files))
+	}
+}
+
+// savePriors writes the memory when it changed (at most every
+// priorsSaveEvery unless forced).
+func (t *Tuner) savePriors(force bool) {
+	now := t.deps.Clock.Now()
+	if t.priorsPath == "" || t.cfg.DryRun || !t.mem.dirty || !force && now-t.priorsSavedAt < priorsSaveEvery {
+		return
+	}
+	if err := state.SavePriors(t.priorsPath, t.mem.export()); err != nil {
+		t.log.Warn("tuner: could not save priors; a restart would learn them again", "err", err)
+		return
+	}
+	t.mem.dirty = false
+	t.priorsSavedAt = now
+}

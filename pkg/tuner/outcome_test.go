@@ -1,0 +1,456 @@
+package tuner
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/state"
+)
+
+// stream is one reader of one file in an outcome test: its rate is a
+// function of its open file's window, and it keeps fill of its window in
+// flight (a window-bound stream keeps most of it; an application-limited
+// one little).
+type stream struct {
+	key  probe.FileKey
+	tgid uint32
+	fill float64
+}
+
+// outcomeSnap builds a snapshot with no regime: only the streams' own reads.
+// Each stream's readahead event (its open file's window) is observed first,
+// as the probe would deliver it.
+func (r *rig) outcomeSnap(ss ...stream) detector.Snapshot {
+	now := r.clk.Now()
+	var devBytes uint64
+	s := detector.Snapshot{Now: now}
+	for _, st := range ss {
+		w := r.files.window[st.key]
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: st.tgid, File: st.key, Device: sdb, RaPages: uint32(w / 4)})
+		rate := r.tput(w)
+		b := uint64(rate) // one-second window
+		devBytes += b
+		s.Files = append(s.Files, detector.FileStats{Key: st.key, Device: sdb, Requests: b / (128 << 10), Bytes: b,
+			BusyThroughput: rate, Sequentiality: 1, NextOffset: 64 << 20, LastSeen: now, P50: 3 * time.Millisecond,
+			P95: 3 * time.Millisecond, MeanSize: 128 << 10, Inflight: st.fill * float64(w) / 128})
+	}
+	s.Devices = []detector.DeviceStats{{Device: sdb, Bytes: devBytes, BusyThroughput: float64(devBytes), CapacityBPS: float64(devBytes)}}
+	return s
+}
+
+func (r *rig) runOutcome(n int, ss ...stream) []Action {
+	var all []Action
+	for i := 0; i < n; i++ {
+		r.clk.Advance(time.Second)
+		all = append(all, r.tn.Step(r.outcomeSnap(ss...))...)
+	}
+	return all
+}
+
+func logActs(t *testing.T, acts []Action) {
+	for _, a := range acts {
+		t.Logf("%v %s %d->%d %s %s", a.Time, a.Kind, a.FromKB, a.ToKB, a.Result, a.Evidence)
+	}
+}
+
+func TestWindowBoundStreamSlowFromTheStartGetsALargerWindow(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel // 60 MB/s at 128 KB, 150 at 512 KB
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	acts := r.runOutcome(6, stream{key: key, tgid: 100, fill: 0.9})
+	logActs(t, acts)
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial), "a trial with no regime and no baseline")
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultKept))
+	assert.GreaterOrEqual(t, r.files.window[key], 512)
+	assert.Contains(t, acts[0].Evidence, string(WindowBound))
+	assert.Equal(t, 128, r.sys.get("sdb"), "per-file only")
+}
+
+func TestApplicationLimitedStreamGetsNoTrial(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	acts := r.runOutcome(10, stream{key: key, tgid: 100, fill: 0.1})
+	assert.Empty(t, acts)
+}
+
+func TestHealthyStreamAtBandwidthTrialsAreRareAndBounded(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, BackoffMax: time.Minute}, nil)
+	r.tput = func(int) float64 { return 150e6 } // at the device's bandwidth whatever the window
+	p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	p2, k2 := realFile(t, filepath.Join(r.dir, "data"), "blk_2")
+	r.files.open(100, 7, p1, k1)
+	r.files.open(100, 8, p2, k2)
+	acts := r.runOutcome(300, stream{key: k1, tgid: 100, fill: 0.9}, stream{key: k2, tgid: 100, fill: 0.9})
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept), "nothing pays at bandwidth")
+	assert.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), len(trials), "every trial undone")
+	// Two streams, five minutes: exponential back-off per file and per
+	// device keeps the trials few (one second each).
+	assert.LessOrEqual(t, len(trials), 16, "trials: %d", len(trials))
+	assert.GreaterOrEqual(t, len(trials), 2)
+	assert.Equal(t, 128, r.files.window[k1])
+	assert.Equal(t, 128, r.sys.get("sdb"))
+	assert.NotZero(t, r.tn.Status().Counts["outcome/not_paid"])
+	assert.Equal(t, uint64(len(trials)), r.tn.Status().Counts["actuator/lower"], "every undo went through the one lowering method")
+}
+
+func TestStepThatCostsTheDeviceIsNotKept(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	r.clk.Advance(time.Second)
+	acts := r.tn.Step(r.outcomeSnap(st))
+	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)
+	// The stream gains, but the device as a whole reads less: another
+	// reader lost more than the stream won.
+	r.clk.Advance(time.Second)
+	s := r.outcomeSnap(st)
+	s.Devices[0].Bytes = 20e6
+	acts = r.tn.Step(s)
+	logActs(t, acts)
+	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1)
+	assert.Contains(t, filter(acts, KindFileWindowUndo, ResultUndone)[0].Evidence, "other readers lost")
+}
+
+// learnPrior runs a slow stream in dir until its window is kept, and
+// returns the window.
+func learnPrior(t *testing.T, r *rig, name string) int {
+	p, key := realFile(t, filepath.Join(r.dir, "data", "sub0"), name)
+	r.files.open(100, 7, p, key)
+	r.runOutcome(6, stream{key: key, tgid: 100, fill: 0.9})
+	require.GreaterOrEqual(t, r.files.window[key], 512)
+	return r.files.window[key]
+}
+
+func TestFreshOpenGetsThePriorOnItsFirstReadaheadEvent(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	w := learnPrior(t, r, "blk_1")
+
+	// A new block file in another subdirectory of the same data directory,
+	// opened by another process: served on its first event, with no Step.
+	p2, k2 := realFile(t, filepath.Join(r.dir, "data", "sub0", "sub1"), "blk_2")
+	r.files.open(200, 9, p2, k2)
+	writes := len(r.sys.writes)
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 200, File: k2, Device: sdb, RaPages: 32})
+	assert.Equal(t, w, r.files.window[k2], "pinned from the event path")
+	assert.Equal(t, 128, r.sys.get("sdb"))
+	assert.Greater(t, len(r.sys.writes), writes)
+	acts := r.tn.ApplyPending()
+	require.Len(t, acts, 1)
+	assert.Equal(t, ResultTrial, acts[0].Result)
+	assert.Contains(t, acts[0].Evidence, "prior")
+
+	// Judged one Settle later like any trial: it paid (150 against the
+	// prior's 60 MB/s at the device's window).
+	acts = r.runOutcome(1, stream{key: k2, tgid: 200, fill: 0.9})
+	logActs(t, acts)
+	require.Len(t, filter(acts, KindFileWindow, ResultKept), 1)
+	assert.Equal(t, 1, int(r.tn.Status().Counts["prior/applied"]))
+}
+
+func TestPriorThatDoesNotPayIsUndoneAndDecays(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	learnPrior(t, r, "blk_1")
+	// Now the device has recovered for new files: 60 MB/s whatever the
+	// window (the application reads no faster).
+	r.tput = func(int) float64 { return 60e6 }
+	p2, k2 := realFile(t, filepath.Join(r.dir, "data", "sub0"), "blk_2")
+	r.files.open(200, 9, p2, k2)
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 200, File: k2, Device: sdb, RaPages: 32})
+	require.Greater(t, r.files.window[k2], 128)
+	acts := r.runOutcome(1, stream{key: k2, tgid: 200, fill: 0.2})
+	logActs(t, acts)
+	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1)
+	assert.Equal(t, 128, r.files.window[k2])
+	p := r.tn.mem.dirPrior(k2.Dev, p2)
+	if p != nil {
+		assert.Less(t, p.window, 1024, "halved")
+	}
+}
+
+func TestPriorRecheckDropsThePriorWhenTheDeviceRecovered(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	learnPrior(t, r, "blk_1")
+	r.clk.Advance(PriorRecheck)
+	r.tput = func(int) float64 { return 150e6 } // recovered: the default window reads at bandwidth
+	p2, k2 := realFile(t, filepath.Join(r.dir, "data", "sub0"), "blk_2")
+	r.files.open(200, 9, p2, k2)
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 200, File: k2, Device: sdb, RaPages: 32})
+	assert.Equal(t, 128, r.files.window[k2], "the re-check reads at the device's window")
+	r.runOutcome(2, stream{key: k2, tgid: 200, fill: 0.9})
+	assert.Equal(t, uint64(1), r.tn.Status().Counts["prior/dropped"])
+	assert.Nil(t, r.tn.mem.dirPrior(k2.Dev, p2))
+}
+
+func TestPriorsSurviveARestart(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	w := learnPrior(t, r, "blk_1")
+	require.NoError(t, r.tn.RestoreAll())
+	require.NoError(t, r.store.Close())
+	_, err := os.Stat(filepath.Join(r.dir, "state", state.PriorsName))
+	require.NoError(t, err)
+
+	st, err := state.Open(filepath.Join(r.dir, "state"), state.Options{BootID: "b"})
+	require.NoError(t, err)
+	defer st.Close()
+	tn, err := New(Config{AllowPaths: []string{filepath.Join(r.dir, "data")}, DisablePrefetch: true},
+		Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: st, Logger: quiet()})
+	require.NoError(t, err)
+	p2, k2 := realFile(t, filepath.Join(r.dir, "data", "sub0"), "blk_2")
+	r.files.open(300, 4, p2, k2)
+	tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 300, File: k2, Device: sdb, RaPages: 32})
+	assert.Equal(t, w, r.files.window[k2], "the first open after the restart is served at once")
+	require.NoError(t, tn.RestoreAll())
+}
+
+func TestUnusablePriorsFileIsIgnoredWithOneWarning(t *testing.T) {
+	for name, content := range map[string]string{
+		"garbage": "{not json",
+		"foreign": `{"format":"something-else","version":1,"dirs":[],"files":[]}`,
+		"version": `{"format":"readaheadd-priors","version":99,"dirs":[],"files":[]}`,
+		"huge":    `{"format":"readaheadd-priors","version":1,"dirs":[],"files":[],"pad":"` + strings.Repeat("x", state.MaxPriorsBytes) + `"}`,
+		// Well-formed, but naming a directory outside the allow-paths and
+		// a device that is not the one the system names for that
+		// filesystem: refused, never acted on.
+		"outside": `{"format":"readaheadd-priors","version":1,"dirs":[{"dev":1,"device":"sdb","dir":"/etc","window_kb":4096,"base_kb":128,"base_bps":1,"kept_bps":2,"streams":1,"updated":"2026-01-01T00:00:00Z"}],"files":[]}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			var logs bytes.Buffer
+			r := newRig(t, Config{DisablePrefetch: true}, func(r *rig) {
+				require.NoError(t, os.MkdirAll(filepath.Join(r.dir, "state"), 0o700))
+				require.NoError(t, os.WriteFile(filepath.Join(r.dir, "state", state.PriorsName), []byte(content), 0o600))
+			})
+			tn, err := New(Config{AllowPaths: []string{filepath.Join(r.dir, "data")}},
+				Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: r.store, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			require.NoError(t, err)
+			assert.Equal(t, 1, strings.Count(logs.String(), "level=WARN"), logs.String())
+			assert.Empty(t, tn.mem.dirs)
+			p, k := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+			r.files.open(100, 7, p, k)
+			tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: k, Device: sdb, RaPages: 32})
+			assert.Empty(t, r.sys.writes, "nothing written")
+		})
+	}
+}
+
+func TestReadersTableIsBounded(t *testing.T) {
+	r := newRig(t, Config{}, nil)
+	r.tput = kneeModel
+	r.tn.nReaders = MaxReaders - 1
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 1, File: probe.FileKey{Dev: sdb, Ino: 1}, Device: sdb, RaPages: 32})
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 2, File: probe.FileKey{Dev: sdb, Ino: 2}, Device: sdb, RaPages: 32})
+	assert.Equal(t, MaxReaders, r.tn.nReaders)
+	assert.Equal(t, uint64(1), r.tn.Status().Counts["readers/dropped"])
+	assert.Len(t, r.tn.readers, 1)
+}
+
+func TestPriorIsNotGivenToAPageFaultMidFile(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	learnPrior(t, r, "blk_1")
+	p2, k2 := realFile(t, filepath.Join(r.dir, "data", "sub0"), "index")
+	r.files.open(200, 9, p2, k2)
+	// An mmap reader's fault: synchronous readahead in the middle of the file.
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 200, File: k2, Device: sdb, RaPages: 32, Index: 12345, ReqCount: 1})
+	assert.Equal(t, 128, r.files.window[k2])
+	assert.Empty(t, r.tn.ApplyPending())
+	// The same reader streaming (asynchronous readahead) is served.
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 200, File: k2, Device: sdb, RaPages: 32, Index: 12400, Async: true})
+	assert.Greater(t, r.files.window[k2], 128)
+}
+
+func TestNoDeviceWindowWhileARandomReaderIsActive(t *testing.T) {
+	r := newRig(t, Config{DeviceMinFiles: 2}, nil)
+	var err error
+	r.tn, err = New(Config{AllowPaths: []string{}, DeviceMinFiles: 2}, Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: r.store, Logger: quiet()})
+	require.NoError(t, err)
+	r.tput = kneeModel
+	_, k1 := realFile(t, r.dir, "a")
+	_, k2 := realFile(t, r.dir, "b")
+	_, kr := realFile(t, r.dir, "index")
+	random := false
+	mk := func() detector.Snapshot {
+		s := r.snap(detector.FileLatencyShift, k1, k2)
+		if random {
+			s.Files = append(s.Files, detector.FileStats{Key: kr, Device: sdb, Requests: 100, Bytes: 100 << 17, BusyThroughput: 10e6,
+				Sequentiality: 0, MeanSize: 128 << 10, LastSeen: r.clk.Now()})
+		}
+		return s
+	}
+	acts := r.run(1, mk)
+	require.Len(t, filter(acts, KindDeviceWindow, ResultTrial), 1)
+	require.Equal(t, 256, r.sys.get("sdb"))
+	// A random reader appears: the device's window is taken back at once,
+	// and no new one is tried while it reads.
+	random = true
+	acts = r.run(5, mk)
+	logActs(t, acts)
+	require.Len(t, filter(acts, KindDeviceWindowUndo, ResultUndone), 1)
+	assert.Contains(t, filter(acts, KindDeviceWindowUndo, ResultUndone)[0].Evidence, "random reader")
+	assert.Empty(t, filter(acts, KindDeviceWindow, ResultTrial))
+	assert.Equal(t, 128, r.sys.get("sdb"))
+}
+
+func TestWholeSystemScansHaveAGlobalBudget(t *testing.T) {
+	r := newRig(t, Config{}, nil)
+	n := 0
+	for i := 0; i < 10; i++ {
+		if r.tn.takeScan() {
+			n++
+		}
+	}
+	assert.Equal(t, scansPerSec, n, "a burst of random files costs at most the budget")
+	r.clk.Advance(time.Second)
+	assert.True(t, r.tn.takeScan())
+}
+
+func TestSlowdownAfterAHealthySpellDoesNotWaitOutTheBackoff(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 150e6 }
+	p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p1, k1)
+	acts := r.runOutcome(12, stream{key: k1, tgid: 100, fill: 0.9})
+	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 3, "healthy: trials undone, backing off 2, 4, 8 s")
+	// A new block file, read at three times the latency: tried at once,
+	// not after the device's back-off.
+	r.tput = kneeModel
+	p2, k2 := realFile(t, filepath.Join(r.dir, "data"), "blk_2")
+	r.files.open(100, 8, p2, k2)
+	var trial []Action
+	for i := 0; i < 3 && len(trial) == 0; i++ {
+		r.clk.Advance(time.Second)
+		s := r.outcomeSnap(stream{key: k2, tgid: 100, fill: 0.9})
+		s.Files[0].P50 = 9 * time.Millisecond
+		trial = filter(r.tn.Step(s), KindFileWindow, ResultTrial)
+	}
+	require.Len(t, trial, 1)
+	assert.Equal(t, k2, trial[0].File)
+}
+
+func TestYoungStreamIsJudgedByItsBusyThroughputBeforeTheStep(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 150e6 } // healthy, at bandwidth
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	// The stream began in the middle of the detector's window: its rate
+	// there is half its real one, its busy throughput the real one.
+	r.clk.Advance(time.Second)
+	s := r.outcomeSnap(stream{key: key, tgid: 100, fill: 0.9})
+	s.Files[0].Bytes /= 2
+	acts := r.tn.Step(s)
+	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)
+	acts = r.runOutcome(1, stream{key: key, tgid: 100, fill: 0.9})
+	logActs(t, acts)
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept), "a full window at bandwidth is no gain over the half one")
+	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1)
+}
+
+func TestRegimeOnAFileBackingOffFromHealthyTrialsActsAtOnce(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 150e6 }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	acts := r.runOutcome(12, stream{key: key, tgid: 100, fill: 0.9})
+	require.NotEmpty(t, filter(acts, KindFileWindowUndo, ResultUndone))
+	for i := 0; i < 5 && r.tn.files[key].win.trial != 0; i++ {
+		r.runOutcome(1, stream{key: key, tgid: 100, fill: 0.9})
+	}
+	require.Zero(t, r.tn.files[key].win.trial)
+	require.Greater(t, r.tn.files[key].win.retryAt, r.clk.Now()+time.Second, "backing off")
+	// The file slows down; the detector's fast path enters a shift.
+	r.tput = kneeModel
+	r.clk.Advance(100 * time.Millisecond)
+	fast := r.outcomeSnap(stream{key: key, tgid: 100, fill: 0.9})
+	fast.Regimes = []detector.Regime{{Kind: detector.FileLatencyShift, Device: sdb, File: key}}
+	fast.Devices[0].CapacityBPS = 150e6 // learned while healthy
+	acts = r.tn.Fast(fast)
+	logActs(t, acts)
+	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1, "the healthy trials' back-off does not hold up a regime")
+	assert.Contains(t, acts[0].Evidence, string(detector.FileLatencyShift))
+}
+
+func TestOutcomeStepsAreNotStoppedByACapacityLearnedOnTheSlowDevice(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	// Slow from the start: every window's rate is the highest the device
+	// was ever seen at (outcomeSnap's capacity is the current rate).
+	r.tput = func(kb int) float64 { return min(150e6, 40e6*float64(kb)/128*0.7) }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	acts := r.runOutcome(6, stream{key: key, tgid: 100, fill: 0.9})
+	logActs(t, acts)
+	kept := filter(acts, KindFileWindow, ResultKept)
+	require.NotEmpty(t, kept)
+	assert.Equal(t, 1024, kept[len(kept)-1].ToKB, "steps up to the window the device's bandwidth is reached at, and no further")
+}
+
+func TestStepTakenFromAnotherStreamIsNotKept(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	// Two streams share a saturated device: a larger window wins one a
+	// share the other loses.
+	pa, ka := realFile(t, filepath.Join(r.dir, "data"), "blk_a")
+	pb, kb := realFile(t, filepath.Join(r.dir, "data"), "blk_b")
+	r.files.open(100, 7, pa, ka)
+	r.files.open(101, 7, pb, kb)
+	share := func(w int) float64 { return 150e6 * float64(w) / float64(w+r.files.window[kb]) }
+	snap := func() detector.Snapshot {
+		r.tput = share
+		s := r.outcomeSnap(stream{key: ka, tgid: 100, fill: 0.9})
+		b := 150e6 - s.Files[0].BusyThroughput
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 101, File: kb, Device: sdb, RaPages: 32})
+		s.Files = append(s.Files, detector.FileStats{Key: kb, Device: sdb, Requests: 500, Bytes: uint64(b), BusyThroughput: b,
+			Sequentiality: 1, LastSeen: s.Now, P50: 3 * time.Millisecond, MeanSize: 128 << 10, Inflight: 0.1})
+		s.Devices[0].Bytes, s.Devices[0].CapacityBPS = 150e6, 150e6
+		return s
+	}
+	var acts []Action
+	for i := 0; i < 4; i++ {
+		r.clk.Advance(time.Second)
+		acts = append(acts, r.tn.Step(snap())...)
+	}
+	logActs(t, acts)
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
+	undone := filter(acts, KindFileWindowUndo, ResultUndone)
+	require.NotEmpty(t, undone)
+	assert.Contains(t, undone[0].Evidence, "other readers lost")
+}
+
+func TestDeviceWindowReachesAStreamWhoseOutcomeTrialsBackOff(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 150e6 }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	r.runOutcome(12, stream{key: key, tgid: 100, fill: 0.9})
+	for i := 0; i < 5 && r.tn.files[key] != nil && r.tn.files[key].win.trial != 0; i++ {
+		r.runOutcome(1, stream{key: key, tgid: 100, fill: 0.9})
+	}
+	require.False(t, r.tn.ownWindow(key), "backing off, no window of its own")
+	// A device-wide regime: the device's window must reach the open file.
+	r.clk.Advance(time.Second)
+	s := r.outcomeSnap(stream{key: key, tgid: 100, fill: 0.9})
+	s.Regimes = []detector.Regime{{Kind: detector.TailInflation, Device: sdb}}
+	acts := r.tn.Step(s)
+	logActs(t, acts)
+	require.Len(t, filter(acts, KindDeviceWindow, ResultTrial), 1)
+	require.Len(t, filter(acts, KindFileWindow, ResultApplied), 1, "the device's window given to the stream's open file")
+	assert.Equal(t, r.sys.get("sdb"), r.files.window[key])
+}

@@ -1,0 +1,299 @@
+package tuner
+
+// Trials: one knob's bounded experiment and its verdict. A step is applied,
+// measured one Settle later against the measure before it, kept if it paid
+// its margin (and the device's total did not fall), otherwise undone with
+// exponential back-off, or the knee. A kept file window is re-probed at the
+// device's window now and then to learn whether it still pays.
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// ladder is one knob's closed-loop state: the value in force, a step under
+// trial, the knee, and the back-off.
+type ladder struct {
+	kind      ActionKind
+	base, cur int // value before the tuner; value kept
+	first     int // first step when cur is 0 (prefetch)
+	trial     int // value under trial, 0 if none
+	trialFrom int
+	trialAt   time.Duration
+	before    measure
+	knee      bool
+	failures  int
+	retryAt   time.Duration
+	dryAt     int // value last reported in dry-run mode
+	// hint is the window Little's law says the reader needs (KB, 0 if
+	// unknown): the first step from base skips steps smaller than it.
+	hint int
+	// Re-probe of a kept file window: when cur last changed, when the
+	// current probe (window back at base) ends, and the period.
+	keptAt     time.Duration
+	probeUntil time.Duration
+	probeEvery time.Duration
+	// baseM: the measure when the first step left base; keptM: when the
+	// value in force was kept (what a re-probe and the memory compare with).
+	baseM, keptM measure
+}
+
+func (l *ladder) inForce() int {
+	if l.probeUntil != 0 {
+		return l.base
+	}
+	if l.trial != 0 {
+		return l.trial
+	}
+	return l.cur
+}
+
+func (l *ladder) next(growth, max int) (int, bool) {
+	n := l.cur * growth
+	if l.cur == 0 {
+		n = l.first
+	}
+	// From base, skip steps that cannot hide the reader's latency: each
+	// would cost an interval of slow reading to learn only that.
+	for l.cur == l.base && l.cur > 0 && n < l.hint && n < max {
+		n *= growth
+	}
+	if n > max {
+		n = max
+	}
+	return n, n > l.cur
+}
+
+// exhausted: more of this knob alone will not help now.
+func (l *ladder) exhausted(max int) bool {
+	return l.trial == 0 && (l.knee || l.cur >= max)
+}
+
+type measure struct {
+	ok   bool
+	tput float64 // bytes/s judged: busy throughput, or rate for decisions judged by rate
+	p50  time.Duration
+	// rate: the file's bytes per second over the detector's window (what
+	// the stream's reader gets, unlike busy throughput, which a larger
+	// window raises even for a reader limited by its application).
+	rate float64
+	// dev: the device's bytes per second over the same window, 0 if unknown.
+	dev float64
+	// othersMustNotLose: judge the step also by the device's other
+	// readers (dev - rate), not only by the device's total.
+	othersMustNotLose bool
+}
+
+func (m measure) String() string {
+	if !m.ok {
+		return "no data"
+	}
+	return fmt.Sprintf("%.1f MB/s p50 %v", m.tput/1e6, m.p50)
+}
+
+// drive advances one knob's closed loop: it judges a step under trial and,
+// if escalate, takes the next one. It reports whether it did anything.
+func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m measure, why string, escalate bool, apply func(int) error) bool {
+	now := t.deps.Clock.Now()
+	max := t.cfg.MaxKB
+	if l.kind == KindPrefetch {
+		max = t.cfg.PrefetchMaxKB
+	}
+	act := func(kind ActionKind, from, to int, res Result, ev string) {
+		t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: file, Path: path, Kind: kind, FromKB: from, ToKB: to, Result: res, Evidence: ev})
+	}
+	did := false
+	if l.trial != 0 {
+		// Steps are taken on interval ticks: the tick one Settle after the
+		// step may read the clock a little early, and must still judge it
+		// (otherwise every step would take two intervals).
+		if now-l.trialAt < t.cfg.Settle-t.cfg.Settle/10 {
+			return false
+		}
+		if !m.ok && now-l.trialAt < 4*t.cfg.Settle {
+			return false // no reads yet to judge by
+		}
+		gain := 0.0
+		if m.ok && l.before.tput > 0 {
+			gain = m.tput/l.before.tput - 1
+		}
+		margin := t.cfg.Margin
+		if l.kind == KindDeviceWindow {
+			margin = t.cfg.DeviceMargin
+		}
+		ev := fmt.Sprintf("%s; before %s, after %s (%+.0f%%, keep margin %+.0f%%)", why, l.before, m, gain*100, margin*100)
+		if !m.ok || gain < margin {
+			return t.undoStep(l, now, ev, apply, act)
+		}
+		// The device's other readers must not pay for the gain: its total
+		// must not fall (a larger window that only queues ahead of others
+		// wins a stream nothing the device did not lose elsewhere).
+		if l.kind == KindFileWindow && l.before.dev > 0 && m.dev > 0 && m.dev < (1-devLossMax)*l.before.dev {
+			return t.undoStep(l, now, ev+fmt.Sprintf("; the device's total fell %.1f -> %.1f MB/s: its other readers lost more", l.before.dev/1e6, m.dev/1e6), apply, act)
+		}
+		// A step no regime asked for must not be paid for by the device's
+		// other readers at all (several streams sharing a saturated
+		// device: one's gain is the others' loss).
+		if bo, ao := l.before.dev-l.before.rate, m.dev-m.rate; m.othersMustNotLose && l.before.dev > 0 && bo > othersMin*l.before.dev && ao < (1-devLossMax)*bo {
+			return t.undoStep(l, now, ev+fmt.Sprintf("; the device's other readers lost %.1f -> %.1f MB/s", bo/1e6, ao/1e6), apply, act)
+		}
+		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)
+		l.cur, l.trial, l.failures, l.keptAt, l.keptM = l.trial, 0, 0, now, m
+		// The next step follows at once, measured against this one: a
+		// slowed reader regains its throughput one interval per step,
+		// not two.
+		did = true
+	}
+	if !escalate || now < l.retryAt {
+		return did
+	}
+	l.knee = false
+	next, ok := l.next(t.cfg.Growth, max)
+	if !ok || !m.ok {
+		return did
+	}
+	ev := fmt.Sprintf("%s; now %s", why, m)
+	if t.cfg.DryRun {
+		if l.dryAt != next {
+			l.dryAt = next
+			act(l.kind, l.cur, next, ResultDryRun, ev)
+		}
+		return false
+	}
+	if err := apply(next); err != nil {
+		if errors.Is(err, errRateLimited) || errors.Is(err, errNoReaders) || errors.Is(err, errOutOfScope) {
+			return did // deferred, or not ours to act on: no action
+		}
+		l.failures++
+		l.retryAt = now + t.backoff(l.failures)
+		act(l.kind, l.cur, next, ResultFailed, fmt.Sprintf("%s; %v; retry in %v", ev, err, t.backoff(l.failures)))
+		return true
+	}
+	l.trial, l.trialFrom, l.trialAt, l.before = next, l.cur, now, m
+	if l.cur == l.base {
+		l.baseM = m
+	}
+	act(l.kind, l.cur, next, ResultTrial, ev)
+	return true
+}
+
+// devLossMax: a file window step whose device total falls by more than this
+// share is not kept.
+const devLossMax = 0.05
+
+// othersMin: the device's other readers count for a step's verdict once
+// they read at least this share of its bytes.
+const othersMin = 0.1
+
+// undoStep takes back a step that did not pay: back-off if it was the
+// first, the knee if an earlier step had paid.
+func (t *Tuner) undoStep(l *ladder, now time.Duration, ev string, apply func(int) error, act func(ActionKind, int, int, Result, string)) bool {
+	from := l.trial
+	l.trial = 0
+	if err := apply(l.cur); err != nil && !errors.Is(err, errNoReaders) {
+		// The step stays in force until an undo succeeds.
+		l.trial = from
+		act(undoOf(l.kind), from, l.cur, ResultFailed, ev+"; undo failed: "+err.Error())
+		return true
+	}
+	if l.cur == l.base {
+		l.failures++
+		l.retryAt = now + t.backoff(l.failures)
+		ev += fmt.Sprintf("; backing off %v", t.backoff(l.failures))
+	} else {
+		// A knee found by one noisy interval would hold the window short
+		// for BackoffMax: confirm it once, BackoffBase later.
+		l.knee = true
+		l.failures++
+		wait := t.cfg.BackoffMax
+		if l.failures == 1 {
+			wait = t.cfg.BackoffBase
+		}
+		l.retryAt = now + wait
+		ev += fmt.Sprintf("; knee at %d KB, probing further in %v", l.cur, wait)
+	}
+	act(undoOf(l.kind), from, l.cur, ResultUndone, ev)
+	return true
+}
+
+func (t *Tuner) backoff(failures int) time.Duration {
+	b := t.cfg.BackoffBase
+	for i := 1; i < failures && b < t.cfg.BackoffMax; i++ {
+		b *= 2
+	}
+	if b > t.cfg.BackoffMax {
+		b = t.cfg.BackoffMax
+	}
+	return b
+}
+
+// reprobeStart drops a file window kept for long enough back to the
+// device's window, to learn whether its regime is over: under a window
+// that keeps the device bandwidth-saturated the detector cannot tell and
+// holds the regime. It reports whether it started a probe.
+func (t *Tuner) reprobeStart(fd *fileDec) bool {
+	now := t.deps.Clock.Now()
+	l := &fd.win
+	if t.cfg.DryRun || l.trial != 0 || fd.pf.inForce() != 0 || l.cur <= l.base ||
+		slices.Contains(fd.regimes, detector.StarvedStream) { // starved: the window is visibly needed
+		return false
+	}
+	if l.probeEvery == 0 {
+		l.probeEvery = t.cfg.ReprobeAfter
+	}
+	if now-l.keptAt < l.probeEvery {
+		return false
+	}
+	if err := t.pinFile(fd, l.base, nil, true); err != nil {
+		if !errors.Is(err, errRateLimited) {
+			l.keptAt = now // try again a period later
+			t.log.Debug("tuner: re-probe not started", "file", fd.key.String(), "err", err)
+		}
+		return false
+	}
+	l.probeUntil = now + t.cfg.ReprobeHold
+	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
+		FromKB: l.cur, ToKB: l.base, Result: ResultTrial,
+		Evidence: fmt.Sprintf("re-probe: window kept for %v under regimes %v; back to the device's window for %v to see whether the regime is over", (now - l.keptAt).Round(time.Second), fd.regimes, t.cfg.ReprobeHold)})
+	return true
+}
+
+// reprobeJudge ends a re-probe: the regime cleared at the device's window
+// (the decision ends), or it persisted for ReprobeHold (the kept window is
+// put back and the next probe waits twice as long).
+func (t *Tuner) reprobeJudge(fd *fileDec, needed bool) {
+	now := t.deps.Clock.Now()
+	l := &fd.win
+	if !needed {
+		kept := l.cur
+		l.probeUntil, l.cur = 0, l.base
+		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
+			FromKB: kept, ToKB: l.base, Result: ResultUndone,
+			Evidence: fmt.Sprintf("re-probe: no regime at the device's window (was %v): the %d KB window is no longer needed", fd.regimes, kept)})
+		t.undoFile(fd, "re-probe ended the decision") // stops prefetch; the window is already back
+		delete(t.files, fd.key)
+		return
+	}
+	fd.lastNeeded = now
+	if now < l.probeUntil {
+		return
+	}
+	if err := t.pinFile(fd, l.cur, nil, true); err != nil && !errors.Is(err, errNoReaders) {
+		if errors.Is(err, errRateLimited) {
+			return // next interval
+		}
+		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindow,
+			FromKB: l.base, ToKB: l.cur, Result: ResultFailed, Evidence: "re-probe: putting the kept window back failed: " + err.Error()})
+	} else {
+		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindow,
+			FromKB: l.base, ToKB: l.cur, Result: ResultKept,
+			Evidence: fmt.Sprintf("re-probe: regimes %v persist at the device's window after %v; the kept window is back, next re-probe in %v", fd.regimes, t.cfg.ReprobeHold, min(2*l.probeEvery, t.cfg.BackoffMax))})
+	}
+	l.probeUntil, l.keptAt = 0, now
+	l.probeEvery = min(2*l.probeEvery, t.cfg.BackoffMax)
+}

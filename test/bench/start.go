@@ -1,0 +1,227 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/readaheadd/readaheadd/test/lab"
+)
+
+// Start conditions: when the slowdown began relative to the reader's open
+// and the daemon's start. The lab cases (Result) are all SOnset: the
+// reader opened the file on a healthy device, the daemon watching.
+const (
+	SOnset = "onset"
+	// SBeforeOpen: the daemon runs, the file is slow, then the reader
+	// opens it (HDFS opens a block file per read).
+	SBeforeOpen = "slow-before-open"
+	// SBeforeDaemon: the file is slow and being read when the daemon
+	// starts, with no saved state.
+	SBeforeDaemon = "slow-before-daemon"
+	// SBeforeDaemonSaved: as SBeforeDaemon, with the state directory an
+	// earlier run of the daemon on the slow file left behind.
+	SBeforeDaemonSaved = "slow-before-daemon-saved"
+)
+
+// Starts lists the start conditions other than SOnset, in report order.
+var Starts = []string{SBeforeOpen, SBeforeDaemon, SBeforeDaemonSaved}
+
+// StartResult is the readaheadd arm of one (workload, regime) under one
+// start condition. Static windows do not depend on the start condition:
+// the report compares it with the static arms of the onset case.
+type StartResult struct {
+	Workload string `json:"workload"`
+	Regime   string `json:"regime"`
+	Start    string `json:"start"`
+	// MBps over the measured period, which starts at the open
+	// (SBeforeOpen) or the daemon's start (the others).
+	MBps float64 `json:"mbps"`
+	// FirstActionSec: from the start of the measured period to the
+	// daemon's first window action on the file; -1 if none.
+	FirstActionSec float64        `json:"first_action_s"`
+	DaemonRegimes  []string       `json:"daemon_regimes,omitempty"`
+	Actions        []ActionRecord `json:"actions,omitempty"`
+	DaemonLog      string         `json:"daemon_log,omitempty"`
+}
+
+// teachFor is how long the earlier run of SBeforeDaemonSaved reads the slow
+// file before it is stopped (its state saved).
+const teachFor = 6 * time.Second
+
+// runStart runs the readaheadd arm of case c under start condition start.
+func (e *labEnv) runStart(ctx context.Context, c Case, start string) (res StartResult, err error) {
+	res = StartResult{Workload: c.Workload, Regime: c.Regime, Start: start, FirstActionSec: -1}
+	if err := e.reset(); err != nil {
+		return res, err
+	}
+	if err := e.l.SetReadAheadKB(DefaultKB); err != nil {
+		return res, err
+	}
+	var cont *lab.Contention
+	defer func() {
+		if cont != nil {
+			if e2 := cont.Stop(); e2 != nil && err == nil {
+				err = e2
+			}
+		}
+		if e2 := e.l.Clear(); e2 != nil && err == nil {
+			err = e2
+		}
+		if e2 := e.l.SetReadAheadKB(DefaultKB); e2 != nil && err == nil {
+			err = e2
+		}
+	}()
+	file := e.seq
+	if c.Regime == RIntrinsic {
+		file = e.fragA
+	}
+	stop := func(d *Daemon) error {
+		if e2 := d.Stop(); e2 != nil {
+			return e2
+		}
+		if kb, e2 := e.l.ReadAheadKB(); e2 == nil && kb != DefaultKB {
+			return fmt.Errorf("readaheadd left read_ahead_kb at %d after SIGTERM (want %d restored)", kb, DefaultKB)
+		}
+		return nil
+	}
+	slow := func() error {
+		c2, err := e.regime(ctx, c.Regime, file, time.Now(), &events{})
+		if c2 != nil {
+			cont = c2
+		}
+		return err
+	}
+	stateDir := ""
+	if start == SBeforeDaemonSaved {
+		// The earlier run: the daemon on the slow file, then SIGTERM.
+		if stateDir, err = os.MkdirTemp(e.work, "state-saved-"); err != nil {
+			return res, err
+		}
+		if err := slow(); err != nil {
+			return res, err
+		}
+		d, err := StartDaemonState(ctx, e.cfg.DaemonBin, e.l.Name, e.l.Mount, e.work, stateDir)
+		if err != nil {
+			return res, err
+		}
+		if _, err := e.read(ctx, file, c.Workload == WSendfile, teachFor); err != nil {
+			d.Stop()
+			return res, err
+		}
+		if err := stop(d); err != nil {
+			return res, err
+		}
+		if err := lab.DropFileCache(file); err != nil {
+			return res, err
+		}
+	}
+
+	var d *Daemon
+	var mStart time.Time
+	var b0 int64 // reader's bytes at the start of the measured period
+	var s *seqStream
+	defer func() {
+		if s != nil {
+			s.Close()
+		}
+	}()
+	rctx, stopReader := context.WithCancel(ctx)
+	defer stopReader()
+	var wg sync.WaitGroup
+	var readErr error
+	startReader := func() error {
+		var err error
+		if s, err = openSeqStream(file, c.Workload == WSendfile); err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); readErr = s.run(rctx) }()
+		return nil
+	}
+	switch start {
+	case SBeforeOpen:
+		if d, err = StartDaemon(ctx, e.cfg.DaemonBin, e.l.Name, e.l.Mount, e.work); err != nil {
+			return res, err
+		}
+		if err := slow(); err != nil {
+			d.Stop()
+			return res, err
+		}
+		time.Sleep(time.Second)
+		mStart = time.Now()
+		if err := startReader(); err != nil {
+			d.Stop()
+			return res, err
+		}
+	case SBeforeDaemon, SBeforeDaemonSaved:
+		if start == SBeforeDaemon { // the saved run's regime is still on
+			if err := slow(); err != nil {
+				return res, err
+			}
+		}
+		if err := startReader(); err != nil {
+			return res, err
+		}
+		time.Sleep(time.Second)
+		mStart, b0 = time.Now(), s.bytes.Load()
+		if d, err = StartDaemonState(ctx, e.cfg.DaemonBin, e.l.Name, e.l.Mount, e.work, stateDir); err != nil {
+			return res, err
+		}
+	default:
+		return res, fmt.Errorf("unknown start condition %q", start)
+	}
+	res.DaemonLog = d.LogPath
+	select {
+	case <-ctx.Done():
+	case <-time.After(e.cfg.Measure):
+	}
+	elapsed := time.Since(mStart)
+	b1 := s.bytes.Load()
+	stopReader()
+	wg.Wait()
+	res.Actions = d.Actions(mStart)
+	res.DaemonRegimes = d.Regimes()
+	if err := stop(d); err != nil {
+		return res, err
+	}
+	if readErr != nil {
+		return res, readErr
+	}
+	if ctx.Err() != nil {
+		return res, ctx.Err()
+	}
+	res.MBps = float64(b1-b0) / elapsed.Seconds() / 1e6
+	ino := ""
+	if st, err := os.Stat(file); err == nil {
+		ino = fmt.Sprintf("/%d", st.Sys().(*syscall.Stat_t).Ino)
+	}
+	for _, a := range res.Actions {
+		if a.Action == "file_window" && a.Result != "applied" && (a.Target == file || ino != "" && strings.HasSuffix(a.Target, ino)) {
+			res.FirstActionSec = a.At.Seconds()
+			break
+		}
+	}
+	return res, nil
+}
+
+// read reads file for dur with a fresh open and returns the bytes read.
+func (e *labEnv) read(ctx context.Context, file string, sendfile bool, dur time.Duration) (int64, error) {
+	s, err := openSeqStream(file, sendfile)
+	if err != nil {
+		return 0, err
+	}
+	defer s.Close()
+	rctx, cancel := context.WithTimeout(ctx, dur)
+	defer cancel()
+	err = s.run(rctx)
+	if ctx.Err() != nil {
+		return 0, ctx.Err()
+	}
+	_ = err // the deadline ends the read
+	return s.bytes.Load(), nil
+}
