@@ -47,6 +47,9 @@ record refused is printed on one line and kept.`,
 			if f := cmd.Flags().Lookup("allow-os-disk"); f.Changed {
 				c.AllowOSDisk = flagCfg.AllowOSDisk
 			}
+			if f := cmd.Flags().Lookup("allow-path"); f.Changed {
+				c.AllowPaths = flagCfg.AllowPaths
+			}
 			out := cmd.OutOrStdout()
 			fi, err := os.Stat(dir)
 			if errors.Is(err, os.ErrNotExist) {
@@ -147,6 +150,7 @@ record refused is printed on one line and kept.`,
 	cmd.Flags().StringVar(&dir, "state-dir", config.DefaultStateDir, "state directory of the daemon")
 	cmd.Flags().StringVar(&configPath, "config", "", "the daemon's YAML config file: restore writes only to the disks and files it lets readaheadd tune")
 	config.AddDeviceFlags(cmd.Flags(), &flagCfg)
+	cmd.Flags().StringArrayVar(&flagCfg.AllowPaths, "allow-path", nil, "allow-path of the daemon (repeatable; as --config's): recorded per-file windows are reset only for files under one")
 	return cmd
 }
 

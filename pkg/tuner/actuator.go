@@ -12,6 +12,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 	"github.com/readaheadd/readaheadd/pkg/state"
 )
@@ -113,9 +114,20 @@ func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []FileRef {
 		for _, ref := range found {
 			real, err := t.scope.Check(ref.Tgid, ref.FD, ref.Path, fd.key)
 			if err != nil {
-				t.refused++
-				if !fd.outOfScope {
-					t.log.Warn("tuner: file is outside the allow-paths; no per-file action", "pid", tgid, "fd", ref.FD, "path", ref.Path, "reason", err)
+				// A stream tried only because it is bound by its window
+				// (no regime) is any sequential reader on the device: one
+				// outside the allow-paths (logs, the OS) is expected, not
+				// an error.
+				if onlyOutcome(fd.regimes) {
+					if !fd.outOfScope {
+						t.log.Debug("tuner: stream outside the allow-paths left alone", "pid", tgid, "fd", ref.FD, "path", ref.Path, "reason", err)
+					}
+				} else {
+					t.refused++
+					if !fd.scopeWarned {
+						t.log.Warn("tuner: file is outside the allow-paths; no per-file action", "pid", tgid, "fd", ref.FD, "path", ref.Path, "reason", err)
+						fd.scopeWarned = true
+					}
 				}
 				fd.outOfScope = true
 				fd.scopeAt = now
@@ -496,4 +508,15 @@ func (t *Tuner) prefetchAll() {
 		d.pfBytes -= float64(n)
 		fd.pfEnd = start + n
 	}
+}
+
+// onlyOutcome reports whether a decision rests on its stream's outcome
+// alone (window_bound), with no regime of the detector behind it.
+func onlyOutcome(regimes []detector.RegimeKind) bool {
+	for _, r := range regimes {
+		if r != WindowBound {
+			return false
+		}
+	}
+	return len(regimes) > 0
 }

@@ -78,6 +78,10 @@ type fileDec struct {
 	lastNeeded time.Duration
 	outOfScope bool
 	scopeAt    time.Duration
+	// scopeWarned: a regime's action on the file was refused by the
+	// allow-paths (logged once; a stream tried on its outcome alone is
+	// refused silently).
+	scopeWarned bool
 	// notSeqLogged: the file was found not sequential (logged once).
 	notSeqLogged bool
 	// atCapLogged: the file was found at the device's capacity (logged once).
@@ -634,7 +638,11 @@ func (t *Tuner) devMeasure(dev probe.Dev) measure {
 // driveFile advances the file's knobs; with escalate false it only judges
 // a step under trial (the regime ended: no new step).
 func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
-	if fd.outOfScope && t.deps.Clock.Now()-fd.scopeAt < t.cfg.BackoffMax {
+	// A file refused by the allow-paths is not retried for BackoffMax;
+	// but one refused silently while it was tried on its outcome alone is
+	// tried once more when a regime asks for it, so the refusal of a
+	// regime's action is logged and counted.
+	if fd.outOfScope && (fd.scopeWarned || onlyOutcome(fd.regimes)) && t.deps.Clock.Now()-fd.scopeAt < t.cfg.BackoffMax {
 		return
 	}
 	why := fmt.Sprintf("regimes %v", fd.regimes)

@@ -56,7 +56,7 @@ func raisedStream(t *testing.T, l *lab.Lab, it *fileras.Iter) (*daemon, *child, 
 // backAtDefault checks the reader's kernel window and, side by side with a
 // reader that opened a file after the restore (so at the device's own
 // window), its throughput.
-func backAtDefault(t *testing.T, l *lab.Lab, it *fileras.Iter, seq *child, target, control string) {
+func backAtDefault(t *testing.T, l *lab.Lab, it *fileras.Iter, seq *child, target, control string, targetMB int) {
 	t.Helper()
 	require.NoError(t, lab.DropFileCache(control))
 	ctl := startChild(t, "seq", control)
@@ -76,7 +76,7 @@ func backAtDefault(t *testing.T, l *lab.Lab, it *fileras.Iter, seq *child, targe
 	assert.Equal(t, 128, kf.WindowKB(), "the reader's ra_pages is the device's again")
 	assert.LessOrEqual(t, kf.SizeKB(), 128, "the reader's stream runs on the device's window again (kernel f_ra)")
 	assert.InEpsilon(t, rc[0].Rate, rs[0].Rate, 0.3, "the reader reads at the default window's rate again")
-	noWrap(t, seq, 1100)
+	noWrap(t, seq, targetMB)
 }
 
 func noWrap(t *testing.T, c *child, mb int) {
@@ -100,16 +100,16 @@ func TestUndoReachesRunningStream(t *testing.T) {
 		l := newLab(t)
 		d, seq, target, control, _ := raisedStream(t, l, it)
 		require.Equal(t, 0, d.signal(t, syscall.SIGTERM), "SIGTERM exits 0:\n%s", d.logs.String())
-		backAtDefault(t, l, it, seq, target, control)
+		backAtDefault(t, l, it, seq, target, control, 1100)
 	})
 
 	t.Run("SIGKILL then restore", func(t *testing.T) {
 		l := newLab(t)
 		d, seq, target, control, dir := raisedStream(t, l, it)
 		require.Equal(t, -1, d.signal(t, syscall.SIGKILL))
-		code, out := runCLI(t, "restore", "--state-dir", dir)
+		code, out := runCLI(t, "restore", "--state-dir", dir, "--device", l.Name, "--allow-path", l.Mount)
 		t.Logf("readaheadd restore: exit %d\n%s", code, out)
 		require.Equal(t, 0, code)
-		backAtDefault(t, l, it, seq, target, control)
+		backAtDefault(t, l, it, seq, target, control, 1100)
 	})
 }
