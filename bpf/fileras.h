@@ -7,22 +7,7 @@
 #ifndef READAHEADD_FILERAS_H
 #define READAHEADD_FILERAS_H
 
-typedef unsigned char __u8;
-typedef unsigned short __u16;
-typedef unsigned int __u32;
-typedef unsigned long long __u64;
-typedef signed int __s32;
-typedef signed long long __s64;
-typedef __u8 u8;
-typedef __u16 u16;
-typedef __u32 u32;
-typedef __u64 u64;
-typedef __s64 s64;
-typedef __u32 __be32;
-typedef __u64 __be64;
-typedef __u16 __be16;
-typedef __u32 __wsum;
-typedef _Bool bool;
+#include "types.h"
 
 enum bpf_map_type {
 	BPF_MAP_TYPE_HASH = 1,

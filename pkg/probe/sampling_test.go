@@ -108,7 +108,12 @@ func TestSamplingIsUnbiasedOnLoopDevice(t *testing.T) {
 		histSum += v
 	}
 	assert.Equal(t, ds.Requests, histSum)
-	assert.Equal(t, int64(0), ds.InFlight)
+	// In flight returns to zero: the file system may still have a few
+	// reads of its own in flight when the reader stops, never for long.
+	assert.Eventually(t, func() bool {
+		s, err := p.Stats()
+		return err == nil && s.Devices[l.Dev].InFlight == 0
+	}, 2*time.Second, 20*time.Millisecond, "reads left in flight: %d", ds.InFlight)
 	assert.Zero(t, s.Lost.Total(), "%+v", s.Lost)
 	// Per-file kernel totals are the same weighted estimates.
 	for _, k := range keys {
