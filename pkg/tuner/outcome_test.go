@@ -2,6 +2,7 @@ package tuner
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -453,4 +454,99 @@ func TestDeviceWindowReachesAStreamWhoseOutcomeTrialsBackOff(t *testing.T) {
 	require.Len(t, filter(acts, KindDeviceWindow, ResultTrial), 1)
 	require.Len(t, filter(acts, KindFileWindow, ResultApplied), 1, "the device's window given to the stream's open file")
 	assert.Equal(t, r.sys.get("sdb"), r.files.window[key])
+}
+
+// recentSnap is outcomeSnap over the detector's recent span (Recent): the
+// streams' bytes are those of span, not of a whole Settle.
+func (r *rig) recentSnap(span time.Duration, ss ...stream) detector.Snapshot {
+	s := r.outcomeSnap(ss...)
+	f := span.Seconds()
+	for i := range s.Files {
+		s.Files[i].Bytes = uint64(float64(s.Files[i].Bytes) * f)
+		s.Files[i].Requests = max(uint64(float64(s.Files[i].Requests)*f), freshMinRequests)
+	}
+	s.Devices[0].Bytes = uint64(float64(s.Devices[0].Bytes) * f)
+	return s
+}
+
+// fastTick is the daemon's 100 ms tick: the fresh streams the tuner asks
+// for, judged on the recent span.
+func (r *rig) fastTick(ss ...stream) []Action {
+	r.clk.Advance(100 * time.Millisecond)
+	for _, st := range ss {
+		w := r.files.window[st.key]
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: st.tgid, File: st.key, Device: sdb, RaPages: uint32(w / 4)})
+	}
+	keys, span := r.tn.FreshStreams()
+	if len(keys) == 0 {
+		return nil
+	}
+	return r.tn.FastOutcome(r.recentSnap(span, ss...), span)
+}
+
+func TestFreshStreamSlowFromItsStartIsSteppedOnItsRecentRequests(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel // 60 MB/s at 128 KB, 150 at 512 KB
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	var acts []Action
+	for i := 0; i < 3 && len(acts) == 0; i++ {
+		acts = r.fastTick(st)
+	}
+	logActs(t, acts)
+	trial := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trial, 1, "the first step a few hundred milliseconds after the stream's first reads")
+	assert.Equal(t, 512, trial[0].ToKB)
+	assert.Contains(t, trial[0].Evidence, string(WindowBound))
+	assert.Equal(t, 512, r.files.window[key])
+	// Judged like any step, by rate one Settle later (not at a tick that
+	// comes sooner).
+	r.clk.Advance(600 * time.Millisecond)
+	assert.Empty(t, filter(r.tn.Step(r.outcomeSnap(st)), KindFileWindow, ResultKept))
+	acts = r.runOutcome(1, st)
+	logActs(t, acts)
+	require.Len(t, filter(acts, KindFileWindow, ResultKept), 1)
+	assert.Equal(t, uint64(1), r.tn.Status().Counts["outcome/fresh"])
+}
+
+func TestFreshStreamsOnAHealthyDeviceAreBoundedByTheBackoff(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, BackoffMax: time.Minute}, nil)
+	r.tput = func(int) float64 { return 150e6 } // at bandwidth whatever the window
+	var trials, undone int
+	// A new block file every 2 s for two minutes (HDFS opens one per read):
+	// 100 ms ticks, a Step every second.
+	for i := 0; i < 60; i++ {
+		p, key := realFile(t, filepath.Join(r.dir, "data"), fmt.Sprintf("blk_%d", i))
+		r.files.open(100, 7+i, p, key)
+		st := stream{key: key, tgid: 100, fill: 0.9}
+		for j := 0; j < 2; j++ {
+			for k := 0; k < 9; k++ {
+				acts := r.fastTick(st)
+				trials += len(filter(acts, KindFileWindow, ResultTrial))
+			}
+			r.clk.Advance(-100 * time.Millisecond) // runOutcome's second ends the interval
+			acts := r.runOutcome(1, st)
+			trials += len(filter(acts, KindFileWindow, ResultTrial))
+			undone += len(filter(acts, KindFileWindowUndo, ResultUndone))
+		}
+		r.files.window[key] = 128
+	}
+	assert.Zero(t, r.tn.Status().Counts["outcome/paid"])
+	assert.GreaterOrEqual(t, trials, 2)
+	// The device's back-off (2, 4, 8 ... 60 s) holds the fresh streams' steps
+	// as it holds Step's: 2 minutes see few.
+	assert.LessOrEqual(t, trials, 8, "trials: %d", trials)
+	assert.LessOrEqual(t, undone, trials)
+}
+
+func TestFreshStreamNotBoundByItsWindowGetsNoStep(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	for i := 0; i < 12; i++ {
+		assert.Empty(t, r.fastTick(stream{key: key, tgid: 100, fill: 0.1}))
+	}
+	assert.Nil(t, r.tn.files[key])
 }

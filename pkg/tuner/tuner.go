@@ -131,6 +131,11 @@ type Tuner struct {
 	// nReaders bounds the readers table (file x process).
 	nReaders int
 	evOut    []Action // actions taken from the event path, not yet returned
+	// fresh: files with no decision whose first reader was seen within the
+	// last Settle, by when (FreshStreams, FastOutcome); measSpan: the span
+	// the stats in force cover when it is not Settle (0: Settle).
+	fresh    map[probe.FileKey]time.Duration
+	measSpan time.Duration
 }
 
 // New builds a tuner. If the store holds originals from an earlier run that
@@ -164,6 +169,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 		counts:     map[string]uint64{},
 		logged:     map[string]time.Duration{},
 		mem:        newMemory(),
+		fresh:      map[probe.FileKey]time.Duration{},
 	}
 	if deps.Store != nil {
 		t.priorsPath = deps.Store.PriorsPath()
@@ -230,6 +236,9 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 		// A fresh open (or a file the memory knows): the window that paid
 		// for its neighbours, now, from the event path.
 		t.freshOpen(ev, r, now)
+		if t.files[ev.File] == nil {
+			t.noteFresh(ev.File, r.firstSeen, now)
+		}
 		return
 	}
 	// Events emitted before the last pin (still queued in the ring
@@ -587,10 +596,14 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 		return measure{}
 	}
 	// The detector's window is the tuner's Settle (the daemon sets both to
-	// its interval).
-	m := measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50, rate: float64(fs.Bytes) / t.cfg.Settle.Seconds()}
+	// its interval), or the recent span of a fresh stream's first step.
+	span := t.cfg.Settle.Seconds()
+	if t.measSpan > 0 {
+		span = t.measSpan.Seconds()
+	}
+	m := measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50, rate: float64(fs.Bytes) / span}
 	if ds, ok := t.dstats[fs.Device]; ok {
-		m.dev = float64(ds.Bytes) / t.cfg.Settle.Seconds()
+		m.dev = float64(ds.Bytes) / span
 		// Random readers' bytes say nothing of what they get (a trimmed
 		// mmap reader reads fewer bytes by design, and touches more
 		// pages): they are left out of the total a step is judged by,
@@ -598,7 +611,7 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 		// them protect them.
 		for ok2, ofs := range t.fstats {
 			if ok2 != k && ofs.Device == fs.Device && t.readRandomly(ofs) {
-				m.dev -= float64(ofs.Bytes) / t.cfg.Settle.Seconds()
+				m.dev -= float64(ofs.Bytes) / span
 			}
 		}
 	}
