@@ -550,3 +550,73 @@ func TestFreshStreamNotBoundByItsWindowGetsNoStep(t *testing.T) {
 	}
 	assert.Nil(t, r.tn.files[key])
 }
+
+// contendedSnap: stream a (window-bound, under the allow-paths) shares a
+// saturated 150 MB/s device with another reader that keeps 4 x 128 KB in
+// flight; a larger window wins a its share back. other, if not zero, is
+// that reader's file (a buffered bulk reader); otherwise its reads are not
+// attributed to any file (O_DIRECT).
+func (r *rig) contendedSnap(a stream, other probe.FileKey, otherTgid uint32) detector.Snapshot {
+	r.tput = func(w int) float64 { return 150e6 * float64(w) / float64(w+512) }
+	s := r.outcomeSnap(a)
+	b := 150e6 - s.Files[0].BusyThroughput
+	if !other.IsZero() {
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: otherTgid, File: other, Device: sdb, RaPages: 32})
+		s.Files = append(s.Files, detector.FileStats{Key: other, Device: sdb, Requests: 500, Bytes: uint64(b), BusyThroughput: b,
+			Sequentiality: 1, LastSeen: s.Now, P50: 3 * time.Millisecond, MeanSize: 128 << 10, Inflight: 0.1})
+	}
+	s.Devices[0].Bytes, s.Devices[0].CapacityBPS = 150e6, 150e6
+	return s
+}
+
+func TestStepWinningShareBackFromContendersIsKept(t *testing.T) {
+	cases := []struct {
+		name    string
+		outside bool // a buffered bulk reader outside the allow-paths; else O_DIRECT
+	}{{"O_DIRECT readers", false}, {"bulk reader outside the allow-paths", true}}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRig(t, Config{DisablePrefetch: true}, nil)
+			pa, ka := realFile(t, filepath.Join(r.dir, "data"), "blk_a")
+			r.files.open(100, 7, pa, ka)
+			var kb probe.FileKey
+			if c.outside {
+				require.NoError(t, os.MkdirAll(filepath.Join(r.dir, "other"), 0o755))
+				var pb string
+				pb, kb = realFile(t, filepath.Join(r.dir, "other"), "bulk")
+				r.files.open(101, 7, pb, kb)
+			}
+			a := stream{key: ka, tgid: 100, fill: 0.9}
+			var acts []Action
+			for i := 0; i < 4; i++ {
+				r.clk.Advance(time.Second)
+				acts = append(acts, r.tn.Step(r.contendedSnap(a, kb, 101))...)
+			}
+			logActs(t, acts)
+			kept := filter(acts, KindFileWindow, ResultKept)
+			require.NotEmpty(t, kept, "the contenders' loss is the stream's share won back")
+			assert.GreaterOrEqual(t, r.files.window[ka], 512)
+		})
+	}
+}
+
+func TestStreamOfAnotherReaderUnderTheAllowPathsStaysProtected(t *testing.T) {
+	// The same contention, but the other reader is a stream readaheadd
+	// serves (another HDFS client's block file): its loss undoes the step.
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	pa, ka := realFile(t, filepath.Join(r.dir, "data"), "blk_a")
+	pb, kb := realFile(t, filepath.Join(r.dir, "data"), "blk_b")
+	r.files.open(100, 7, pa, ka)
+	r.files.open(101, 7, pb, kb)
+	a := stream{key: ka, tgid: 100, fill: 0.9}
+	var acts []Action
+	for i := 0; i < 4; i++ {
+		r.clk.Advance(time.Second)
+		acts = append(acts, r.tn.Step(r.contendedSnap(a, kb, 101))...)
+	}
+	logActs(t, acts)
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
+	undone := filter(acts, KindFileWindowUndo, ResultUndone)
+	require.NotEmpty(t, undone)
+	assert.Contains(t, undone[0].Evidence, "other readers lost")
+}

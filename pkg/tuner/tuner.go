@@ -136,6 +136,8 @@ type Tuner struct {
 	// the stats in force cover when it is not Settle (0: Settle).
 	fresh    map[probe.FileKey]time.Duration
 	measSpan time.Duration
+	// scopeOf: cached scope verdicts of other readers' files (outsideScope).
+	scopeOf map[probe.FileKey]scopeVerdict
 }
 
 // New builds a tuner. If the store holds originals from an earlier run that
@@ -170,6 +172,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 		logged:     map[string]time.Duration{},
 		mem:        newMemory(),
 		fresh:      map[probe.FileKey]time.Duration{},
+		scopeOf:    map[probe.FileKey]scopeVerdict{},
 	}
 	if deps.Store != nil {
 		t.priorsPath = deps.Store.PriorsPath()
@@ -610,12 +613,87 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 		// before and after alike. The trim and the one-step growth beside
 		// them protect them.
 		for ok2, ofs := range t.fstats {
-			if ok2 != k && ofs.Device == fs.Device && t.readRandomly(ofs) {
+			if ok2 == k || ofs.Device != fs.Device {
+				continue
+			}
+			if t.readRandomly(ofs) {
 				m.dev -= float64(ofs.Bytes) / span
+				continue
+			}
+			if t.protectedStream(ok2, ofs) {
+				m.others += float64(ofs.Bytes) / span
 			}
 		}
 	}
 	return m
+}
+
+// protectedStream reports whether another file's reader is one whose share
+// of the device a step no regime asked for must not take: a sequential
+// stream readaheadd serves (read now, and not found outside the
+// allow-paths; several HDFS clients on one device are each other's
+// others). Reads the probe cannot name (O_DIRECT) and files found outside
+// the allow-paths are contenders whose share a larger window legitimately
+// wins back, as it does under a contention regime; random and mmap readers
+// are protected by the trim and the no-device-window rule instead, and
+// left out of every total.
+func (t *Tuner) protectedStream(k probe.FileKey, fs detector.FileStats) bool {
+	if fs.Sequentiality < t.cfg.MinSequentiality || t.snap.Now-fs.LastSeen > t.cfg.Settle {
+		return false
+	}
+	if fd := t.files[k]; fd != nil {
+		return !fd.outOfScope
+	}
+	return !t.outsideScope(k)
+}
+
+// scopeVerdict caches whether a file without a decision is read only
+// through descriptors outside the allow-paths (protectedStream).
+type scopeVerdict struct {
+	outside bool
+	at      time.Duration
+}
+
+// maxScopeVerdicts bounds the cache of scope verdicts.
+const maxScopeVerdicts = 4096
+
+// outsideScope reports whether every descriptor of a file's known readers
+// is outside the allow-paths (false when none is found: unknown files are
+// protected). Cached for BackoffMax: the files of a device's other readers
+// are looked up once, not at every verdict.
+func (t *Tuner) outsideScope(k probe.FileKey) bool {
+	now := t.deps.Clock.Now()
+	if v, ok := t.scopeOf[k]; ok && now-v.at < t.cfg.BackoffMax {
+		return v.outside
+	}
+	found, inside := 0, 0
+	for tgid, r := range t.readers[k] {
+		if now-r.lastSeen > t.cfg.Grace {
+			continue
+		}
+		refs, err := t.deps.Files.Find(tgid, k)
+		if err != nil {
+			continue
+		}
+		for _, ref := range refs {
+			found++
+			if _, err := t.scope.Check(ref.Tgid, ref.FD, ref.Path, k); err == nil {
+				inside++
+			}
+		}
+	}
+	outside := found > 0 && inside == 0
+	if len(t.scopeOf) >= maxScopeVerdicts {
+		for k2, v := range t.scopeOf {
+			if now-v.at >= t.cfg.BackoffMax {
+				delete(t.scopeOf, k2)
+			}
+		}
+	}
+	if len(t.scopeOf) < maxScopeVerdicts {
+		t.scopeOf[k] = scopeVerdict{outside: outside, at: now}
+	}
+	return outside
 }
 
 // measureFor is the measure a decision is judged by: the stream's rate for
