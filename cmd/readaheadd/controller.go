@@ -187,12 +187,20 @@ func (p *pipeline) activeRegimes() []detector.Regime {
 
 // ApplyPending runs between Steps (every ~100 ms): the detector's fast path
 // for strongly slowed files that have no regime yet (a block file the
-// DataNode has just opened), the tuner's first step on them, and kept
+// DataNode has just opened), the tuner's first step on them, the first
+// outcome step on fresh streams bound by their window, and kept
 // decisions on newly opened descriptors.
 func (p *pipeline) ApplyPending() {
 	if snap := p.det.FastPath(p.clk.Now()); len(snap.Regimes) > 0 {
 		p.logRegimes(detector.Snapshot{Regimes: append(p.activeRegimes(), snap.Regimes...)})
 		p.count(p.tun.Fast(snap))
+	}
+	// Streams first read within the last interval, judged on their recent
+	// requests: a stream slow from its first read gets its first step
+	// after a few hundred milliseconds, not a whole interval.
+	if keys, span := p.tun.FreshStreams(); len(keys) > 0 {
+		now := p.clk.Now()
+		p.count(p.tun.FastOutcome(p.det.Recent(now, span, keys), span))
 	}
 	p.count(p.tun.ApplyPending())
 }

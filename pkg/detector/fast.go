@@ -400,3 +400,56 @@ func (d *Detector) fastExtents(ds *deviceState, now int64, snap *Snapshot) bool 
 	}
 	return entered
 }
+
+// Recent reports the stats of the files read over the trailing span (a
+// fraction of Window) on the devices where one of keys is read, and of
+// those devices over the same span (their learned capacity included). The
+// tuner decides from it whether a stream it has just seen is bound by its
+// window (Little's law needs only the bytes in flight, the window and the
+// latency): a fresh stream then gets its first step a few hundred
+// milliseconds after its first reads, not at the next whole-window
+// evaluation. It enters and clears nothing. Bytes are over span: rates are
+// Bytes / span.
+func (d *Detector) Recent(now, span time.Duration, keys []probe.FileKey) Snapshot {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	snap := Snapshot{Now: now}
+	span = min(span, d.cfg.Window)
+	want := make(map[probe.FileKey]bool, len(keys))
+	for _, k := range keys {
+		want[k] = true
+	}
+	devs := make([]probe.Dev, 0, len(d.devices))
+	for dev := range d.devices {
+		devs = append(devs, dev)
+	}
+	slices.Sort(devs)
+	nowNS := int64(now)
+	for _, dev := range devs {
+		ds := d.devices[dev]
+		win, _ := d.collect(ds, nowNS, nowNS-int64(span))
+		found := false
+		for i := range win {
+			if s := win[i].slot; s != noSlot && want[d.files[s].key] {
+				found = true
+				break
+			}
+		}
+		if !found {
+			continue
+		}
+		dst := DeviceStats{Device: ds.dev, Errors: ds.errors, CapacityBPS: ds.base.capacity}
+		d.setStats(win, nil, &dst.Requests, &dst.Bytes, &dst.P50, &dst.P95, &dst.P99, &dst.MeanSize, &dst.MeanDepth, &dst.BusyThroughput)
+		snap.Devices = append(snap.Devices, dst)
+		// Every sample is in the span: each file's set is all of its own.
+		d.group(win, len(win))
+		for ai := range d.sc.aggs {
+			a := &d.sc.aggs[ai]
+			if d.files[a.slot].dev == ds.dev {
+				d.fileStats(ds, a, win, nowNS)
+				snap.Files = append(snap.Files, a.stats)
+			}
+		}
+	}
+	return snap
+}

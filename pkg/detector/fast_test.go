@@ -383,3 +383,31 @@ func TestFastPathEntersAMilderShiftOverMoreRequests(t *testing.T) {
 	s.run(d, 30*sec, interval, nil)
 	assert.Empty(t, runFast(s, d, 31*sec, &timeline{}), "without the wide check the fast path leaves it to Evaluate")
 }
+
+func TestRecentGivesAFreshStreamsLittlesLawOverTheSpan(t *testing.T) {
+	// A stream slow from its first read (no baseline, no regime): its
+	// bytes in flight, latency and rate over the last 250 ms.
+	s, seq := slowedFrom(1, 0, 3*time.Millisecond)
+	d := New(DefaultConfig())
+	s.run(d, 2*sec, interval, func(Snapshot) {})
+	snap := d.Recent(s.now, 250*time.Millisecond, []probe.FileKey{seq.file})
+	require.Len(t, snap.Devices, 1)
+	var f *FileStats
+	for i := range snap.Files {
+		if snap.Files[i].Key == seq.file {
+			f = &snap.Files[i]
+		}
+	}
+	require.NotNil(t, f)
+	assert.Greater(t, f.Sequentiality, 0.95)
+	assert.InDelta(t, 2, f.Inflight, 0.3, "the reader's two requests in flight")
+	assert.GreaterOrEqual(t, f.P50, 3*time.Millisecond)
+	// Bytes are those of the span: rate = Bytes / span, near the stream's
+	// busy throughput (it is busy all along).
+	rate := float64(f.Bytes) / 0.25
+	assert.InDelta(t, f.BusyThroughput, rate, 0.15*rate)
+	assert.LessOrEqual(t, f.Bytes, snap.Devices[0].Bytes)
+	assert.Empty(t, snap.Regimes)
+	// Nothing asked about on the device: nothing reported.
+	assert.Empty(t, d.Recent(s.now, 250*time.Millisecond, []probe.FileKey{{Dev: 99, Ino: 1}}).Devices)
+}

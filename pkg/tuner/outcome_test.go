@@ -2,6 +2,7 @@ package tuner
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -453,4 +454,169 @@ func TestDeviceWindowReachesAStreamWhoseOutcomeTrialsBackOff(t *testing.T) {
 	require.Len(t, filter(acts, KindDeviceWindow, ResultTrial), 1)
 	require.Len(t, filter(acts, KindFileWindow, ResultApplied), 1, "the device's window given to the stream's open file")
 	assert.Equal(t, r.sys.get("sdb"), r.files.window[key])
+}
+
+// recentSnap is outcomeSnap over the detector's recent span (Recent): the
+// streams' bytes are those of span, not of a whole Settle.
+func (r *rig) recentSnap(span time.Duration, ss ...stream) detector.Snapshot {
+	s := r.outcomeSnap(ss...)
+	f := span.Seconds()
+	for i := range s.Files {
+		s.Files[i].Bytes = uint64(float64(s.Files[i].Bytes) * f)
+		s.Files[i].Requests = max(uint64(float64(s.Files[i].Requests)*f), freshMinRequests)
+	}
+	s.Devices[0].Bytes = uint64(float64(s.Devices[0].Bytes) * f)
+	return s
+}
+
+// fastTick is the daemon's 100 ms tick: the fresh streams the tuner asks
+// for, judged on the recent span.
+func (r *rig) fastTick(ss ...stream) []Action {
+	r.clk.Advance(100 * time.Millisecond)
+	for _, st := range ss {
+		w := r.files.window[st.key]
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: st.tgid, File: st.key, Device: sdb, RaPages: uint32(w / 4)})
+	}
+	keys, span := r.tn.FreshStreams()
+	if len(keys) == 0 {
+		return nil
+	}
+	return r.tn.FastOutcome(r.recentSnap(span, ss...), span)
+}
+
+func TestFreshStreamSlowFromItsStartIsSteppedOnItsRecentRequests(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel // 60 MB/s at 128 KB, 150 at 512 KB
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	var acts []Action
+	for i := 0; i < 3 && len(acts) == 0; i++ {
+		acts = r.fastTick(st)
+	}
+	logActs(t, acts)
+	trial := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trial, 1, "the first step a few hundred milliseconds after the stream's first reads")
+	assert.Equal(t, 512, trial[0].ToKB)
+	assert.Contains(t, trial[0].Evidence, string(WindowBound))
+	assert.Equal(t, 512, r.files.window[key])
+	// Judged like any step, by rate one Settle later (not at a tick that
+	// comes sooner).
+	r.clk.Advance(600 * time.Millisecond)
+	assert.Empty(t, filter(r.tn.Step(r.outcomeSnap(st)), KindFileWindow, ResultKept))
+	acts = r.runOutcome(1, st)
+	logActs(t, acts)
+	require.Len(t, filter(acts, KindFileWindow, ResultKept), 1)
+	assert.Equal(t, uint64(1), r.tn.Status().Counts["outcome/fresh"])
+}
+
+func TestFreshStreamsOnAHealthyDeviceAreBoundedByTheBackoff(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, BackoffMax: time.Minute}, nil)
+	r.tput = func(int) float64 { return 150e6 } // at bandwidth whatever the window
+	var trials, undone int
+	// A new block file every 2 s for two minutes (HDFS opens one per read):
+	// 100 ms ticks, a Step every second.
+	for i := 0; i < 60; i++ {
+		p, key := realFile(t, filepath.Join(r.dir, "data"), fmt.Sprintf("blk_%d", i))
+		r.files.open(100, 7+i, p, key)
+		st := stream{key: key, tgid: 100, fill: 0.9}
+		for j := 0; j < 2; j++ {
+			for k := 0; k < 9; k++ {
+				acts := r.fastTick(st)
+				trials += len(filter(acts, KindFileWindow, ResultTrial))
+			}
+			r.clk.Advance(-100 * time.Millisecond) // runOutcome's second ends the interval
+			acts := r.runOutcome(1, st)
+			trials += len(filter(acts, KindFileWindow, ResultTrial))
+			undone += len(filter(acts, KindFileWindowUndo, ResultUndone))
+		}
+		r.files.window[key] = 128
+	}
+	assert.Zero(t, r.tn.Status().Counts["outcome/paid"])
+	assert.GreaterOrEqual(t, trials, 2)
+	// The device's back-off (2, 4, 8 ... 60 s) holds the fresh streams' steps
+	// as it holds Step's: 2 minutes see few.
+	assert.LessOrEqual(t, trials, 8, "trials: %d", trials)
+	assert.LessOrEqual(t, undone, trials)
+}
+
+func TestFreshStreamNotBoundByItsWindowGetsNoStep(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	for i := 0; i < 12; i++ {
+		assert.Empty(t, r.fastTick(stream{key: key, tgid: 100, fill: 0.1}))
+	}
+	assert.Nil(t, r.tn.files[key])
+}
+
+// contendedSnap: stream a (window-bound, under the allow-paths) shares a
+// saturated 150 MB/s device with another reader that keeps 4 x 128 KB in
+// flight; a larger window wins a its share back. other, if not zero, is
+// that reader's file (a buffered bulk reader); otherwise its reads are not
+// attributed to any file (O_DIRECT).
+func (r *rig) contendedSnap(a stream, other probe.FileKey, otherTgid uint32) detector.Snapshot {
+	r.tput = func(w int) float64 { return 150e6 * float64(w) / float64(w+512) }
+	s := r.outcomeSnap(a)
+	b := 150e6 - s.Files[0].BusyThroughput
+	if !other.IsZero() {
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: otherTgid, File: other, Device: sdb, RaPages: 32})
+		s.Files = append(s.Files, detector.FileStats{Key: other, Device: sdb, Requests: 500, Bytes: uint64(b), BusyThroughput: b,
+			Sequentiality: 1, LastSeen: s.Now, P50: 3 * time.Millisecond, MeanSize: 128 << 10, Inflight: 0.1})
+	}
+	s.Devices[0].Bytes, s.Devices[0].CapacityBPS = 150e6, 150e6
+	return s
+}
+
+func TestStepWinningShareBackFromContendersIsKept(t *testing.T) {
+	cases := []struct {
+		name    string
+		outside bool // a buffered bulk reader outside the allow-paths; else O_DIRECT
+	}{{"O_DIRECT readers", false}, {"bulk reader outside the allow-paths", true}}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRig(t, Config{DisablePrefetch: true}, nil)
+			pa, ka := realFile(t, filepath.Join(r.dir, "data"), "blk_a")
+			r.files.open(100, 7, pa, ka)
+			var kb probe.FileKey
+			if c.outside {
+				require.NoError(t, os.MkdirAll(filepath.Join(r.dir, "other"), 0o755))
+				var pb string
+				pb, kb = realFile(t, filepath.Join(r.dir, "other"), "bulk")
+				r.files.open(101, 7, pb, kb)
+			}
+			a := stream{key: ka, tgid: 100, fill: 0.9}
+			var acts []Action
+			for i := 0; i < 4; i++ {
+				r.clk.Advance(time.Second)
+				acts = append(acts, r.tn.Step(r.contendedSnap(a, kb, 101))...)
+			}
+			logActs(t, acts)
+			kept := filter(acts, KindFileWindow, ResultKept)
+			require.NotEmpty(t, kept, "the contenders' loss is the stream's share won back")
+			assert.GreaterOrEqual(t, r.files.window[ka], 512)
+		})
+	}
+}
+
+func TestStreamOfAnotherReaderUnderTheAllowPathsStaysProtected(t *testing.T) {
+	// The same contention, but the other reader is a stream readaheadd
+	// serves (another HDFS client's block file): its loss undoes the step.
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	pa, ka := realFile(t, filepath.Join(r.dir, "data"), "blk_a")
+	pb, kb := realFile(t, filepath.Join(r.dir, "data"), "blk_b")
+	r.files.open(100, 7, pa, ka)
+	r.files.open(101, 7, pb, kb)
+	a := stream{key: ka, tgid: 100, fill: 0.9}
+	var acts []Action
+	for i := 0; i < 4; i++ {
+		r.clk.Advance(time.Second)
+		acts = append(acts, r.tn.Step(r.contendedSnap(a, kb, 101))...)
+	}
+	logActs(t, acts)
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
+	undone := filter(acts, KindFileWindowUndo, ResultUndone)
+	require.NotEmpty(t, undone)
+	assert.Contains(t, undone[0].Evidence, "other readers lost")
 }

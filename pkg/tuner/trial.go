@@ -84,8 +84,12 @@ type measure struct {
 	rate float64
 	// dev: the device's bytes per second over the same window, 0 if unknown.
 	dev float64
-	// othersMustNotLose: judge the step also by the device's other
-	// readers (dev - rate), not only by the device's total.
+	// others: bytes per second of the device's other readers whose share
+	// is protected (protectedStream: the other sequential streams
+	// readaheadd serves), over the same window.
+	others float64
+	// othersMustNotLose: judge the step also by those other readers, not
+	// only by the device's total.
 	othersMustNotLose bool
 }
 
@@ -137,9 +141,11 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 			return t.undoStep(l, now, ev+fmt.Sprintf("; the device's total fell %.1f -> %.1f MB/s: its other readers lost more", l.before.dev/1e6, m.dev/1e6), apply, act)
 		}
 		// A step no regime asked for must not be paid for by the device's
-		// other readers at all (several streams sharing a saturated
-		// device: one's gain is the others' loss).
-		if bo, ao := l.before.dev-l.before.rate, m.dev-m.rate; m.othersMustNotLose && l.before.dev > 0 && bo > othersMin*l.before.dev && ao < (1-devLossMax)*bo {
+		// other streams (several streams sharing a saturated device: one's
+		// gain is the others' loss). Readers that are not streams
+		// readaheadd serves (O_DIRECT, files outside the allow-paths) are
+		// contenders: their share is what a larger window wins back.
+		if bo, ao := l.before.others, m.others; m.othersMustNotLose && l.before.dev > 0 && bo > othersMin*l.before.dev && ao < (1-devLossMax)*bo {
 			return t.undoStep(l, now, ev+fmt.Sprintf("; the device's other readers lost %.1f -> %.1f MB/s", bo/1e6, ao/1e6), apply, act)
 		}
 		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)

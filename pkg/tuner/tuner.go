@@ -135,6 +135,13 @@ type Tuner struct {
 	// nReaders bounds the readers table (file x process).
 	nReaders int
 	evOut    []Action // actions taken from the event path, not yet returned
+	// fresh: files with no decision whose first reader was seen within the
+	// last Settle, by when (FreshStreams, FastOutcome); measSpan: the span
+	// the stats in force cover when it is not Settle (0: Settle).
+	fresh    map[probe.FileKey]time.Duration
+	measSpan time.Duration
+	// scopeOf: cached scope verdicts of other readers' files (outsideScope).
+	scopeOf map[probe.FileKey]scopeVerdict
 }
 
 // New builds a tuner. If the store holds originals from an earlier run that
@@ -168,6 +175,8 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 		counts:     map[string]uint64{},
 		logged:     map[string]time.Duration{},
 		mem:        newMemory(),
+		fresh:      map[probe.FileKey]time.Duration{},
+		scopeOf:    map[probe.FileKey]scopeVerdict{},
 	}
 	if deps.Store != nil {
 		t.priorsPath = deps.Store.PriorsPath()
@@ -234,6 +243,9 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 		// A fresh open (or a file the memory knows): the window that paid
 		// for its neighbours, now, from the event path.
 		t.freshOpen(ev, r, now)
+		if t.files[ev.File] == nil {
+			t.noteFresh(ev.File, r.firstSeen, now)
+		}
 		return
 	}
 	// Events emitted before the last pin (still queued in the ring
@@ -591,22 +603,101 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 		return measure{}
 	}
 	// The detector's window is the tuner's Settle (the daemon sets both to
-	// its interval).
-	m := measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50, rate: float64(fs.Bytes) / t.cfg.Settle.Seconds()}
+	// its interval), or the recent span of a fresh stream's first step.
+	span := t.cfg.Settle.Seconds()
+	if t.measSpan > 0 {
+		span = t.measSpan.Seconds()
+	}
+	m := measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50, rate: float64(fs.Bytes) / span}
 	if ds, ok := t.dstats[fs.Device]; ok {
-		m.dev = float64(ds.Bytes) / t.cfg.Settle.Seconds()
+		m.dev = float64(ds.Bytes) / span
 		// Random readers' bytes say nothing of what they get (a trimmed
 		// mmap reader reads fewer bytes by design, and touches more
 		// pages): they are left out of the total a step is judged by,
 		// before and after alike. The trim and the one-step growth beside
 		// them protect them.
 		for ok2, ofs := range t.fstats {
-			if ok2 != k && ofs.Device == fs.Device && t.readRandomly(ofs) {
-				m.dev -= float64(ofs.Bytes) / t.cfg.Settle.Seconds()
+			if ok2 == k || ofs.Device != fs.Device {
+				continue
+			}
+			if t.readRandomly(ofs) {
+				m.dev -= float64(ofs.Bytes) / span
+				continue
+			}
+			if t.protectedStream(ok2, ofs) {
+				m.others += float64(ofs.Bytes) / span
 			}
 		}
 	}
 	return m
+}
+
+// protectedStream reports whether another file's reader is one whose share
+// of the device a step no regime asked for must not take: a sequential
+// stream readaheadd serves (read now, and not found outside the
+// allow-paths; several HDFS clients on one device are each other's
+// others). Reads the probe cannot name (O_DIRECT) and files found outside
+// the allow-paths are contenders whose share a larger window legitimately
+// wins back, as it does under a contention regime; random and mmap readers
+// are protected by the trim and the no-device-window rule instead, and
+// left out of every total.
+func (t *Tuner) protectedStream(k probe.FileKey, fs detector.FileStats) bool {
+	if fs.Sequentiality < t.cfg.MinSequentiality || t.snap.Now-fs.LastSeen > t.cfg.Settle {
+		return false
+	}
+	if fd := t.files[k]; fd != nil {
+		return !fd.outOfScope
+	}
+	return !t.outsideScope(k)
+}
+
+// scopeVerdict caches whether a file without a decision is read only
+// through descriptors outside the allow-paths (protectedStream).
+type scopeVerdict struct {
+	outside bool
+	at      time.Duration
+}
+
+// maxScopeVerdicts bounds the cache of scope verdicts.
+const maxScopeVerdicts = 4096
+
+// outsideScope reports whether every descriptor of a file's known readers
+// is outside the allow-paths (false when none is found: unknown files are
+// protected). Cached for BackoffMax: the files of a device's other readers
+// are looked up once, not at every verdict.
+func (t *Tuner) outsideScope(k probe.FileKey) bool {
+	now := t.deps.Clock.Now()
+	if v, ok := t.scopeOf[k]; ok && now-v.at < t.cfg.BackoffMax {
+		return v.outside
+	}
+	found, inside := 0, 0
+	for tgid, r := range t.readers[k] {
+		if now-r.lastSeen > t.cfg.Grace {
+			continue
+		}
+		refs, err := t.deps.Files.Find(tgid, k)
+		if err != nil {
+			continue
+		}
+		for _, ref := range refs {
+			found++
+			if _, err := t.scope.Check(ref.Tgid, ref.FD, ref.Path, k); err == nil {
+				inside++
+			}
+		}
+	}
+	outside := found > 0 && inside == 0
+	if len(t.scopeOf) >= maxScopeVerdicts {
+		for k2, v := range t.scopeOf {
+			if now-v.at >= t.cfg.BackoffMax {
+				delete(t.scopeOf, k2)
+			}
+		}
+	}
+	if len(t.scopeOf) < maxScopeVerdicts {
+		t.scopeOf[k] = scopeVerdict{outside: outside, at: now}
+	}
+	return outside
 }
 
 // measureFor is the measure a decision is judged by: the stream's rate for
