@@ -38,7 +38,9 @@ func TestProbeAttributesReadsOnLoopDevice(t *testing.T) {
 	pathB, keyB := l.writeFile(t, "b", mb(96))
 	dropCaches(t)
 
-	p, err := Load(Config{Devices: []Dev{l.Dev}, Poll: 20 * time.Millisecond})
+	// Sampling off: every request is attributed (a RAM-backed loop device
+	// can read fast enough to exceed the sampling budget).
+	p, err := Load(Config{Devices: []Dev{l.Dev}, Poll: 20 * time.Millisecond, SampleBudget: -1})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, p.Close()) })
 
