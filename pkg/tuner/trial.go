@@ -245,7 +245,10 @@ func (t *Tuner) backoff(failures int) time.Duration {
 func (t *Tuner) reprobeStart(fd *fileDec) bool {
 	now := t.deps.Clock.Now()
 	l := &fd.win
-	if t.cfg.DryRun || l.trial != 0 || fd.pf.inForce() != 0 || l.cur <= l.base ||
+	// A kept prefetch is part of what the re-probe takes back: held, it
+	// keeps the stream ahead of the device whatever the window, so the
+	// regime would never be seen to end.
+	if t.cfg.DryRun || l.trial != 0 || fd.pf.trial != 0 || (l.cur <= l.base && fd.pf.cur == 0) ||
 		slices.Contains(fd.regimes, detector.StarvedStream) { // starved: the window is visibly needed
 		return false
 	}
@@ -263,9 +266,17 @@ func (t *Tuner) reprobeStart(fd *fileDec) bool {
 		return false
 	}
 	l.probeUntil = now + t.cfg.ReprobeHold
-	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
-		FromKB: l.cur, ToKB: l.base, Result: ResultTrial,
-		Evidence: fmt.Sprintf("re-probe: window kept for %v under regimes %v; back to the device's window for %v to see whether the regime is over", (now - l.keptAt).Round(time.Second), fd.regimes, t.cfg.ReprobeHold)})
+	if fd.pf.cur > 0 {
+		fd.pf.probeUntil = l.probeUntil // inForce reports no prefetch while the probe holds
+		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindPrefetchUndo,
+			FromKB: fd.pf.cur, ToKB: 0, Result: ResultTrial,
+			Evidence: fmt.Sprintf("re-probe: prefetch held off for %v with the window", t.cfg.ReprobeHold)})
+	}
+	if l.cur > l.base {
+		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
+			FromKB: l.cur, ToKB: l.base, Result: ResultTrial,
+			Evidence: fmt.Sprintf("re-probe: window kept for %v under regimes %v; back to the device's window for %v to see whether the regime is over", (now - l.keptAt).Round(time.Second), fd.regimes, t.cfg.ReprobeHold)})
+	}
 	return true
 }
 
@@ -278,9 +289,12 @@ func (t *Tuner) reprobeJudge(fd *fileDec, needed bool) {
 	if !needed {
 		kept := l.cur
 		l.probeUntil, l.cur = 0, l.base
-		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
-			FromKB: kept, ToKB: l.base, Result: ResultUndone,
-			Evidence: fmt.Sprintf("re-probe: no regime at the device's window (was %v): the %d KB window is no longer needed", fd.regimes, kept)})
+		fd.pf.probeUntil = 0 // undoFile reports the prefetch it stops
+		if kept > l.base {
+			t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
+				FromKB: kept, ToKB: l.base, Result: ResultUndone,
+				Evidence: fmt.Sprintf("re-probe: no regime at the device's window (was %v): the %d KB window is no longer needed", fd.regimes, kept)})
+		}
 		t.undoFile(fd, "re-probe ended the decision") // stops prefetch; the window is already back
 		delete(t.files, fd.key)
 		return
@@ -301,5 +315,6 @@ func (t *Tuner) reprobeJudge(fd *fileDec, needed bool) {
 			Evidence: fmt.Sprintf("re-probe: regimes %v persist at the device's window after %v; the kept window is back, next re-probe in %v", fd.regimes, t.cfg.ReprobeHold, min(2*l.probeEvery, t.cfg.BackoffMax))})
 	}
 	l.probeUntil, l.keptAt = 0, now
+	fd.pf.probeUntil = 0 // a held prefetch is issued again
 	l.probeEvery = min(2*l.probeEvery, t.cfg.BackoffMax)
 }

@@ -1174,3 +1174,69 @@ func TestRestorePinsRefusesFilesOutOfScope(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, PinsRestored{Refused: 1}, res)
 }
+
+// A kept prefetch keeps the stream ahead of the device whatever its window:
+// the re-probe holds it off with the window, or the regime could never be
+// seen to end and both would stay for good.
+func TestReprobeTakesBackAKeptPrefetchWithTheWindow(t *testing.T) {
+	r := newRig(t, Config{MaxKB: 256, Grace: time.Hour, ReprobeAfter: 20 * time.Second}, nil)
+	prefetchedNow := false
+	r.tput = func(kb int) float64 {
+		if prefetchedNow {
+			return 150e6
+		}
+		if kb >= 256 {
+			return 90e6
+		}
+		return 60e6
+	}
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	willNeeds := func() int {
+		n := 0
+		for _, c := range r.files.calls {
+			if c.advice == AdviceWillNeed {
+				n++
+			}
+		}
+		return n
+	}
+	// The detector holds the shift while the window or the prefetch is in
+	// force (a saturated device), and clears it without either.
+	var acts []Action
+	step := func(regime func() detector.Snapshot) {
+		before := willNeeds()
+		r.clk.Advance(time.Second)
+		acts = append(acts, r.tn.Step(regime())...)
+		prefetchedNow = willNeeds() > before
+	}
+	for i := 0; i < 8; i++ {
+		step(func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	}
+	require.NotEmpty(t, filter(acts, KindPrefetch, ResultKept), "prefetch kept under the regime")
+	require.Equal(t, 256, r.files.window[key])
+
+	acts = nil
+	var heldCalls []int
+	for i := 0; i < 40; i++ {
+		probing := r.files.window[key] == 128
+		before := willNeeds()
+		step(func() detector.Snapshot {
+			if r.files.window[key] > 128 || prefetchedNow {
+				return r.snap(detector.FileLatencyShift, key)
+			}
+			return r.snap("", key)
+		})
+		if probing {
+			heldCalls = append(heldCalls, willNeeds()-before)
+		}
+	}
+	require.Len(t, filter(acts, KindPrefetchUndo, ResultTrial), 1, "the re-probe holds the prefetch off")
+	require.Len(t, filter(acts, KindFileWindowUndo, ResultTrial), 1)
+	for _, n := range heldCalls {
+		assert.Zero(t, n, "no prefetch issued while the re-probe holds")
+	}
+	assert.NotEmpty(t, filter(acts, KindFileWindowUndo, ResultUndone))
+	assert.Equal(t, 128, r.files.window[key])
+	assert.Empty(t, r.tn.Status().Files, "the decision ended")
+}
