@@ -89,6 +89,7 @@ func (t *Tuner) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Durat
 	fd.lastNeeded = now
 	before := measure{ok: true, tput: p.baseBPS, rate: p.baseBPS}
 	fd.win.trial, fd.win.trialFrom, fd.win.trialAt, fd.win.before, fd.win.baseM = kb, d.orig, now, before, before
+	fd.win.movedAt = now
 	t.files[key] = fd
 	t.counts["prior/applied"]++
 	t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: key, Path: fd.path, Kind: KindFileWindow, FromKB: d.orig, ToKB: kb,

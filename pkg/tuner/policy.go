@@ -398,6 +398,7 @@ func (t *Tuner) FastOutcome(snap detector.Snapshot, span time.Duration) []Action
 		t.dstats[d.Device] = d
 	}
 	t.snap, t.measSpan = snap, span
+	t.noteTails(snap.Files, now)
 	defer func() { t.fstats, t.dstats, t.snap, t.measSpan = savedF, savedD, savedSnap, 0 }()
 	for _, f := range snap.Files {
 		if _, ok := t.fresh[f.Key]; !ok || t.files[f.Key] != nil || t.trims[f.Key] != nil || t.mem.checking(f.Key) {

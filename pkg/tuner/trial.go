@@ -41,6 +41,9 @@ type ladder struct {
 	// baseM: the measure when the first step left base; keptM: when the
 	// value in force was kept (what a re-probe and the memory compare with).
 	baseM, keptM measure
+	// movedAt: when the value in force last changed (a span of requests
+	// across it mixes two windows' latencies).
+	movedAt time.Duration
 }
 
 func (l *ladder) inForce() int {
@@ -132,7 +135,11 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		}
 		ev := fmt.Sprintf("%s; before %s, after %s (%+.0f%%, keep margin %+.0f%%)", why, l.before, m, gain*100, margin*100)
 		if !m.ok || gain < margin {
-			return t.undoStep(l, now, ev, apply, act)
+			why, keep := t.tailKeep(file, l, m)
+			if !keep {
+				return t.undoStep(l, now, ev, apply, act)
+			}
+			ev += "; " + why
 		}
 		// The device's other readers must not pay for the gain: its total
 		// must not fall (a larger window that only queues ahead of others
@@ -180,7 +187,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		act(l.kind, l.cur, next, ResultFailed, fmt.Sprintf("%s; %v; retry in %v", ev, err, t.backoff(l.failures)))
 		return true
 	}
-	l.trial, l.trialFrom, l.trialAt, l.before = next, l.cur, now, m
+	l.trial, l.trialFrom, l.trialAt, l.before, l.movedAt = next, l.cur, now, m, now
 	if l.cur == l.base {
 		l.baseM = m
 	}
@@ -200,7 +207,7 @@ const othersMin = 0.1
 // first, the knee if an earlier step had paid.
 func (t *Tuner) undoStep(l *ladder, now time.Duration, ev string, apply func(int) error, act func(ActionKind, int, int, Result, string)) bool {
 	from := l.trial
-	l.trial = 0
+	l.trial, l.movedAt = 0, now
 	if err := apply(l.cur); err != nil && !errors.Is(err, errNoReaders) {
 		// The step stays in force until an undo succeeds.
 		l.trial = from
@@ -265,7 +272,7 @@ func (t *Tuner) reprobeStart(fd *fileDec) bool {
 		}
 		return false
 	}
-	l.probeUntil = now + t.cfg.ReprobeHold
+	l.probeUntil, l.movedAt = now+t.cfg.ReprobeHold, now
 	if fd.pf.cur > 0 {
 		fd.pf.probeUntil = l.probeUntil // inForce reports no prefetch while the probe holds
 		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindPrefetchUndo,
@@ -288,7 +295,7 @@ func (t *Tuner) reprobeJudge(fd *fileDec, needed bool) {
 	l := &fd.win
 	if !needed {
 		kept := l.cur
-		l.probeUntil, l.cur = 0, l.base
+		l.probeUntil, l.cur, l.movedAt = 0, l.base, now
 		fd.pf.probeUntil = 0 // undoFile reports the prefetch it stops
 		if kept > l.base {
 			t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
@@ -314,7 +321,7 @@ func (t *Tuner) reprobeJudge(fd *fileDec, needed bool) {
 			FromKB: l.base, ToKB: l.cur, Result: ResultKept,
 			Evidence: fmt.Sprintf("re-probe: regimes %v persist at the device's window after %v; the kept window is back, next re-probe in %v", fd.regimes, t.cfg.ReprobeHold, min(2*l.probeEvery, t.cfg.BackoffMax))})
 	}
-	l.probeUntil, l.keptAt = 0, now
+	l.probeUntil, l.keptAt, l.movedAt = 0, now, now
 	fd.pf.probeUntil = 0 // a held prefetch is issued again
 	l.probeEvery = min(2*l.probeEvery, t.cfg.BackoffMax)
 }

@@ -109,6 +109,7 @@ type Tuner struct {
 	readers  map[probe.FileKey]map[uint32]*readerInfo
 	snap     detector.Snapshot
 	fstats   map[probe.FileKey]detector.FileStats
+	tails    map[probe.FileKey]tailSeen // streams whose latency has a tail (tail.go)
 	dstats   map[probe.Dev]detector.DeviceStats
 	out      []Action
 	recent   []Action
@@ -278,6 +279,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	for _, d := range snap.Devices {
 		t.dstats[d.Device] = d
 	}
+	t.noteTails(snap.Files, now)
 
 	// What needs help now.
 	fileNeeds := map[probe.FileKey][]detector.RegimeKind{}
@@ -757,6 +759,11 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		// window starts at four times it (one trial, judged like any other;
 		// at bandwidth it does not pay and is undone).
 		fd.win.hint = max(fd.win.hint, outcomeFirstFactor*fd.win.base)
+	}
+	if m.ok {
+		// A stream with a tail waits on its slowest requests: the window
+		// that hides them is sized by the p99.
+		fd.win.hint = max(fd.win.hint, t.tailNeedKB(fd.key, m.tput))
 	}
 	if t.randomReaderBeside(fd) {
 		// Each window of transfers queued for the stream is waiting time

@@ -1,0 +1,132 @@
+package tuner
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// A stream whose latency comes and goes (periodic internal work of the
+// device, bursts of contention) reads fast between stalls and slowly
+// through them, so one interval's rate depends on the phase it fell in: a
+// step judged on one interval against another compares a stall with its
+// absence, and a step that masks the stalls is undone whenever its interval
+// missed one. Such a stream shows it in its own requests: a tail, a p99
+// several times its median. With a tail the window that hides it is sized
+// by the p99 (Little's law: the reader waits on the slowest request of its
+// window), and a step that cost the stream nothing is kept while the
+// window it left could not cover the tail: it is what the stalls need, and
+// the re-probe takes it back when they are over.
+
+// tailRatio: a stream's p99 at least this many times its median is a tail.
+// A steady stream's p99 is within 1.1-1.3x its median at any window
+// (its requests queue alike); a stall of a share of its requests stands out.
+const tailRatio = 2.0
+
+// tailMinRequests: fewer requests make the p99 one request's latency.
+const tailMinRequests = 64
+
+// tailFresh: a tail is evidence for this many Settle intervals after it
+// was seen (the larger window hides it: the stalls do not go away).
+const tailFresh = 4
+
+// tailSeen is the last tail seen in a file's requests.
+type tailSeen struct {
+	at       time.Duration
+	p50, p99 time.Duration
+}
+
+// noteTails records the files whose requests show a tail now, and forgets
+// stale ones (the table stays as small as the streams with a tail).
+func (t *Tuner) noteTails(files []detector.FileStats, now time.Duration) {
+	if t.tails == nil {
+		t.tails = map[probe.FileKey]tailSeen{}
+	}
+	for _, f := range files {
+		if t.windowMoved(f.Key, f.Device, now) {
+			continue // a span across a window change mixes two windows' latencies
+		}
+		if f.Requests >= tailMinRequests && f.P50 > 0 && f.P99 >= time.Duration(tailRatio*float64(f.P50)) &&
+			f.Sequentiality >= t.cfg.MinSequentiality {
+			t.tails[f.Key] = tailSeen{at: now, p50: f.P50, p99: f.P99}
+		}
+	}
+	for k, s := range t.tails {
+		if now-s.at > tailFresh*t.cfg.Settle {
+			delete(t.tails, k)
+		}
+	}
+}
+
+// tailOf is the file's tail if one was seen recently.
+func (t *Tuner) tailOf(k probe.FileKey) (tailSeen, bool) {
+	s, ok := t.tails[k]
+	return s, ok && t.deps.Clock.Now()-s.at <= tailFresh*t.cfg.Settle
+}
+
+// tailNeedKB is the window (KB) that keeps a stream reading at rateBPS
+// through its tail, 0 without one.
+func (t *Tuner) tailNeedKB(k probe.FileKey, rateBPS float64) int {
+	s, ok := t.tailOf(k)
+	if !ok || rateBPS <= 0 {
+		return 0
+	}
+	return int(rateBPS * s.p99.Seconds() / 1024)
+}
+
+// tailKeep reports whether a file window step that did not pay its margin
+// is kept anyway, and why: the stream has a tail its former window could
+// not cover, and the step cost it nothing (its rate held, or it reads at
+// the device's capacity). Never beside a random reader, whose faults wait
+// behind every window of the stream's queued transfers: there each step
+// must pay.
+func (t *Tuner) tailKeep(file probe.FileKey, l *ladder, m measure) (string, bool) {
+	fd := t.files[file]
+	if fd == nil || !m.ok || l.kind != KindFileWindow || t.randomReaderBeside(fd) {
+		return "", false
+	}
+	s, ok := t.tailOf(file)
+	if !ok {
+		return "", false
+	}
+	need := t.tailNeedKB(file, max(m.tput, l.before.tput))
+	if need <= l.trialFrom {
+		return "", false
+	}
+	capBPS := t.dstats[fd.dev.dev].CapacityBPS
+	held := m.tput >= (1-devLossMax)*l.before.tput
+	atCap := capBPS > 0 && m.tput >= t.cfg.CapacityFrac*capBPS
+	if !held && !atCap {
+		return "", false
+	}
+	t.counts["outcome/tail_kept"]++
+	return fmt.Sprintf("kept without its margin: the stream's latency has a tail (p99 %v at p50 %v) that needs about %d KB, more than the %d KB it left, and the step cost it nothing",
+		s.p99.Round(100*time.Microsecond), s.p50.Round(100*time.Microsecond), need, l.trialFrom), true
+}
+
+// windowMoved reports whether the span of requests the detector just
+// reported mixes two windows' latencies (a larger window queues more): the
+// file's own window or its device's changed within it, or one of its
+// readers was given a window then, or a reader opened it beside a decision
+// (it reads at the device's window until the event path pins it). Requests
+// in flight across a change are a few out of hundreds: a change about one
+// span ago (the tick that judges a step) leaves the span clean.
+func (t *Tuner) windowMoved(k probe.FileKey, dev probe.Dev, now time.Duration) bool {
+	span := t.cfg.Settle - t.cfg.Settle/10
+	within := func(at time.Duration) bool { return at != 0 && now-at < span }
+	fd := t.files[k]
+	if fd != nil && within(fd.win.movedAt) {
+		return true
+	}
+	if d := t.devs[dev]; d != nil && within(d.win.movedAt) {
+		return true
+	}
+	for _, r := range t.readers[k] {
+		if within(r.appliedAt) || fd != nil && within(r.firstSeen) {
+			return true
+		}
+	}
+	return false
+}

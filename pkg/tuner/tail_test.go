@@ -1,0 +1,165 @@
+package tuner
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// stallModel is a stream on a device whose latency comes and goes: every
+// other second a share of its requests waits 10 ms more. Between stalls
+// any window reads at the device's bandwidth; through them the reader's
+// rate depends on how much of the stall its window covers.
+type stallModel struct {
+	tail bool // the stall shows in the stream's p99 (false: a steady stream)
+}
+
+func (sm stallModel) stats(kb int, stalled bool) (rate float64, p50, p99 time.Duration) {
+	p50 = time.Duration(float64(1700*time.Microsecond) * float64(kb) / 128)
+	p99 = p50 * 11 / 10
+	if !stalled {
+		return 148e6, p50, p99
+	}
+	if sm.tail {
+		p99 = p50 + 10*time.Millisecond
+	}
+	switch {
+	case kb >= 2048:
+		return 149e6, p50, p99
+	case kb >= 1024:
+		return 145e6, p50, p99
+	case kb >= 512:
+		return 135e6, p50, p99
+	default:
+		return 80e6, p50, p99
+	}
+}
+
+// runStalls steps n intervals of a stream under sm, stalled in odd seconds
+// (stalled reports the phase of each interval), with other files optional.
+func (r *rig) runStalls(n int, sm stallModel, key probe.FileKey, extra ...detector.FileStats) []Action {
+	var all []Action
+	for i := 0; i < n; i++ {
+		r.clk.Advance(time.Second)
+		now := r.clk.Now()
+		w := r.files.window[key]
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
+		stalled := int(now/time.Second)%2 == 1
+		rate, p50, p99 := sm.stats(w, stalled)
+		b := uint64(rate)
+		s := detector.Snapshot{Now: now}
+		s.Files = append(s.Files, detector.FileStats{Key: key, Device: sdb, Requests: b / (128 << 10), Bytes: b,
+			BusyThroughput: rate, Sequentiality: 1, NextOffset: 64 << 20, LastSeen: now, P50: p50, P95: p50,
+			P99: p99, MeanSize: 128 << 10, Inflight: 0.9 * float64(w) / 128})
+		for _, f := range extra {
+			f.LastSeen = now
+			s.Files = append(s.Files, f)
+		}
+		s.Devices = []detector.DeviceStats{{Device: sdb, Bytes: b, BusyThroughput: float64(b), CapacityBPS: 150e6}}
+		all = append(all, r.tn.Step(s)...)
+	}
+	return all
+}
+
+// Whichever phase the stream's first interval falls in: a first step taken
+// between stalls and judged through one looks like a loss against the
+// stall-free rate before it.
+func TestStepOnAStreamWithATailIsKeptWhenItCostsNothing(t *testing.T) {
+	for _, firstStalled := range []bool{true, false} {
+		t.Run(map[bool]string{true: "first interval stalled", false: "first interval between stalls"}[firstStalled], func(t *testing.T) {
+			r := newRig(t, Config{DisablePrefetch: true}, nil)
+			if !firstStalled {
+				r.clk.Advance(time.Second)
+			}
+			p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+			r.files.open(100, 7, p, key)
+			acts := r.runStalls(12, stallModel{tail: true}, key)
+			logActs(t, acts)
+			require.NotEmpty(t, filter(acts, KindFileWindow, ResultKept))
+			assert.GreaterOrEqual(t, r.files.window[key], 1024, "the window covers the stalls")
+			// Once there, it stays: every later verdict keeps it.
+			var at []int
+			for i := 0; i < 10; i++ {
+				r.runStalls(1, stallModel{tail: true}, key)
+				at = append(at, r.files.window[key])
+			}
+			for _, w := range at {
+				assert.GreaterOrEqual(t, w, 1024, "windows after: %v", at)
+			}
+		})
+	}
+}
+
+// The same stream without the evidence of a tail in its requests: a step
+// judged in a stall-free interval against a stalled one (or the reverse)
+// is undone as often as not, and nothing is kept for the stalls.
+func TestStepOnASteadyStreamMustPayItsMargin(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	acts := r.runStalls(12, stallModel{tail: false}, key)
+	logActs(t, acts)
+	assert.Zero(t, r.tn.Status().Counts["outcome/tail_kept"])
+	for _, a := range filter(acts, KindFileWindow, ResultKept) {
+		assert.NotContains(t, a.Evidence, "tail", "every kept step paid its margin")
+	}
+}
+
+// Beside a random reader every step must pay: its faults wait behind each
+// window of the stream's queued transfers.
+func TestNoTailKeepBesideARandomReader(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	random := detector.FileStats{Key: probe.FileKey{Dev: key.Dev, Ino: key.Ino + 1}, Device: sdb, Requests: 200,
+		Bytes: 200 * 16 << 10, MeanSize: 16 << 10, Sequentiality: 0.01, P50: time.Millisecond}
+	acts := r.runStalls(12, stallModel{tail: true}, key, random)
+	logActs(t, acts)
+	assert.Zero(t, r.tn.Status().Counts["outcome/tail_kept"])
+}
+
+// A span of requests that mixes two windows is no tail: a reader that
+// re-opens the file reads at the device's window until the event path pins
+// the decision's window on it, and a larger window queues more, so the
+// span's median is the small window's and its p99 the large one's.
+func TestLatencySpreadOfTwoWindowsIsNoTail(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	lat := func(kb int) time.Duration { return time.Duration(float64(1700*time.Microsecond) * float64(kb) / 128) }
+	var acts []Action
+	fd := 8
+	for i := 0; i < 12; i++ {
+		w := r.files.window[key]
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
+		p50, p99 := lat(128), lat(128)*11/10
+		r.clk.Advance(500 * time.Millisecond)
+		if w > 128 {
+			// Mid-interval the reader re-opens the file and reads at the
+			// device's window until its first readahead event is seen.
+			r.files.open(100, fd, p, key)
+			fd++
+			r.tn.ObserveReadahead(probe.ReadaheadEvent{Time: r.clk.Now(), Tgid: 100, File: key, Device: sdb, RaPages: 32})
+			acts = append(acts, r.tn.ApplyPending()...)
+			p99 = lat(w) * 11 / 10
+		}
+		r.clk.Advance(500 * time.Millisecond)
+		now := r.clk.Now()
+		b := uint64(148e6) // a healthy stream at the device's bandwidth at any window
+		s := detector.Snapshot{Now: now, Files: []detector.FileStats{{Key: key, Device: sdb, Requests: b / (128 << 10), Bytes: b,
+			BusyThroughput: 148e6, Sequentiality: 1, NextOffset: 64 << 20, LastSeen: now, P50: p50, P95: p50, P99: p99,
+			MeanSize: 128 << 10, Inflight: 0.9 * float64(w) / 128}},
+			Devices: []detector.DeviceStats{{Device: sdb, Bytes: b, BusyThroughput: 148e6, CapacityBPS: 150e6}}}
+		acts = append(acts, r.tn.Step(s)...)
+	}
+	logActs(t, acts)
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial), "the stream was tried")
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept), "no step kept on a healthy stream at bandwidth")
+	assert.Zero(t, r.tn.Status().Counts["outcome/tail_kept"])
+}
