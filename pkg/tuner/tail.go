@@ -130,3 +130,29 @@ func (t *Tuner) windowMoved(k probe.FileKey, dev probe.Dev, now time.Duration) b
 	}
 	return false
 }
+
+// tailMaxLater bounds how many intervals a step's verdict is put off.
+const tailMaxLater = 2
+
+// tailNow reports whether the span the detector just reported showed the
+// file's tail.
+func (t *Tuner) tailNow(k probe.FileKey) bool {
+	s, ok := t.tails[k]
+	return ok && !k.IsZero() && s.at == t.deps.Clock.Now()
+}
+
+// judgeLater puts off the verdict of a file window step that did not pay
+// when the span it is judged on stalled (the stream's tail is in it) and
+// the span its before-measure came from did not: that compares a stall with
+// its absence, not one window with another. The step stays one more
+// interval, judged then against the same before-measure (a stall-free span
+// at the larger window is then compared with a stall-free span at the
+// smaller one), at most tailMaxLater times.
+func (t *Tuner) judgeLater(file probe.FileKey, l *ladder) bool {
+	if l.kind != KindFileWindow || l.beforeTail || l.later >= tailMaxLater || !t.tailNow(file) {
+		return false
+	}
+	l.later++
+	t.counts["outcome/judged_later"]++
+	return true
+}

@@ -83,6 +83,9 @@ func TestStepOnAStreamWithATailIsKeptWhenItCostsNothing(t *testing.T) {
 			logActs(t, acts)
 			require.NotEmpty(t, filter(acts, KindFileWindow, ResultKept))
 			assert.GreaterOrEqual(t, r.files.window[key], 1024, "the window covers the stalls")
+			for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
+				assert.GreaterOrEqual(t, a.ToKB, 1024, "no step below the tail's window undone: %s", a.Evidence)
+			}
 			// Once there, it stays: every later verdict keeps it.
 			var at []int
 			for i := 0; i < 10; i++ {

@@ -44,6 +44,11 @@ type ladder struct {
 	// movedAt: when the value in force last changed (a span of requests
 	// across it mixes two windows' latencies).
 	movedAt time.Duration
+	// beforeTail: the span the step's before-measure came from showed the
+	// stream's tail; later: how many intervals the verdict was put off
+	// (tail.go).
+	beforeTail bool
+	later      int
 }
 
 func (l *ladder) inForce() int {
@@ -134,6 +139,9 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 			margin = t.cfg.DeviceMargin
 		}
 		ev := fmt.Sprintf("%s; before %s, after %s (%+.0f%%, keep margin %+.0f%%)", why, l.before, m, gain*100, margin*100)
+		if m.ok && gain < margin && t.judgeLater(file, l) {
+			return did // the step's span stalled and the span before it did not
+		}
 		if !m.ok || gain < margin {
 			why, keep := t.tailKeep(file, l, m)
 			if !keep {
@@ -188,6 +196,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		return true
 	}
 	l.trial, l.trialFrom, l.trialAt, l.before, l.movedAt = next, l.cur, now, m, now
+	l.beforeTail, l.later = t.tailNow(file), 0
 	if l.cur == l.base {
 		l.baseM = m
 	}
