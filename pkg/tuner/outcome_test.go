@@ -620,3 +620,37 @@ func TestStreamOfAnotherReaderUnderTheAllowPathsStaysProtected(t *testing.T) {
 	require.NotEmpty(t, undone)
 	assert.Contains(t, undone[0].Evidence, "other readers lost")
 }
+
+// A prior's window is confirmed by a fresh stream that reads as its
+// neighbours did with it, even when the gain they measured over their base
+// was under the margin (a step kept on a tail, or measured between stalls):
+// the fresh stream need not show that gain again.
+func TestPriorIsConfirmedByAStreamReadingAsItsNeighboursDid(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	learnPrior(t, r, "blk_1")
+	require.Len(t, r.tn.mem.dirs, 1)
+	var p *dirPrior
+	for _, dp := range r.tn.mem.dirs {
+		p = dp
+	}
+	// Its neighbours' gain, as a step kept on a tail leaves it: 141 at
+	// base (measured between stalls), 147.7 with the window.
+	p.baseBPS, p.keptBPS = 141e6, 147.7e6
+	r.tput = func(kb int) float64 {
+		if kb > 128 {
+			return 141.2e6 // the fresh stream, through a stall, with the window
+		}
+		return 100e6
+	}
+	p2, k2 := realFile(t, filepath.Join(r.dir, "data", "sub0"), "blk_2")
+	r.files.open(200, 9, p2, k2)
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 200, File: k2, Device: sdb, RaPages: 32})
+	require.Greater(t, r.files.window[k2], 128)
+	acts := r.runOutcome(1, stream{key: k2, tgid: 200, fill: 0.9})
+	logActs(t, acts)
+	kept := filter(acts, KindFileWindow, ResultKept)
+	require.Len(t, kept, 1)
+	assert.Contains(t, kept[0].Evidence, "prior's window is confirmed")
+	assert.Greater(t, r.files.window[k2], 128)
+}
