@@ -654,3 +654,46 @@ func TestPriorIsConfirmedByAStreamReadingAsItsNeighboursDid(t *testing.T) {
 	assert.Contains(t, kept[0].Evidence, "prior's window is confirmed")
 	assert.Greater(t, r.files.window[k2], 128)
 }
+
+// A slow stream has too few requests in the last Settle/4 to be judged: the
+// span offered grows with the age of the oldest fresh stream, up to 3/4
+// Settle.
+func TestFreshStreamSpanGrowsWithItsAge(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: 32})
+	var spans []time.Duration
+	for _, step := range []time.Duration{150 * time.Millisecond, 450 * time.Millisecond, 300 * time.Millisecond} {
+		r.clk.Advance(step)
+		keys, span := r.tn.FreshStreams()
+		require.Equal(t, []probe.FileKey{key}, keys)
+		spans = append(spans, span)
+	}
+	assert.Equal(t, []time.Duration{250 * time.Millisecond, 600 * time.Millisecond, 750 * time.Millisecond}, spans)
+}
+
+// A regime entered on a stream whose outcome decision holds a kept window
+// and a knee is new evidence: the knee (found on a healthy stream, or in
+// an interval the onset fell in) is probed again at once, not after the
+// knee's back-off.
+func TestRegimeOnAnOutcomeDecisionProbesItsKneeAgain(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel // 60 MB/s at 128 KB, 150 at 512, 155 at 1024 and more
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	r.runOutcome(12, st)
+	require.Equal(t, 512, r.files.window[key], "kept at 512, the knee (1024 did not pay) confirmed")
+	// The device slows: a larger window pays again, and the detector says so.
+	r.tput = func(kb int) float64 { return min(float64(kb)*0.12e6, 150e6) }
+	r.clk.Advance(time.Second)
+	s := r.outcomeSnap(st)
+	s.Regimes = []detector.Regime{{Kind: detector.FileLatencyShift, Device: sdb, File: key, Evidence: "test"}}
+	s.Devices[0].CapacityBPS = 150e6 // learned while it was healthy
+	acts := r.tn.Step(s)
+	logActs(t, acts)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trials, 1, "a step from the knee in the regime's first interval")
+	assert.Equal(t, 512, trials[0].FromKB)
+}

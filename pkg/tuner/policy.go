@@ -111,18 +111,20 @@ func (t *Tuner) outcomeNeeds(snap detector.Snapshot, needs map[probe.FileKey][]d
 	return out
 }
 
-// regimeTakesOver turns an outcome decision that holds no step (backing
-// off after a trial that did not pay, on a stream that was healthy then)
-// into a regime decision when the detector enters a regime on its file: the
-// regime is new evidence, so the back-off of the healthy trial does not
-// hold it up, and its Little's-law first step applies. It reports whether
-// it did.
+// regimeTakesOver turns an outcome decision into a regime decision when the
+// detector enters a regime on its file: the regime is new evidence. Backing
+// off after a trial that did not pay (a stream that was healthy then) does
+// not hold it up, and its Little's-law first step applies; a knee found
+// before it (the window at which a healthy stream's next step did not pay,
+// or a step the onset fell in) is probed again at once. A step under trial
+// is judged first (the next interval). It reports whether it did.
 func (t *Tuner) regimeTakesOver(fd *fileDec) bool {
-	if !fd.byRate || fd.win.trial != 0 || fd.win.cur != fd.win.base || fd.win.probeUntil != 0 {
+	if !fd.byRate || fd.win.trial != 0 || fd.win.probeUntil != 0 || fd.pf.trial != 0 {
 		return false
 	}
 	fd.byRate, fd.prior = false, nil
 	fd.win.retryAt, fd.win.failures, fd.win.knee = 0, 0, false
+	fd.pf.retryAt, fd.pf.failures, fd.pf.knee = 0, 0, false
 	return true
 }
 
@@ -367,7 +369,14 @@ func (t *Tuner) FreshStreams() ([]probe.FileKey, time.Duration) {
 		}
 	}
 	slices.SortFunc(keys, func(a, b probe.FileKey) int { return cmp.Or(cmp.Compare(a.Dev, b.Dev), cmp.Compare(a.Ino, b.Ino)) })
-	return keys, t.cfg.Settle / freshSpanDiv
+	// A slow stream (a few hundred requests a second, as under
+	// contention) has too few requests in the last Settle/4 to judge: it
+	// is judged on as much of its life as it has had, up to 3/4 Settle.
+	span := t.cfg.Settle / freshSpanDiv
+	for _, k := range keys {
+		span = max(span, min(now-t.fresh[k], 3*t.cfg.Settle/4))
+	}
+	return keys, span
 }
 
 // FastOutcome takes the first outcome step on fresh streams bound by their
