@@ -697,3 +697,29 @@ func TestRegimeOnAnOutcomeDecisionProbesItsKneeAgain(t *testing.T) {
 	require.Len(t, trials, 1, "a step from the knee in the regime's first interval")
 	assert.Equal(t, 512, trials[0].FromKB)
 }
+
+// Before the detector has learned the device's capacity (the daemon just
+// started), the first step is sized by what the device reads now, its other
+// readers included: a stream starved by contention at 16 MB/s with a 15 ms
+// p95 on a device reading 117 MB/s needs about 1.8 MB in flight.
+func TestFirstStepBeforeTheCapacityIsLearnedUsesTheDevicesRate(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 16.5e6 }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 1.9}
+	r.clk.Advance(300 * time.Millisecond)
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: 32})
+	r.clk.Advance(300 * time.Millisecond)
+	keys, span := r.tn.FreshStreams()
+	require.Len(t, keys, 1)
+	s := r.recentSnap(span, st)
+	s.Files[0].P95 = 15600 * time.Microsecond
+	s.Devices[0].CapacityBPS = 0
+	s.Devices[0].BusyThroughput = 117e6
+	acts := r.tn.FastOutcome(s, span)
+	logActs(t, acts)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trials, 1)
+	assert.Equal(t, 2048, trials[0].ToKB)
+}

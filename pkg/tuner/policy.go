@@ -255,10 +255,16 @@ func (t *Tuner) windowHint(k probe.FileKey) int {
 		lat = fs.P50
 	}
 	ds, ok := t.dstats[fs.Device]
-	if !ok || ds.CapacityBPS <= 0 || lat <= 0 {
+	if !ok || lat <= 0 {
 		return 0
 	}
-	return int(lat.Seconds() * ds.CapacityBPS / 1024)
+	capBPS := ds.CapacityBPS
+	if capBPS <= 0 {
+		// Not learned yet (the daemon just started): what the device
+		// reads now, its other readers included, is a lower bound.
+		capBPS = ds.BusyThroughput
+	}
+	return int(lat.Seconds() * capBPS / 1024)
 }
 
 // tailHint is the device window (KB) that keeps a stall of the device's
