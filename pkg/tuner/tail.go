@@ -38,6 +38,7 @@ const tailFresh = 4
 type tailSeen struct {
 	at       time.Duration
 	p50, p99 time.Duration
+	span     uint64 // the noteTails call that saw it (tailNow)
 }
 
 // noteTails records the files whose requests show a tail now, and forgets
@@ -46,13 +47,22 @@ func (t *Tuner) noteTails(files []detector.FileStats, now time.Duration) {
 	if t.tails == nil {
 		t.tails = map[probe.FileKey]tailSeen{}
 	}
+	t.tailSpan++
 	for _, f := range files {
-		if t.windowMoved(f.Key, f.Device, now) {
-			continue // a span across a window change mixes two windows' latencies
+		if f.Requests < tailMinRequests || f.P50 <= 0 || f.Sequentiality < t.cfg.MinSequentiality {
+			continue
 		}
-		if f.Requests >= tailMinRequests && f.P50 > 0 && f.P99 >= time.Duration(tailRatio*float64(f.P50)) &&
-			f.Sequentiality >= t.cfg.MinSequentiality {
-			t.tails[f.Key] = tailSeen{at: now, p50: f.P50, p99: f.P99}
+		tail := f.P99 >= time.Duration(tailRatio*float64(f.P50))
+		if tail && t.windowMoved(f.Key, f.Device, now) {
+			// A span across a window change mixes two windows' latencies.
+			t.log.Debug("tuner: latency spread across a window change, not a tail", "file", f.Key.String(), "p50", f.P50, "p99", f.P99)
+			continue
+		}
+		if tail {
+			if _, seen := t.tails[f.Key]; !seen {
+				t.log.Debug("tuner: stream latency has a tail", "file", f.Key.String(), "p50", f.P50, "p99", f.P99, "requests", f.Requests)
+			}
+			t.tails[f.Key] = tailSeen{at: now, p50: f.P50, p99: f.P99, span: t.tailSpan}
 		}
 	}
 	for k, s := range t.tails {
@@ -144,10 +154,10 @@ func (t *Tuner) windowMoved(k probe.FileKey, dev probe.Dev, now time.Duration) b
 const tailMaxLater = 2
 
 // tailNow reports whether the span the detector just reported showed the
-// file's tail.
+// file's tail (not the clock: it moves on while a Step runs).
 func (t *Tuner) tailNow(k probe.FileKey) bool {
 	s, ok := t.tails[k]
-	return ok && !k.IsZero() && s.at == t.deps.Clock.Now()
+	return ok && !k.IsZero() && s.span == t.tailSpan
 }
 
 // judgeLater puts off the verdict of a file window step that did not pay
@@ -158,7 +168,11 @@ func (t *Tuner) tailNow(k probe.FileKey) bool {
 // at the larger window is then compared with a stall-free span at the
 // smaller one), at most tailMaxLater times.
 func (t *Tuner) judgeLater(file probe.FileKey, l *ladder) bool {
-	if l.kind != KindFileWindow || l.beforeTail || l.later >= tailMaxLater || !t.tailNow(file) {
+	if l.kind != KindFileWindow {
+		return false
+	}
+	if l.beforeTail || l.later >= tailMaxLater || !t.tailNow(file) {
+		t.log.Debug("tuner: verdict not put off", "file", file.String(), "tail_now", t.tailNow(file), "tail_before", l.beforeTail, "later", l.later)
 		return false
 	}
 	l.later++

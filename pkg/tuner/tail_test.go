@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/readaheadd/readaheadd/pkg/clock"
 	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
@@ -70,10 +71,23 @@ func (r *rig) runStalls(n int, sm stallModel, key probe.FileKey, extra ...detect
 // Whichever phase the stream's first interval falls in: a first step taken
 // between stalls and judged through one looks like a loss against the
 // stall-free rate before it.
+// creepingClock advances a microsecond on every reading, as a real clock
+// does between the start of a Step and its decisions.
+type creepingClock struct{ f *clock.Fake }
+
+func (c creepingClock) Now() time.Duration {
+	c.f.Advance(time.Microsecond)
+	return c.f.Now()
+}
+
 func TestStepOnAStreamWithATailIsKeptWhenItCostsNothing(t *testing.T) {
 	for _, firstStalled := range []bool{true, false} {
 		t.Run(map[bool]string{true: "first interval stalled", false: "first interval between stalls"}[firstStalled], func(t *testing.T) {
 			r := newRig(t, Config{DisablePrefetch: true}, nil)
+			// The daemon's clock moves on while a Step runs.
+			tn, err := New(Config{DisablePrefetch: true, AllowPaths: []string{filepath.Join(r.dir, "data")}}, Deps{Sysfs: r.sys, Files: r.files, Clock: creepingClock{r.clk}, Store: r.store, Logger: quiet()})
+			require.NoError(t, err)
+			r.tn = tn
 			if !firstStalled {
 				r.clk.Advance(time.Second)
 			}

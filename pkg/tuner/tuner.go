@@ -110,6 +110,7 @@ type Tuner struct {
 	snap     detector.Snapshot
 	fstats   map[probe.FileKey]detector.FileStats
 	tails    map[probe.FileKey]tailSeen // streams whose latency has a tail (tail.go)
+	tailSpan uint64                     // spans noteTails has looked at
 	dstats   map[probe.Dev]detector.DeviceStats
 	out      []Action
 	recent   []Action
