@@ -160,6 +160,33 @@ func (t *Tuner) tailNow(k probe.FileKey) bool {
 	return ok && !k.IsZero() && s.span == t.tailSpan
 }
 
+// tailResize is the window a file window step that did not pay grows to,
+// 0 if none: when the span it is judged on stalled (the stream's tail is in
+// it) and the span its before-measure came from did not, and the tail needs
+// more than the step (rate x p99). A stall-free before-measure cannot be
+// matched by a window too small for the stall; one large enough for it
+// reads at the stall-free rate through it. Counted as a put-off verdict.
+func (t *Tuner) tailResize(file probe.FileKey, l *ladder, m measure, maxKB int) int {
+	if l.kind != KindFileWindow || l.beforeTail || l.later >= tailMaxLater || !t.tailNow(file) || l.trial >= maxKB {
+		return 0
+	}
+	if fd := t.files[file]; fd == nil || t.randomReaderBeside(fd) {
+		return 0
+	}
+	need := t.tailNeedKB(file, max(m.tput, l.before.tput))
+	next := l.trial
+	for next < need && next < maxKB {
+		next *= t.cfg.Growth
+	}
+	next = min(next, maxKB)
+	if next <= l.trial {
+		return 0
+	}
+	l.later++
+	t.counts["outcome/judged_later"]++
+	return next
+}
+
 // judgeLater puts off the verdict of a file window step that did not pay
 // when the span it is judged on stalled (the stream's tail is in it) and
 // the span its before-measure came from did not: that compares a stall with

@@ -2,6 +2,7 @@ package tuner
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -179,4 +180,48 @@ func TestLatencySpreadOfTwoWindowsIsNoTail(t *testing.T) {
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial), "the stream was tried")
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept), "no step kept on a healthy stream at bandwidth")
 	assert.Zero(t, r.tn.Status().Counts["outcome/tail_kept"])
+}
+
+// Spans that are never free of stalls (a period the detector's interval
+// does not divide): the step from a stall-free before-measure is judged on
+// a span where part of the stream stalls. A step too small for the stall
+// reads slower than the stall-free before; it is resized to the window the
+// tail needs and judged again, rather than undone.
+func TestStepTooSmallForTheTailIsResizedToIt(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	lat := func(kb int) time.Duration { return time.Duration(float64(1700*time.Microsecond) * float64(kb) / 128) }
+	// Through a stall: what the window covers of 10 ms more on a share
+	// of the requests.
+	stalled := func(kb int) float64 { return min(148e6, 20e6*float64(kb)/128) }
+	var acts []Action
+	for i := 0; i < 10; i++ {
+		r.clk.Advance(time.Second)
+		now := r.clk.Now()
+		w := r.files.window[key]
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
+		rate, p99 := 148e6, lat(w)*11/10
+		if i > 0 { // half of every span after the first stalls
+			rate, p99 = (148e6+stalled(w))/2, lat(w)+10*time.Millisecond
+		}
+		b := uint64(rate)
+		s := detector.Snapshot{Now: now, Files: []detector.FileStats{{Key: key, Device: sdb, Requests: b / (128 << 10), Bytes: b,
+			BusyThroughput: rate, Sequentiality: 1, NextOffset: 64 << 20, LastSeen: now, P50: lat(w), P95: lat(w), P99: p99,
+			MeanSize: 128 << 10, Inflight: 0.9 * float64(w) / 128}},
+			Devices: []detector.DeviceStats{{Device: sdb, Bytes: b, BusyThroughput: rate, CapacityBPS: 150e6}}}
+		acts = append(acts, r.tn.Step(s)...)
+	}
+	logActs(t, acts)
+	var resized []Action
+	for _, a := range filter(acts, KindFileWindow, ResultTrial) {
+		if strings.Contains(a.Evidence, "resized to the stream's tail") {
+			resized = append(resized, a)
+		}
+	}
+	require.NotEmpty(t, resized)
+	assert.GreaterOrEqual(t, r.files.window[key], 2048)
+	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
+		assert.GreaterOrEqual(t, a.ToKB, 2048, "no step below the tail's window undone: %s", a.Evidence)
+	}
 }

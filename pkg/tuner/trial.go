@@ -139,8 +139,21 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 			margin = t.cfg.DeviceMargin
 		}
 		ev := fmt.Sprintf("%s; before %s, after %s (%+.0f%%, keep margin %+.0f%%)", why, l.before, m, gain*100, margin*100)
-		if m.ok && gain < margin && t.judgeLater(file, l) {
-			return did // the step's span stalled and the span before it did not
+		if m.ok && gain < margin {
+			if next := t.tailResize(file, l, m, max); next > 0 {
+				// The step's span stalled, the span before it did not, and
+				// the stall needs more than the step: the larger step is
+				// judged against the same before-measure next interval.
+				if err := apply(next); err == nil {
+					act(l.kind, l.trialFrom, next, ResultTrial, fmt.Sprintf("%s; resized to the stream's tail (p99 %v): %s",
+						why, t.tails[file].p99.Round(100*time.Microsecond), m))
+					l.trial, l.trialAt, l.movedAt = next, now, now
+					return true
+				}
+			}
+			if t.judgeLater(file, l) {
+				return did // the step's span stalled and the span before it did not
+			}
 		}
 		if !m.ok || gain < margin {
 			why, keep := t.tailKeep(file, l, m)
