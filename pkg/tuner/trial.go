@@ -99,6 +99,12 @@ type measure struct {
 	// othersMustNotLose: judge the step also by those other readers, not
 	// only by the device's total.
 	othersMustNotLose bool
+	// randReq, randP95: the device's random readers' requests per second
+	// (each a fault of an mmap reader, or a random read) and the largest of
+	// their p95 latencies, 0 without one: what a stream's larger window
+	// costs them (random.go).
+	randReq float64
+	randP95 time.Duration
 }
 
 func (m measure) String() string {
@@ -175,6 +181,11 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		// contenders: their share is what a larger window wins back.
 		if bo, ao := l.before.others, m.others; m.othersMustNotLose && l.before.dev > 0 && bo > othersMin*l.before.dev && ao < (1-devLossMax)*bo {
 			return t.undoStep(l, now, ev+fmt.Sprintf("; the device's other readers lost %.1f -> %.1f MB/s", bo/1e6, ao/1e6), apply, act)
+		}
+		if l.kind == KindFileWindow {
+			if lost := randomLost(l, m); lost != "" {
+				return t.undoStep(l, now, ev+"; "+lost, apply, act)
+			}
 		}
 		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)
 		l.cur, l.trial, l.failures, l.keptAt, l.keptM = l.trial, 0, 0, now, m

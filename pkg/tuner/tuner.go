@@ -625,6 +625,8 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 			}
 			if t.readRandomly(ofs) {
 				m.dev -= float64(ofs.Bytes) / span
+				m.randReq += float64(ofs.Requests) / span
+				m.randP95 = max(m.randP95, ofs.P95)
 				continue
 			}
 			if t.protectedStream(ok2, ofs) {

@@ -1,0 +1,43 @@
+package tuner
+
+import (
+	"fmt"
+	"time"
+)
+
+// A random reader beside a stream (an mmap reader faulting pages, a service
+// reading records) waits, on each of its reads, behind the transfers the
+// stream's window keeps queued: a larger window for the stream is paid in
+// its latency and so in its rate. Its bytes say nothing of that (a trimmed
+// reader reads fewer bytes by design), its requests and their latency do.
+// A stream's step is kept only if the random readers beside it did not
+// lose: their requests per second within randLossMax of what they were
+// before the step and at the stream's base window, their p95 within
+// randLatMax. Judged against the base window too, so that steps that each
+// cost a little do not add up.
+const (
+	randLossMax = 0.05
+	randLatMax  = 0.10
+)
+
+// randomLost says how the random readers beside a stream lost by its step
+// (m against the step's before-measure and the decision's base-window
+// measure), "" if they did not or there were none in both.
+func randomLost(l *ladder, m measure) string {
+	for _, ref := range []struct {
+		name string
+		m    measure
+	}{{"before the step", l.before}, {"at the stream's base window", l.baseM}} {
+		b := ref.m
+		if b.randReq <= 0 || m.randReq <= 0 {
+			continue
+		}
+		if m.randReq < (1-randLossMax)*b.randReq {
+			return fmt.Sprintf("the random readers beside it lost: %.0f -> %.0f requests/s (%s)", b.randReq, m.randReq, ref.name)
+		}
+		if b.randP95 > 0 && m.randP95 > time.Duration(float64(b.randP95)*(1+randLatMax)) {
+			return fmt.Sprintf("the random readers beside it lost: p95 %v -> %v (%s)", b.randP95, m.randP95, ref.name)
+		}
+	}
+	return ""
+}

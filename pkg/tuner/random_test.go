@@ -1,0 +1,92 @@
+package tuner
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// runBeside steps n intervals of a stream with an mmap random reader of
+// another file on the same device; rnd gives the random reader's requests
+// per second and p95 for the stream's window.
+func (r *rig) runBeside(n int, st stream, rnd func(kb int) (float64, time.Duration)) []Action {
+	var all []Action
+	rkey := probe.FileKey{Dev: st.key.Dev, Ino: st.key.Ino + 1}
+	for i := 0; i < n; i++ {
+		r.clk.Advance(time.Second)
+		s := r.outcomeSnap(st)
+		s.Devices[0].CapacityBPS = 150e6
+		req, p95 := rnd(r.files.window[st.key])
+		s.Files = append(s.Files, detector.FileStats{Key: rkey, Device: sdb, Requests: uint64(req), Bytes: uint64(req) * 16 << 10,
+			MeanSize: 16 << 10, Sequentiality: 0.01, P50: p95 / 2, P95: p95, P99: p95, LastSeen: s.Now})
+		all = append(all, r.tn.Step(s)...)
+	}
+	return all
+}
+
+func TestStepThatCostsARandomReaderBesideIsNotKept(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel // the stream gains at every step to 1024 KB
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	// Each window of the stream's queued transfers is waiting time for the
+	// random reader's faults.
+	rnd := func(kb int) (float64, time.Duration) {
+		lat := time.Millisecond + time.Duration(kb/128)*870*time.Microsecond
+		return float64(time.Second / lat), lat
+	}
+	acts := r.runBeside(10, stream{key: key, tgid: 100, fill: 0.9}, rnd)
+	logActs(t, acts)
+	undone := filter(acts, KindFileWindowUndo, ResultUndone)
+	require.NotEmpty(t, undone)
+	assert.Contains(t, undone[0].Evidence, "random readers beside it lost")
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
+	assert.Equal(t, 128, r.files.window[key])
+}
+
+func TestStepARandomReaderBesideDoesNotPayForIsKept(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	rnd := func(int) (float64, time.Duration) { return 600, 2 * time.Millisecond }
+	acts := r.runBeside(6, stream{key: key, tgid: 100, fill: 0.9}, rnd)
+	logActs(t, acts)
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultKept))
+	assert.Greater(t, r.files.window[key], 128)
+}
+
+// Steps that each cost the random reader a little must not add up: each is
+// judged against the stream's base window too.
+func TestSmallRandomReaderLossesDoNotAddUp(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, MaxKB: 4096}, nil)
+	r.tput = func(kb int) float64 { return float64(kb) * 0.25e6 } // every doubling pays
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	// 6% more latency per doubling: within randLatMax of the step before,
+	// beyond it from the base window after two.
+	rnd := func(kb int) (float64, time.Duration) {
+		lat := 2 * time.Millisecond
+		for w := 128; w < kb; w *= 2 {
+			lat = lat * 106 / 100
+		}
+		return 600, lat
+	}
+	acts := r.runBeside(12, stream{key: key, tgid: 100, fill: 0.9}, rnd)
+	logActs(t, acts)
+	assert.LessOrEqual(t, r.files.window[key], 256)
+	var fromBase bool
+	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
+		if assert.Contains(t, a.Evidence, "random readers beside it lost") {
+			fromBase = fromBase || strings.Contains(a.Evidence, "at the stream's base window")
+		}
+	}
+	assert.True(t, fromBase, "a step undone for the loss since the base window")
+}
