@@ -575,18 +575,24 @@ func TestDeviceWideRegimeIsJudgedOnTheDevice(t *testing.T) {
 	assert.Equal(t, 128, r.sys.get("sdb"))
 }
 
-func TestPrefetchWhenTheWindowIsNotEnough(t *testing.T) {
-	r := newRig(t, Config{MaxKB: 256}, nil)
-	prefetching := false
-	r.tput = func(kb int) float64 {
-		if prefetching {
+// prefetchPays: a stream a window of 256 KB helps and a prefetch helps more
+// (150 MB/s while *on).
+func prefetchPays(on *bool) func(int) float64 {
+	return func(kb int) float64 {
+		switch {
+		case *on:
 			return 150e6
-		}
-		if kb >= 256 {
+		case kb >= 256:
 			return 90e6
 		}
 		return 60e6
 	}
+}
+
+func TestPrefetchWhenTheWindowIsNotEnough(t *testing.T) {
+	r := newRig(t, Config{MaxKB: 256}, nil)
+	prefetching := false
+	r.tput = prefetchPays(&prefetching)
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.reader(100, 7, p, key)
 	var acts []Action
@@ -1181,15 +1187,7 @@ func TestRestorePinsRefusesFilesOutOfScope(t *testing.T) {
 func TestReprobeTakesBackAKeptPrefetchWithTheWindow(t *testing.T) {
 	r := newRig(t, Config{MaxKB: 256, Grace: time.Hour, ReprobeAfter: 20 * time.Second}, nil)
 	prefetchedNow := false
-	r.tput = func(kb int) float64 {
-		if prefetchedNow {
-			return 150e6
-		}
-		if kb >= 256 {
-			return 90e6
-		}
-		return 60e6
-	}
+	r.tput = prefetchPays(&prefetchedNow)
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.reader(100, 7, p, key)
 	willNeeds := func() int {
