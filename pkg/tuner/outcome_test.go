@@ -691,11 +691,16 @@ func TestRegimeOnAnOutcomeDecisionProbesItsKneeAgain(t *testing.T) {
 	s := r.outcomeSnap(st)
 	s.Regimes = []detector.Regime{{Kind: detector.FileLatencyShift, Device: sdb, File: key, Evidence: "test"}}
 	s.Devices[0].CapacityBPS = 150e6 // learned while it was healthy
+	s.Files[0].P95 = 20 * time.Millisecond
 	acts := r.tn.Step(s)
 	logActs(t, acts)
 	trials := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1, "a step from the knee in the regime's first interval")
 	assert.Equal(t, 512, trials[0].FromKB)
+	// Straight to the window Little's law asks for (20 ms at 150 MB/s:
+	// about 3 MB), not one doubling per interval from a window kept
+	// before the regime.
+	assert.Equal(t, 4096, trials[0].ToKB)
 }
 
 // Before the detector has learned the device's capacity (the daemon just

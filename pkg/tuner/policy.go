@@ -123,7 +123,7 @@ func (t *Tuner) regimeTakesOver(fd *fileDec) bool {
 		return false
 	}
 	fd.byRate, fd.prior = false, nil
-	fd.win.retryAt, fd.win.failures, fd.win.knee = 0, 0, false
+	fd.win.retryAt, fd.win.failures, fd.win.knee, fd.win.rejump = 0, 0, false, true
 	fd.pf.retryAt, fd.pf.failures, fd.pf.knee = 0, 0, false
 	return true
 }

@@ -39,7 +39,14 @@ type tailSeen struct {
 	at       time.Duration
 	p50, p99 time.Duration
 	span     uint64 // the noteTails call that saw it (tailNow)
+	// seen: spans that showed it since it was last stale. One span with
+	// a p99 under tailStrong is not enough: a healthy stream's p99 strays
+	// that far now and then (a scheduling hiccup), a stall recurs.
+	seen int
 }
+
+// tailStrong: a p99 this many times the median is a tail in one span.
+const tailStrong = 2.0
 
 // noteTails records the files whose requests show a tail now, and forgets
 // stale ones (the table stays as small as the streams with a tail).
@@ -59,10 +66,18 @@ func (t *Tuner) noteTails(files []detector.FileStats, now time.Duration) {
 			continue
 		}
 		if tail {
-			if _, seen := t.tails[f.Key]; !seen {
+			prev, ok := t.tails[f.Key]
+			if !ok {
 				t.log.Debug("tuner: stream latency has a tail", "file", f.Key.String(), "p50", f.P50, "p99", f.P99, "requests", f.Requests)
 			}
-			t.tails[f.Key] = tailSeen{at: now, p50: f.P50, p99: f.P99, span: t.tailSpan}
+			seen := 1
+			if ok {
+				seen = prev.seen + 1
+			}
+			if f.P99 >= time.Duration(tailStrong*float64(f.P50)) {
+				seen = max(seen, 2)
+			}
+			t.tails[f.Key] = tailSeen{at: now, p50: f.P50, p99: f.P99, span: t.tailSpan, seen: seen}
 		}
 	}
 	for k, s := range t.tails {
@@ -75,7 +90,7 @@ func (t *Tuner) noteTails(files []detector.FileStats, now time.Duration) {
 // tailOf is the file's tail if one was seen recently.
 func (t *Tuner) tailOf(k probe.FileKey) (tailSeen, bool) {
 	s, ok := t.tails[k]
-	return s, ok && t.deps.Clock.Now()-s.at <= tailFresh*t.cfg.Settle
+	return s, ok && s.seen >= 2 && t.deps.Clock.Now()-s.at <= tailFresh*t.cfg.Settle
 }
 
 // tailNeedKB is the window (KB) that keeps a stream reading at rateBPS
@@ -156,7 +171,7 @@ const tailMaxLater = 2
 // tailNow reports whether the span the detector just reported showed the
 // file's tail (not the clock: it moves on while a Step runs).
 func (t *Tuner) tailNow(k probe.FileKey) bool {
-	s, ok := t.tails[k]
+	s, ok := t.tailOf(k)
 	return ok && !k.IsZero() && s.span == t.tailSpan
 }
 

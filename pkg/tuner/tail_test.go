@@ -225,3 +225,33 @@ func TestStepTooSmallForTheTailIsResizedToIt(t *testing.T) {
 		assert.GreaterOrEqual(t, a.ToKB, 2048, "no step below the tail's window undone: %s", a.Evidence)
 	}
 }
+
+// A healthy stream's p99 strays now and then (a scheduling hiccup): one span
+// with a p99 under tailStrong times the median is no tail, and a step that
+// did not pay is undone as on any healthy stream.
+func TestOneSpanOfModestSpreadIsNoTail(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	lat := func(kb int) time.Duration { return time.Duration(float64(1700*time.Microsecond) * float64(kb) / 128) }
+	var acts []Action
+	for i := 0; i < 3; i++ {
+		r.clk.Advance(time.Second)
+		now := r.clk.Now()
+		w := r.files.window[key]
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
+		p99 := lat(w) * 11 / 10
+		if i == 1 {
+			p99 = lat(w) * 17 / 10 // the trial's span strays
+		}
+		s := detector.Snapshot{Now: now, Files: []detector.FileStats{{Key: key, Device: sdb, Requests: 1100, Bytes: 148e6,
+			BusyThroughput: 148e6, Sequentiality: 1, NextOffset: 64 << 20, LastSeen: now, P50: lat(w), P95: lat(w), P99: p99,
+			MeanSize: 128 << 10, Inflight: 1.9 * float64(w) / 128}},
+			Devices: []detector.DeviceStats{{Device: sdb, Bytes: 148e6, BusyThroughput: 148e6, CapacityBPS: 150e6}}}
+		acts = append(acts, r.tn.Step(s)...)
+	}
+	logActs(t, acts)
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
+	assert.Equal(t, 128, r.files.window[key])
+}

@@ -49,6 +49,9 @@ type ladder struct {
 	// (tail.go).
 	beforeTail bool
 	later      int
+	// rejump: the next step may skip to the Little's-law hint from the
+	// window in force (a regime began after it was kept).
+	rejump bool
 }
 
 func (l *ladder) inForce() int {
@@ -66,9 +69,11 @@ func (l *ladder) next(growth, max int) (int, bool) {
 	if l.cur == 0 {
 		n = l.first
 	}
-	// From base, skip steps that cannot hide the reader's latency: each
-	// would cost an interval of slow reading to learn only that.
-	for l.cur == l.base && l.cur > 0 && n < l.hint && n < max {
+	// From base (or from a window kept before a regime began), skip steps
+	// that cannot hide the reader's latency: each would cost an interval
+	// of slow reading to learn only that. Not from a window kept under the
+	// same conditions: its latency holds the queue of its own window.
+	for (l.cur == l.base || l.rejump) && l.cur > 0 && n < l.hint && n < max {
 		n *= growth
 	}
 	if n > max {
@@ -220,6 +225,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		return true
 	}
 	l.trial, l.trialFrom, l.trialAt, l.before, l.movedAt = next, l.cur, now, m, now
+	l.rejump = false
 	l.beforeTail, l.later = t.tailNow(file), 0
 	if l.cur == l.base {
 		l.baseM = m
