@@ -3,6 +3,8 @@ package tuner
 import (
 	"fmt"
 	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
 // A random reader beside a stream (an mmap reader faulting pages, a service
@@ -15,15 +17,61 @@ import (
 // before the step and at the stream's base window, their p95 within
 // randLatMax. Judged against the base window too, so that steps that each
 // cost a little do not add up.
+//
+// A random reader's own read-around trim makes its reads cheaper than they
+// were under the device's window, and that gain is the stream's to use: when
+// every random reader beside the stream was seen at the default window
+// (no window of the tuner's raised on the device, its file not trimmed,
+// within randDefaultFresh), the step is judged against that instead.
 const (
-	randLossMax = 0.05
-	randLatMax  = 0.10
+	randLossMax      = 0.05
+	randLatMax       = 0.10
+	randDefaultFresh = 5 * time.Minute
 )
+
+// randRef is a random reader's requests per second and p95 at the
+// device's default window.
+type randRef struct {
+	req float64
+	p95 time.Duration
+	at  time.Duration
+}
+
+// noteRandomDefaults records the random readers of devices where the tuner
+// holds no raised window: what they get from the default window.
+func (t *Tuner) noteRandomDefaults(now time.Duration) {
+	if t.randDefault == nil {
+		t.randDefault = map[probe.FileKey]randRef{}
+	}
+	for k, r := range t.randDefault {
+		if now-r.at > randDefaultFresh {
+			delete(t.randDefault, k)
+		}
+	}
+	for k, fs := range t.fstats {
+		if t.trims[k] != nil || !t.readRandomly(fs) {
+			continue
+		}
+		if d := t.device(fs.Device); d == nil || t.helping(d) {
+			continue
+		}
+		t.randDefault[k] = randRef{req: float64(fs.Requests) / t.cfg.Settle.Seconds(), p95: fs.P95, at: now}
+	}
+}
 
 // randomLost says how the random readers beside a stream lost by its step
 // (m against the step's before-measure and the decision's base-window
 // measure), "" if they did not or there were none in both.
 func randomLost(l *ladder, m measure) string {
+	if m.randReq > 0 && m.randDefReq > 0 {
+		if m.randReq < (1-randLossMax)*m.randDefReq {
+			return fmt.Sprintf("the random readers beside it lost: %.0f requests/s, %.0f at the device's default window", m.randReq, m.randDefReq)
+		}
+		if m.randDefP95 > 0 && m.randP95 > time.Duration(float64(m.randDefP95)*(1+randLatMax)) {
+			return fmt.Sprintf("the random readers beside it lost: p95 %v, %v at the device's default window", m.randP95, m.randDefP95)
+		}
+		return ""
+	}
 	for _, ref := range []struct {
 		name string
 		m    measure

@@ -110,6 +110,11 @@ type measure struct {
 	// costs them (random.go).
 	randReq float64
 	randP95 time.Duration
+	// randDefReq, randDefP95: the same at the device's default window,
+	// when every one of those readers was seen there (random.go); 0
+	// otherwise.
+	randDefReq float64
+	randDefP95 time.Duration
 }
 
 func (m measure) String() string {
