@@ -144,10 +144,11 @@ func TestHDFSStarts(t *testing.T) {
 
 func TestFirstFileAction(t *testing.T) {
 	acts := []ActionRecord{
+		{Action: "file_window", Target: "/m/blk_1", Result: "trial", At: -3 * time.Second}, // warm-up
 		{Action: "file_window", Target: "/other", Result: "trial", At: 100 * time.Millisecond},
 		{Action: "file_window", Target: "/m/blk_1", Result: "applied", At: 200 * time.Millisecond},
 		{Action: "device_window", Target: "/m/blk_1", Result: "trial", At: 300 * time.Millisecond},
-		{Action: "file_window", Target: "dev 7:0 /42", Result: "trial", At: 400 * time.Millisecond},
+		{Action: "file_window", Target: "7:0/42", Result: "trial", At: 400 * time.Millisecond},
 		{Action: "file_window", Target: "/m/blk_1", Result: "kept", At: 500 * time.Millisecond},
 	}
 	assert.InDelta(t, 0.5, firstFileAction(acts, "/m/blk_1", ""), 1e-9)

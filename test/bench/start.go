@@ -213,11 +213,13 @@ func fileIno(file string) string {
 }
 
 // firstFileAction is the At, in seconds, of the daemon's first window
-// decision on file (named by its path or ending in ino), -1 if none. A
-// decision re-applied to a later descriptor ("applied") is not a new one.
+// decision on file (named by its path or ending in ino) in the measured
+// period (At >= 0; a daemon warmed up on the same file acted before it), -1
+// if none. A decision re-applied to a later descriptor ("applied") is not a
+// new one.
 func firstFileAction(acts []ActionRecord, file, ino string) float64 {
 	for _, a := range acts {
-		if a.Action == "file_window" && a.Result != "applied" && (a.Target == file || ino != "" && strings.HasSuffix(a.Target, ino)) {
+		if a.At >= 0 && a.Action == "file_window" && a.Result != "applied" && (a.Target == file || ino != "" && strings.HasSuffix(a.Target, ino)) {
 			return a.At.Seconds()
 		}
 	}
