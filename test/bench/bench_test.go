@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -131,4 +132,70 @@ func TestDedupeActions(t *testing.T) {
 	out := DedupeActions([]ActionRecord{a, b, d, c})
 	require.Len(t, out, 3)
 	assert.Equal(t, "kept", out[1].Result)
+}
+
+func TestHDFSStarts(t *testing.T) {
+	assert.Nil(t, hdfsStarts(nil), "no start conditions asked for: none run")
+	// The main HDFS arm already is slow-before-open: the onset during the
+	// read takes its place.
+	assert.Equal(t, []string{SOnset, SBeforeDaemon, SBeforeDaemonSaved}, hdfsStarts(Starts))
+	assert.Equal(t, []string{SOnset, SBeforeDaemon}, hdfsStarts([]string{SBeforeDaemon}))
+}
+
+func TestFirstFileAction(t *testing.T) {
+	acts := []ActionRecord{
+		{Action: "file_window", Target: "/m/blk_1", Result: "trial", At: -3 * time.Second}, // warm-up
+		{Action: "file_window", Target: "/other", Result: "trial", At: 100 * time.Millisecond},
+		{Action: "file_window", Target: "/m/blk_1", Result: "applied", At: 200 * time.Millisecond},
+		{Action: "device_window", Target: "/m/blk_1", Result: "trial", At: 300 * time.Millisecond},
+		{Action: "file_window", Target: "7:0/42", Result: "trial", At: 400 * time.Millisecond},
+		{Action: "file_window", Target: "/m/blk_1", Result: "kept", At: 500 * time.Millisecond},
+	}
+	assert.InDelta(t, 0.5, firstFileAction(acts, "/m/blk_1", ""), 1e-9)
+	assert.InDelta(t, 0.4, firstFileAction(acts, "/m/blk_1", "/42"), 1e-9, "named by its inode")
+	assert.Equal(t, -1.0, firstFileAction(acts, "/m/blk_2", ""))
+}
+
+func TestStartRows(t *testing.T) {
+	r := &Report{Measure: 8}
+	for _, w := range []string{WSeq, WHDFS} {
+		r.add(Result{Workload: w, Regime: RPermSev, Arm: "ra128", KB: 128, MBps: 60})
+		r.add(Result{Workload: w, Regime: RPermSev, Arm: "ra2048", KB: 2048, MBps: 150})
+		r.add(Result{Workload: w, Regime: RPermSev, Arm: "readaheadd", KB: 128, MBps: 140, Actions: []ActionRecord{
+			{Action: "file_window", Result: "undone", At: -2 * time.Second},
+			{Action: "file_window", Result: "trial", At: 400 * time.Millisecond},
+		}})
+	}
+	r.Starts = []StartResult{
+		{Workload: WSeq, Regime: RPermSev, Start: SBeforeDaemon, MBps: 140, FirstActionSec: 1},
+		{Workload: WHDFS, Regime: RPermSev, Start: SBeforeDaemonSaved, MBps: 137, FirstActionSec: 0.1, Note: "state: priors.json"},
+		{Workload: WHDFS, Regime: RPermSev, Start: SOnset, MBps: 130, FirstActionSec: -1},
+		{Workload: WHDFS, Regime: RPermSev, Start: SBeforeDaemon, MBps: 134, FirstActionSec: 0.9},
+	}
+	rows := r.StartRows()
+	var got []string
+	for _, row := range rows {
+		got = append(got, fmt.Sprintf("%s %s %.0f %s %.2f %.1f", row.Workload, row.Start, row.MBps, row.Verdict, row.Goal, row.FirstActionSec))
+	}
+	assert.Equal(t, []string{
+		// seq: the main arm is the onset case; 140/150 = 0.93 < 0.95.
+		"seq onset 140 NOT MET 0.95 0.4",
+		"seq slow-before-daemon 140 NOT MET 0.95 1.0",
+		// HDFS: the main arm is slow before the DataNode's open; rows in
+		// start order; 135 of 150 is the 0.90 goal.
+		"hdfs onset 130 NOT MET 0.90 -1.0",
+		"hdfs slow-before-open 140 PASS 0.90 0.4",
+		"hdfs slow-before-daemon 134 NOT MET 0.90 0.9",
+		"hdfs slow-before-daemon-saved 137 PASS 0.90 0.1",
+	}, got)
+	md := r.Markdown(nil)
+	assert.Contains(t, md, "| hdfs | permanent+3ms | slow-before-daemon-saved | ra2048 | 150.0 | 60.0 | 137.0 | 0.91 | 2.28 | 0.10 | [] | PASS (0.90) |")
+	assert.Contains(t, md, "| hdfs | permanent+3ms | onset | ra2048 | 150.0 | 60.0 | 130.0 | 0.87 | 2.17 | none | [] | NOT MET (0.90) |")
+	assert.Contains(t, md, "- hdfs, permanent+3ms, slow-before-daemon-saved: state: priors.json")
+	// Not maskable: the best static window is within 1.1x the default.
+	r.Results[1].MBps = 65
+	r.Results[4].MBps = 65
+	for _, row := range r.StartRows() {
+		assert.Equal(t, "not maskable", row.Verdict)
+	}
 }

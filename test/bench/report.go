@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -473,55 +474,121 @@ func decisions(acts []ActionRecord) ([]ActionRecord, int) {
 	return out, n
 }
 
+// StartRow is one row of the start-condition table: readaheadd under one
+// start condition beside the static arms of the same workload and regime.
+type StartRow struct {
+	Workload, Regime, Start string
+	Best                    string  // the best static arm
+	BestMBps, DefaultMBps   float64 // from the (workload, regime) group
+	MBps                    float64 // readaheadd's
+	FirstActionSec          float64 // -1: none
+	Regimes                 []string
+	Goal                    float64 // of the best static window's throughput
+	Verdict                 string  // PASS, NOT MET or "not maskable"
+	Note                    string
+}
+
+// MainStart is the start condition of a workload's main readaheadd arm:
+// the HDFS DataNode opens the block file for each read, after the block
+// was slowed; the lab readers open their file before onset.
+func MainStart(workload string) string {
+	if strings.HasPrefix(workload, "hdfs") {
+		return SBeforeOpen
+	}
+	return SOnset
+}
+
+// StartGoal is the fraction of the best static window's throughput
+// readaheadd must reach under a start condition.
+func StartGoal(workload string) float64 {
+	if strings.HasPrefix(workload, "hdfs") {
+		return 0.90
+	}
+	return 0.95
+}
+
+// startOrder is the report order of start conditions.
+var startOrder = []string{SOnset, SBeforeOpen, SBeforeDaemon, SBeforeDaemonSaved}
+
+// StartRows returns the start-condition table: for every (workload,
+// regime) with start results, in run order, its main readaheadd arm and
+// each start result, by start condition. A row is maskable when the best
+// static window reads >= 1.1x the default.
+func (r *Report) StartRows() []StartRow {
+	var keys [][2]string
+	byKey := map[[2]string][]StartResult{}
+	for _, s := range r.Starts {
+		k := [2]string{s.Workload, s.Regime}
+		if _, ok := byKey[k]; !ok {
+			keys = append(keys, k)
+		}
+		byKey[k] = append(byKey[k], s)
+	}
+	var out []StartRow
+	for _, k := range keys {
+		g, ok := r.Group(k[0], k[1])
+		if !ok || g.Default() == nil {
+			continue
+		}
+		ss := byKey[k]
+		if d := g.Daemon(); d != nil {
+			first := -1.0
+			for _, a := range d.Actions {
+				if a.Action == "file_window" && a.Result != "applied" && a.At >= 0 {
+					first = a.At.Seconds()
+					break
+				}
+			}
+			ss = append([]StartResult{{Workload: k[0], Regime: k[1], Start: MainStart(k[0]), MBps: d.MBps,
+				FirstActionSec: first, DaemonRegimes: d.DaemonRegimes}}, ss...)
+		}
+		sort.SliceStable(ss, func(i, j int) bool {
+			return slices.Index(startOrder, ss[i].Start) < slices.Index(startOrder, ss[j].Start)
+		})
+		o, def := g.Oracle(), g.Default()
+		for _, s := range ss {
+			row := StartRow{Workload: s.Workload, Regime: s.Regime, Start: s.Start, Best: o.Arm, BestMBps: o.MBps,
+				DefaultMBps: def.MBps, MBps: s.MBps, FirstActionSec: s.FirstActionSec, Regimes: s.DaemonRegimes,
+				Goal: StartGoal(s.Workload), Verdict: "not maskable", Note: s.Note}
+			if o.MBps >= 1.1*def.MBps {
+				row.Verdict = "NOT MET"
+				if s.MBps >= row.Goal*o.MBps {
+					row.Verdict = "PASS"
+				}
+			}
+			out = append(out, row)
+		}
+	}
+	return out
+}
+
 // startsMarkdown is the start-condition table: each row the readaheadd arm
 // under one start condition beside the static arms of the same workload and
-// regime measured in the onset case of the same run (a static window does
+// regime measured in the main case of the same run (a static window does
 // not depend on when the slowdown began).
 func (r *Report) startsMarkdown() string {
 	var b strings.Builder
 	b.WriteString("\n## Start conditions\n\n" +
-		"Static windows measured once per (workload, regime) in its onset case; readaheadd's figure is over the measured period from the open " +
-		"(slow-before-open) or the daemon's start (the others). A row is maskable when the best static window reads >= 1.1x the default.\n\n" +
-		"| Workload | Regime | Start | best static | MB/s | default MB/s | readaheadd MB/s | x best | x default | first action s | regimes reported | verdict (>= 0.95 x best) |\n" +
+		"Static windows measured once per (workload, regime) in its main case; readaheadd's figure is over the measured period from the open " +
+		"(slow-before-open) or the daemon's start (the others); for HDFS it is the client's whole read of the block, which starts after the daemon's start. " +
+		"A row is maskable when the best static window reads >= 1.1x the default. Goal: >= 0.95 x best for read(2) and sendfile, >= 0.90 for HDFS.\n\n" +
+		"| Workload | Regime | Start | best static | MB/s | default MB/s | readaheadd MB/s | x best | x default | first action s | regimes reported | verdict (goal x best) |\n" +
 		"|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-	row := func(w, regime, start string, mbps, first float64, regimes []string) {
-		g, ok := r.Group(w, regime)
-		if !ok || g.Default() == nil {
-			return
-		}
-		o, def := g.Oracle(), g.Default()
-		verdict := "not maskable"
-		if o.MBps >= 1.1*def.MBps {
-			verdict = "NOT MET"
-			if mbps >= 0.95*o.MBps {
-				verdict = "PASS"
-			}
-		}
+	var notes []string
+	for _, row := range r.StartRows() {
 		fa := "none"
-		if first >= 0 {
-			fa = fmt.Sprintf("%.2f", first)
+		if row.FirstActionSec >= 0 {
+			fa = fmt.Sprintf("%.2f", row.FirstActionSec)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %.1f | %.1f | %.1f | %.2f | %.2f | %s | %v | %s |\n", w, regime, start, o.Arm, o.MBps, def.MBps, mbps,
-			safeDiv(mbps, o.MBps), safeDiv(mbps, def.MBps), fa, regimes, verdict)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %.1f | %.1f | %.1f | %.2f | %.2f | %s | %v | %s (%.2f) |\n", row.Workload, row.Regime, row.Start,
+			row.Best, row.BestMBps, row.DefaultMBps, row.MBps, safeDiv(row.MBps, row.BestMBps), safeDiv(row.MBps, row.DefaultMBps), fa,
+			row.Regimes, row.Verdict, row.Goal)
+		if row.Note != "" {
+			notes = append(notes, fmt.Sprintf("- %s, %s, %s: %s", row.Workload, row.Regime, row.Start, row.Note))
+		}
 	}
-	seen := map[[2]string]bool{}
-	for _, s := range r.Starts {
-		k := [2]string{s.Workload, s.Regime}
-		if !seen[k] {
-			seen[k] = true
-			if g, ok := r.Group(s.Workload, s.Regime); ok && g.Daemon() != nil {
-				d := g.Daemon()
-				first := -1.0
-				for _, a := range d.Actions {
-					if a.Action == "file_window" && a.Result != "applied" && a.At >= 0 {
-						first = a.At.Seconds()
-						break
-					}
-				}
-				row(s.Workload, s.Regime, SOnset, d.MBps, first, d.DaemonRegimes)
-			}
-		}
-		row(s.Workload, s.Regime, s.Start, s.MBps, s.FirstActionSec, s.DaemonRegimes)
+	if len(notes) > 0 {
+		b.WriteString("\n" + strings.Join(notes, "\n") + "\n")
 	}
 	return b.String()
 }

@@ -47,6 +47,9 @@ type StartResult struct {
 	DaemonRegimes  []string       `json:"daemon_regimes,omitempty"`
 	Actions        []ActionRecord `json:"actions,omitempty"`
 	DaemonLog      string         `json:"daemon_log,omitempty"`
+	// Note says what else the run saw (the state an earlier run saved, the
+	// onset's time).
+	Note string `json:"note,omitempty"`
 }
 
 // teachFor is how long the earlier run of SBeforeDaemonSaved reads the slow
@@ -196,17 +199,31 @@ func (e *labEnv) runStart(ctx context.Context, c Case, start string) (res StartR
 		return res, ctx.Err()
 	}
 	res.MBps = float64(b1-b0) / elapsed.Seconds() / 1e6
-	ino := ""
+	res.FirstActionSec = firstFileAction(res.Actions, file, fileIno(file))
+	return res, nil
+}
+
+// fileIno is "/INO" for file's inode number (how the daemon names a file
+// whose path it did not resolve), "" if file cannot be read.
+func fileIno(file string) string {
 	if st, err := os.Stat(file); err == nil {
-		ino = fmt.Sprintf("/%d", st.Sys().(*syscall.Stat_t).Ino)
+		return fmt.Sprintf("/%d", st.Sys().(*syscall.Stat_t).Ino)
 	}
-	for _, a := range res.Actions {
-		if a.Action == "file_window" && a.Result != "applied" && (a.Target == file || ino != "" && strings.HasSuffix(a.Target, ino)) {
-			res.FirstActionSec = a.At.Seconds()
-			break
+	return ""
+}
+
+// firstFileAction is the At, in seconds, of the daemon's first window
+// decision on file (named by its path or ending in ino) in the measured
+// period (At >= 0; a daemon warmed up on the same file acted before it), -1
+// if none. A decision re-applied to a later descriptor ("applied") is not a
+// new one.
+func firstFileAction(acts []ActionRecord, file, ino string) float64 {
+	for _, a := range acts {
+		if a.At >= 0 && a.Action == "file_window" && a.Result != "applied" && (a.Target == file || ino != "" && strings.HasSuffix(a.Target, ino)) {
+			return a.At.Seconds()
 		}
 	}
-	return res, nil
+	return -1
 }
 
 // read reads file for dur with a fresh open and returns the bytes read.
