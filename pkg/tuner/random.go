@@ -22,7 +22,9 @@ import (
 // were under the device's window, and that gain is the stream's to use: when
 // every random reader beside the stream was seen at the default window
 // (no window of the tuner's raised on the device, its file not trimmed,
-// within randDefaultFresh), the step is judged against that instead.
+// within randDefaultFresh), the step is judged against that instead; a
+// trimmed reader never seen there is judged against what it got just
+// before its trim.
 const (
 	randLossMax      = 0.05
 	randLatMax       = 0.10

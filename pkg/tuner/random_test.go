@@ -126,3 +126,34 @@ func TestStreamMayUseWhatARandomReadersTrimGave(t *testing.T) {
 		assert.NotContains(t, a.Evidence, "before the step", "judged against the default window, not the trimmed reader")
 	}
 }
+
+// The reference a random reader beside a stream is judged against: what the
+// device's default window gave it when it was seen there, else what it got
+// just before its trim, else none (the step's before-measure is used).
+func TestRandomReaderReference(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	now := r.clk.Now()
+	seq := probe.FileKey{Dev: 1, Ino: 10}
+	rnd := probe.FileKey{Dev: 1, Ino: 11}
+	r.tn.snap = detector.Snapshot{Now: now}
+	r.tn.fstats = map[probe.FileKey]detector.FileStats{
+		seq: {Key: seq, Device: sdb, Requests: 800, Bytes: 100e6, BusyThroughput: 100e6, Sequentiality: 1, LastSeen: now},
+		rnd: {Key: rnd, Device: sdb, Requests: 1200, Bytes: 1200 * 16 << 10, MeanSize: 16 << 10, Sequentiality: 0.01, P95: time.Millisecond, LastSeen: now},
+	}
+	r.tn.dstats = map[probe.Dev]detector.DeviceStats{sdb: {Device: sdb, Bytes: 120e6}}
+	m := r.tn.fileMeasure(seq)
+	assert.Equal(t, 1200.0, m.randReq)
+	assert.Zero(t, m.randDefReq, "never seen at the default window, not trimmed: no reference")
+
+	r.tn.trims[rnd] = &trimDec{key: rnd, beforeReq: 600, beforeP95: 2 * time.Millisecond}
+	m = r.tn.fileMeasure(seq)
+	assert.Equal(t, 600.0, m.randDefReq, "what it got before its trim")
+	assert.Equal(t, 2*time.Millisecond, m.randDefP95)
+
+	r.tn.randDefault = map[probe.FileKey]randRef{rnd: {req: 640, p95: 1900 * time.Microsecond, at: now}}
+	m = r.tn.fileMeasure(seq)
+	assert.Equal(t, 640.0, m.randDefReq, "what the default window gave it")
+	assert.Equal(t, 1900*time.Microsecond, m.randDefP95)
+	assert.Empty(t, randomLost(&ladder{}, measure{randReq: 620, randP95: 2 * time.Millisecond, randDefReq: 640, randDefP95: 1900 * time.Microsecond}))
+	assert.NotEmpty(t, randomLost(&ladder{}, measure{randReq: 590, randP95: 2 * time.Millisecond, randDefReq: 640, randDefP95: 1900 * time.Microsecond}))
+}

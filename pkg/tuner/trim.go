@@ -41,16 +41,20 @@ const (
 )
 
 type trimDec struct {
-	key      probe.FileKey
-	dev      *devState
-	path     string
-	refs     []FileRef
-	kb       int           // window pinned on refs
-	from     int           // the window they had (the device's at the time)
-	trialAt  time.Duration // set while the trim is under trial
-	beforeP  time.Duration // the file's median latency before
-	lastNeed time.Duration
-	dry      bool
+	key     probe.FileKey
+	dev     *devState
+	path    string
+	refs    []FileRef
+	kb      int           // window pinned on refs
+	from    int           // the window they had (the device's at the time)
+	trialAt time.Duration // set while the trim is under trial
+	beforeP time.Duration // the file's median latency before
+	// beforeReq, beforeP95: its requests per second and p95 before the
+	// trim: what it got without it (random.go).
+	beforeReq float64
+	beforeP95 time.Duration
+	lastNeed  time.Duration
+	dry       bool
 }
 
 type trimOff struct {
@@ -129,7 +133,8 @@ func (t *Tuner) trimAll() {
 		if len(refs) == 0 {
 			continue
 		}
-		td := &trimDec{key: k, dev: d, path: refs[0].Path, refs: refs, kb: t.cfg.TrimKB, from: d.cur, beforeP: fs.P50, lastNeed: now}
+		td := &trimDec{key: k, dev: d, path: refs[0].Path, refs: refs, kb: t.cfg.TrimKB, from: d.cur, beforeP: fs.P50, lastNeed: now,
+			beforeReq: float64(fs.Requests) / t.cfg.Settle.Seconds(), beforeP95: fs.P95}
 		ev := fmt.Sprintf("read-around trim: random reads (sequential %.0f%%) averaging %.0f KB per request, median %v, while the device serves a raised window; the readers' open files get %d KB",
 			100*fs.Sequentiality, fs.MeanSize/1024, fs.P50.Round(10*time.Microsecond), t.cfg.TrimKB)
 		if t.cfg.DryRun {
