@@ -131,14 +131,27 @@ func (t *Tuner) regimeTakesOver(fd *fileDec) bool {
 // outcomeDue reports whether a new outcome-driven decision may start on the
 // device now for a file: once the device's back-off has passed, or at once
 // when the file's median latency is half again what it was at the trial
-// that did not pay (the conditions changed: a slowdown began after a
+// that did not pay, or its requests show a tail that needs a larger window
+// than that trial tried (the conditions changed: a slowdown began after a
 // healthy spell, which must not wait out a healthy device's back-off).
 func (t *Tuner) outcomeDue(d *devState, k probe.FileKey) bool {
 	if t.deps.Clock.Now() >= d.outcomeRetryAt {
 		return true
 	}
 	fs, ok := t.fstats[k]
-	return ok && d.outcomeFailP50 > 0 && fs.P50 >= d.outcomeFailP50*3/2
+	if ok && d.outcomeFailP50 > 0 && fs.P50 >= d.outcomeFailP50*3/2 {
+		return true
+	}
+	return t.tailDue(d, k)
+}
+
+// tailDue reports whether a file's requests show a tail now that needs a
+// larger window than the device's last outcome trial that did not pay
+// tried (a trial judged between stalls, before the stalls showed): new
+// evidence, which neither the device's nor the file's back-off holds up.
+func (t *Tuner) tailDue(d *devState, k probe.FileKey) bool {
+	fs, ok := t.fstats[k]
+	return ok && t.tailNow(k) && t.tailNeedKB(k, fs.BusyThroughput) > d.outcomeFailKB
 }
 
 // remember updates the memory and the device's outcome back-off after a
@@ -167,6 +180,7 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 		if fd.win.before.p50 > 0 {
 			fd.dev.outcomeFailP50 = fd.win.before.p50
 		}
+		fd.dev.outcomeFailKB = fd.win.tried
 		t.counts["outcome/not_paid"]++
 		if fd.prior != nil {
 			t.mem.decay(fd.prior, false)

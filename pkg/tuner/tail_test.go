@@ -255,3 +255,33 @@ func TestOneSpanOfModestSpreadIsNoTail(t *testing.T) {
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
 	assert.Equal(t, 128, r.files.window[key])
 }
+
+// A stream's first trial, judged between stalls, did not pay and the
+// device's outcome trials back off; a tail that shows afterwards and needs
+// more than that trial tried is new evidence: the next trial comes at once.
+func TestTailSeenAfterAFailedTrialEndsTheBackoff(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, BackoffBase: 8 * time.Second}, nil)
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	sm := stallModel{tail: true}
+	step := func(stalled bool) []Action {
+		r.clk.Advance(time.Second)
+		now := r.clk.Now()
+		w := r.files.window[key]
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
+		rate, p50, p99 := sm.stats(w, stalled)
+		b := uint64(rate)
+		return r.tn.Step(detector.Snapshot{Now: now, Files: []detector.FileStats{{Key: key, Device: sdb, Requests: b / (128 << 10), Bytes: b,
+			BusyThroughput: rate, Sequentiality: 1, NextOffset: 64 << 20, LastSeen: now, P50: p50, P95: p50, P99: p99,
+			MeanSize: 128 << 10, Inflight: 0.9 * float64(w) / 128}},
+			Devices: []detector.DeviceStats{{Device: sdb, Bytes: b, BusyThroughput: rate, CapacityBPS: 150e6}}})
+	}
+	acts := append(step(false), step(false)...)
+	logActs(t, acts)
+	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1, "the first trial, between stalls, did not pay")
+	acts = step(true) // the first stall at the device's window: a tail
+	logActs(t, acts)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trials, 1, "a trial at once, not after the 8 s back-off")
+	assert.GreaterOrEqual(t, trials[0].ToKB, 1024, "sized by the tail (80 MB/s x 11.7 ms)")
+}

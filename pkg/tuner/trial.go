@@ -52,6 +52,8 @@ type ladder struct {
 	// rejump: the next step may skip to the Little's-law hint from the
 	// window in force (a regime began after it was kept).
 	rejump bool
+	// tried: the value of the last step taken.
+	tried int
 }
 
 func (l *ladder) inForce() int {
@@ -163,7 +165,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 				if err := apply(next); err == nil {
 					act(l.kind, l.trialFrom, next, ResultTrial, fmt.Sprintf("%s; resized to the stream's tail (p99 %v): %s",
 						why, t.tails[file].p99.Round(100*time.Microsecond), m))
-					l.trial, l.trialAt, l.movedAt = next, now, now
+					l.trial, l.trialAt, l.movedAt, l.tried = next, now, now, next
 					return true
 				}
 			}
@@ -230,7 +232,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		return true
 	}
 	l.trial, l.trialFrom, l.trialAt, l.before, l.movedAt = next, l.cur, now, m, now
-	l.rejump = false
+	l.rejump, l.tried = false, next
 	l.beforeTail, l.later = t.tailNow(file), 0
 	if l.cur == l.base {
 		l.baseM = m

@@ -65,6 +65,7 @@ type devState struct {
 	outcomeFails   int
 	outcomeRetryAt time.Duration
 	outcomeFailP50 time.Duration // the stream's median latency at the last trial that did not pay
+	outcomeFailKB  int           // the window that trial tried
 }
 
 type fileDec struct {
@@ -810,8 +811,12 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 	} else if escalate {
 		fd.atCapLogged = false
 	}
-	if escalate && fd.byRate && fd.win.cur == fd.win.base && fd.win.trial == 0 && !t.outcomeDue(fd.dev, fd.key) {
-		escalate = false // the device's outcome trials are backing off
+	if escalate && fd.byRate && fd.win.cur == fd.win.base && fd.win.trial == 0 {
+		if !t.outcomeDue(fd.dev, fd.key) {
+			escalate = false // the device's outcome trials are backing off
+		} else if t.tailDue(fd.dev, fd.key) {
+			fd.win.retryAt = 0 // new evidence: the file's own back-off ends too
+		}
 	}
 	applyWin := func(kb int) error { return t.pinFile(fd, kb, nil, true) }
 	if fd.pf.trial == 0 {
