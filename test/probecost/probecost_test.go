@@ -36,11 +36,14 @@ type workload struct {
 
 // Arms: no daemon; the daemon; no daemon but an empty tp_btf program on
 // block_rq_issue and one on block_rq_complete (the floor of any design that
-// runs a program per request at issue and at completion).
+// runs a program per request at issue and at completion); and, when
+// READAHEADD_BENCH_BEFORE_BIN names another build of the daemon (e.g. of an
+// earlier commit), that build, to compare two designs in one run.
 const (
-	armOff   = "off"
-	armOn    = "on"
-	armEmpty = "empty"
+	armOff    = "off"
+	armOn     = "on"
+	armEmpty  = "empty"
+	armBefore = "before"
 )
 
 var workloads = []workload{
@@ -77,6 +80,7 @@ func TestIOPSCost(t *testing.T) {
 	rounds := envInt("READAHEADD_BENCH_ROUNDS", 3)
 	secs := envInt("READAHEADD_BENCH_SECONDS", 5)
 	bin := os.Getenv("READAHEADD_BIN")
+	beforeBin := os.Getenv("READAHEADD_BENCH_BEFORE_BIN")
 	work := t.TempDir()
 	if bin == "" {
 		bin = filepath.Join(work, "readaheadd")
@@ -112,9 +116,16 @@ func TestIOPSCost(t *testing.T) {
 			// off, on, empty within each round, rotating between rounds so
 			// that drift (other load on the host) cancels.
 			kinds := []string{armOff, armOn, armEmpty}
+			if beforeBin != "" {
+				kinds = append(kinds, armBefore)
+			}
 			for i := range kinds {
 				k := kinds[(i+r)%len(kinds)]
-				a := runArm(t, w, loop, name, bin, work, k, secs)
+				b := bin
+				if k == armBefore {
+					b = beforeBin
+				}
+				a := runArm(t, w, loop, name, b, work, k, secs)
 				results[w.name] = append(results[w.name], a)
 				t.Logf("round %d %-18s %-5s IOPS %8.0f  MB/s %7.1f  cpu %.3f", r+1, w.name, k, a.iops, a.bps/1e6, a.cpu)
 			}
@@ -124,7 +135,7 @@ func TestIOPSCost(t *testing.T) {
 }
 
 func runArm(t *testing.T, w workload, loop, name, bin, work string, kind string, secs int) (a arm) {
-	on := kind == armOn
+	on := kind == armOn || kind == armBefore
 	a = arm{kind: kind, daemon: on}
 	var d *daemon
 	var before map[ebpf.ProgramID]ebpf.ProgramStats
@@ -459,14 +470,24 @@ func report(t *testing.T, results map[string][]arm, secs int) {
 	sort.Strings(names)
 	for _, n := range names {
 		arms := results[n]
-		fmt.Fprintf(&b, "\n%s\n%-5s %9s %9s %6s %9s %6s | %7s %7s %5s %5s %6s %6s %6s %5s | %6s %6s %6s\n", n,
+		per := 3
+		for _, a := range arms {
+			if a.kind == armBefore {
+				per = 4
+			}
+		}
+		fmt.Fprintf(&b, "\n%s\n%-5s %9s %9s %6s %9s %6s | %7s %7s %5s %5s %6s %6s %6s %5s | %6s %6s %6s", n,
 			"round", "IOPS off", "IOPS on", "on/off", "IOPS emp", "emp/of",
 			"MB/s on", "cpu", "RSS", "N", "issue", "compl", "ns/req", "lost", "e.iss", "e.cmp", "e.req")
-		var offs, ons, emps, rOn, rEmp, cpus, rss, nsReq, eReq []float64
+		if per == 4 {
+			fmt.Fprintf(&b, " | %9s %6s %6s %6s %6s %7s", "IOPS bef", "bef/of", "b.iss", "b.cmp", "b.req", "b.cpu")
+		}
+		b.WriteString("\n")
+		var offs, ons, emps, befs, rOn, rEmp, rBef, cpus, bcpus, rss, nsReq, eReq, bReq []float64
 		var lost float64
-		for i := 0; i+3 <= len(arms); i += 3 {
-			var off, on, emp arm
-			for _, a := range arms[i : i+3] {
+		for i := 0; i+per <= len(arms); i += per {
+			var off, on, emp, bef arm
+			for _, a := range arms[i : i+per] {
 				switch a.kind {
 				case armOff:
 					off = a
@@ -474,6 +495,8 @@ func report(t *testing.T, results map[string][]arm, secs int) {
 					on = a
 				case armEmpty:
 					emp = a
+				case armBefore:
+					bef = a
 				}
 			}
 			offs, ons, emps = append(offs, off.iops), append(ons, on.iops), append(emps, emp.iops)
@@ -481,20 +504,35 @@ func report(t *testing.T, results map[string][]arm, secs int) {
 			cpus, rss = append(cpus, on.cpu), append(rss, on.rssMB)
 			nsReq, eReq = append(nsReq, on.perRequest), append(eReq, emp.perRequest)
 			lost = max(lost, on.lost)
-			fmt.Fprintf(&b, "%-5d %9.0f %9.0f %6.3f %9.0f %6.3f | %7.0f %7.3f %5.1f %5.0f %6d %6d %6.0f %5.0f | %6d %6d %6.0f\n", i/3+1,
+			fmt.Fprintf(&b, "%-5d %9.0f %9.0f %6.3f %9.0f %6.3f | %7.0f %7.3f %5.1f %5.0f %6d %6d %6.0f %5.0f | %6d %6d %6.0f", i/per+1,
 				off.iops, on.iops, on.iops/off.iops, emp.iops, emp.iops/off.iops,
 				on.bps/1e6, on.cpu, on.rssMB, on.sampleN,
 				on.progNs[probe.ProgBlockRqIssue], on.progNs[probe.ProgBlockRqComplete], on.perRequest, on.lost,
 				emp.progNs[probe.ProgBlockRqIssue], emp.progNs[probe.ProgBlockRqComplete], emp.perRequest)
+			if per == 4 {
+				befs, rBef, bReq, bcpus = append(befs, bef.iops), append(rBef, bef.iops/off.iops), append(bReq, bef.perRequest), append(bcpus, bef.cpu)
+				lost = max(lost, bef.lost)
+				fmt.Fprintf(&b, " | %9.0f %6.3f %6d %6d %6.0f %7.3f", bef.iops, bef.iops/off.iops,
+					bef.progNs[probe.ProgBlockRqIssue], bef.progNs[probe.ProgBlockRqComplete], bef.perRequest, bef.cpu)
+			}
+			b.WriteString("\n")
 		}
-		fmt.Fprintf(&b, "%-5s %9.0f %9.0f %6.3f %9.0f %6.3f | %7s %7.3f %5.1f %5s %6s %6s %6.0f %5.0f | %6s %6s %6.0f\n", "mean",
+		fmt.Fprintf(&b, "%-5s %9.0f %9.0f %6.3f %9.0f %6.3f | %7s %7.3f %5.1f %5s %6s %6s %6.0f %5.0f | %6s %6s %6.0f", "mean",
 			mean(offs), mean(ons), mean(ons)/mean(offs), mean(emps), mean(emps)/mean(offs),
 			"", mean(cpus), mean(rss), "", "", "", mean(nsReq), lost, "", "", mean(eReq))
-		fmt.Fprintf(&b, "%-5s %9s %9s %6.3f %9s %6.3f   (median of the rounds' ratios)\n", "med", "", "", median(rOn), "", median(rEmp))
+		if per == 4 {
+			fmt.Fprintf(&b, " | %9.0f %6.3f %6s %6s %6.0f %7.3f", mean(befs), mean(befs)/mean(offs), "", "", mean(bReq), mean(bcpus))
+		}
+		fmt.Fprintf(&b, "\n%-5s %9s %9s %6.3f %9s %6.3f", "med", "", "", median(rOn), "", median(rEmp))
+		if per == 4 {
+			fmt.Fprintf(&b, " %60s %6.3f", "", median(rBef))
+		}
+		b.WriteString("   (median of the rounds' ratios)\n")
 	}
 	b.WriteString("\ncpu: daemon CPU time / wall time (1 = one core); RSS in MB; N: sampling period at the end;\n" +
 		"issue, compl: ns per run from bpf_stats; ns/req: all block programs' run time per completed request;\n" +
-		"lost: readaheadd_bpf_events_lost_total; e.*: the same for the empty pair.\n")
+		"lost: readaheadd_bpf_events_lost_total; e.*: the same for the empty pair;\n" +
+		"bef, b.*: the build in READAHEADD_BENCH_BEFORE_BIN, when set.\n")
 	t.Log(b.String())
 	if p := os.Getenv("READAHEADD_BENCH_OUT"); p != "" {
 		require.NoError(t, os.WriteFile(p, []byte(b.String()), 0o644))
