@@ -354,7 +354,8 @@ static __always_inline void learn_cpu_offsets(struct request *rq)
  * Read requests of the request's block_device in flight now, this one
  * included (completion runs before blk_account_io_done): the kernel's own
  * per-CPU in_flight[READ] counters, summed over the CPUs whose offset is
- * known. Kept for request-based disks since Linux 6.16 while I/O
+ * known. Kept for request-based disks by recent kernels (6.18 here; older
+ * ones counted them by walking tags and leave these at 0) while I/O
  * accounting is on (the request's part is set); 0 when unknown. Called for
  * sampled requests only.
  */

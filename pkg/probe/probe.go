@@ -25,7 +25,7 @@ import (
 var (
 	ErrPermission        = errors.New("not allowed to load BPF programs: run as root, or grant CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE (systemd: AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_SYS_RESOURCE)")
 	ErrNoBTF             = errors.New("the kernel exposes no BTF at /sys/kernel/btf/vmlinux: readaheadd needs a kernel built with CONFIG_DEBUG_INFO_BTF=y (Linux >= 5.8)")
-	ErrTracepointMissing = errors.New("the kernel lacks a tracepoint the probe attaches to: block:block_rq_issue, block_rq_complete and block_rq_requeue need BTF tracepoints (Linux >= 5.5), readahead:page_cache_sync_ra/page_cache_async_ra are recent; list what this kernel has with `bpftool btf dump file /sys/kernel/btf/vmlinux | grep btf_trace_`; run `readaheadd check` to see which program fails")
+	ErrTracepointMissing = errors.New("the kernel lacks a tracepoint the probe attaches to: block:block_rq_complete needs BTF tracepoints (Linux >= 5.5), readahead:page_cache_sync_ra/page_cache_async_ra are recent; list what this kernel has with `bpftool btf dump file /sys/kernel/btf/vmlinux | grep btf_trace_`; run `readaheadd check` to see which program fails")
 	ErrClosed            = errors.New("probe closed")
 )
 
