@@ -75,7 +75,6 @@ struct bio {
 };
 
 struct blk_mq_hw_ctx {
-	unsigned int queue_num;
 	unsigned short nr_ctx;
 	struct blk_mq_ctx **ctxs;
 };
@@ -86,7 +85,6 @@ struct request {
 	struct request_queue *q;
 	struct blk_mq_ctx *mq_ctx;
 	struct blk_mq_hw_ctx *mq_hctx;
-	int tag;
 	unsigned int cmd_flags;
 	unsigned int __data_len;
 	unsigned long long __sector;
