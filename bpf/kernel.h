@@ -47,8 +47,13 @@ struct gendisk {
 	int first_minor;
 };
 
+struct blk_mq_ctx {
+	unsigned int cpu;
+};
+
 struct request_queue {
 	struct gendisk *disk;
+	struct blk_mq_ctx *queue_ctx; /* per CPU */
 };
 
 struct page;
@@ -70,17 +75,21 @@ struct bio {
 };
 
 struct blk_mq_hw_ctx {
-	unsigned int queue_num;
+	unsigned short nr_ctx;
+	struct blk_mq_ctx **ctxs;
 };
+
+struct block_device;
 
 struct request {
 	struct request_queue *q;
+	struct blk_mq_ctx *mq_ctx;
 	struct blk_mq_hw_ctx *mq_hctx;
-	int tag;
 	unsigned int cmd_flags;
 	unsigned int __data_len;
 	unsigned long long __sector;
 	struct bio *bio;
+	struct block_device *part;
 	unsigned long long start_time_ns;
 	unsigned long long io_start_time_ns;
 };
@@ -90,9 +99,20 @@ struct request___old {
 	struct gendisk *rq_disk;
 };
 
+/* local_t: one atomic long. */
+typedef struct {
+	long a;
+} local_t;
+
+/* Per-CPU I/O statistics of a block_device; in_flight[0] counts reads. */
+struct disk_stats {
+	local_t in_flight[2];
+};
+
 struct block_device {
 	unsigned int bd_dev;
 	struct gendisk *bd_disk;
+	struct disk_stats *bd_stats;
 };
 
 struct super_block {

@@ -2,13 +2,12 @@
 /*
  * readaheadd's block-read probe.
  *
- * block_rq_issue: for a read on a watched disk, count it in flight and mark
- * its in-flight slot (the request's driver-tag home in its disk's region):
- * depth at issue, and whether this request is sampled.
- * block_rq_complete: for a marked request, count it completed; per-disk
- * totals and latency histogram for every request (latency from the
- * request's own io_start_time_ns when the queue keeps it); for a sampled
- * request only: attribution to a file through its first page
+ * block_rq_complete, the only program a block request runs: for a read on
+ * a watched disk, per-disk per-CPU totals and latency histogram for every
+ * request (latency from the request's own io_start_time_ns, set by the
+ * kernel at issue when the queue keeps statistics); for a sampled request
+ * only: depth (the kernel's own in-flight count of the request's block
+ * device), attribution to a file through its first page
  * (bio->bi_io_vec[0].bv_page->mapping->host), per-file totals weighted by
  * the sampling rate, one struct rec in the ring.
  * page_cache_sync_ra / page_cache_async_ra: stream which process runs
@@ -55,11 +54,11 @@ enum kind {
 /* Indexes of the `lost` counters. */
 enum lost_reason {
 	LOST_RINGBUF = 0,     /* ring buffer full: record dropped (aggregates still counted) */
-	LOST_INFLIGHT = 1,    /* in-flight map full at issue: request not traced at all */
+	LOST_INFLIGHT = 1,    /* unused (a former in-flight table) */
 	LOST_DEVSTATS = 2,    /* per-disk map full: disk not aggregated */
 	LOST_FILESTATS = 3,   /* per-file map insert failed */
 	LOST_RA_RINGBUF = 4,  /* ring buffer full: readahead event dropped */
-	LOST_STALE = 5,       /* in-flight slot taken over after 60 s: completion never seen */
+	LOST_STALE = 5,       /* unused (a former in-flight table) */
 	LOST_MAX = 8,
 };
 
@@ -99,30 +98,15 @@ struct ra_event {
 };
 
 /*
- * In-flight requests and per-disk aggregates live in direct-mapped tables
- * (ARRAY maps, whose lookups the verifier inlines into address arithmetic)
- * rather than hash maps: per run, the cost of these programs is cache misses,
- * not instructions, and a hash-map update + lookup + delete touches several
- * cold lines (bucket, element, free list, lock).
- *
- * The in-flight table has a region of INFLIGHT_REGION slots per disk slot;
- * a request's slot in it is its home, from its driver tag and hardware
- * queue (rq_home). Tags are small and reused in order, so the slots of
- * requests in flight share a few lines that stay in cache; the slot holds
- * the request's address to tell requests apart.
+ * One program per request, at completion: the request carries its own
+ * timestamps (io_start_time_ns, set at issue when the queue collects
+ * statistics; start_time_ns, at allocation under I/O accounting) and the
+ * kernel counts its disk's requests in flight (per-CPU in_flight of the
+ * request's block_device, kept by blk_account_io_start/done), so nothing
+ * has to be remembered between issue and completion. Everything a request
+ * writes is per CPU: no line is shared between the CPUs that complete
+ * requests.
  */
-#define INFLIGHT_REGION_BITS 10
-#define INFLIGHT_REGION (1 << INFLIGHT_REGION_BITS)
-/* A slot held this long lost its completion (e.g. a request issued just
- * before a detach): the next request homed there may take it over. */
-#define INFLIGHT_STALE_NS (60ULL * 1000000000ULL)
-
-struct inflight_val {
-	u64 rq;       /* request address; 0 = free */
-	u64 issue_ns; /* sampled: issue time; else the request's start_time_ns (for staleness) */
-	u32 depth;    /* sampled: read requests in flight at issue, this one included */
-	u32 weight;   /* sampled: the sampling period N; 0 = not sampled */
-};
 
 /* Only requests smaller than this are sampled (pkg/probe SampleBelow). */
 #define SAMPLE_BELOW (32 << 10)
@@ -131,14 +115,10 @@ struct inflight_val {
 #define DEV_SLOTS (1 << DEV_BITS)
 #define DEV_PROBES 8
 
-/* Shared per disk: identity and the issued / completed counts of read
- * requests (in flight = issued - completed; issued numbers the requests for
- * sampling). */
+/* Per disk: its identity (written by user space before attach with a device
+ * list, claimed at first sight without). Read-only per request. */
 struct dev_slot {
 	u64 dev; /* whole disk; 0 = free slot (64 bits for cmpxchg) */
-	u64 issued;
-	u64 completed;
-	u64 _pad;
 };
 
 /* Per disk and per CPU: totals, added without atomics on CPU-local lines;
@@ -151,7 +131,7 @@ struct dev_stats {
 	u64 hist[HIST_BUCKETS];
 	u64 sampled;  /* requests attributed and streamed */
 	u64 untimed;  /* requests without a latency (not in hist or latency_ns) */
-	u64 alloc_timed; /* unsampled requests timed from start_time_ns (no io_start_time_ns) */
+	u64 alloc_timed; /* requests timed from start_time_ns (no io_start_time_ns) */
 };
 
 struct file_key {
@@ -175,13 +155,20 @@ const volatile u32 filter_devs[MAX_FILTER_DEVS] = {};
 const volatile u32 n_filter_devs = 0;
 /* Force a reader wake-up once this many bytes wait in the ring. */
 const volatile u64 wakeup_bytes = 1 << 20;
+/* Possible CPUs (set by the loader): the per-CPU in-flight counters summed. */
+const volatile u32 nr_cpus = 1;
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, DEV_SLOTS * INFLIGHT_REGION);
-	__type(key, u32);
-	__type(value, struct inflight_val);
-} inflight SEC(".maps");
+#define MAX_CPUS 1024
+
+/* Each CPU's per-CPU offset (the kernel's __per_cpu_offset[cpu], which is
+ * no symbol BPF can read on kernels without KALLSYMS_ALL), learnt from the
+ * block layer's per-CPU software queues: a request queue's queue_ctx is a
+ * per-CPU pointer, and each hardware queue lists the per-CPU contexts it
+ * serves (ctxs[], each with its cpu), at queue_ctx + offset of that CPU.
+ * Offsets never change; cpu_known[c] says cpu_off[c] is set. */
+u64 cpu_off[MAX_CPUS];
+u8 cpu_known[MAX_CPUS];
+u32 cpus_all_known;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -198,8 +185,8 @@ struct {
 } devstats SEC(".maps");
 
 /* Per disk slot, written by user space: sampling period minus one (a power
- * of two minus one). Request number `issued` is sampled when
- * (issued & mask) == 0. */
+ * of two minus one). A CPU samples its completion number n of the disk
+ * (its dev_stats.requests) when (n & mask) == 0. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, DEV_SLOTS);
@@ -294,143 +281,118 @@ static __always_inline u32 hash_bits(u64 v, u32 bits)
 	return (u32)((v * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
 }
 
-
-/* The request's home slot in its disk's in-flight region: its driver tag
- * plus 256 per hardware queue, or -1 without a tag. A tag belongs to one
- * request at a time within its queue, so a home is free of collisions for
- * tags < 256 on up to 4 hardware queues (loop: 1 queue; virtio here: 2);
- * beyond that two requests may share a home and the later one is not
- * traced (Lost.Inflight). One home per request is what lets completion find
- * its slot with a single lookup, sampled or not. */
-static __always_inline int rq_home(struct request *rq)
-{
-	int tag = rq->tag;
-	if (tag < 0)
-		return -1;
-	u32 hq = 0;
-	struct blk_mq_hw_ctx *hctx = rq->mq_hctx;
-	if (hctx)
-		hq = hctx->queue_num;
-	return (int)(((u32)tag + (hq << 8)) & (INFLIGHT_REGION - 1));
-}
-
-/* Finds or claims dev's slot in devslots. */
-static __always_inline struct dev_slot *dev_slot_of(u32 dev, u32 *slot)
+/* Finds or claims dev's slot in devslots (no device list only). */
+static __always_inline int dev_slot_of(u32 dev)
 {
 	u32 h = hash_bits(dev, DEV_BITS);
 	for (u32 i = 0; i < DEV_PROBES; i++) {
 		u32 k = (h + i) & (DEV_SLOTS - 1);
 		struct dev_slot *ds = bpf_map_lookup_elem(&devslots, &k);
 		if (!ds)
-			return 0;
+			return -1;
 		u64 cur = ds->dev;
 		if (cur == 0) {
 			cur = __sync_val_compare_and_swap(&ds->dev, 0, (u64)dev);
 			if (cur == 0)
 				cur = dev;
 		}
-		if (cur == dev) {
-			*slot = k;
-			return ds;
-		}
+		if (cur == dev)
+			return k;
 	}
 	count_lost(LOST_DEVSTATS);
-	return 0;
+	return -1;
 }
 
 /*
- * The disk slot of a read request on a watched disk, or -1. With a device
- * list the slot is the disk's index in it (user space wrote its devslots
- * entry before attaching): a few compares against verifier-known constants,
- * the cheapest filter there is for the handful of disks a daemon watches.
+ * The disk slot of a watched disk, or -1. With a device list the slot is
+ * the disk's index in it (user space wrote its devslots entry before
+ * attaching): a few compares against verifier-known constants, the
+ * cheapest filter there is for the handful of disks a daemon watches.
  */
-static __always_inline int disk_slot(struct request *rq, struct dev_slot **dsp)
+static __always_inline int disk_slot(u32 dev)
 {
-	if ((rq->cmd_flags & REQ_OP_MASK) != REQ_OP_READ)
-		return -1;
-	u32 dev = rq_disk_dev(rq);
-	if (!dev)
-		return -1;
 	u32 n = n_filter_devs;
-	u32 slot = 0;
-	if (n) {
-		int i;
-		for (i = 0; i < MAX_FILTER_DEVS; i++) {
-			if (i >= n)
-				return -1;
-			if (filter_devs[i] == dev)
-				break;
-		}
-		if (i >= MAX_FILTER_DEVS)
+	if (!n)
+		return dev_slot_of(dev);
+	for (int i = 0; i < MAX_FILTER_DEVS; i++) {
+		if (i >= n)
 			return -1;
-		slot = i;
-		*dsp = bpf_map_lookup_elem(&devslots, &slot);
-	} else {
-		*dsp = dev_slot_of(dev, &slot);
+		if (filter_devs[i] == dev)
+			return i;
 	}
-	if (!*dsp)
-		return -1;
-	return slot;
+	return -1;
 }
 
-static __always_inline struct inflight_val *home_slot(struct request *rq, u32 dslot)
+/* Learns the per-CPU offsets of the CPUs rq's hardware queue serves. */
+static __always_inline void learn_cpu_offsets(struct request *rq)
 {
-	int home = rq_home(rq);
-	if (home < 0)
-		return 0;
-	u32 k = dslot * INFLIGHT_REGION + (u32)home;
-	return bpf_map_lookup_elem(&inflight, &k);
+	struct request_queue *q = rq->q;
+	struct blk_mq_hw_ctx *h = rq->mq_hctx;
+	if (!q || !h)
+		return;
+	/* Read as plain numbers: the verifier forbids arithmetic on its pointers. */
+	u64 base = 0, ctxs = 0;
+	if (bpf_core_read(&base, sizeof(base), &q->queue_ctx) ||
+	    bpf_core_read(&ctxs, sizeof(ctxs), &h->ctxs) || !base || !ctxs)
+		return;
+	u32 n = h->nr_ctx;
+	for (u32 i = 0; i < MAX_CPUS; i++) {
+		if (i >= n)
+			break;
+		u64 c = 0;
+		if (bpf_probe_read_kernel(&c, sizeof(c), (const void *)(ctxs + i * sizeof(void *))) || !c)
+			continue;
+		u32 cpu = BPF_CORE_READ((struct blk_mq_ctx *)c, cpu);
+		if (cpu >= MAX_CPUS || cpu_known[cpu])
+			continue;
+		cpu_off[cpu] = c - base;
+		cpu_known[cpu] = 1;
+	}
 }
 
-SEC("tp_btf/block_rq_issue")
-int BPF_PROG(block_rq_issue, struct request *rq)
+/*
+ * Read requests of the request's block_device in flight now, this one
+ * included (completion runs before blk_account_io_done): the kernel's own
+ * per-CPU in_flight[READ] counters, summed over the CPUs whose offset is
+ * known. Kept for request-based disks by recent kernels (6.18 here; older
+ * ones counted them by walking tags and leave these at 0) while I/O
+ * accounting is on (the request's part is set); 0 when unknown. Called for
+ * sampled requests only.
+ */
+static __always_inline u32 kernel_inflight(struct request *rq)
 {
-	struct dev_slot *ds = 0;
-	int slot = disk_slot(rq, &ds);
-	if (slot < 0 || !ds)
+	if (!bpf_core_field_exists(rq->part) || !bpf_core_field_exists(rq->mq_ctx))
 		return 0;
-	struct inflight_val *v = home_slot(rq, slot);
-	if (!v)
+	struct block_device *part = rq->part;
+	if (!part || !bpf_core_field_exists(part->bd_stats))
 		return 0;
-	u64 key = (u64)rq;
-	if (!key)
+	u64 stats = 0;
+	if (bpf_core_read(&stats, sizeof(stats), &part->bd_stats) || !stats)
 		return 0;
-	u64 cur = v->rq;
-	if (cur == key) {
-		/* Issued again without its requeue seen: its first issue counts as done. */
-		__sync_fetch_and_add(&ds->completed, 1);
-	} else if (cur) {
-		/* Another request holds this home: a collision, or a slot whose
-		 * completion was never seen (taken over after 60 s). */
-		u64 ts = v->issue_ns;
-		if (!ts || bpf_ktime_get_ns() - ts < INFLIGHT_STALE_NS) {
-			count_lost(LOST_INFLIGHT);
-			return 0;
+	stats += bpf_core_field_offset(struct disk_stats, in_flight);
+	if (!cpus_all_known) {
+		learn_cpu_offsets(rq);
+		u32 k = 0;
+		for (u32 c = 0; c < MAX_CPUS; c++) {
+			if (c >= nr_cpus)
+				break;
+			k += cpu_known[c];
 		}
-		count_lost(LOST_STALE);
-		__sync_fetch_and_add(&ds->completed, 1);
+		if (k >= nr_cpus)
+			cpus_all_known = 1;
 	}
-	u64 seq = __sync_fetch_and_add(&ds->issued, 1);
-	u32 m = 0;
-	/* Requests of SAMPLE_BELOW bytes or more (readahead-sized: the streams
-	 * the detector follows request by request) are always attributed. */
-	if (rq->__data_len < SAMPLE_BELOW) {
-		u32 z = slot;
-		u32 *mask = bpf_map_lookup_elem(&sampling, &z);
-		if (mask)
-			m = *mask;
+	s64 sum = 0;
+	for (u32 c = 0; c < MAX_CPUS; c++) {
+		if (c >= nr_cpus)
+			break;
+		if (!cpu_known[c])
+			continue;
+		long v = 0;
+		if (bpf_probe_read_kernel(&v, sizeof(v), (const void *)(stats + cpu_off[c])))
+			continue;
+		sum += v;
 	}
-	if ((seq & m) == 0) {
-		s64 depth = (s64)(seq + 1 - ds->completed);
-		v->depth = depth > 0 ? (u32)depth : 1;
-		v->weight = m + 1;
-		v->issue_ns = bpf_ktime_get_ns();
-	} else {
-		v->weight = 0;
-		v->issue_ns = rq->start_time_ns;
-	}
-	v->rq = key;
-	return 0;
+	return sum > 0 ? (u32)sum : 0;
 }
 
 static __always_inline u32 log2_bucket(u64 v)
@@ -569,37 +531,6 @@ static __always_inline void attribute(struct request *rq, struct rec *r)
 	r->offset = ((index + sub) << PAGE_SHIFT) + in;
 }
 
-/* A request put back on the queue gives up its driver tag, and will be
- * issued again, maybe with another: count it done and free its slot now.
- * Its tag may already be gone (-1) or another: then search its disk's
- * region (requeues are rare: a few per 512 MB on a loop device). */
-SEC("tp_btf/block_rq_requeue")
-int BPF_PROG(block_rq_requeue, struct request *rq)
-{
-	struct dev_slot *ds = 0;
-	int slot = disk_slot(rq, &ds);
-	if (slot < 0 || !ds)
-		return 0;
-	u64 key = (u64)rq;
-	struct inflight_val *v = home_slot(rq, slot);
-	if (!v || v->rq != key) {
-		v = 0;
-		for (u32 i = 0; i < INFLIGHT_REGION; i++) {
-			u32 k = (u32)slot * INFLIGHT_REGION + i;
-			struct inflight_val *c = bpf_map_lookup_elem(&inflight, &k);
-			if (c && c->rq == key) {
-				v = c;
-				break;
-			}
-		}
-	}
-	if (!v)
-		return 0;
-	v->rq = 0;
-	__sync_fetch_and_add(&ds->completed, 1);
-	return 0;
-}
-
 /* Adds a cached per-CPU delta to the file's totals in filestats. */
 static __always_inline void flush_file(struct file_cache_entry *fc)
 {
@@ -669,45 +600,36 @@ static __always_inline void count_file(struct rec *r, u32 dev, u32 len, u64 lat,
 SEC("tp_btf/block_rq_complete")
 int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 {
-	struct dev_slot *ds = 0;
-	int slot = disk_slot(rq, &ds);
-	if (slot < 0 || !ds)
+	if ((rq->cmd_flags & REQ_OP_MASK) != REQ_OP_READ)
 		return 0;
 	unsigned int len = rq->__data_len;
 	/* A partial completion (more calls follow for this request): wait for the last. */
 	if (nr_bytes < len)
 		return 0;
-	struct inflight_val *v = home_slot(rq, slot);
-	if (!v)
+	u32 dev = rq_disk_dev(rq);
+	if (!dev)
 		return 0;
-	u64 key = (u64)rq;
-	if (!key || v->rq != key)
-		return 0; /* not counted at issue (issued before attach, or a collision) */
-	u32 w = v->weight;
-	u32 depth = v->depth;
-	u64 issue = v->issue_ns;
-	v->rq = 0;
-	__sync_fetch_and_add(&ds->completed, 1);
-	u64 now = bpf_ktime_get_ns();
-	if (!w) {
-		/* Not sampled: the kernel's own stamps. io_start_time_ns is the
-		 * issue time when the queue collects statistics; start_time_ns
-		 * (allocation, so it includes time queued before issue) when it
-		 * keeps I/O accounting only. */
-		issue = 0;
-		if (bpf_core_field_exists(rq->io_start_time_ns))
-			issue = rq->io_start_time_ns;
-	}
+	int slot = disk_slot(dev);
+	if (slot < 0)
+		return 0;
 	u32 dslot = slot;
 	struct dev_stats *st = bpf_map_lookup_elem(&devstats, &dslot);
 	if (!st)
 		return 0;
-	if (!issue && !w && bpf_core_field_exists(rq->start_time_ns)) {
+	u64 now = bpf_ktime_get_ns();
+	/* The kernel's stamps: io_start_time_ns is the issue time when the queue
+	 * collects statistics; else start_time_ns (allocation, so it includes
+	 * time queued before issue) when it keeps I/O accounting. */
+	u64 issue = 0;
+	if (bpf_core_field_exists(rq->io_start_time_ns))
+		issue = rq->io_start_time_ns;
+	if (!issue && bpf_core_field_exists(rq->start_time_ns)) {
 		issue = rq->start_time_ns;
 		if (issue)
 			st->alloc_timed++;
 	}
-	st->requests++;
+	/* This CPU's completion number on the disk numbers it for sampling. */
+	u64 seq = st->requests++;
 	st->bytes += len;
 	if (error)
 		st->errors++;
@@ -721,10 +643,21 @@ int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_b
 		st->hist[b]++;
 	} else {
 		st->untimed++;
+		issue = now;
 	}
-	if (!w)
+	u32 m = 0;
+	/* Requests of SAMPLE_BELOW bytes or more (readahead-sized: the streams
+	 * the detector follows request by request) are always attributed. */
+	if (len < SAMPLE_BELOW) {
+		u32 *mask = bpf_map_lookup_elem(&sampling, &dslot);
+		if (mask)
+			m = *mask;
+	}
+	if (seq & m)
 		return 0;
 	st->sampled++;
+	u32 w = m + 1;
+	u32 depth = kernel_inflight(rq);
 
 	/* Built on the stack and copied with bpf_ringbuf_output: the per-file
 	 * counters need the attribution even when the ring is full. */
@@ -732,7 +665,7 @@ int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_b
 	r->type = EVENT_READ;
 	r->error = error != 0;
 	r->_pad0 = 0;
-	r->dev = (u32)ds->dev;
+	r->dev = dev;
 	r->sector = rq->__sector;
 	r->bytes = len;
 	r->depth = depth;
@@ -745,7 +678,7 @@ int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_b
 	attribute(rq, r);
 
 	if (r->kind == KIND_FILE)
-		count_file(r, r->dev, len, lat, depth, now, w);
+		count_file(r, dev, len, lat, depth, now, w);
 
 	u64 flags = BPF_RB_NO_WAKEUP;
 	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)

@@ -11,7 +11,7 @@ import (
 // ProgramCheck is what Check found for one BPF program.
 type ProgramCheck struct {
 	Name     string
-	Attach   string // the tracepoint, e.g. "tp_btf/block_rq_issue"
+	Attach   string // the tracepoint, e.g. "tp_btf/block_rq_complete"
 	Loaded   bool
 	Attached bool
 	Err      error // why not, wrapping ErrPermission/ErrTracepointMissing where it applies

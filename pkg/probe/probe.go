@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,7 +25,7 @@ import (
 var (
 	ErrPermission        = errors.New("not allowed to load BPF programs: run as root, or grant CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE (systemd: AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_SYS_RESOURCE)")
 	ErrNoBTF             = errors.New("the kernel exposes no BTF at /sys/kernel/btf/vmlinux: readaheadd needs a kernel built with CONFIG_DEBUG_INFO_BTF=y (Linux >= 5.8)")
-	ErrTracepointMissing = errors.New("the kernel lacks a tracepoint the probe attaches to: block:block_rq_issue, block_rq_complete and block_rq_requeue need BTF tracepoints (Linux >= 5.5), readahead:page_cache_sync_ra/page_cache_async_ra are recent; list what this kernel has with `bpftool btf dump file /sys/kernel/btf/vmlinux | grep btf_trace_`; run `readaheadd check` to see which program fails")
+	ErrTracepointMissing = errors.New("the kernel lacks a tracepoint the probe attaches to: block:block_rq_complete needs BTF tracepoints (Linux >= 5.5), readahead:page_cache_sync_ra/page_cache_async_ra are recent; list what this kernel has with `bpftool btf dump file /sys/kernel/btf/vmlinux | grep btf_trace_`; run `readaheadd check` to see which program fails")
 	ErrClosed            = errors.New("probe closed")
 )
 
@@ -78,6 +79,10 @@ const DefaultSampleBudget = 4096
 // ones that come by the hundred thousand per second.
 const SampleBelow = 32 << 10
 
+// maxCPUs is how many CPUs' in-flight counters the kernel side sums
+// (bpf/probe.bpf.c MAX_CPUS).
+const maxCPUs = 1024
+
 // maxSampleEvery bounds the sampling period.
 const maxSampleEvery = 1 << 15
 
@@ -88,6 +93,8 @@ type Probe struct {
 	links []link.Link
 	ring  *ringbuf.Reader
 	stats io.Closer
+
+	sysfs string // root of sysfs, for the kernel's in-flight counts
 
 	mu        sync.Mutex
 	closed    bool
@@ -177,6 +184,13 @@ func (c Config) configure(spec *ebpf.CollectionSpec) error {
 	if err := spec.Variables["wakeup_bytes"].Set(uint64(c.RingBytes / 4)); err != nil {
 		return fmt.Errorf("set wake-up threshold: %w", err)
 	}
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return fmt.Errorf("count possible CPUs for the in-flight sum: %w", err)
+	}
+	if err := spec.Variables["nr_cpus"].Set(uint32(min(cpus, maxCPUs))); err != nil {
+		return fmt.Errorf("set CPU count: %w", err)
+	}
 	spec.Maps["events"].MaxEntries = uint32(c.RingBytes)
 	if m, ok := spec.Maps["filestats"]; ok {
 		m.MaxEntries = uint32(c.FileEntries)
@@ -230,7 +244,7 @@ func Load(cfg Config) (*Probe, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Probe{cfg: cfg, sampler: map[uint32]*slotSampler{}}
+	p := &Probe{cfg: cfg, sysfs: "/sys", sampler: map[uint32]*slotSampler{}}
 	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
 		return nil, classify("load BPF programs", err)
 	}
@@ -279,9 +293,7 @@ type attachment struct {
 
 func (p *Probe) attachments() []attachment {
 	return []attachment{
-		{ProgBlockRqIssue, p.objs.BlockRqIssue},
 		{ProgBlockRqComplete, p.objs.BlockRqComplete},
-		{ProgBlockRqRequeue, p.objs.BlockRqRequeue},
 		{ProgPageCacheSyncRa, p.objs.PageCacheSyncRa},
 		{ProgPageCacheAsyncRa, p.objs.PageCacheAsyncRa},
 	}
@@ -354,7 +366,7 @@ func (p *Probe) Stats() (Stats, error) {
 		return Stats{}, ErrClosed
 	}
 	s := Stats{Devices: map[Dev]DeviceStats{}, Files: map[FileKey]FileStats{}, Programs: map[string]ProgramStats{}}
-	// Disk identities and in-flight counts are shared; totals are per CPU.
+	// Disk identities are shared; totals are per CPU.
 	var dk uint32
 	var slot probeDevSlot
 	slots := map[uint32]probeDevSlot{}
@@ -373,7 +385,7 @@ func (p *Probe) Stats() (Stats, error) {
 		if err := p.objs.Devstats.Lookup(k, &percpu); err != nil {
 			return Stats{}, fmt.Errorf("read per-device BPF stats: %w", err)
 		}
-		d := DeviceStats{InFlight: int64(slot.Issued - slot.Completed), SampleEvery: 1}
+		d := DeviceStats{InFlight: readInFlight(p.sysfs, Dev(uint32(slot.Dev))), SampleEvery: 1}
 		if e, ok := every[k]; ok {
 			d.SampleEvery = e
 		}
@@ -512,20 +524,27 @@ func (p *Probe) adjustSampling(now time.Time) {
 	if p.closed {
 		return
 	}
-	for k, slot := range p.devSlots() {
-		// Issued counts every read request, sampled or not, on one shared
-		// line: no per-CPU sum needed.
+	for k := range p.devSlots() {
+		// Every read request completed, sampled or not, summed over CPUs.
+		var percpu []probeDevStats
+		if err := p.objs.Devstats.Lookup(k, &percpu); err != nil {
+			continue // the next adjustment retries
+		}
+		var reqs uint64
+		for _, v := range percpu {
+			reqs += v.Requests
+		}
 		s := p.sampler[k]
 		if s == nil {
-			p.sampler[k] = &slotSampler{every: 1, requests: slot.Issued, at: now}
+			p.sampler[k] = &slotSampler{every: 1, requests: reqs, at: now}
 			continue
 		}
 		dt := now.Sub(s.at)
 		if dt < p.cfg.Poll/2 {
 			continue
 		}
-		rate := float64(slot.Issued-s.requests) / dt.Seconds()
-		s.requests, s.at = slot.Issued, now
+		rate := float64(reqs-s.requests) / dt.Seconds()
+		s.requests, s.at = reqs, now
 		e := SamplePeriod(rate, float64(p.cfg.SampleBudget), s.every)
 		if e == s.every {
 			continue
@@ -579,6 +598,25 @@ func period(rate, budget float64) uint32 {
 	n := uint32(1)
 	for n < maxSampleEvery && rate/float64(n) > budget {
 		n *= 2
+	}
+	return n
+}
+
+// readInFlight returns the read requests the kernel counts in flight on
+// disk d (/sys/dev/block/MAJ:MIN/inflight, first field), 0 when it cannot
+// be read (the disk is gone).
+func readInFlight(sysfs string, d Dev) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("%s/dev/block/%d:%d/inflight", sysfs, d.Major(), d.Minor()))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	n, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		return 0
 	}
 	return n
 }

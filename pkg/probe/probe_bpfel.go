@@ -14,11 +14,8 @@ import (
 )
 
 type probeDevSlot struct {
-	_         structs.HostLayout
-	Dev       uint64
-	Issued    uint64
-	Completed uint64
-	Pad       uint64
+	_   structs.HostLayout
+	Dev uint64
 }
 
 type probeDevStats struct {
@@ -62,14 +59,6 @@ type probeFileStats struct {
 	LastNs    uint64
 	Disk      uint32
 	Pad       uint32
-}
-
-type probeInflightVal struct {
-	_       structs.HostLayout
-	Rq      uint64
-	IssueNs uint64
-	Depth   uint32
-	Weight  uint32
 }
 
 type probeRaEvent struct {
@@ -117,16 +106,17 @@ const (
 	probeMapEvents            = "events"
 	probeMapFilecache         = "filecache"
 	probeMapFilestats         = "filestats"
-	probeMapInflight          = "inflight"
 	probeMapLost              = "lost"
 	probeMapSampling          = "sampling"
 	probeProgBlockRqComplete  = "block_rq_complete"
-	probeProgBlockRqIssue     = "block_rq_issue"
-	probeProgBlockRqRequeue   = "block_rq_requeue"
 	probeProgPageCacheAsyncRa = "page_cache_async_ra"
 	probeProgPageCacheSyncRa  = "page_cache_sync_ra"
+	probeVarCpuKnown          = "cpu_known"
+	probeVarCpuOff            = "cpu_off"
+	probeVarCpusAllKnown      = "cpus_all_known"
 	probeVarFilterDevs        = "filter_devs"
 	probeVarN_filterDevs      = "n_filter_devs"
+	probeVarNrCpus            = "nr_cpus"
 	probeVarUnusedRa          = "unused_ra"
 	probeVarUnusedRec         = "unused_rec"
 	probeVarWakeupBytes       = "wakeup_bytes"
@@ -175,8 +165,6 @@ type probeSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type probeProgramSpecs struct {
 	BlockRqComplete  *ebpf.ProgramSpec `ebpf:"block_rq_complete"`
-	BlockRqIssue     *ebpf.ProgramSpec `ebpf:"block_rq_issue"`
-	BlockRqRequeue   *ebpf.ProgramSpec `ebpf:"block_rq_requeue"`
 	PageCacheAsyncRa *ebpf.ProgramSpec `ebpf:"page_cache_async_ra"`
 	PageCacheSyncRa  *ebpf.ProgramSpec `ebpf:"page_cache_sync_ra"`
 }
@@ -190,7 +178,6 @@ type probeMapSpecs struct {
 	Events    *ebpf.MapSpec `ebpf:"events"`
 	Filecache *ebpf.MapSpec `ebpf:"filecache"`
 	Filestats *ebpf.MapSpec `ebpf:"filestats"`
-	Inflight  *ebpf.MapSpec `ebpf:"inflight"`
 	Lost      *ebpf.MapSpec `ebpf:"lost"`
 	Sampling  *ebpf.MapSpec `ebpf:"sampling"`
 }
@@ -199,8 +186,12 @@ type probeMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type probeVariableSpecs struct {
+	CpuKnown     *ebpf.VariableSpec `ebpf:"cpu_known"`
+	CpuOff       *ebpf.VariableSpec `ebpf:"cpu_off"`
+	CpusAllKnown *ebpf.VariableSpec `ebpf:"cpus_all_known"`
 	FilterDevs   *ebpf.VariableSpec `ebpf:"filter_devs"`
 	N_filterDevs *ebpf.VariableSpec `ebpf:"n_filter_devs"`
+	NrCpus       *ebpf.VariableSpec `ebpf:"nr_cpus"`
 	UnusedRa     *ebpf.VariableSpec `ebpf:"unused_ra"`
 	UnusedRec    *ebpf.VariableSpec `ebpf:"unused_rec"`
 	WakeupBytes  *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
@@ -231,7 +222,6 @@ type probeMaps struct {
 	Events    *ebpf.Map `ebpf:"events"`
 	Filecache *ebpf.Map `ebpf:"filecache"`
 	Filestats *ebpf.Map `ebpf:"filestats"`
-	Inflight  *ebpf.Map `ebpf:"inflight"`
 	Lost      *ebpf.Map `ebpf:"lost"`
 	Sampling  *ebpf.Map `ebpf:"sampling"`
 }
@@ -243,7 +233,6 @@ func (m *probeMaps) Close() error {
 		m.Events,
 		m.Filecache,
 		m.Filestats,
-		m.Inflight,
 		m.Lost,
 		m.Sampling,
 	)
@@ -253,8 +242,12 @@ func (m *probeMaps) Close() error {
 //
 // It can be passed to loadProbeObjects or ebpf.CollectionSpec.LoadAndAssign.
 type probeVariables struct {
+	CpuKnown     *ebpf.Variable `ebpf:"cpu_known"`
+	CpuOff       *ebpf.Variable `ebpf:"cpu_off"`
+	CpusAllKnown *ebpf.Variable `ebpf:"cpus_all_known"`
 	FilterDevs   *ebpf.Variable `ebpf:"filter_devs"`
 	N_filterDevs *ebpf.Variable `ebpf:"n_filter_devs"`
+	NrCpus       *ebpf.Variable `ebpf:"nr_cpus"`
 	UnusedRa     *ebpf.Variable `ebpf:"unused_ra"`
 	UnusedRec    *ebpf.Variable `ebpf:"unused_rec"`
 	WakeupBytes  *ebpf.Variable `ebpf:"wakeup_bytes"`
@@ -265,8 +258,6 @@ type probeVariables struct {
 // It can be passed to loadProbeObjects or ebpf.CollectionSpec.LoadAndAssign.
 type probePrograms struct {
 	BlockRqComplete  *ebpf.Program `ebpf:"block_rq_complete"`
-	BlockRqIssue     *ebpf.Program `ebpf:"block_rq_issue"`
-	BlockRqRequeue   *ebpf.Program `ebpf:"block_rq_requeue"`
 	PageCacheAsyncRa *ebpf.Program `ebpf:"page_cache_async_ra"`
 	PageCacheSyncRa  *ebpf.Program `ebpf:"page_cache_sync_ra"`
 }
@@ -274,8 +265,6 @@ type probePrograms struct {
 func (p *probePrograms) Close() error {
 	return _ProbeClose(
 		p.BlockRqComplete,
-		p.BlockRqIssue,
-		p.BlockRqRequeue,
 		p.PageCacheAsyncRa,
 		p.PageCacheSyncRa,
 	)

@@ -108,17 +108,13 @@ func TestSamplingIsUnbiasedOnLoopDevice(t *testing.T) {
 		histSum += v
 	}
 	assert.Equal(t, ds.Requests, histSum)
-	// In flight comes back to (about) zero once the file system's own
-	// reads drain. Not always exactly: a request issued twice under two
-	// driver tags without a requeue event (a driver that gives its tag
-	// back on a busy queue) leaves its first home slot marked until a
-	// request reuses that slot after INFLIGHT_STALE_NS; seen here at most
-	// once in 9216 reads.
+	// In flight (the kernel's own count) comes back to zero once the file
+	// system's own reads drain.
 	var inflight int64
 	assert.Eventually(t, func() bool {
 		s, err := p.Stats()
 		inflight = s.Devices[l.Dev].InFlight
-		return err == nil && inflight >= 0 && inflight <= 2
+		return err == nil && inflight == 0
 	}, 2*time.Second, 20*time.Millisecond, "reads left in flight: %d", inflight)
 	assert.Zero(t, s.Lost.Total(), "%+v", s.Lost)
 	// Per-file kernel totals are the same weighted estimates.

@@ -43,7 +43,7 @@ type DeviceStats struct {
 	Bytes      uint64
 	Errors     uint64
 	LatencySum time.Duration // over the Requests - Untimed requests in Hist
-	InFlight   int64         // read requests issued and not completed, now
+	InFlight   int64         // read requests the kernel counts in flight now (/sys/dev/block/M:m/inflight)
 	Hist       [HistBuckets]uint64
 	// Sampled counts the requests attributed to files and streamed as
 	// records (all of them while the disk is under Config.SampleBudget).
@@ -78,11 +78,11 @@ type FileStats struct {
 type Lost struct {
 	Records   uint64 // ring buffer full: read records dropped
 	Readahead uint64 // ring buffer full: readahead events dropped
-	Inflight  uint64 // in-flight map full at issue: requests not traced
+	Inflight  uint64 // always 0 since the probe keeps no in-flight table (kept for the metric's stability)
 	DeviceMap uint64 // per-disk map full
 	FileMap   uint64 // per-file map insert failed
 	Undecoded uint64 // ring records user space could not decode
-	Stale     uint64 // in-flight slots taken over after a minute without completion
+	Stale     uint64 // always 0 since the probe keeps no in-flight table
 }
 
 // Total sums all lost counters.
@@ -106,7 +106,10 @@ func (p ProgramStats) PerRun() time.Duration {
 	return p.RunTime / time.Duration(p.Runs)
 }
 
-// Program names, as reported in Stats.Programs and Check.
+// Program names, as reported in Stats.Programs and Check. The probe runs
+// block_rq_complete and the two readahead programs; block_rq_issue and
+// block_rq_requeue name the tracepoints of earlier builds (and of the
+// benchmarks' empty programs).
 const (
 	ProgBlockRqIssue     = "block_rq_issue"
 	ProgBlockRqComplete  = "block_rq_complete"

@@ -78,13 +78,21 @@ type Record struct {
 	Device  Dev           // whole disk the request was issued to
 	Sector  uint64        // first sector (512 bytes)
 	Bytes   uint32        // request size
-	Issue   time.Duration // when the driver got the request
+	Issue   time.Duration // when the driver got the request (allocation on queues without statistics: DeviceStats.AllocTimed)
 	Latency time.Duration // issue to completion
-	Depth   uint32        // read requests in flight on Device at issue, this one included
-	Kind    Kind
-	File    FileKey // set when Kind == KindFile
-	Offset  uint64  // byte offset in File of the first page, when Kind == KindFile
-	Error   bool    // the request completed with an error
+	// Depth is the read requests in flight on the request's block device
+	// at its completion, this one included: the kernel's own count (from
+	// a request's start of accounting to its end, so requests waiting in
+	// the I/O scheduler count too). Over a steady stream it has the same
+	// distribution as the depth seen at issue. 0 when the kernel keeps no
+	// such count: kernels that counted a request-based disk's requests in
+	// flight by walking its tags (before about 6.16) leave these per-CPU
+	// counters at zero, and a queue with iostats off counts nothing.
+	Depth  uint32
+	Kind   Kind
+	File   FileKey // set when Kind == KindFile
+	Offset uint64  // byte offset in File of the first page, when Kind == KindFile
+	Error  bool    // the request completed with an error
 	// Weight is how many requests of Device this record stands for: the
 	// sampling period when the probe attributes 1 in N requests (above
 	// Config.SampleBudget), 1 otherwise. 0 (a Record built by hand) means 1.

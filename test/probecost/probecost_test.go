@@ -36,11 +36,14 @@ type workload struct {
 
 // Arms: no daemon; the daemon; no daemon but an empty tp_btf program on
 // block_rq_issue and one on block_rq_complete (the floor of any design that
-// runs a program per request at issue and at completion).
+// runs a program per request at issue and at completion); and, when
+// READAHEADD_BENCH_BEFORE_BIN names another build of the daemon (e.g. of an
+// earlier commit), that build, to compare two designs in one run.
 const (
-	armOff   = "off"
-	armOn    = "on"
-	armEmpty = "empty"
+	armOff    = "off"
+	armOn     = "on"
+	armEmpty  = "empty"
+	armBefore = "before"
 )
 
 var workloads = []workload{
@@ -76,7 +79,9 @@ func TestIOPSCost(t *testing.T) {
 	}
 	rounds := envInt("READAHEADD_BENCH_ROUNDS", 3)
 	secs := envInt("READAHEADD_BENCH_SECONDS", 5)
+	statsSecs := envInt("READAHEADD_BENCH_STATS_SECONDS", 2)
 	bin := os.Getenv("READAHEADD_BIN")
+	beforeBin := os.Getenv("READAHEADD_BENCH_BEFORE_BIN")
 	work := t.TempDir()
 	if bin == "" {
 		bin = filepath.Join(work, "readaheadd")
@@ -96,11 +101,12 @@ func TestIOPSCost(t *testing.T) {
 	t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
 	name := filepath.Base(loop)
 
-	// Run-time statistics for every BPF program, restored afterwards.
-	old, err := os.ReadFile("/proc/sys/kernel/bpf_stats_enabled")
+	// Run-time statistics only in each arm's statistics window; the old
+	// setting is restored afterwards.
+	old, err := os.ReadFile(statsSysctl)
 	require.NoError(t, err)
-	require.NoError(t, os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", []byte("1"), 0o644))
-	t.Cleanup(func() { os.WriteFile("/proc/sys/kernel/bpf_stats_enabled", old, 0o644) })
+	setStats(t, false)
+	t.Cleanup(func() { os.WriteFile(statsSysctl, old, 0o644) })
 
 	// Warm-up, not counted: the first run after the device appears is slower.
 	for _, w := range workloads {
@@ -112,63 +118,66 @@ func TestIOPSCost(t *testing.T) {
 			// off, on, empty within each round, rotating between rounds so
 			// that drift (other load on the host) cancels.
 			kinds := []string{armOff, armOn, armEmpty}
+			if beforeBin != "" {
+				kinds = append(kinds, armBefore)
+			}
 			for i := range kinds {
 				k := kinds[(i+r)%len(kinds)]
-				a := runArm(t, w, loop, name, bin, work, k, secs)
+				b := bin
+				if k == armBefore {
+					b = beforeBin
+				}
+				a := runArm(t, w, loop, name, b, work, k, secs, statsSecs)
 				results[w.name] = append(results[w.name], a)
 				t.Logf("round %d %-18s %-5s IOPS %8.0f  MB/s %7.1f  cpu %.3f", r+1, w.name, k, a.iops, a.bps/1e6, a.cpu)
 			}
 		}
 	}
-	report(t, results, secs)
+	report(t, results, secs, statsSecs)
 }
 
-func runArm(t *testing.T, w workload, loop, name, bin, work string, kind string, secs int) (a arm) {
-	on := kind == armOn
+// statsSysctl switches kernel.bpf_stats_enabled.
+const statsSysctl = "/proc/sys/kernel/bpf_stats_enabled"
+
+func setStats(t *testing.T, on bool) {
+	v := "0"
+	if on {
+		v = "1"
+	}
+	require.NoError(t, os.WriteFile(statsSysctl, []byte(v), 0o644))
+}
+
+// runArm runs one arm: fio for secs seconds with run-time statistics off
+// (as the daemon runs in production: the statistics cost two clock reads
+// per program run, which would tax the arms with programs), its IOPS, and
+// the daemon's CPU share and RSS over it; then, for arms with programs, a
+// second fio run of statsSecs seconds with statistics on, for the ns per
+// program run.
+func runArm(t *testing.T, w workload, loop, name, bin, work string, kind string, secs, statsSecs int) (a arm) {
+	on := kind == armOn || kind == armBefore
 	a = arm{kind: kind, daemon: on}
 	var d *daemon
-	var before map[ebpf.ProgramID]ebpf.ProgramStats
 	var empties []*ebpf.Program
+	emptyNames := []string{probe.ProgBlockRqIssue, probe.ProgBlockRqComplete}
 	if kind == armEmpty {
-		for _, tp := range []string{probe.ProgBlockRqIssue, probe.ProgBlockRqComplete} {
+		for _, tp := range emptyNames {
 			p, l := emptyProgram(t, tp)
 			defer p.Close()
 			defer l.Close()
 			empties = append(empties, p)
 		}
-		emptyBefore := make([]ebpf.ProgramStats, len(empties))
-		for i, p := range empties {
-			s, err := p.Stats()
-			require.NoError(t, err)
-			emptyBefore[i] = *s
-		}
-		defer func() {
-			a.progNs = map[string]int64{}
-			a.progRuns = map[string]uint64{}
-			var total time.Duration
-			for i, p := range empties {
-				s, err := p.Stats()
-				require.NoError(t, err)
-				n := []string{probe.ProgBlockRqIssue, probe.ProgBlockRqComplete}[i]
-				runs := s.RunCount - emptyBefore[i].RunCount
-				a.progRuns[n] = runs
-				if runs > 0 {
-					a.progNs[n] = int64(s.Runtime-emptyBefore[i].Runtime) / int64(runs)
-				}
-				total += s.Runtime - emptyBefore[i].Runtime
-			}
-			if r := a.progRuns[probe.ProgBlockRqComplete]; r > 0 {
-				a.perRequest = float64(total) / float64(r)
-			}
-		}()
 	}
 	if on {
 		var err error
 		d, err = startDaemon(bin, name, work)
 		require.NoError(t, err)
 		defer d.stop()
-		before = progStats(t, d.progIDs)
 	}
+	// One second of the workload first, not measured, in every arm: the
+	// daemon starts streaming every request (sampling period 1) and
+	// reaches its period within a poll or two; what is measured is the
+	// daemon watching a busy device, as it runs for days, not its start.
+	fio(t, w, loop, 1)
 	var cpu0 uint64
 	if on {
 		cpu0 = procCPU(t, d.cmd.Process.Pid)
@@ -176,13 +185,49 @@ func runArm(t *testing.T, w workload, loop, name, bin, work string, kind string,
 	t0 := time.Now()
 	a.iops, a.bps = fio(t, w, loop, secs)
 	wall := time.Since(t0)
-	if !on {
-		return a // the empty arm's figures are filled in by its deferred function
+	if on {
+		a.cpu = float64(procCPU(t, d.cmd.Process.Pid)-cpu0) * 1e9 / float64(unixTicks()) / float64(wall)
+		a.rssMB = procRSS(t, d.cmd.Process.Pid)
+		m := d.metrics(t)
+		a.lost = m["readaheadd_bpf_events_lost_total"]
+		a.sampleN = m[`readaheadd_probe_sample_every{device="`+name+`"}`]
 	}
-	a.cpu = float64(procCPU(t, d.cmd.Process.Pid)-cpu0) * 1e9 / float64(unixTicks()) / float64(wall)
-	a.rssMB = procRSS(t, d.cmd.Process.Pid)
-	after := progStats(t, d.progIDs)
+	if kind == armOff {
+		return a
+	}
+
+	// The statistics window.
 	a.progNs, a.progRuns = map[string]int64{}, map[string]uint64{}
+	setStats(t, true)
+	defer setStats(t, false)
+	if kind == armEmpty {
+		before := make([]ebpf.ProgramStats, len(empties))
+		for i, p := range empties {
+			s, err := p.Stats()
+			require.NoError(t, err)
+			before[i] = *s
+		}
+		fio(t, w, loop, statsSecs)
+		var total time.Duration
+		for i, p := range empties {
+			s, err := p.Stats()
+			require.NoError(t, err)
+			n := emptyNames[i]
+			runs := s.RunCount - before[i].RunCount
+			a.progRuns[n] = runs
+			if runs > 0 {
+				a.progNs[n] = int64(s.Runtime-before[i].Runtime) / int64(runs)
+			}
+			total += s.Runtime - before[i].Runtime
+		}
+		if r := a.progRuns[probe.ProgBlockRqComplete]; r > 0 {
+			a.perRequest = float64(total) / float64(r)
+		}
+		return a
+	}
+	before := progStats(t, d.progIDs)
+	fio(t, w, loop, statsSecs)
+	after := progStats(t, d.progIDs)
 	var blockNs time.Duration
 	for id, s := range after {
 		b := before[id]
@@ -200,9 +245,6 @@ func runArm(t *testing.T, w workload, loop, name, bin, work string, kind string,
 	if reqs := a.progRuns["block_rq_complete"]; reqs > 0 {
 		a.perRequest = float64(blockNs) / float64(reqs)
 	}
-	m := d.metrics(t)
-	a.lost = m["readaheadd_bpf_events_lost_total"]
-	a.sampleN = m[`readaheadd_probe_sample_every{device="`+name+`"}`]
 	return a
 }
 
@@ -446,9 +488,10 @@ func median(xs []float64) float64 {
 
 // report prints, per workload and round, the three arms side by side and
 // the ratios to the arm without anything attached.
-func report(t *testing.T, results map[string][]arm, secs int) {
+func report(t *testing.T, results map[string][]arm, secs, statsSecs int) {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nreadaheadd probe cost, fio on a RAM-backed loop device, %d s per arm, %s\n", secs, time.Now().UTC().Format(time.RFC3339))
+	fmt.Fprintf(&b, "\nreadaheadd probe cost, fio on a RAM-backed loop device, %d s per arm (bpf_stats off), then %d s with bpf_stats on for ns/run, %s\n",
+		secs, statsSecs, time.Now().UTC().Format(time.RFC3339))
 	if l, err := os.ReadFile("/proc/loadavg"); err == nil {
 		fmt.Fprintf(&b, "load average at the end: %s", l)
 	}
@@ -459,14 +502,24 @@ func report(t *testing.T, results map[string][]arm, secs int) {
 	sort.Strings(names)
 	for _, n := range names {
 		arms := results[n]
-		fmt.Fprintf(&b, "\n%s\n%-5s %9s %9s %6s %9s %6s | %7s %7s %5s %5s %6s %6s %6s %5s | %6s %6s %6s\n", n,
+		per := 3
+		for _, a := range arms {
+			if a.kind == armBefore {
+				per = 4
+			}
+		}
+		fmt.Fprintf(&b, "\n%s\n%-5s %9s %9s %6s %9s %6s | %7s %7s %5s %5s %6s %6s %6s %5s | %6s %6s %6s", n,
 			"round", "IOPS off", "IOPS on", "on/off", "IOPS emp", "emp/of",
 			"MB/s on", "cpu", "RSS", "N", "issue", "compl", "ns/req", "lost", "e.iss", "e.cmp", "e.req")
-		var offs, ons, emps, rOn, rEmp, cpus, rss, nsReq, eReq []float64
+		if per == 4 {
+			fmt.Fprintf(&b, " | %9s %6s %6s %6s %6s %7s", "IOPS bef", "bef/of", "b.iss", "b.cmp", "b.req", "b.cpu")
+		}
+		b.WriteString("\n")
+		var offs, ons, emps, befs, rOn, rEmp, rBef, cpus, bcpus, rss, nsReq, eReq, bReq []float64
 		var lost float64
-		for i := 0; i+3 <= len(arms); i += 3 {
-			var off, on, emp arm
-			for _, a := range arms[i : i+3] {
+		for i := 0; i+per <= len(arms); i += per {
+			var off, on, emp, bef arm
+			for _, a := range arms[i : i+per] {
 				switch a.kind {
 				case armOff:
 					off = a
@@ -474,6 +527,8 @@ func report(t *testing.T, results map[string][]arm, secs int) {
 					on = a
 				case armEmpty:
 					emp = a
+				case armBefore:
+					bef = a
 				}
 			}
 			offs, ons, emps = append(offs, off.iops), append(ons, on.iops), append(emps, emp.iops)
@@ -481,20 +536,36 @@ func report(t *testing.T, results map[string][]arm, secs int) {
 			cpus, rss = append(cpus, on.cpu), append(rss, on.rssMB)
 			nsReq, eReq = append(nsReq, on.perRequest), append(eReq, emp.perRequest)
 			lost = max(lost, on.lost)
-			fmt.Fprintf(&b, "%-5d %9.0f %9.0f %6.3f %9.0f %6.3f | %7.0f %7.3f %5.1f %5.0f %6d %6d %6.0f %5.0f | %6d %6d %6.0f\n", i/3+1,
+			fmt.Fprintf(&b, "%-5d %9.0f %9.0f %6.3f %9.0f %6.3f | %7.0f %7.3f %5.1f %5.0f %6d %6d %6.0f %5.0f | %6d %6d %6.0f", i/per+1,
 				off.iops, on.iops, on.iops/off.iops, emp.iops, emp.iops/off.iops,
 				on.bps/1e6, on.cpu, on.rssMB, on.sampleN,
 				on.progNs[probe.ProgBlockRqIssue], on.progNs[probe.ProgBlockRqComplete], on.perRequest, on.lost,
 				emp.progNs[probe.ProgBlockRqIssue], emp.progNs[probe.ProgBlockRqComplete], emp.perRequest)
+			if per == 4 {
+				befs, rBef, bReq, bcpus = append(befs, bef.iops), append(rBef, bef.iops/off.iops), append(bReq, bef.perRequest), append(bcpus, bef.cpu)
+				lost = max(lost, bef.lost)
+				fmt.Fprintf(&b, " | %9.0f %6.3f %6d %6d %6.0f %7.3f", bef.iops, bef.iops/off.iops,
+					bef.progNs[probe.ProgBlockRqIssue], bef.progNs[probe.ProgBlockRqComplete], bef.perRequest, bef.cpu)
+			}
+			b.WriteString("\n")
 		}
-		fmt.Fprintf(&b, "%-5s %9.0f %9.0f %6.3f %9.0f %6.3f | %7s %7.3f %5.1f %5s %6s %6s %6.0f %5.0f | %6s %6s %6.0f\n", "mean",
+		fmt.Fprintf(&b, "%-5s %9.0f %9.0f %6.3f %9.0f %6.3f | %7s %7.3f %5.1f %5s %6s %6s %6.0f %5.0f | %6s %6s %6.0f", "mean",
 			mean(offs), mean(ons), mean(ons)/mean(offs), mean(emps), mean(emps)/mean(offs),
 			"", mean(cpus), mean(rss), "", "", "", mean(nsReq), lost, "", "", mean(eReq))
-		fmt.Fprintf(&b, "%-5s %9s %9s %6.3f %9s %6.3f   (median of the rounds' ratios)\n", "med", "", "", median(rOn), "", median(rEmp))
+		if per == 4 {
+			fmt.Fprintf(&b, " | %9.0f %6.3f %6s %6s %6.0f %7.3f", mean(befs), mean(befs)/mean(offs), "", "", mean(bReq), mean(bcpus))
+		}
+		fmt.Fprintf(&b, "\n%-5s %9s %9s %6.3f %9s %6.3f", "med", "", "", median(rOn), "", median(rEmp))
+		if per == 4 {
+			fmt.Fprintf(&b, " %60s %6.3f", "", median(rBef))
+		}
+		b.WriteString("   (median of the rounds' ratios)\n")
 	}
 	b.WriteString("\ncpu: daemon CPU time / wall time (1 = one core); RSS in MB; N: sampling period at the end;\n" +
-		"issue, compl: ns per run from bpf_stats; ns/req: all block programs' run time per completed request;\n" +
-		"lost: readaheadd_bpf_events_lost_total; e.*: the same for the empty pair.\n")
+		"issue, compl: ns per run from bpf_stats (in a separate window: IOPS, cpu are measured with bpf_stats off);\n" +
+		"ns/req: all block programs' run time per completed request;\n" +
+		"lost: readaheadd_bpf_events_lost_total; e.*: the same for the empty pair;\n" +
+		"bef, b.*: the build in READAHEADD_BENCH_BEFORE_BIN, when set.\n")
 	t.Log(b.String())
 	if p := os.Getenv("READAHEADD_BENCH_OUT"); p != "" {
 		require.NoError(t, os.WriteFile(p, []byte(b.String()), 0o644))
