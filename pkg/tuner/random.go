@@ -91,3 +91,18 @@ func randomLost(l *ladder, m measure) string {
 	}
 	return ""
 }
+
+// trimComing reports whether a random reader on the device has its
+// read-around trim under trial, or is read-around sized and not trimmed
+// yet (its trim comes with the device's raised window).
+func (t *Tuner) trimComing(d *devState) bool {
+	for _, td := range t.trims {
+		if td.dev == d && td.trialAt != 0 {
+			return true
+		}
+	}
+	if k, ok := t.randomOnDevice(d.dev); ok && t.trims[k] == nil {
+		return true
+	}
+	return false
+}

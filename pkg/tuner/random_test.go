@@ -157,3 +157,37 @@ func TestRandomReaderReference(t *testing.T) {
 	assert.Empty(t, randomLost(&ladder{}, measure{randReq: 620, randP95: 2 * time.Millisecond, randDefReq: 640, randDefP95: 1900 * time.Microsecond}))
 	assert.NotEmpty(t, randomLost(&ladder{}, measure{randReq: 590, randP95: 2 * time.Millisecond, randDefReq: 640, randDefP95: 1900 * time.Microsecond}))
 }
+
+// A random reader whose read-around trim is coming: the step's verdict waits
+// for it (its service changes with it), at most twice, then the step is
+// judged like any other.
+func TestStepBesideARandomReaderAwaitingItsTrimIsJudgedAfterIt(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	rkey := probe.FileKey{Dev: key.Dev, Ino: key.Ino + 1}
+	var acts []Action
+	for i := 0; i < 4; i++ {
+		r.clk.Advance(time.Second)
+		s := r.outcomeSnap(st)
+		s.Devices[0].CapacityBPS = 150e6
+		req := 600.0
+		if r.files.window[key] > 128 {
+			req = 300 // the stream's step costs it half its faults
+		}
+		// Faults read around their page: 128 KB each (its trim would
+		// make them 16 KB; its descriptor is not found here, so none).
+		s.Files = append(s.Files, detector.FileStats{Key: rkey, Device: sdb, Requests: uint64(req), Bytes: uint64(req) * 128 << 10,
+			MeanSize: 128 << 10, Sequentiality: 0.01, P50: time.Millisecond, P95: 2 * time.Millisecond, P99: 2 * time.Millisecond, LastSeen: s.Now})
+		acts = append(acts, r.tn.Step(s)...)
+	}
+	logActs(t, acts)
+	undone := filter(acts, KindFileWindowUndo, ResultUndone)
+	require.Len(t, undone, 1)
+	trial := filter(acts, KindFileWindow, ResultTrial)[0]
+	assert.Equal(t, 3*time.Second, undone[0].Time-trial.Time, "judged after two intervals' wait for the trim")
+	assert.Contains(t, undone[0].Evidence, "random readers beside it lost")
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
+}

@@ -196,6 +196,13 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		}
 		if l.kind == KindFileWindow {
 			if lost := randomLost(l, m); lost != "" {
+				if l.later < tailMaxLater && t.trimComing(d) {
+					// The random readers' own trim is under trial or
+					// about to be: their service changes with it, and
+					// the step is judged once it has.
+					l.later++
+					return did
+				}
 				return t.undoStep(l, now, ev+"; "+lost, apply, act)
 			}
 		}
