@@ -728,3 +728,36 @@ func TestFirstStepBeforeTheCapacityIsLearnedUsesTheDevicesRate(t *testing.T) {
 	require.Len(t, trials, 1)
 	assert.Equal(t, 2048, trials[0].ToKB)
 }
+
+// A window kept under a regime whose stream is still bound by the device's
+// window at the re-probe (as any stream at full speed is) but reads as fast
+// there as with the kept window: the regime is over, the window goes.
+func TestReprobeOfARegimeWindowJudgesAWindowBoundStreamByItsRate(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, Grace: time.Hour, ReprobeAfter: 20 * time.Second}, nil)
+	slow := true
+	r.tput = func(kb int) float64 {
+		if !slow {
+			return 148e6 // healthy: the device's bandwidth at any window
+		}
+		return kneeModel(kb)
+	}
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	for i := 0; i < 5; i++ {
+		r.clk.Advance(time.Second)
+		s := r.outcomeSnap(st)
+		s.Regimes = []detector.Regime{{Kind: detector.FileLatencyShift, Device: sdb, File: key, Evidence: "test"}}
+		s.Devices[0].CapacityBPS = 150e6 // learned while it was healthy
+		r.tn.Step(s)
+	}
+	require.Greater(t, r.files.window[key], 128, "kept under the regime")
+	slow = false
+	acts := r.runOutcome(40, st)
+	logActs(t, acts)
+	var ended bool
+	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
+		ended = ended || strings.Contains(a.Evidence, "re-probe")
+	}
+	assert.True(t, ended, "the re-probe ends the window")
+}

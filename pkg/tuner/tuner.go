@@ -393,7 +393,10 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			}
 		}
 		if fd.win.probeUntil != 0 {
-			if fd.byRate {
+			// A stream at the device's window is bound by it whatever
+			// its speed (a healthy one too): when that is all that
+			// asks for the window now, the stream's rate judges.
+			if fd.byRate || needed && onlyOutcome(fileNeeds[k]) {
 				needed = t.stillPays(fd)
 			}
 			t.reprobeJudge(fd, needed)
