@@ -22,9 +22,9 @@ import (
 // were under the device's window, and that gain is the stream's to use: when
 // every random reader beside the stream was seen at the default window
 // (no window of the tuner's raised on the device, its file not trimmed,
-// within randDefaultFresh), the step is judged against that instead; a
-// trimmed reader never seen there is judged against what it got just
-// before its trim.
+// within randDefaultFresh), the step is judged against that instead. (What
+// it got just before its trim is no reference: the trim comes with the
+// stream's first trial, whose queue it already waits behind.)
 const (
 	randLossMax      = 0.05
 	randLatMax       = 0.10
@@ -103,6 +103,21 @@ func (t *Tuner) trimComing(d *devState) bool {
 	}
 	if k, ok := t.randomOnDevice(d.dev); ok && t.trims[k] == nil {
 		return true
+	}
+	return false
+}
+
+// randomUnseen reports whether a random reader on the device has not been
+// seen at the default window yet and is not trimmed: a fresh stream's
+// first step waits one interval for it, or every later step beside it
+// would be judged against the stream's own first trial.
+func (t *Tuner) randomUnseen(dev probe.Dev) bool {
+	for k, fs := range t.fstats {
+		if fs.Device == dev && t.trims[k] == nil && t.readRandomly(fs) {
+			if _, ok := t.randDefault[k]; !ok {
+				return true
+			}
+		}
 	}
 	return false
 }

@@ -128,8 +128,8 @@ func TestStreamMayUseWhatARandomReadersTrimGave(t *testing.T) {
 }
 
 // The reference a random reader beside a stream is judged against: what the
-// device's default window gave it when it was seen there, else what it got
-// just before its trim, else none (the step's before-measure is used).
+// device's default window gave it when it was seen there, else none (the
+// step's before-measure is used).
 func TestRandomReaderReference(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	now := r.clk.Now()
@@ -145,10 +145,9 @@ func TestRandomReaderReference(t *testing.T) {
 	assert.Equal(t, 1200.0, m.randReq)
 	assert.Zero(t, m.randDefReq, "never seen at the default window, not trimmed: no reference")
 
-	r.tn.trims[rnd] = &trimDec{key: rnd, beforeReq: 600, beforeP95: 2 * time.Millisecond}
+	r.tn.trims[rnd] = &trimDec{key: rnd}
 	m = r.tn.fileMeasure(seq)
-	assert.Equal(t, 600.0, m.randDefReq, "what it got before its trim")
-	assert.Equal(t, 2*time.Millisecond, m.randDefP95)
+	assert.Zero(t, m.randDefReq, "trimmed, never seen at the default window: no reference")
 
 	r.tn.randDefault = map[probe.FileKey]randRef{rnd: {req: 640, p95: 1900 * time.Microsecond, at: now}}
 	m = r.tn.fileMeasure(seq)
@@ -190,4 +189,35 @@ func TestStepBesideARandomReaderAwaitingItsTrimIsJudgedAfterIt(t *testing.T) {
 	assert.Equal(t, 3*time.Second, undone[0].Time-trial.Time, "judged after two intervals' wait for the trim")
 	assert.Contains(t, undone[0].Evidence, "random readers beside it lost")
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
+}
+
+// A fresh stream beside a random reader the tuner has not yet seen at the
+// default window waits for the next interval: that interval records what
+// the default window gives the random reader, the reference of every later
+// step beside it.
+func TestFreshStreamWaitsForTheRandomReadersDefaultToBeSeen(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	rkey := probe.FileKey{Dev: key.Dev, Ino: key.Ino + 1}
+	random := func(s detector.Snapshot) detector.Snapshot {
+		s.Files = append(s.Files, detector.FileStats{Key: rkey, Device: sdb, Requests: 600, Bytes: 600 * 16 << 10,
+			MeanSize: 16 << 10, Sequentiality: 0.01, P50: time.Millisecond, P95: 2 * time.Millisecond, LastSeen: s.Now})
+		return s
+	}
+	r.clk.Advance(300 * time.Millisecond)
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: 32})
+	r.clk.Advance(300 * time.Millisecond)
+	keys, span := r.tn.FreshStreams()
+	require.Len(t, keys, 1)
+	assert.Empty(t, r.tn.FastOutcome(random(r.recentSnap(span, st)), span), "no first step before the random reader was seen at the default window")
+	r.clk.Advance(400 * time.Millisecond)
+	s := random(r.outcomeSnap(st))
+	s.Devices[0].CapacityBPS = 150e6
+	acts := r.tn.Step(s)
+	logActs(t, acts)
+	assert.Contains(t, r.tn.randDefault, rkey, "seen at the default window")
+	assert.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial), "the step comes with that interval")
 }

@@ -639,11 +639,6 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 				if ref, ok := t.randDefault[ok2]; ok && !noDefault {
 					m.randDefReq += ref.req
 					m.randDefP95 = max(m.randDefP95, ref.p95)
-				} else if td := t.trims[ok2]; td != nil && td.beforeReq > 0 && !noDefault {
-					// Never seen at the default window: what it got
-					// before its trim is the reference.
-					m.randDefReq += td.beforeReq
-					m.randDefP95 = max(m.randDefP95, td.beforeP95)
 				} else {
 					noDefault = true
 				}
