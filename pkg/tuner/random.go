@@ -54,7 +54,10 @@ func (t *Tuner) noteRandomDefaults(now time.Duration) {
 		if t.trims[k] != nil || !t.readRandomly(fs) {
 			continue
 		}
-		if d := t.device(fs.Device); d == nil || t.helping(d) {
+		// Only a reader whose faults read around at the device's window:
+		// one whose open file still holds a trim (the tuner's record of
+		// it ended, the pin not yet) would make a cheap reference.
+		if d := t.device(fs.Device); d == nil || t.helping(d) || !readAroundSized(fs, min(d.orig, t.cfg.TrimKB)) {
 			continue
 		}
 		t.randDefault[k] = randRef{req: float64(fs.Requests) / t.cfg.Settle.Seconds(), p95: fs.P95, at: now}

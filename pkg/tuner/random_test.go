@@ -24,8 +24,12 @@ func (r *rig) runBeside(n int, st stream, rnd func(kb int) (float64, time.Durati
 		s := r.outcomeSnap(st)
 		s.Devices[0].CapacityBPS = 150e6
 		req, p95 := rnd(r.files.window[st.key])
-		s.Files = append(s.Files, detector.FileStats{Key: rkey, Device: sdb, Requests: uint64(req), Bytes: uint64(req) * 16 << 10,
-			MeanSize: 16 << 10, Sequentiality: 0.01, P50: p95 / 2, P95: p95, P99: p95, LastSeen: s.Now})
+		size := uint64(128 << 10) // its faults read around at the device's window
+		if r.files.window[st.key] > 128 {
+			size = 16 << 10 // trimmed beside the raised window
+		}
+		s.Files = append(s.Files, detector.FileStats{Key: rkey, Device: sdb, Requests: uint64(req), Bytes: uint64(req) * size,
+			MeanSize: float64(size), Sequentiality: 0.01, P50: p95 / 2, P95: p95, P99: p95, LastSeen: s.Now})
 		all = append(all, r.tn.Step(s)...)
 	}
 	return all
@@ -203,8 +207,8 @@ func TestFreshStreamWaitsForTheRandomReadersDefaultToBeSeen(t *testing.T) {
 	st := stream{key: key, tgid: 100, fill: 0.9}
 	rkey := probe.FileKey{Dev: key.Dev, Ino: key.Ino + 1}
 	random := func(s detector.Snapshot) detector.Snapshot {
-		s.Files = append(s.Files, detector.FileStats{Key: rkey, Device: sdb, Requests: 600, Bytes: 600 * 16 << 10,
-			MeanSize: 16 << 10, Sequentiality: 0.01, P50: time.Millisecond, P95: 2 * time.Millisecond, LastSeen: s.Now})
+		s.Files = append(s.Files, detector.FileStats{Key: rkey, Device: sdb, Requests: 600, Bytes: 600 * 128 << 10,
+			MeanSize: 128 << 10, Sequentiality: 0.01, P50: time.Millisecond, P95: 2 * time.Millisecond, LastSeen: s.Now})
 		return s
 	}
 	r.clk.Advance(300 * time.Millisecond)
@@ -220,4 +224,22 @@ func TestFreshStreamWaitsForTheRandomReadersDefaultToBeSeen(t *testing.T) {
 	logActs(t, acts)
 	assert.Contains(t, r.tn.randDefault, rkey, "seen at the default window")
 	assert.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial), "the step comes with that interval")
+}
+
+// Only a random reader whose faults read around at the device's window is a
+// reference of what the default window gives: one whose open file still
+// holds a trim reads 16 KB per fault and would make a cheap one.
+func TestRandomDefaultIsRecordedOnlyForReadAroundFaults(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	now := r.clk.Now()
+	big := probe.FileKey{Dev: 1, Ino: 20}
+	small := probe.FileKey{Dev: 1, Ino: 21}
+	r.tn.snap = detector.Snapshot{Now: now}
+	r.tn.fstats = map[probe.FileKey]detector.FileStats{
+		big:   {Key: big, Device: sdb, Requests: 600, MeanSize: 128 << 10, Sequentiality: 0.01, P95: 2 * time.Millisecond, LastSeen: now},
+		small: {Key: small, Device: sdb, Requests: 1500, MeanSize: 16 << 10, Sequentiality: 0.01, P95: time.Millisecond, LastSeen: now},
+	}
+	r.tn.noteRandomDefaults(now)
+	assert.Contains(t, r.tn.randDefault, big)
+	assert.NotContains(t, r.tn.randDefault, small)
 }
