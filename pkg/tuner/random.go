@@ -14,7 +14,7 @@ import (
 // reader reads fewer bytes by design), its requests and their latency do.
 // A stream's step is kept only if the random readers beside it did not
 // lose: their requests per second within randLossMax of what they were
-// before the step and at the stream's base window, their p95 within
+// before the step and at the stream's base window, their p99 within
 // randLatMax. Judged against the base window too, so that steps that each
 // cost a little do not add up.
 //
@@ -31,11 +31,11 @@ const (
 	randDefaultFresh = 5 * time.Minute
 )
 
-// randRef is a random reader's requests per second and p95 at the
+// randRef is a random reader's requests per second and p99 at the
 // device's default window.
 type randRef struct {
 	req float64
-	p95 time.Duration
+	p99 time.Duration
 	at  time.Duration
 }
 
@@ -60,7 +60,7 @@ func (t *Tuner) noteRandomDefaults(now time.Duration) {
 		if d := t.device(fs.Device); d == nil || t.helping(d) || !readAroundSized(fs, min(d.orig, t.cfg.TrimKB)) {
 			continue
 		}
-		t.randDefault[k] = randRef{req: float64(fs.Requests) / t.cfg.Settle.Seconds(), p95: fs.P95, at: now}
+		t.randDefault[k] = randRef{req: float64(fs.Requests) / t.cfg.Settle.Seconds(), p99: fs.P99, at: now}
 	}
 }
 
@@ -72,8 +72,8 @@ func randomLost(l *ladder, m measure) string {
 		if m.randReq < (1-randLossMax)*m.randDefReq {
 			return fmt.Sprintf("the random readers beside it lost: %.0f requests/s, %.0f at the device's default window", m.randReq, m.randDefReq)
 		}
-		if m.randDefP95 > 0 && m.randP95 > time.Duration(float64(m.randDefP95)*(1+randLatMax)) {
-			return fmt.Sprintf("the random readers beside it lost: p95 %v, %v at the device's default window", m.randP95, m.randDefP95)
+		if m.randDefP99 > 0 && m.randP99 > time.Duration(float64(m.randDefP99)*(1+randLatMax)) {
+			return fmt.Sprintf("the random readers beside it lost: p99 %v, %v at the device's default window", m.randP99, m.randDefP99)
 		}
 		return ""
 	}
@@ -88,8 +88,8 @@ func randomLost(l *ladder, m measure) string {
 		if m.randReq < (1-randLossMax)*b.randReq {
 			return fmt.Sprintf("the random readers beside it lost: %.0f -> %.0f requests/s (%s)", b.randReq, m.randReq, ref.name)
 		}
-		if b.randP95 > 0 && m.randP95 > time.Duration(float64(b.randP95)*(1+randLatMax)) {
-			return fmt.Sprintf("the random readers beside it lost: p95 %v -> %v (%s)", b.randP95, m.randP95, ref.name)
+		if b.randP99 > 0 && m.randP99 > time.Duration(float64(b.randP99)*(1+randLatMax)) {
+			return fmt.Sprintf("the random readers beside it lost: p99 %v -> %v (%s)", b.randP99, m.randP99, ref.name)
 		}
 	}
 	return ""

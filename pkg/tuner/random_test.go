@@ -153,12 +153,12 @@ func TestRandomReaderReference(t *testing.T) {
 	m = r.tn.fileMeasure(seq)
 	assert.Zero(t, m.randDefReq, "trimmed, never seen at the default window: no reference")
 
-	r.tn.randDefault = map[probe.FileKey]randRef{rnd: {req: 640, p95: 1900 * time.Microsecond, at: now}}
+	r.tn.randDefault = map[probe.FileKey]randRef{rnd: {req: 640, p99: 1900 * time.Microsecond, at: now}}
 	m = r.tn.fileMeasure(seq)
 	assert.Equal(t, 640.0, m.randDefReq, "what the default window gave it")
-	assert.Equal(t, 1900*time.Microsecond, m.randDefP95)
-	assert.Empty(t, randomLost(&ladder{}, measure{randReq: 620, randP95: 2 * time.Millisecond, randDefReq: 640, randDefP95: 1900 * time.Microsecond}))
-	assert.NotEmpty(t, randomLost(&ladder{}, measure{randReq: 590, randP95: 2 * time.Millisecond, randDefReq: 640, randDefP95: 1900 * time.Microsecond}))
+	assert.Equal(t, 1900*time.Microsecond, m.randDefP99)
+	assert.Empty(t, randomLost(&ladder{}, measure{randReq: 620, randP99: 2 * time.Millisecond, randDefReq: 640, randDefP99: 1900 * time.Microsecond}))
+	assert.NotEmpty(t, randomLost(&ladder{}, measure{randReq: 590, randP99: 2 * time.Millisecond, randDefReq: 640, randDefP99: 1900 * time.Microsecond}))
 }
 
 // A random reader whose read-around trim is coming: the step's verdict waits

@@ -635,10 +635,10 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 			if t.readRandomly(ofs) {
 				m.dev -= float64(ofs.Bytes) / span
 				m.randReq += float64(ofs.Requests) / span
-				m.randP95 = max(m.randP95, ofs.P95)
+				m.randP99 = max(m.randP99, ofs.P99)
 				if ref, ok := t.randDefault[ok2]; ok && !noDefault {
 					m.randDefReq += ref.req
-					m.randDefP95 = max(m.randDefP95, ref.p95)
+					m.randDefP99 = max(m.randDefP99, ref.p99)
 				} else {
 					noDefault = true
 				}
@@ -650,7 +650,7 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 		}
 	}
 	if noDefault {
-		m.randDefReq, m.randDefP95 = 0, 0
+		m.randDefReq, m.randDefP99 = 0, 0
 	}
 	return m
 }
