@@ -441,7 +441,7 @@ func (t *Tuner) FastOutcome(snap detector.Snapshot, span time.Duration) []Action
 			continue
 		}
 		d := t.device(f.Device)
-		if d == nil || !t.outcomeDue(d, f.Key) || t.randomUnseen(f.Device) {
+		if d == nil || !t.outcomeDue(d, f.Key) {
 			continue
 		}
 		delete(t.fresh, f.Key)

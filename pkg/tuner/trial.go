@@ -106,17 +106,12 @@ type measure struct {
 	// othersMustNotLose: judge the step also by those other readers, not
 	// only by the device's total.
 	othersMustNotLose bool
-	// randReq, randP99: the device's random readers' requests per second
+	// randReq, randP95: the device's random readers' requests per second
 	// (each a fault of an mmap reader, or a random read) and the largest of
-	// their p99 latencies, 0 without one: what a stream's larger window
+	// their p95 latencies, 0 without one: what a stream's larger window
 	// costs them (random.go).
 	randReq float64
-	randP99 time.Duration
-	// randDefReq, randDefP99: the same at the device's default window,
-	// when every one of those readers was seen there (random.go); 0
-	// otherwise.
-	randDefReq float64
-	randDefP99 time.Duration
+	randP95 time.Duration
 }
 
 func (m measure) String() string {

@@ -104,26 +104,23 @@ type Tuner struct {
 	log   *slog.Logger
 	scope *Scope
 
-	mu      sync.Mutex
-	devs    map[probe.Dev]*devState
-	files   map[probe.FileKey]*fileDec
-	readers map[probe.FileKey]map[uint32]*readerInfo
-	snap    detector.Snapshot
-	fstats  map[probe.FileKey]detector.FileStats
-	tails   map[probe.FileKey]tailSeen // streams whose latency has a tail (tail.go)
-	// randDefault: random readers as the device's default window serves
-	// them (random.go).
-	randDefault map[probe.FileKey]randRef
-	tailSpan    uint64 // spans noteTails has looked at
-	dstats      map[probe.Dev]detector.DeviceStats
-	out         []Action
-	recent      []Action
-	counts      map[string]uint64
-	logged      map[string]time.Duration // logOnce: last time per topic
-	fileFail    uint64
-	refused     uint64
-	limited     uint64
-	fails       failMemo // failmemo.go
+	mu       sync.Mutex
+	devs     map[probe.Dev]*devState
+	files    map[probe.FileKey]*fileDec
+	readers  map[probe.FileKey]map[uint32]*readerInfo
+	snap     detector.Snapshot
+	fstats   map[probe.FileKey]detector.FileStats
+	tails    map[probe.FileKey]tailSeen // streams whose latency has a tail (tail.go)
+	tailSpan uint64                     // spans noteTails has looked at
+	dstats   map[probe.Dev]detector.DeviceStats
+	out      []Action
+	recent   []Action
+	counts   map[string]uint64
+	logged   map[string]time.Duration // logOnce: last time per topic
+	fileFail uint64
+	refused  uint64
+	limited  uint64
+	fails    failMemo // failmemo.go
 	// Read-around trims (trim.go).
 	trims      map[probe.FileKey]*trimDec
 	trimOffs   map[probe.FileKey]*trimOff
@@ -285,7 +282,6 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 		t.dstats[d.Device] = d
 	}
 	t.noteTails(snap.Files, now)
-	t.noteRandomDefaults(now)
 
 	// What needs help now.
 	fileNeeds := map[probe.FileKey][]detector.RegimeKind{}
@@ -620,7 +616,6 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 		span = t.measSpan.Seconds()
 	}
 	m := measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50, rate: float64(fs.Bytes) / span}
-	noDefault := false // a random reader beside was not seen at the default window
 	if ds, ok := t.dstats[fs.Device]; ok {
 		m.dev = float64(ds.Bytes) / span
 		// Random readers' bytes say nothing of what they get (a trimmed
@@ -635,22 +630,13 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 			if t.readRandomly(ofs) {
 				m.dev -= float64(ofs.Bytes) / span
 				m.randReq += float64(ofs.Requests) / span
-				m.randP99 = max(m.randP99, ofs.P99)
-				if ref, ok := t.randDefault[ok2]; ok && !noDefault {
-					m.randDefReq += ref.req
-					m.randDefP99 = max(m.randDefP99, ref.p99)
-				} else {
-					noDefault = true
-				}
+				m.randP95 = max(m.randP95, ofs.P95)
 				continue
 			}
 			if t.protectedStream(ok2, ofs) {
 				m.others += float64(ofs.Bytes) / span
 			}
 		}
-	}
-	if noDefault {
-		m.randDefReq, m.randDefP99 = 0, 0
 	}
 	return m
 }
