@@ -95,8 +95,6 @@ func TestSmallRandomReaderLossesDoNotAddUp(t *testing.T) {
 	assert.True(t, fromBase, "a step undone for the loss since the base window")
 }
 
-
-
 // A random reader whose read-around trim is coming: the step's verdict waits
 // for it (its service changes with it), at most twice, then the step is
 // judged like any other.
@@ -130,5 +128,3 @@ func TestStepBesideARandomReaderAwaitingItsTrimIsJudgedAfterIt(t *testing.T) {
 	assert.Contains(t, undone[0].Evidence, "random readers beside it lost")
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
 }
-
-
