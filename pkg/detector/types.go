@@ -49,7 +49,7 @@ type FileStats struct {
 	Bytes          uint64
 	P50, P95, P99  time.Duration
 	MeanSize       float64 // bytes per request
-	MeanDepth      float64 // device read requests in flight at issue
+	MeanDepth      float64 // device read requests in flight (probe.Record.Depth: at completion, the kernel's count)
 	BusyThroughput float64 // bytes/s over the time at least one of its requests was in flight
 	Sequentiality  float64 // 0..1: share of requests that continue the previous one
 	NextOffset     uint64  // byte offset just past the last request read
