@@ -43,6 +43,17 @@ func (sm stallModel) stats(kb int, stalled bool) (rate float64, p50, p99 time.Du
 	}
 }
 
+// streamSpan is a snapshot of one span of a stream read at window w (KB):
+// its rate, latencies, and fill of its window in flight, alone on a device
+// of 150 MB/s.
+func streamSpan(key probe.FileKey, now time.Duration, w int, rate float64, p50, p99 time.Duration, fill float64) detector.Snapshot {
+	b := uint64(rate)
+	return detector.Snapshot{Now: now, Files: []detector.FileStats{{Key: key, Device: sdb, Requests: b / (128 << 10), Bytes: b,
+		BusyThroughput: rate, Sequentiality: 1, NextOffset: 64 << 20, LastSeen: now, P50: p50, P95: p50, P99: p99,
+		MeanSize: 128 << 10, Inflight: fill * float64(w) / 128}},
+		Devices: []detector.DeviceStats{{Device: sdb, Bytes: b, BusyThroughput: rate, CapacityBPS: 150e6}}}
+}
+
 // runStalls steps n intervals of a stream under sm, stalled in odd seconds
 // (stalled reports the phase of each interval), with other files optional.
 func (r *rig) runStalls(n int, sm stallModel, key probe.FileKey, extra ...detector.FileStats) []Action {
@@ -54,16 +65,11 @@ func (r *rig) runStalls(n int, sm stallModel, key probe.FileKey, extra ...detect
 		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
 		stalled := int(now/time.Second)%2 == 1
 		rate, p50, p99 := sm.stats(w, stalled)
-		b := uint64(rate)
-		s := detector.Snapshot{Now: now}
-		s.Files = append(s.Files, detector.FileStats{Key: key, Device: sdb, Requests: b / (128 << 10), Bytes: b,
-			BusyThroughput: rate, Sequentiality: 1, NextOffset: 64 << 20, LastSeen: now, P50: p50, P95: p50,
-			P99: p99, MeanSize: 128 << 10, Inflight: 0.9 * float64(w) / 128})
+		s := streamSpan(key, now, w, rate, p50, p99, 0.9)
 		for _, f := range extra {
 			f.LastSeen = now
 			s.Files = append(s.Files, f)
 		}
-		s.Devices = []detector.DeviceStats{{Device: sdb, Bytes: b, BusyThroughput: float64(b), CapacityBPS: 150e6}}
 		all = append(all, r.tn.Step(s)...)
 	}
 	return all
@@ -169,12 +175,8 @@ func TestLatencySpreadOfTwoWindowsIsNoTail(t *testing.T) {
 		}
 		r.clk.Advance(500 * time.Millisecond)
 		now := r.clk.Now()
-		b := uint64(148e6) // a healthy stream at the device's bandwidth at any window
-		s := detector.Snapshot{Now: now, Files: []detector.FileStats{{Key: key, Device: sdb, Requests: b / (128 << 10), Bytes: b,
-			BusyThroughput: 148e6, Sequentiality: 1, NextOffset: 64 << 20, LastSeen: now, P50: p50, P95: p50, P99: p99,
-			MeanSize: 128 << 10, Inflight: 0.9 * float64(w) / 128}},
-			Devices: []detector.DeviceStats{{Device: sdb, Bytes: b, BusyThroughput: 148e6, CapacityBPS: 150e6}}}
-		acts = append(acts, r.tn.Step(s)...)
+		// A healthy stream at the device's bandwidth at any window.
+		acts = append(acts, r.tn.Step(streamSpan(key, now, w, 148e6, p50, p99, 0.9))...)
 	}
 	logActs(t, acts)
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial), "the stream was tried")
@@ -205,12 +207,7 @@ func TestStepTooSmallForTheTailIsResizedToIt(t *testing.T) {
 		if i > 0 { // half of every span after the first stalls
 			rate, p99 = (148e6+stalled(w))/2, lat(w)+10*time.Millisecond
 		}
-		b := uint64(rate)
-		s := detector.Snapshot{Now: now, Files: []detector.FileStats{{Key: key, Device: sdb, Requests: b / (128 << 10), Bytes: b,
-			BusyThroughput: rate, Sequentiality: 1, NextOffset: 64 << 20, LastSeen: now, P50: lat(w), P95: lat(w), P99: p99,
-			MeanSize: 128 << 10, Inflight: 0.9 * float64(w) / 128}},
-			Devices: []detector.DeviceStats{{Device: sdb, Bytes: b, BusyThroughput: rate, CapacityBPS: 150e6}}}
-		acts = append(acts, r.tn.Step(s)...)
+		acts = append(acts, r.tn.Step(streamSpan(key, now, w, rate, lat(w), p99, 0.9))...)
 	}
 	logActs(t, acts)
 	var resized []Action
@@ -244,11 +241,7 @@ func TestOneSpanOfModestSpreadIsNoTail(t *testing.T) {
 		if i == 1 {
 			p99 = lat(w) * 17 / 10 // the trial's span strays
 		}
-		s := detector.Snapshot{Now: now, Files: []detector.FileStats{{Key: key, Device: sdb, Requests: 1100, Bytes: 148e6,
-			BusyThroughput: 148e6, Sequentiality: 1, NextOffset: 64 << 20, LastSeen: now, P50: lat(w), P95: lat(w), P99: p99,
-			MeanSize: 128 << 10, Inflight: 1.9 * float64(w) / 128}},
-			Devices: []detector.DeviceStats{{Device: sdb, Bytes: 148e6, BusyThroughput: 148e6, CapacityBPS: 150e6}}}
-		acts = append(acts, r.tn.Step(s)...)
+		acts = append(acts, r.tn.Step(streamSpan(key, now, w, 148e6, lat(w), p99, 1.9))...)
 	}
 	logActs(t, acts)
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
@@ -270,11 +263,7 @@ func TestTailSeenAfterAFailedTrialEndsTheBackoff(t *testing.T) {
 		w := r.files.window[key]
 		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
 		rate, p50, p99 := sm.stats(w, stalled)
-		b := uint64(rate)
-		return r.tn.Step(detector.Snapshot{Now: now, Files: []detector.FileStats{{Key: key, Device: sdb, Requests: b / (128 << 10), Bytes: b,
-			BusyThroughput: rate, Sequentiality: 1, NextOffset: 64 << 20, LastSeen: now, P50: p50, P95: p50, P99: p99,
-			MeanSize: 128 << 10, Inflight: 0.9 * float64(w) / 128}},
-			Devices: []detector.DeviceStats{{Device: sdb, Bytes: b, BusyThroughput: rate, CapacityBPS: 150e6}}})
+		return r.tn.Step(streamSpan(key, now, w, rate, p50, p99, 0.9))
 	}
 	acts := append(step(false), step(false)...)
 	logActs(t, acts)
