@@ -23,7 +23,7 @@ type stallModel struct {
 }
 
 func (sm stallModel) stats(kb int, stalled bool) (rate float64, p50, p99 time.Duration) {
-	p50 = time.Duration(float64(1700*time.Microsecond) * float64(kb) / 128)
+	p50 = windowLat(kb)
 	p99 = p50 * 11 / 10
 	if !stalled {
 		return 148e6, p50, p99
@@ -41,6 +41,12 @@ func (sm stallModel) stats(kb int, stalled bool) (rate float64, p50, p99 time.Du
 	default:
 		return 80e6, p50, p99
 	}
+}
+
+// windowLat is a lab stream's median latency at window kb: its requests
+// queue behind the window's others on a 150 MB/s channel.
+func windowLat(kb int) time.Duration {
+	return time.Duration(float64(1700*time.Microsecond) * float64(kb) / 128)
 }
 
 // streamSpan is a snapshot of one span of a stream read at window w (KB):
@@ -156,13 +162,12 @@ func TestLatencySpreadOfTwoWindowsIsNoTail(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p, key)
-	lat := func(kb int) time.Duration { return time.Duration(float64(1700*time.Microsecond) * float64(kb) / 128) }
 	var acts []Action
 	fd := 8
 	for i := 0; i < 12; i++ {
 		w := r.files.window[key]
 		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
-		p50, p99 := lat(128), lat(128)*11/10
+		p50, p99 := windowLat(128), windowLat(128)*11/10
 		r.clk.Advance(500 * time.Millisecond)
 		if w > 128 {
 			// Mid-interval the reader re-opens the file and reads at the
@@ -171,7 +176,7 @@ func TestLatencySpreadOfTwoWindowsIsNoTail(t *testing.T) {
 			fd++
 			r.tn.ObserveReadahead(probe.ReadaheadEvent{Time: r.clk.Now(), Tgid: 100, File: key, Device: sdb, RaPages: 32})
 			acts = append(acts, r.tn.ApplyPending()...)
-			p99 = lat(w) * 11 / 10
+			p99 = windowLat(w) * 11 / 10
 		}
 		r.clk.Advance(500 * time.Millisecond)
 		now := r.clk.Now()
@@ -193,7 +198,6 @@ func TestStepTooSmallForTheTailIsResizedToIt(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p, key)
-	lat := func(kb int) time.Duration { return time.Duration(float64(1700*time.Microsecond) * float64(kb) / 128) }
 	// Through a stall: what the window covers of 10 ms more on a share
 	// of the requests.
 	stalled := func(kb int) float64 { return min(148e6, 20e6*float64(kb)/128) }
@@ -203,11 +207,11 @@ func TestStepTooSmallForTheTailIsResizedToIt(t *testing.T) {
 		now := r.clk.Now()
 		w := r.files.window[key]
 		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
-		rate, p99 := 148e6, lat(w)*11/10
+		rate, p99 := 148e6, windowLat(w)*11/10
 		if i > 0 { // half of every span after the first stalls
-			rate, p99 = (148e6+stalled(w))/2, lat(w)+10*time.Millisecond
+			rate, p99 = (148e6+stalled(w))/2, windowLat(w)+10*time.Millisecond
 		}
-		acts = append(acts, r.tn.Step(streamSpan(key, now, w, rate, lat(w), p99, 0.9))...)
+		acts = append(acts, r.tn.Step(streamSpan(key, now, w, rate, windowLat(w), p99, 0.9))...)
 	}
 	logActs(t, acts)
 	var resized []Action
@@ -230,18 +234,17 @@ func TestOneSpanOfModestSpreadIsNoTail(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p, key)
-	lat := func(kb int) time.Duration { return time.Duration(float64(1700*time.Microsecond) * float64(kb) / 128) }
 	var acts []Action
 	for i := 0; i < 3; i++ {
 		r.clk.Advance(time.Second)
 		now := r.clk.Now()
 		w := r.files.window[key]
 		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
-		p99 := lat(w) * 11 / 10
+		p99 := windowLat(w) * 11 / 10
 		if i == 1 {
-			p99 = lat(w) * 17 / 10 // the trial's span strays
+			p99 = windowLat(w) * 17 / 10 // the trial's span strays
 		}
-		acts = append(acts, r.tn.Step(streamSpan(key, now, w, 148e6, lat(w), p99, 1.9))...)
+		acts = append(acts, r.tn.Step(streamSpan(key, now, w, 148e6, windowLat(w), p99, 1.9))...)
 	}
 	logActs(t, acts)
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
