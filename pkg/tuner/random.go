@@ -17,6 +17,13 @@ import (
 // handful of them). Judged against the base window too, so that steps that
 // each cost a little do not add up.
 //
+// A random reader's requests before its trim and after it are not the
+// same requests (16 KB instead of a read-around window each, several
+// times as many per second): a reference taken across a trim change is
+// no reference, and the step is judged on the stream's own gain. The step
+// kept, the trimmed readers' service beside it is the reference the next
+// steps answer to (rebaseRandom).
+//
 // What their own read-around trim gave them is theirs: judged against the
 // default window's service instead, the stream took the gain back and more
 // (measured: the random reader's p99 1.6-1.8x the default's; see
@@ -33,9 +40,9 @@ func randomLost(l *ladder, m measure) string {
 	for _, ref := range []struct {
 		name string
 		m    measure
-	}{{"before the step", l.before}, {"at the stream's base window", l.baseM}} {
+	}{{"before the step", l.before}, {"at the stream's base window, or since their last trim", l.baseM}} {
 		b := ref.m
-		if b.randReq <= 0 || m.randReq <= 0 {
+		if b.randReq <= 0 || m.randReq <= 0 || !sameRandom(b, m) {
 			continue
 		}
 		if m.randReq < (1-randLossMax)*b.randReq {
@@ -46,6 +53,21 @@ func randomLost(l *ladder, m measure) string {
 		}
 	}
 	return ""
+}
+
+// sameRandom reports whether two measures saw the random readers under the
+// same trims.
+func sameRandom(a, b measure) bool {
+	return a.randGen == b.randGen && a.randGen >= 0
+}
+
+// rebaseRandom makes m (a step's before-measure, or a kept step's) the
+// random readers' base-window reference if the one there was taken under
+// other trims.
+func rebaseRandom(l *ladder, m measure) {
+	if m.randReq > 0 && !sameRandom(l.baseM, m) && m.randGen >= 0 {
+		l.baseM.randReq, l.baseM.randP95, l.baseM.randGen = m.randReq, m.randP95, m.randGen
+	}
 }
 
 // trimComing reports whether a random reader on the device has its

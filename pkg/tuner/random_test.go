@@ -128,3 +128,49 @@ func TestStepBesideARandomReaderAwaitingItsTrimIsJudgedAfterIt(t *testing.T) {
 	assert.Contains(t, undone[0].Evidence, "random readers beside it lost")
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
 }
+
+// A trim that lands while a stream's step is under trial changes what the
+// random reader's requests are (16 KB instead of its read-around each): its
+// requests per second before the step are no reference for after it. The
+// step is judged on the stream's own gain, and the next one against the
+// trimmed reader beside the kept window.
+func TestTrimDuringAStepIsNoRandomLoss(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	rp, rkey := realFile(t, filepath.Join(r.dir, "data"), "index")
+	r.files.open(200, 9, rp, rkey)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	var acts []Action
+	for i := 0; i < 8; i++ {
+		r.clk.Advance(time.Second)
+		s := r.outcomeSnap(st)
+		s.Devices[0].CapacityBPS = 150e6
+		kb, rkb := r.files.window[key], r.files.window[rkey]
+		// Untrimmed, each fault's read-around is several requests; trimmed,
+		// one small one, and fewer of them the more the stream queues.
+		req, size := 800.0, uint64(128<<10)
+		if rkb < 128 {
+			size = 16 << 10
+			req = map[int]float64{128: 1000, 256: 340}[kb]
+			if kb > 256 {
+				req = 200
+			}
+		}
+		s.Files = append(s.Files, detector.FileStats{Key: rkey, Device: sdb, Requests: uint64(req), Bytes: uint64(req) * size,
+			MeanSize: float64(size), Sequentiality: 0.01, P50: time.Millisecond, P95: 2 * time.Millisecond, P99: 2 * time.Millisecond, LastSeen: s.Now})
+		acts = append(acts, r.tn.Step(s)...)
+	}
+	logActs(t, acts)
+	require.NotEmpty(t, filter(acts, KindTrim, ResultTrial), "the random reader is trimmed beside the raised window")
+	kept := filter(acts, KindFileWindow, ResultKept)
+	require.NotEmpty(t, kept, "the step the trim landed under is judged on the stream's gain")
+	assert.Equal(t, 256, kept[0].ToKB)
+	var lost bool
+	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
+		lost = lost || (a.FromKB > 256 && strings.Contains(a.Evidence, "random readers beside it lost: 340 -> 200"))
+	}
+	assert.True(t, lost, "the next step answers to the trimmed reader beside the kept window")
+	assert.Equal(t, 256, r.files.window[key])
+}

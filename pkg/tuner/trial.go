@@ -112,6 +112,9 @@ type measure struct {
 	// costs them (random.go).
 	randReq float64
 	randP95 time.Duration
+	// randGen: the device's trimGen over the measure's span, -1 if a trim
+	// changed within it.
+	randGen int
 }
 
 func (m measure) String() string {
@@ -200,6 +203,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 				}
 				return t.undoStep(l, now, ev+"; "+lost, apply, act)
 			}
+			rebaseRandom(l, m)
 		}
 		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)
 		l.cur, l.trial, l.failures, l.keptAt, l.keptM = l.trial, 0, 0, now, m
@@ -239,6 +243,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 	if l.cur == l.base {
 		l.baseM = m
 	}
+	rebaseRandom(l, m)
 	act(l.kind, l.cur, next, ResultTrial, ev)
 	return true
 }

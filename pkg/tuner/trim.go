@@ -153,6 +153,7 @@ func (t *Tuner) trimAll() {
 		}
 		td.trialAt = now
 		t.trims[k] = td
+		d.trimGen, d.trimAt = d.trimGen+1, now
 		t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: td.path, Kind: KindTrim, FromKB: td.from, ToKB: td.kb, Result: ResultTrial,
 			Evidence: fmt.Sprintf("%s (%d descriptors)", ev, n)})
 	}
@@ -189,6 +190,7 @@ func (t *Tuner) retrim(td *trimDec) {
 		return
 	}
 	td.refs = append(td.refs, fresh...)
+	td.dev.trimGen, td.dev.trimAt = td.dev.trimGen+1, now
 	t.fails.ok(td.key, KindTrim)
 	t.emit(a)
 }
@@ -295,6 +297,7 @@ func (t *Tuner) endTrim(td *trimDec, why string) {
 		return
 	}
 	res := ResultUndone
+	td.dev.trimGen, td.dev.trimAt = td.dev.trimGen+1, now
 	if _, err := t.raiseFiles(td.dev, td.dev.cur, td.refs, false); err != nil {
 		if errors.Is(err, ErrProcessGone) || errors.Is(err, ErrFDGone) {
 			why += "; readers gone (their open files closed)"

@@ -66,6 +66,12 @@ type devState struct {
 	outcomeRetryAt time.Duration
 	outcomeFailP50 time.Duration // the stream's median latency at the last trial that did not pay
 	outcomeFailKB  int           // the window that trial tried
+	// trimGen counts changes of the trimmed readers' windows on the device
+	// (a trim applied, reaching more descriptors, or ended), trimAt the
+	// last: a random reader's requests before and after one are not the
+	// same requests (random.go).
+	trimGen int
+	trimAt  time.Duration
 }
 
 type fileDec struct {
@@ -616,6 +622,12 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 		span = t.measSpan.Seconds()
 	}
 	m := measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50, rate: float64(fs.Bytes) / span}
+	if d := t.devs[fs.Device]; d != nil {
+		m.randGen = d.trimGen
+		if d.trimGen > 0 && t.deps.Clock.Now()-d.trimAt < time.Duration(span*float64(time.Second)) {
+			m.randGen = -1 // the span holds requests from both sides of the change
+		}
+	}
 	if ds, ok := t.dstats[fs.Device]; ok {
 		m.dev = float64(ds.Bytes) / span
 		// Random readers' bytes say nothing of what they get (a trimmed
