@@ -193,7 +193,14 @@ func (p *pipeline) activeRegimes() []detector.Regime {
 func (p *pipeline) ApplyPending() {
 	if snap := p.det.FastPath(p.clk.Now()); len(snap.Regimes) > 0 {
 		p.logRegimes(detector.Snapshot{Regimes: append(p.activeRegimes(), snap.Regimes...)})
-		p.count(p.tun.Fast(snap))
+		// The step is measured on the requests since about the onset,
+		// not on a whole interval that is mostly before it.
+		now, span := p.clk.Now(), p.tun.RecentSpan()
+		keys := make([]probe.FileKey, 0, len(snap.Files))
+		for _, f := range snap.Files {
+			keys = append(keys, f.Key)
+		}
+		p.count(p.tun.FastOn(snap, p.det.Recent(now, span, keys), span))
 	}
 	// Streams first read within the last interval, judged on their recent
 	// requests: a stream slow from its first read gets its first step

@@ -761,3 +761,79 @@ func TestReprobeOfARegimeWindowJudgesAWindowBoundStreamByItsRate(t *testing.T) {
 	}
 	assert.True(t, ended, "the re-probe ends the window")
 }
+
+// A regime that begins while an outcome step is under trial: the step is
+// judged first, and the regime's own step (from the knee, to the window
+// Little's law asks for) follows in the same Step, not an interval later.
+func TestRegimeBeginningDuringAnOutcomeTrialTakesOverInTheSameStep(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	var trialAt time.Duration
+	for i := 0; i < 20 && trialAt == 0; i++ {
+		r.clk.Advance(time.Second)
+		for _, a := range r.tn.Step(r.outcomeSnap(st)) {
+			if a.Kind == KindFileWindow && a.Result == ResultTrial && a.FromKB == 512 {
+				trialAt = a.Time // the healthy stream's probe past its knee
+			}
+		}
+	}
+	require.NotZero(t, trialAt, "a trial past the knee")
+	// The onset falls in it: the device slows and the detector says so.
+	r.tput = func(kb int) float64 { return min(float64(kb)*0.06e6, 150e6) }
+	r.clk.Advance(time.Second)
+	s := r.outcomeSnap(st)
+	s.Regimes = []detector.Regime{{Kind: detector.FileLatencyShift, Device: sdb, File: key, Evidence: "test"}}
+	s.Devices[0].CapacityBPS = 150e6
+	s.Files[0].P95 = 20 * time.Millisecond
+	acts := r.tn.Step(s)
+	logActs(t, acts)
+	require.NotEmpty(t, acts)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trials, 1, "the regime's step in the Step that judged the outcome trial")
+	assert.Equal(t, 4096, trials[0].ToKB, "to the window Little's law asks for")
+}
+
+// A regime the fast path enters between Steps on a stream with an outcome
+// decision: its step is measured on the requests since about the onset
+// (the recent span), not on a whole interval mostly before it, so that its
+// verdict compares the slowed stream with itself.
+func TestFastRegimeOnAnOutcomeDecisionIsMeasuredOnRecentRequests(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	r.runOutcome(12, st)
+	require.Equal(t, 512, r.files.window[key])
+	// Contention begins: 41 MB/s at 512 KB now, 150 MB/s a second ago;
+	// 100 MB/s with the window Little's law asks for.
+	r.clk.Advance(500 * time.Millisecond)
+	r.tput = func(kb int) float64 { return min(float64(kb)*0.08e6, 100e6) }
+	span := r.tn.RecentSpan()
+	win := r.outcomeSnap(st)
+	win.Files[0].BusyThroughput, win.Files[0].Bytes = 95e6, 95e6 // the interval: half before the onset
+	win.Files[0].P95 = 20 * time.Millisecond
+	win.Regimes = []detector.Regime{{Kind: detector.FileLatencyShift, Device: sdb, File: key, Evidence: "test"}}
+	win.Devices[0].CapacityBPS = 150e6
+	recent := r.recentSnap(span, st)
+	recent.Files[0].P95 = 20 * time.Millisecond
+	recent.Devices[0].CapacityBPS = 150e6
+	acts := r.tn.FastOn(win, recent, span)
+	logActs(t, acts)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trials, 1)
+	assert.Contains(t, trials[0].Evidence, "now 41.0 MB/s", "measured on the recent span")
+	// Judged one Settle later against that: the step pays and is kept
+	// (against the interval's 95 MB/s it would not have).
+	r.clk.Advance(time.Second)
+	s := r.outcomeSnap(st)
+	s.Regimes = win.Regimes
+	s.Devices[0].CapacityBPS = 150e6
+	s.Files[0].P95 = 20 * time.Millisecond
+	acts = r.tn.Step(s)
+	logActs(t, acts)
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultKept))
+}

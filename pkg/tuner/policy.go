@@ -399,6 +399,10 @@ func (t *Tuner) FreshStreams() ([]probe.FileKey, time.Duration) {
 	return keys, span
 }
 
+// RecentSpan is the span of recent requests a step taken between Steps
+// is measured on (FastOn's recent snapshot).
+func (t *Tuner) RecentSpan() time.Duration { return t.cfg.Settle / freshSpanDiv }
+
 // FastOutcome takes the first outcome step on fresh streams bound by their
 // window, judged on the detector's recent requests (snap, over span; from
 // detector.Recent): the same step Step would take a whole Settle later,

@@ -413,6 +413,12 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 		if needed {
 			if !t.reprobeStart(fd) {
 				t.driveFile(fd, true)
+				// A regime that began while an outcome step was under
+				// trial takes over once that step is judged: in the
+				// same Step, not an interval later.
+				if len(fileNeeds[k]) > 0 && !onlyOutcome(fileNeeds[k]) && fd.win.trial == 0 && fd.pf.trial == 0 && t.regimeTakesOver(fd) {
+					t.driveFile(fd, true)
+				}
 			}
 			continue
 		}
@@ -501,6 +507,16 @@ func (t *Tuner) logOnce(dev probe.Dev, topic, msg string, args ...any) {
 // holds only the fast path's files and devices; the rest of the tuner's
 // view is left as the last Step saw it.
 func (t *Tuner) Fast(snap detector.Snapshot) []Action {
+	return t.FastOn(snap, detector.Snapshot{}, 0)
+}
+
+// FastOn is Fast with the detector's recent requests (recent, over span;
+// detector.Recent) of the regimes' files: a regime entered between Steps
+// on a stream that already has a decision takes its step measured on
+// them. The snapshot's window reaches back a whole Settle, mostly before
+// the onset, and a step measured against the stream's rate from before it
+// (a contended stream against its free self) looks as if it did not pay.
+func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.out = nil
@@ -530,7 +546,7 @@ func (t *Tuner) Fast(snap detector.Snapshot) []Action {
 			if t.regimeTakesOver(fd) {
 				fd.regimes = append(fd.regimes, kind)
 				fd.lastNeeded = now
-				t.driveFile(fd, true)
+				t.onRecent(key, recent, span, func() { t.driveFile(fd, true) })
 			}
 			return
 		}
@@ -564,6 +580,31 @@ func (t *Tuner) Fast(snap detector.Snapshot) []Action {
 		}
 	}
 	return t.out
+}
+
+// onRecent runs f with the tuner's view switched to recent (over span) if
+// it holds enough of key's requests to measure it by, and back after.
+func (t *Tuner) onRecent(key probe.FileKey, recent detector.Snapshot, span time.Duration, f func()) {
+	i := slices.IndexFunc(recent.Files, func(fs detector.FileStats) bool { return fs.Key == key })
+	if span <= 0 || i < 0 || recent.Files[i].Requests < freshMinRequests || recent.Files[i].BusyThroughput <= 0 {
+		f()
+		return
+	}
+	savedF, savedD, savedSnap := t.fstats, t.dstats, t.snap
+	t.fstats = make(map[probe.FileKey]detector.FileStats, len(recent.Files))
+	for _, fs := range recent.Files {
+		t.fstats[fs.Key] = fs
+	}
+	t.dstats = make(map[probe.Dev]detector.DeviceStats, len(recent.Devices))
+	for _, d := range recent.Devices {
+		if old, ok := savedD[d.Device]; ok && d.CapacityBPS <= 0 {
+			d.CapacityBPS = old.CapacityBPS
+		}
+		t.dstats[d.Device] = d
+	}
+	t.snap, t.measSpan = recent, span
+	defer func() { t.fstats, t.dstats, t.snap, t.measSpan = savedF, savedD, savedSnap, 0 }()
+	f()
 }
 
 // ApplyPending gives readers that opened a file after its decision the
