@@ -403,6 +403,27 @@ func (t *Tuner) FreshStreams() ([]probe.FileKey, time.Duration) {
 // is measured on (FastOn's recent snapshot).
 func (t *Tuner) RecentSpan() time.Duration { return t.cfg.Settle / freshSpanDiv }
 
+// useView switches the tuner's view to snap, a snapshot of the detector's
+// recent requests over span (its measures are then over span), and returns
+// what switches it back. A device's capacity missing from snap is the one
+// the view had.
+func (t *Tuner) useView(snap detector.Snapshot, span time.Duration) (restore func()) {
+	savedF, savedD, savedSnap := t.fstats, t.dstats, t.snap
+	t.fstats = make(map[probe.FileKey]detector.FileStats, len(snap.Files))
+	for _, f := range snap.Files {
+		t.fstats[f.Key] = f
+	}
+	t.dstats = make(map[probe.Dev]detector.DeviceStats, len(snap.Devices))
+	for _, d := range snap.Devices {
+		if old, ok := savedD[d.Device]; ok && d.CapacityBPS <= 0 {
+			d.CapacityBPS = old.CapacityBPS
+		}
+		t.dstats[d.Device] = d
+	}
+	t.snap, t.measSpan = snap, span
+	return func() { t.fstats, t.dstats, t.snap, t.measSpan = savedF, savedD, savedSnap, 0 }
+}
+
 // FastOutcome takes the first outcome step on fresh streams bound by their
 // window, judged on the detector's recent requests (snap, over span; from
 // detector.Recent): the same step Step would take a whole Settle later,
@@ -418,21 +439,8 @@ func (t *Tuner) FastOutcome(snap detector.Snapshot, span time.Duration) []Action
 	now := t.deps.Clock.Now()
 	// The measures of the first step are over the recent span: the tuner's
 	// view is switched to it for the step, and back after.
-	savedF, savedD, savedSnap := t.fstats, t.dstats, t.snap
-	t.fstats = make(map[probe.FileKey]detector.FileStats, len(snap.Files))
-	for _, f := range snap.Files {
-		t.fstats[f.Key] = f
-	}
-	t.dstats = make(map[probe.Dev]detector.DeviceStats, len(snap.Devices))
-	for _, d := range snap.Devices {
-		if old, ok := savedD[d.Device]; ok && d.CapacityBPS <= 0 {
-			d.CapacityBPS = old.CapacityBPS
-		}
-		t.dstats[d.Device] = d
-	}
-	t.snap, t.measSpan = snap, span
+	defer t.useView(snap, span)()
 	t.noteTails(snap.Files, now)
-	defer func() { t.fstats, t.dstats, t.snap, t.measSpan = savedF, savedD, savedSnap, 0 }()
 	for _, f := range snap.Files {
 		if _, ok := t.fresh[f.Key]; !ok || t.files[f.Key] != nil || t.trims[f.Key] != nil || t.mem.checking(f.Key) {
 			continue

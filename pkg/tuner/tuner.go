@@ -590,20 +590,7 @@ func (t *Tuner) onRecent(key probe.FileKey, recent detector.Snapshot, span time.
 		f()
 		return
 	}
-	savedF, savedD, savedSnap := t.fstats, t.dstats, t.snap
-	t.fstats = make(map[probe.FileKey]detector.FileStats, len(recent.Files))
-	for _, fs := range recent.Files {
-		t.fstats[fs.Key] = fs
-	}
-	t.dstats = make(map[probe.Dev]detector.DeviceStats, len(recent.Devices))
-	for _, d := range recent.Devices {
-		if old, ok := savedD[d.Device]; ok && d.CapacityBPS <= 0 {
-			d.CapacityBPS = old.CapacityBPS
-		}
-		t.dstats[d.Device] = d
-	}
-	t.snap, t.measSpan = recent, span
-	defer func() { t.fstats, t.dstats, t.snap, t.measSpan = savedF, savedD, savedSnap, 0 }()
+	defer t.useView(recent, span)()
 	f()
 }
 
