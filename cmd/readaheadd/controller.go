@@ -188,8 +188,9 @@ func (p *pipeline) activeRegimes() []detector.Regime {
 // ApplyPending runs between Steps (every ~100 ms): the detector's fast path
 // for strongly slowed files that have no regime yet (a block file the
 // DataNode has just opened), the tuner's first step on them, the first
-// outcome step on fresh streams bound by their window, and kept
-// decisions on newly opened descriptors.
+// outcome step on fresh streams bound by their window, a step on streams
+// that slowed since the last Step, and kept decisions on newly opened
+// descriptors.
 func (p *pipeline) ApplyPending() {
 	if snap := p.det.FastPath(p.clk.Now()); len(snap.Regimes) > 0 {
 		p.logRegimes(detector.Snapshot{Regimes: append(p.activeRegimes(), snap.Regimes...)})
@@ -208,6 +209,11 @@ func (p *pipeline) ApplyPending() {
 	if keys, span := p.tun.FreshStreams(); len(keys) > 0 {
 		now := p.clk.Now()
 		p.count(p.tun.FastOutcome(p.det.Recent(now, span, keys), span))
+	}
+	// Streams the last Step saw, checked on their recent requests every
+	// quarter interval: one that slowed since takes its step now.
+	if keys, span := p.tun.OnsetStreams(); len(keys) > 0 {
+		p.count(p.tun.FastOnset(p.det.Recent(p.clk.Now(), span, keys), span))
 	}
 	p.count(p.tun.ApplyPending())
 }

@@ -149,6 +149,9 @@ type Tuner struct {
 	// the stats in force cover when it is not Settle (0: Settle).
 	fresh    map[probe.FileKey]time.Duration
 	measSpan time.Duration
+	// onsetAt: when OnsetStreams last asked for the streams' recent
+	// requests (onset.go).
+	onsetAt time.Duration
 	// scopeOf: cached scope verdicts of other readers' files (outsideScope).
 	scopeOf map[probe.FileKey]scopeVerdict
 }

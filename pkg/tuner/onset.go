@@ -1,0 +1,171 @@
+package tuner
+
+import (
+	"slices"
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// A stream that was reading well at the last Step can slow down a moment
+// after it (contention begins, the device's latency rises): the next Step
+// sees it up to a whole interval later, and unless the detector's fast
+// path enters a regime on it, every step waits for that Step. Between
+// Steps the daemon asks for the recent requests of the streams the last
+// Step saw (OnsetStreams, every Settle/4) and hands them to FastOnset: a
+// stream whose recent rate fell well below its rate at the last Step while
+// its requests got slower, and that is bound by its window there, takes
+// its step at once (a back-off or knee learned before does not hold it), measured on
+// the recent requests, with the Step's bounds (allow-paths, the device's
+// back-off, no step under trial or re-probe), and judged by the first
+// Step one Settle later.
+const (
+	// onsetDrop: the recent rate must be below this share of the rate
+	// at the last Step (a 250 ms span of a healthy stream varies less).
+	onsetDrop = 0.7
+	// onsetEvery: Settle / onsetEvery between two checks.
+	onsetEvery = 4
+)
+
+// slowerNow reports whether a stream's recent requests are slower than at
+// the last Step: their median half again as long, or a tail (p99 at least
+// twice the median) the last Step did not show. A rate that fell with its
+// latency unchanged is the reader's, not the device's.
+func slowerNow(last, recent detector.FileStats) bool {
+	if last.P50 <= 0 || recent.P50 <= 0 {
+		return false
+	}
+	if recent.P50 >= last.P50*3/2 {
+		return true
+	}
+	return recent.P99 >= 2*recent.P50 && last.P99 < 2*last.P50
+}
+
+// OnsetStreams returns the streams the last Step saw read sequentially
+// under the allow-paths with no step under trial, and the span of recent
+// requests to check them on; nothing when the last check was less than
+// Settle/4 ago.
+func (t *Tuner) OnsetStreams() ([]probe.FileKey, time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.deps.Clock.Now()
+	if t.scope.Empty() || now-t.onsetAt < t.cfg.Settle/onsetEvery {
+		return nil, 0
+	}
+	t.onsetAt = now
+	var keys []probe.FileKey
+	for k, fs := range t.fstats {
+		if t.onsetCandidate(k, fs) {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, compareKeys)
+	return keys, t.cfg.Settle / freshSpanDiv
+}
+
+func compareKeys(a, b probe.FileKey) int {
+	switch {
+	case a.Dev != b.Dev:
+		return int(a.Dev) - int(b.Dev)
+	case a.Ino < b.Ino:
+		return -1
+	case a.Ino > b.Ino:
+		return 1
+	}
+	return 0
+}
+
+// onsetCandidate: a stream read at the last Step that a step may be taken
+// for now.
+func (t *Tuner) onsetCandidate(k probe.FileKey, fs detector.FileStats) bool {
+	if fs.Sequentiality < t.cfg.MinSequentiality || fs.Bytes == 0 || t.snap.Now-fs.LastSeen > t.cfg.Settle {
+		return false
+	}
+	if t.trims[k] != nil || t.mem.checking(k) {
+		return false
+	}
+	if first, fresh := t.fresh[k]; fresh && t.deps.Clock.Now()-first <= t.cfg.Settle {
+		return false // FastOutcome's
+	}
+	if fd := t.files[k]; fd != nil && (fd.win.trial != 0 || fd.pf.trial != 0 || fd.win.probeUntil != 0 || fd.outOfScope) {
+		return false
+	}
+	return true
+}
+
+// FastOnset takes a step for the streams of OnsetStreams whose recent rate
+// (snap, over span; detector.Recent) fell below onsetDrop of their rate at
+// the last Step while they are bound by their window.
+func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.out = nil
+	if t.scope.Empty() || span <= 0 {
+		return nil
+	}
+	now := t.deps.Clock.Now()
+	type cand struct {
+		key  probe.FileKey
+		step float64 // bytes/s at the last Step
+	}
+	var cands []cand
+	for _, f := range snap.Files {
+		last, ok := t.fstats[f.Key]
+		if !ok || !t.onsetCandidate(f.Key, last) || f.Requests < freshMinRequests {
+			continue
+		}
+		stepRate := float64(last.Bytes) / t.cfg.Settle.Seconds()
+		if float64(f.Bytes)/span.Seconds() >= onsetDrop*stepRate || !slowerNow(last, f) {
+			continue
+		}
+		cands = append(cands, cand{f.Key, stepRate})
+	}
+	if len(cands) == 0 {
+		return nil
+	}
+	defer t.useView(snap, span)()
+	t.noteTails(snap.Files, now)
+	for _, c := range cands {
+		f := t.fstats[c.key]
+		if ok, _ := t.windowBound(f, snap.Now); !ok {
+			continue
+		}
+		d := t.device(f.Device)
+		if d == nil {
+			continue
+		}
+		fd := t.files[c.key]
+		created := fd == nil
+		if created {
+			if !t.outcomeDue(d, c.key) {
+				continue
+			}
+			fd = &fileDec{key: c.key, dev: d, byRate: true, regimes: []detector.RegimeKind{WindowBound}, lastNeeded: now,
+				win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
+				pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
+			t.files[c.key] = fd
+		}
+		t.log.Debug("tuner: stream slowed since the last interval", "file", c.key.String(), "span", span,
+			"step_mbps", c.step/1e6, "recent_mbps", float64(f.Bytes)/span.Seconds()/1e6)
+		// New conditions: a back-off or knee learned before them does
+		// not hold the step up (as when a regime takes a decision over).
+		if fd.win.cur == fd.win.base && !t.outcomeDue(d, c.key) {
+			continue
+		}
+		fd.win.retryAt, fd.win.knee = 0, false
+		if fd.win.cur > fd.win.base {
+			fd.win.rejump = true
+		}
+		n := len(t.out)
+		t.driveFile(fd, true)
+		if len(t.out) == n {
+			if created && !fd.outOfScope {
+				delete(t.files, c.key) // nothing done: the Step decides, as it would have
+			}
+		} else if fd.win.trial != 0 || fd.pf.trial != 0 {
+			t.counts["outcome/onset"]++
+		}
+	}
+	return t.out
+}

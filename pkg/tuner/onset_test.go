@@ -1,0 +1,93 @@
+package tuner
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+)
+
+// onsetTick is the daemon's check between Steps: the streams the tuner asks
+// for, on the recent span, their latency lat.
+func (r *rig) onsetTick(after time.Duration, lat time.Duration, st stream) []Action {
+	r.clk.Advance(after)
+	keys, span := r.tn.OnsetStreams()
+	if len(keys) == 0 {
+		return nil
+	}
+	s := r.recentSnap(span, st)
+	s.Files[0].P50, s.Files[0].P95, s.Files[0].P99 = lat, lat, lat
+	s.Devices[0].CapacityBPS = 150e6
+	return r.tn.FastOnset(s, span)
+}
+
+// A healthy stream backing off its outcome trials (they did not pay at the
+// device's bandwidth) slows a moment after a Step: its step comes on its
+// recent requests a quarter interval later, not at the next Step, straight
+// to the window Little's law asks for, and the next Step one Settle after it
+// judges it.
+func TestStreamSlowedBetweenStepsIsSteppedAtOnce(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 150e6 } // at the device's bandwidth
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	acts := r.runOutcome(3, st)
+	logActs(t, acts)
+	require.NotEmpty(t, filter(acts, KindFileWindowUndo, ResultUndone), "a healthy trial did not pay")
+	require.Equal(t, 128, r.files.window[key])
+	// The onset: 16 ms per request, 20 MB/s at 128 KB.
+	r.tput = func(kb int) float64 { return min(float64(kb)*0.16e6, 150e6) }
+	acts = r.onsetTick(300*time.Millisecond, 16*time.Millisecond, st)
+	logActs(t, acts)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trials, 1, "a step between Steps")
+	assert.GreaterOrEqual(t, trials[0].ToKB, 2048, "sized by Little's law (16 ms at 150 MB/s)")
+	assert.Equal(t, uint64(1), r.tn.Status().Counts["outcome/onset"])
+	// The Step 0.7 s later leaves it under trial; the one after judges it.
+	r.clk.Advance(700 * time.Millisecond)
+	s := r.outcomeSnap(st)
+	s.Files[0].P50, s.Files[0].P95 = 16*time.Millisecond, 16*time.Millisecond
+	s.Devices[0].CapacityBPS = 150e6
+	assert.Empty(t, r.tn.Step(s), "too early to judge")
+	r.clk.Advance(time.Second)
+	s = r.outcomeSnap(st)
+	s.Files[0].P50, s.Files[0].P95 = 16*time.Millisecond, 16*time.Millisecond
+	s.Devices[0].CapacityBPS = 150e6
+	acts = r.tn.Step(s)
+	logActs(t, acts)
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultKept))
+}
+
+// A stream whose rate fell with its latency unchanged is limited by its
+// reader, not by the device: no step. Nor is a stream checked more often
+// than every quarter interval.
+func TestStreamSlowerByItsReaderIsLeftToTheStep(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 150e6 }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	r.runOutcome(3, st) // the healthy trial judged, none under way
+	r.tput = func(int) float64 { return 40e6 }
+	assert.Empty(t, r.onsetTick(300*time.Millisecond, 3*time.Millisecond, st), "latency as at the last Step")
+	keys, _ := r.tn.OnsetStreams()
+	assert.Empty(t, keys, "checked again only a quarter interval later")
+	r.clk.Advance(250 * time.Millisecond)
+	keys, _ = r.tn.OnsetStreams()
+	assert.Len(t, keys, 1)
+}
+
+func TestSlowerNow(t *testing.T) {
+	ms := time.Millisecond
+	fs := func(p50, p99 time.Duration) detector.FileStats { return detector.FileStats{P50: p50, P99: p99} }
+	assert.True(t, slowerNow(fs(2*ms, 3*ms), fs(3*ms, 4*ms)), "median half again")
+	assert.False(t, slowerNow(fs(2*ms, 3*ms), fs(2500*time.Microsecond, 4*ms)))
+	assert.True(t, slowerNow(fs(2*ms, 3*ms), fs(2*ms, 9*ms)), "a new tail")
+	assert.False(t, slowerNow(fs(2*ms, 9*ms), fs(2*ms, 9*ms)), "the tail was there")
+	assert.False(t, slowerNow(fs(0, 0), fs(2*ms, 9*ms)), "nothing to compare with")
+}
