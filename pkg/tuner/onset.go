@@ -1,6 +1,7 @@
 package tuner
 
 import (
+	"cmp"
 	"slices"
 	"time"
 
@@ -64,16 +65,9 @@ func (t *Tuner) OnsetStreams() ([]probe.FileKey, time.Duration) {
 	return keys, t.cfg.Settle / freshSpanDiv
 }
 
+// compareKeys orders files by device, then inode.
 func compareKeys(a, b probe.FileKey) int {
-	switch {
-	case a.Dev != b.Dev:
-		return int(a.Dev) - int(b.Dev)
-	case a.Ino < b.Ino:
-		return -1
-	case a.Ino > b.Ino:
-		return 1
-	}
-	return 0
+	return cmp.Or(cmp.Compare(a.Dev, b.Dev), cmp.Compare(a.Ino, b.Ino))
 }
 
 // onsetCandidate: a stream read at the last Step that a step may be taken

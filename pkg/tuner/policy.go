@@ -1,7 +1,6 @@
 package tuner
 
 import (
-	"cmp"
 	"fmt"
 	"slices"
 	"time"
@@ -388,7 +387,7 @@ func (t *Tuner) FreshStreams() ([]probe.FileKey, time.Duration) {
 			keys = append(keys, k)
 		}
 	}
-	slices.SortFunc(keys, func(a, b probe.FileKey) int { return cmp.Or(cmp.Compare(a.Dev, b.Dev), cmp.Compare(a.Ino, b.Ino)) })
+	slices.SortFunc(keys, compareKeys)
 	// A slow stream (a few hundred requests a second, as under
 	// contention) has too few requests in the last Settle/4 to judge: it
 	// is judged on as much of its life as it has had, up to 3/4 Settle.
