@@ -163,34 +163,3 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 	}
 	return t.out
 }
-
-// A knee (the window past which a step did not pay) is learned under the
-// conditions of its trial. A stream that reads at least kneeStaleDrop
-// slower at the same window than when it was kept, its requests at least
-// kneeStaleLat slower, is under other conditions now (a slowdown began
-// after the knee was found, too small for the detector's shift or for the
-// check between Steps): the knee and its back-off are dropped and the next
-// step is tried.
-const (
-	kneeStaleDrop = 0.15
-	kneeStaleLat  = 1.2
-)
-
-// staleKnee drops a file window's knee and back-off learned under other
-// conditions (measured by m at the window in force).
-func (t *Tuner) staleKnee(fd *fileDec, m measure) {
-	l := &fd.win
-	if l.trial != 0 || l.probeUntil != 0 || l.cur <= l.base || !l.keptM.ok || !m.ok {
-		return
-	}
-	if !l.knee && t.deps.Clock.Now() >= l.retryAt {
-		return
-	}
-	if m.tput >= (1-kneeStaleDrop)*l.keptM.tput || float64(m.p50) < kneeStaleLat*float64(l.keptM.p50) {
-		return
-	}
-	t.log.Debug("tuner: knee learned under other conditions", "file", fd.key.String(), "window_kb", l.cur,
-		"kept_mbps", l.keptM.tput/1e6, "now_mbps", m.tput/1e6, "kept_p50", l.keptM.p50, "now_p50", m.p50)
-	l.knee, l.retryAt = false, 0
-	l.keptM = m // the next verdicts compare with the stream as it is now
-}

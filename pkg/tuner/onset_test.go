@@ -91,39 +91,3 @@ func TestSlowerNow(t *testing.T) {
 	assert.False(t, slowerNow(fs(2*ms, 9*ms), fs(2*ms, 9*ms)), "the tail was there")
 	assert.False(t, slowerNow(fs(0, 0), fs(2*ms, 9*ms)), "nothing to compare with")
 }
-
-// A knee found while the stream was healthy is stale once the stream reads
-// slower at the same window with slower requests (a slowdown too small for
-// a regime): the next step is tried at once, not after the knee's back-off.
-// A stream that only reads a little slower keeps its knee.
-func TestKneeLearnedUnderOtherConditionsIsProbedAgain(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = kneeModel // 60 MB/s at 128 KB, 150 at 512, 155 at 1024 and more
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
-	st := stream{key: key, tgid: 100, fill: 0.9}
-	r.runOutcome(12, st)
-	require.Equal(t, 512, r.files.window[key], "kept at 512, the knee (1024 did not pay) confirmed")
-	step := func(p50 time.Duration) []Action {
-		r.clk.Advance(time.Second)
-		s := r.outcomeSnap(st)
-		s.Files[0].P50 = p50
-		s.Devices[0].CapacityBPS = 155e6
-		return r.tn.Step(s)
-	}
-	// 10% slower, the same latency: the knee holds.
-	r.tput = func(kb int) float64 { return 0.9 * kneeModel(kb) }
-	acts := step(3 * time.Millisecond)
-	assert.Empty(t, filter(acts, KindFileWindow, ResultTrial))
-	// The device slows: 20% slower at 512 KB, requests 1.4x as long.
-	r.tput = func(kb int) float64 { return min(float64(kb)*0.234e6, 150e6) }
-	acts = step(4200 * time.Microsecond)
-	logActs(t, acts)
-	trials := filter(acts, KindFileWindow, ResultTrial)
-	require.Len(t, trials, 1, "the step past the stale knee")
-	assert.Equal(t, 512, trials[0].FromKB)
-	acts = step(4200 * time.Microsecond)
-	logActs(t, acts)
-	require.NotEmpty(t, filter(acts, KindFileWindow, ResultKept), "it pays now")
-	assert.Greater(t, r.files.window[key], 512)
-}

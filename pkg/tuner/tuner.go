@@ -845,7 +845,6 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 			fd.win.retryAt = 0 // new evidence: the file's own back-off ends too
 		}
 	}
-	t.staleKnee(fd, m)
 	applyWin := func(kb int) error { return t.pinFile(fd, kb, nil, true) }
 	if fd.pf.trial == 0 {
 		hadTrial := fd.win.trial != 0
