@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -101,7 +100,6 @@ configuration exit with code 2 before anything is changed on the machine.`,
 		if err != nil {
 			return usageError{err}
 		}
-		oneProc()
 		return runDaemon(cmd.Context(), v, env)
 	}
 	return cmd
@@ -146,18 +144,6 @@ type controller interface {
 	// RestoreAll undoes every change the controller made (and saves what
 	// it learned that outlives a restart).
 	RestoreAll() error
-}
-
-// oneProc runs the daemon's Go code on one processor unless GOMAXPROCS is
-// set. Its work is a few milliseconds a second spread over many wakeups
-// (ring buffer, ticks); with a processor per CPU the runtime spins idle
-// threads looking for work at each wakeup, which costs more CPU than the
-// work does: measured beside 300k 4 KiB reads a second on two CPUs, 2.3%
-// of a core with two processors, 1.5% with one (docs/probe.md).
-func oneProc() {
-	if os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(1)
-	}
 }
 
 func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
