@@ -131,10 +131,12 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		}
 		fd := t.files[c.key]
 		created := fd == nil
+		// At the device's window the device's outcome back-off holds, unless
+		// the latency says the conditions changed (outcomeDue).
+		if (created || fd.win.cur == fd.win.base) && !t.outcomeDue(d, c.key) {
+			continue
+		}
 		if created {
-			if !t.outcomeDue(d, c.key) {
-				continue
-			}
 			fd = &fileDec{key: c.key, dev: d, byRate: true, regimes: []detector.RegimeKind{WindowBound}, lastNeeded: now,
 				win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
 				pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
@@ -144,9 +146,6 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 			"step_mbps", c.step/1e6, "recent_mbps", float64(f.Bytes)/span.Seconds()/1e6)
 		// New conditions: a back-off or knee learned before them does
 		// not hold the step up (as when a regime takes a decision over).
-		if fd.win.cur == fd.win.base && !t.outcomeDue(d, c.key) {
-			continue
-		}
 		fd.win.retryAt, fd.win.knee = 0, false
 		if fd.win.cur > fd.win.base {
 			fd.win.rejump = true
