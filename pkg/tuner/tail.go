@@ -45,8 +45,18 @@ type tailSeen struct {
 	seen int
 }
 
-// tailStrong: a p99 this many times the median is a tail in one span.
-const tailStrong = 2.0
+// tailStrong: a p99 this many times the median is a tail in one span at a
+// window above the device's; tailStrongBase at the device's own window. A
+// larger window's queue lifts the median of every request, a stall's and a
+// scheduling hiccup's ratio alike shrink with it (a +10 ms stall on 10% of
+// reads: 6.7x at 128 KB, 2.5x at 512 KB). At the device's window a healthy
+// stream on a busy two-CPU host strays to 2.3x in one span (a hiccup of
+// about 2 ms, measured in CI), a stall stands at 4-7x: below tailStrongBase
+// it takes a second span to be a tail.
+const (
+	tailStrong     = 2.0
+	tailStrongBase = 3.0
+)
 
 // noteTails records the files whose requests show a tail now, and forgets
 // stale ones (the table stays as small as the streams with a tail).
@@ -74,7 +84,7 @@ func (t *Tuner) noteTails(files []detector.FileStats, now time.Duration) {
 			if ok {
 				seen = prev.seen + 1
 			}
-			if f.P99 >= time.Duration(tailStrong*float64(f.P50)) {
+			if f.P99 >= time.Duration(t.tailStrongFor(f.Key)*float64(f.P50)) {
 				seen = max(seen, 2)
 			}
 			t.tails[f.Key] = tailSeen{at: now, p50: f.P50, p99: f.P99, span: t.tailSpan, seen: seen}
@@ -85,6 +95,24 @@ func (t *Tuner) noteTails(files []detector.FileStats, now time.Duration) {
 			delete(t.tails, k)
 		}
 	}
+}
+
+// tailStrongFor is the one-span tail ratio for a file at the window it
+// reads with now: tailStrong above the device's window, tailStrongBase at
+// it (no decision yet, or one at its base).
+func (t *Tuner) tailStrongFor(k probe.FileKey) float64 {
+	fd := t.files[k]
+	if fd == nil {
+		return tailStrongBase
+	}
+	w := fd.win.cur
+	if fd.win.trial > 0 {
+		w = fd.win.trial
+	}
+	if w <= fd.win.base {
+		return tailStrongBase
+	}
+	return tailStrong
 }
 
 // tailOf is the file's tail if one was seen recently.

@@ -252,6 +252,43 @@ func TestOneSpanOfModestSpreadIsNoTail(t *testing.T) {
 	assert.Equal(t, 128, r.files.window[key])
 }
 
+// At the device's window a healthy stream on a busy host strays further in
+// one span (2.3x its median, a 2 ms hiccup at 1.7 ms, seen in CI): no tail
+// either, the trial that follows is judged on its margin and undone.
+func TestOneHiccupAtTheDevicesWindowIsNoTail(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	var acts []Action
+	for i := 0; i < 3; i++ {
+		r.clk.Advance(time.Second)
+		now := r.clk.Now()
+		w := r.files.window[key]
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
+		p99 := windowLat(w) * 11 / 10
+		if i == 0 {
+			p99 = windowLat(w) * 23 / 10
+		}
+		acts = append(acts, r.tn.Step(streamSpan(key, now, w, 148e6, windowLat(w), p99, 1.9))...)
+	}
+	logActs(t, acts)
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
+	assert.NotEmpty(t, filter(acts, KindFileWindowUndo, ResultUndone))
+	assert.Zero(t, r.tn.Status().Counts["outcome/tail_kept"])
+	assert.Equal(t, 128, r.files.window[key])
+
+	// The same spread stands at tailStrongBase and more for a stall: a
+	// tail from one span.
+	r2 := newRig(t, Config{DisablePrefetch: true}, nil)
+	p2, key2 := realFile(t, filepath.Join(r2.dir, "data"), "blk_2")
+	r2.files.open(100, 7, p2, key2)
+	r2.clk.Advance(time.Second)
+	r2.tn.Step(streamSpan(key2, r2.clk.Now(), 128, 148e6, windowLat(128), windowLat(128)*31/10, 1.9))
+	_, ok := r2.tn.tailOf(key2)
+	assert.True(t, ok, "3.1x at the device's window is a tail in one span")
+}
+
 // A stream's first trial, judged between stalls, did not pay and the
 // device's outcome trials back off; a tail that shows afterwards and needs
 // more than that trial tried is new evidence: the next trial comes at once.
