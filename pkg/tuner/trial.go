@@ -174,6 +174,9 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		if !m.ok || gain < margin {
 			why, keep := t.tailKeep(file, l, m)
 			if !keep {
+				why, keep = t.shiftKeep(file, l, m)
+			}
+			if !keep {
 				return t.undoStep(l, now, ev, apply, act)
 			}
 			ev += "; " + why
