@@ -63,6 +63,39 @@ func TestStreamSlowedBetweenStepsIsSteppedAtOnce(t *testing.T) {
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultKept))
 }
 
+// A periodic stall begins 0.6 s after a Step lowered the stream's window
+// (its healthy trial did not pay, and the device's outcome trials back off):
+// the recent 250 ms of requests hold no request from before that change, so
+// their tail is the stall's, and the step comes at once, sized by it, not
+// at the next Step.
+func TestStallBeginningAfterAWindowChangeIsSteppedAtOnce(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 150e6 }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	undone := false
+	for i := 0; i < 6 && !undone; i++ {
+		acts := r.runOutcome(1, st)
+		undone = len(filter(acts, KindFileWindowUndo, ResultUndone)) > 0
+	}
+	require.True(t, undone, "a healthy trial did not pay")
+	require.Equal(t, 128, r.files.window[key])
+	// 10% of reads 10 ms slower: 88 MB/s at 128 KB, p99 7x the median.
+	r.tput = func(int) float64 { return 88e6 }
+	r.clk.Advance(600 * time.Millisecond)
+	keys, span := r.tn.OnsetStreams()
+	require.NotEmpty(t, keys)
+	s := r.recentSnap(span, st)
+	s.Files[0].P50, s.Files[0].P95, s.Files[0].P99 = 1700*time.Microsecond, 1700*time.Microsecond, 11700*time.Microsecond
+	s.Devices[0].CapacityBPS = 150e6
+	acts := r.tn.FastOnset(s, span)
+	logActs(t, acts)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trials, 1, "a step between Steps")
+	assert.GreaterOrEqual(t, trials[0].ToKB, 1024, "sized by the tail (88 MB/s x 11.7 ms)")
+}
+
 // A stream whose rate fell with its latency unchanged is limited by its
 // reader, not by the device: no step. Nor is a stream checked more often
 // than every quarter interval.

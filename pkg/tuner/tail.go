@@ -174,9 +174,15 @@ func (t *Tuner) tailKeep(file probe.FileKey, l *ladder, m measure) (string, bool
 // readers was given a window then, or a reader opened it beside a decision
 // (it reads at the device's window until the event path pins it). Requests
 // in flight across a change are a few out of hundreds: a change about one
-// span ago (the tick that judges a step) leaves the span clean.
+// span ago (the tick that judges a step) leaves the span clean. The span is
+// the one the requests came from: a Settle, or the recent view a check
+// between Steps looks at (a change 0.6 s before a 250 ms view is not in it).
 func (t *Tuner) windowMoved(k probe.FileKey, dev probe.Dev, now time.Duration) bool {
-	span := t.cfg.Settle - t.cfg.Settle/10
+	span := t.cfg.Settle
+	if t.measSpan > 0 {
+		span = t.measSpan
+	}
+	span -= span / 10
 	within := func(at time.Duration) bool { return at != 0 && now-at < span }
 	fd := t.files[k]
 	if fd != nil && within(fd.win.movedAt) {
