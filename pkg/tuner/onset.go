@@ -110,7 +110,21 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 			continue
 		}
 		stepRate := float64(last.Bytes) / t.cfg.Settle.Seconds()
-		if float64(f.Bytes)/span.Seconds() >= onsetDrop*stepRate || !slowerNow(last, f) {
+		slower := slowerNow(last, f)
+		if fd := t.files[f.Key]; fd != nil && fd.win.movedAt != 0 && now-fd.win.movedAt < t.cfg.Settle {
+			// The last Step's requests were read at another window (the
+			// step it judged was undone): its rate and latency are no
+			// reference for this one. The measure taken at the window in
+			// force before that step is; it has no p99, so a tail counts
+			// only if it stands out at any window (tailStrongBase).
+			b := fd.win.before
+			if !b.ok || b.rate <= 0 || fd.win.inForce() != fd.win.trialFrom {
+				continue
+			}
+			stepRate = b.rate
+			slower = f.P50 > 0 && b.p50 > 0 && (f.P50 >= b.p50*3/2 || f.P99 >= time.Duration(tailStrongBase*float64(f.P50)))
+		}
+		if float64(f.Bytes)/span.Seconds() >= onsetDrop*stepRate || !slower {
 			continue
 		}
 		cands = append(cands, cand{f.Key, stepRate})

@@ -96,6 +96,50 @@ func TestStallBeginningAfterAWindowChangeIsSteppedAtOnce(t *testing.T) {
 	assert.GreaterOrEqual(t, trials[0].ToKB, 1024, "sized by the tail (88 MB/s x 11.7 ms)")
 }
 
+// A step undone at the last Step (it cost the random reader beside the
+// stream) brings the stream back to its slower window: its rate falls from
+// the trial's, its median falls with the window's queue and its p99/p50
+// spreads, all by the undo itself. That is no onset: judged against the
+// measure taken at that window before the trial, nothing slowed.
+func TestRateFallingWithAnUndoneStepIsNoOnset(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(kb int) float64 { return min(float64(kb)*0.5e6, 150e6) } // every step pays
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	// The random reader beside it loses at any window past 256 KB.
+	rnd := func(kb int) (float64, time.Duration) {
+		if kb > 256 {
+			return 350, 8 * time.Millisecond
+		}
+		return 800, 2 * time.Millisecond
+	}
+	undone := false
+	for i := 0; i < 8 && !undone; i++ {
+		acts := r.runBeside(1, st, rnd)
+		logActs(t, acts)
+		undone = len(filter(acts, KindFileWindowUndo, ResultUndone)) > 0
+	}
+	require.True(t, undone, "the step past 256 KB was undone for the random reader")
+	require.Equal(t, 256, r.files.window[key])
+	fd := r.tn.files[key]
+	require.NotNil(t, fd)
+	before := fd.win.before
+	// 0.6 s later, at 256 KB: 0.68 of the trial's rate, the median of the
+	// smaller queue, a p99 2.5x it.
+	r.clk.Advance(600 * time.Millisecond)
+	keys, span := r.tn.OnsetStreams()
+	require.NotEmpty(t, keys)
+	s := r.recentSnap(span, st)
+	s.Files[0].Bytes = uint64(before.rate * 0.8 * span.Seconds())
+	s.Files[0].P50, s.Files[0].P95, s.Files[0].P99 = before.p50, before.p50, before.p50*5/2
+	s.Devices[0].CapacityBPS = 150e6
+	acts := r.tn.FastOnset(s, span)
+	logActs(t, acts)
+	assert.Empty(t, filter(acts, KindFileWindow, ResultTrial), "no step: the stream reads as it did at 256 KB")
+	assert.Zero(t, r.tn.Status().Counts["outcome/onset"])
+}
+
 // A stream whose rate fell with its latency unchanged is limited by its
 // reader, not by the device: no step. Nor is a stream checked more often
 // than every quarter interval.
