@@ -227,6 +227,24 @@ func TestStepTooSmallForTheTailIsResizedToIt(t *testing.T) {
 	}
 }
 
+// runSpread steps n intervals of a healthy stream at the device's
+// bandwidth whose p99 is 1.1x its median, but tenths/10 x in span odd.
+func (r *rig) runSpread(n int, key probe.FileKey, odd int, tenths time.Duration) []Action {
+	var acts []Action
+	for i := 0; i < n; i++ {
+		r.clk.Advance(time.Second)
+		now := r.clk.Now()
+		w := r.files.window[key]
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
+		p99 := windowLat(w) * 11 / 10
+		if i == odd {
+			p99 = windowLat(w) * tenths / 10
+		}
+		acts = append(acts, r.tn.Step(streamSpan(key, now, w, 148e6, windowLat(w), p99, 1.9))...)
+	}
+	return acts
+}
+
 // A healthy stream's p99 strays now and then (a scheduling hiccup): one span
 // with a p99 under tailStrong times the median is no tail, and a step that
 // did not pay is undone as on any healthy stream.
@@ -234,18 +252,7 @@ func TestOneSpanOfModestSpreadIsNoTail(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p, key)
-	var acts []Action
-	for i := 0; i < 3; i++ {
-		r.clk.Advance(time.Second)
-		now := r.clk.Now()
-		w := r.files.window[key]
-		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
-		p99 := windowLat(w) * 11 / 10
-		if i == 1 {
-			p99 = windowLat(w) * 17 / 10 // the trial's span strays
-		}
-		acts = append(acts, r.tn.Step(streamSpan(key, now, w, 148e6, windowLat(w), p99, 1.9))...)
-	}
+	acts := r.runSpread(3, key, 1, 17) // the trial's span strays to 1.7x
 	logActs(t, acts)
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
@@ -259,18 +266,7 @@ func TestOneHiccupAtTheDevicesWindowIsNoTail(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p, key)
-	var acts []Action
-	for i := 0; i < 3; i++ {
-		r.clk.Advance(time.Second)
-		now := r.clk.Now()
-		w := r.files.window[key]
-		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
-		p99 := windowLat(w) * 11 / 10
-		if i == 0 {
-			p99 = windowLat(w) * 23 / 10
-		}
-		acts = append(acts, r.tn.Step(streamSpan(key, now, w, 148e6, windowLat(w), p99, 1.9))...)
-	}
+	acts := r.runSpread(3, key, 0, 23) // the first span strays to 2.3x, at 128 KB
 	logActs(t, acts)
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
