@@ -32,7 +32,12 @@ const slowedFrac = 0.8
 
 func (t *Tuner) shiftKeep(file probe.FileKey, l *ladder, m measure) (string, bool) {
 	fd := t.files[file]
-	if fd == nil || !m.ok || l.kind != KindFileWindow {
+	if fd == nil || !m.ok || l.kind != KindFileWindow || t.randomReaderBeside(fd) {
+		// Beside a random reader every step pays its margin, as for a
+		// tail: its faults wait behind every byte the stream keeps
+		// queued, and a step measured across a change of its trim has no
+		// reference for what it cost them (measured: kept at 512 KB on
+		// +3 ms, the random reader's p99 2.8x the default's).
 		return "", false
 	}
 	if l.before.tput <= 0 || m.tput < l.before.tput || m.p50 <= 0 {

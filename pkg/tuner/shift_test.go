@@ -137,21 +137,17 @@ func TestShiftedFileStepsStillAnswerToTheirCosts(t *testing.T) {
 		assert.Equal(t, 512, r.files.window[key])
 		assert.Zero(t, r.tn.Status().Counts["outcome/shift_kept"])
 	})
-	t.Run("the random reader beside it lost", func(t *testing.T) {
+	t.Run("a random reader beside it", func(t *testing.T) {
 		r := newRig(t, Config{DisablePrefetch: true, MaxKB: 4096}, nil)
 		p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 		r.files.open(100, 7, p, key)
-		rnd := func(kb int) (float64, time.Duration) {
-			if kb > 512 {
-				return 400, 4 * time.Millisecond
-			}
-			return 600, 2 * time.Millisecond
-		}
+		// Whether or not its requests show what the step cost it (a
+		// step across a change of its trim has no reference), the step
+		// must pay.
+		rnd := func(int) (float64, time.Duration) { return 600, 2 * time.Millisecond }
 		acts := r.runShifted(8, key, true, rnd)
 		logActs(t, acts)
-		assert.Equal(t, 512, r.files.window[key])
-		undone := filter(acts, KindFileWindowUndo, ResultUndone)
-		require.NotEmpty(t, undone)
-		assert.Contains(t, undone[0].Evidence, "random readers beside it lost")
+		assert.Equal(t, 256, r.files.window[key], "the first step paid (one doubling beside a random reader), the next did not")
+		assert.Zero(t, r.tn.Status().Counts["outcome/shift_kept"])
 	})
 }
