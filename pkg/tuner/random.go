@@ -33,6 +33,26 @@ const (
 	randLatMax  = 0.10
 )
 
+// randSevere: a loss this many times the bound (requests/s below half of
+// the reference, or a p95 1.5x it) is no interval's noise: the knee it
+// leaves is not probed again soon (each probe is a second of that loss).
+const randSevere = 5
+
+// randomLostSevere reports whether the random readers beside a stream lost
+// by its step well beyond the noise of one interval.
+func randomLostSevere(l *ladder, m measure) bool {
+	for _, b := range []measure{l.before, l.baseM} {
+		if b.randReq <= 0 || m.randReq <= 0 || !sameRandom(b, m) {
+			continue
+		}
+		if m.randReq < (1-randSevere*randLossMax)*b.randReq ||
+			b.randP95 > 0 && m.randP95 > time.Duration(float64(b.randP95)*(1+randSevere*randLatMax)) {
+			return true
+		}
+	}
+	return false
+}
+
 // randomLost says how the random readers beside a stream lost by its step
 // (m against the step's before-measure and the decision's base-window
 // measure), "" if they did not or there were none in both.

@@ -67,6 +67,33 @@ func TestStepARandomReaderBesideDoesNotPayForIsKept(t *testing.T) {
 	assert.Greater(t, r.files.window[key], 128)
 }
 
+// A step that cost the random reader beside the stream far more than an
+// interval's noise (its faults 2.7x fewer) leaves a knee that is not probed
+// again two seconds later: every probe is a second of that loss for it.
+func TestSevereRandomLossHoldsTheKnee(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	rnd := func(kb int) (float64, time.Duration) {
+		if kb > 256 {
+			return 330, 8 * time.Millisecond
+		}
+		return 880, 2 * time.Millisecond
+	}
+	acts := r.runBeside(20, stream{key: key, tgid: 100, fill: 0.9}, rnd)
+	logActs(t, acts)
+	var past []Action
+	for _, a := range filter(acts, KindFileWindow, ResultTrial) {
+		if a.ToKB > 256 {
+			past = append(past, a)
+		}
+	}
+	require.NotEmpty(t, past)
+	assert.Len(t, past, 1, "one trial past 256 KB, not its confirmation")
+	assert.Equal(t, 256, r.files.window[key])
+}
+
 // Steps that each cost the random reader a little must not add up: each is
 // judged against the stream's base window too.
 func TestSmallRandomReaderLossesDoNotAddUp(t *testing.T) {

@@ -204,6 +204,11 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 					l.later++
 					return did
 				}
+				if randomLostSevere(l, m) && l.cur != l.base && l.failures < 1 {
+					// Not noise: the knee holds for BackoffMax at once
+					// (its confirmation would cost them another second).
+					l.failures = 1
+				}
 				return t.undoStep(l, now, ev+"; "+lost, apply, act)
 			}
 			rebaseRandom(l, m)
