@@ -94,6 +94,32 @@ func TestSevereRandomLossHoldsTheKnee(t *testing.T) {
 	assert.Equal(t, 256, r.files.window[key])
 }
 
+// A stream at its window's knee beside a random reader gets no prefetch:
+// the prefetched ranges queue ahead of the random reader's faults as a
+// larger window would. Alone on the device, the same stream gets it.
+func TestNoPrefetchBesideARandomReader(t *testing.T) {
+	for _, beside := range []bool{true, false} {
+		r := newRig(t, Config{}, nil)
+		r.tput = func(kb int) float64 { return min(float64(kb)*0.4e6, 110e6) } // a knee at 256 KB
+		p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+		r.files.open(100, 7, p, key)
+		st := stream{key: key, tgid: 100, fill: 0.9}
+		var acts []Action
+		if beside {
+			acts = r.runBeside(12, st, func(int) (float64, time.Duration) { return 600, 2 * time.Millisecond })
+		} else {
+			acts = r.runOutcome(12, st)
+		}
+		logActs(t, acts)
+		require.NotEmpty(t, filter(acts, KindFileWindowUndo, ResultUndone), "the window found its knee")
+		if beside {
+			assert.Empty(t, filter(acts, KindPrefetch, ResultTrial), "no prefetch beside the random reader")
+		} else {
+			assert.NotEmpty(t, filter(acts, KindPrefetch, ResultTrial), "prefetch when alone")
+		}
+	}
+}
+
 // Steps that each cost the random reader a little must not add up: each is
 // judged against the stream's base window too.
 func TestSmallRandomReaderLossesDoNotAddUp(t *testing.T) {

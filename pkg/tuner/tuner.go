@@ -854,10 +854,16 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 			return
 		}
 	}
-	// Prefetch when the window alone is not enough.
-	if fd.win.exhausted(t.cfg.MaxKB) && !t.cfg.DisablePrefetch && (escalate || fd.pf.trial != 0) {
+	// Prefetch when the window alone is not enough. Not beside a random
+	// reader: the prefetched ranges queue ahead of its faults as a larger
+	// window would, where the window's knee already says how much the
+	// device can take (measured: its trials cost the stream 10-15% a
+	// second each on a busy host, and kept, they are unjudged by the
+	// random readers' rule).
+	pfEscalate := escalate && !t.randomReaderBeside(fd)
+	if fd.win.exhausted(t.cfg.MaxKB) && !t.cfg.DisablePrefetch && (pfEscalate || fd.pf.trial != 0) {
 		if fs, ok := t.fstats[fd.key]; ok && fs.Sequentiality >= t.cfg.MinSequentiality || fd.pf.trial != 0 {
-			t.drive(&fd.pf, fd.dev, fd.key, fd.path, m, why+", window at its knee or maximum", escalate, func(kb int) error {
+			t.drive(&fd.pf, fd.dev, fd.key, fd.path, m, why+", window at its knee or maximum", pfEscalate, func(kb int) error {
 				if len(t.refs(fd, nil)) == 0 {
 					return errNoReaders
 				}
