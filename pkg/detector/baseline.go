@@ -132,7 +132,18 @@ func (d *Detector) BaselineData() ([]byte, error) {
 			if cb.windows == 0 {
 				continue
 			}
-			bd.Classes = append(bd.Classes, baselineClass{Class: c, P50: cb.p50, P95: cb.p95, P99: cb.p99, Windows: cb.windows, TailWindows: cb.tailWindows})
+			// The p99 is an average over the windows with enough
+			// requests for it, the p50 and p95 over all: each is a
+			// percentile, but their averages over different windows
+			// need not stay in order. Written in order, as the loader
+			// requires of any file (seen: a p99 below the p95 made the
+			// daemon's own file rejected at its restart).
+			p95 := max(cb.p95, cb.p50)
+			p99 := cb.p99
+			if cb.tailWindows > 0 {
+				p99 = max(p99, p95)
+			}
+			bd.Classes = append(bd.Classes, baselineClass{Class: c, P50: cb.p50, P95: p95, P99: p99, Windows: cb.windows, TailWindows: cb.tailWindows})
 		}
 		if len(bd.Classes) > 0 || bd.CapacityBPS > 0 {
 			f.Devices = append(f.Devices, bd)

@@ -37,6 +37,27 @@ func TestBaselineRoundTrip(t *testing.T) {
 	assert.Len(t, entries, 1)
 }
 
+// The p99 is averaged over fewer windows than the p50 and p95, so the
+// learned averages can fall out of order; what the daemon saves it must
+// load back at its next start.
+func TestBaselineWithItsAveragesOutOfOrderLoadsBack(t *testing.T) {
+	d := learnedDetector(t, 21)
+	d.mu.Lock()
+	for _, ds := range d.devices {
+		for c := range ds.base.classes {
+			cb := &ds.base.classes[c]
+			if cb.windows > 0 {
+				cb.tailWindows = max(cb.tailWindows, 1)
+				cb.p99 = cb.p95 * 0.9
+			}
+		}
+	}
+	d.mu.Unlock()
+	path := filepath.Join(t.TempDir(), "baseline.json")
+	require.NoError(t, d.SaveBaseline(path))
+	require.NoError(t, New(DefaultConfig()).LoadBaseline(path))
+}
+
 func TestBaselineCorruptAndUnknownVersionRejected(t *testing.T) {
 	dir := t.TempDir()
 	d := New(DefaultConfig())
