@@ -31,6 +31,23 @@ func (c *collector) HandleReadahead(e ReadaheadEvent) {
 	c.mu.Unlock()
 }
 
+// settle waits until no record has arrived for 200 ms, at most max.
+func (c *collector) settle(max time.Duration) {
+	deadline := time.Now().Add(max)
+	last, since := -1, time.Now()
+	for time.Now().Before(deadline) {
+		c.mu.Lock()
+		n := len(c.recs)
+		c.mu.Unlock()
+		if n != last {
+			last, since = n, time.Now()
+		} else if time.Since(since) >= 200*time.Millisecond {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func TestProbeAttributesReadsOnLoopDevice(t *testing.T) {
 	needRoot(t, "loads BPF programs and creates a loop device")
 	l := newLab(t, 256)
@@ -51,7 +68,9 @@ func TestProbeAttributesReadsOnLoopDevice(t *testing.T) {
 
 	pidA := readAll(t, pathA)
 	pidB := readAll(t, pathB)
-	time.Sleep(200 * time.Millisecond) // two poll intervals: collect the tail
+	// Collect the tail: until the records stop growing for a few poll
+	// intervals (a fixed 200 ms missed 5 MB of them on a busy CI host).
+	c.settle(3 * time.Second)
 	cancel()
 	require.NoError(t, <-done)
 
