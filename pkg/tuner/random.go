@@ -38,25 +38,11 @@ const (
 // leaves is not probed again soon (each probe is a second of that loss).
 const randSevere = 5
 
-// randomLostSevere reports whether the random readers beside a stream lost
-// by its step well beyond the noise of one interval.
-func randomLostSevere(l *ladder, m measure) bool {
-	for _, b := range []measure{l.before, l.baseM} {
-		if b.randReq <= 0 || m.randReq <= 0 || !sameRandom(b, m) {
-			continue
-		}
-		if m.randReq < (1-randSevere*randLossMax)*b.randReq ||
-			b.randP95 > 0 && m.randP95 > time.Duration(float64(b.randP95)*(1+randSevere*randLatMax)) {
-			return true
-		}
-	}
-	return false
-}
-
 // randomLost says how the random readers beside a stream lost by its step
 // (m against the step's before-measure and the decision's base-window
-// measure), "" if they did not or there were none in both.
-func randomLost(l *ladder, m measure) string {
+// measure), "" if they did not or there were none in both, and whether by
+// far more than one interval's noise (randSevere).
+func randomLost(l *ladder, m measure) (why string, severe bool) {
 	for _, ref := range []struct {
 		name string
 		m    measure
@@ -65,14 +51,20 @@ func randomLost(l *ladder, m measure) string {
 		if b.randReq <= 0 || m.randReq <= 0 || !sameRandom(b, m) {
 			continue
 		}
-		if m.randReq < (1-randLossMax)*b.randReq {
-			return fmt.Sprintf("the random readers beside it lost: %.0f -> %.0f requests/s (%s)", b.randReq, m.randReq, ref.name)
+		reqLost := func(k float64) bool { return m.randReq < (1-k*randLossMax)*b.randReq }
+		latLost := func(k float64) bool {
+			return b.randP95 > 0 && m.randP95 > time.Duration(float64(b.randP95)*(1+k*randLatMax))
 		}
-		if b.randP95 > 0 && m.randP95 > time.Duration(float64(b.randP95)*(1+randLatMax)) {
-			return fmt.Sprintf("the random readers beside it lost: p95 %v -> %v (%s)", b.randP95, m.randP95, ref.name)
+		severe = severe || reqLost(randSevere) || latLost(randSevere)
+		switch {
+		case why != "":
+		case reqLost(1):
+			why = fmt.Sprintf("the random readers beside it lost: %.0f -> %.0f requests/s (%s)", b.randReq, m.randReq, ref.name)
+		case latLost(1):
+			why = fmt.Sprintf("the random readers beside it lost: p95 %v -> %v (%s)", b.randP95, m.randP95, ref.name)
 		}
 	}
-	return ""
+	return why, severe
 }
 
 // sameRandom reports whether two measures saw the random readers under the

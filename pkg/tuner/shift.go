@@ -9,27 +9,26 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// A stream slowed by its file (its requests slower than the device's for
-// their size: an old file, a slowed region) needs a window larger in
-// proportion to read at the device's bandwidth (Little's law: bytes in
-// flight = rate x latency). Its first steps pay their margin (the default
-// window covers a fraction of the latency); the last ones toward the window
-// that covers it gain a few percent each, less than the noise of one
-// interval on a busy host, and a ladder that asks every step for its margin
-// stops short (measured: 256 KB and 91% of the best static window beside a
-// random reader, where 4 MB reads 147 MB/s). So on such a stream a step
-// that cost it nothing is kept while the bytes it keeps in flight (rate x
-// median latency at the step) are more than the window it left: the window
-// still limits it. Slowed: the detector reports the file's latency shift,
-// or at its base window the stream read below slowedFrac of the device's
-// learned capacity while the device had bandwidth to spare (its total below
-// CapacityFrac of it): a healthy stream alone reads at 0.93-1.0 of it there,
-// several streams share it, and their steps still pay their margin. The device's total, its other readers and the random
-// readers beside it are judged after this, as for any step.
 // slowedFrac: a stream reading below this share of its device's capacity at
 // the device's window, with bandwidth to spare, is slowed by its file.
 const slowedFrac = 0.8
 
+// shiftKeep reports whether a file window step that did not pay its margin
+// is kept anyway, and why. A stream slowed by its file (an old file, a
+// slowed region) needs a window larger in proportion to read at the
+// device's bandwidth (Little's law: bytes in flight = rate x latency). Its
+// first steps pay their margin; the last ones toward the window that
+// covers the latency gain a few percent each, less than one interval's
+// noise on a busy host, and a ladder that asks each for its margin stops
+// short (slowed before the open at +1.5 ms: 0.97 of the best static window
+// before this, 0.99 with it). Such a step is kept if it cost the stream
+// nothing and the bytes it keeps in flight (rate x median latency) are more
+// than the window it left: the window still limits it. Slowed: the detector
+// reports the file's latency shift, or at its base window the stream read
+// below slowedFrac of the device's learned capacity while the device had
+// bandwidth to spare (a healthy stream alone reads at 0.93-1.0 of it;
+// several share it). Never beside a random reader. The device's total and
+// its other readers are judged after this, as for any step.
 func (t *Tuner) shiftKeep(file probe.FileKey, l *ladder, m measure) (string, bool) {
 	fd := t.files[file]
 	if fd == nil || !m.ok || l.kind != KindFileWindow || t.randomReaderBeside(fd) {

@@ -105,11 +105,7 @@ func (t *Tuner) tailStrongFor(k probe.FileKey) float64 {
 	if fd == nil {
 		return tailStrongBase
 	}
-	w := fd.win.cur
-	if fd.win.trial > 0 {
-		w = fd.win.trial
-	}
-	if w <= fd.win.base {
+	if fd.win.inForce() <= fd.win.base {
 		return tailStrongBase
 	}
 	return tailStrong

@@ -196,7 +196,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 			return t.undoStep(l, now, ev+fmt.Sprintf("; the device's other readers lost %.1f -> %.1f MB/s", bo/1e6, ao/1e6), apply, act)
 		}
 		if l.kind == KindFileWindow {
-			if lost := randomLost(l, m); lost != "" {
+			if lost, severe := randomLost(l, m); lost != "" {
 				if l.later < tailMaxLater && t.trimComing(d) {
 					// The random readers' own trim is under trial or
 					// about to be: their service changes with it, and
@@ -204,7 +204,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 					l.later++
 					return did
 				}
-				if randomLostSevere(l, m) && l.cur != l.base && l.failures < 1 {
+				if severe && l.cur != l.base && l.failures < 1 {
 					// Not noise: the knee holds for BackoffMax at once
 					// (its confirmation would cost them another second).
 					l.failures = 1
