@@ -54,6 +54,13 @@ type ladder struct {
 	rejump bool
 	// tried: the value of the last step taken.
 	tried int
+	// The knee's own record (knee.go): the measure at the knee's window
+	// when it was found, whether the random readers' loss set it, and the
+	// re-probes that found it stale.
+	kneeM      measure
+	kneeRandom bool
+	staleAt    time.Duration
+	staleN     int
 }
 
 func (l *ladder) inForce() int {
@@ -195,6 +202,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		if bo, ao := l.before.others, m.others; m.othersMustNotLose && l.before.dev > 0 && bo > othersMin*l.before.dev && ao < (1-devLossMax)*bo {
 			return t.undoStep(l, now, ev+fmt.Sprintf("; the device's other readers lost %.1f -> %.1f MB/s", bo/1e6, ao/1e6), apply, act)
 		}
+		l.kneeRandom = false
 		if l.kind == KindFileWindow {
 			if lost, severe := randomLost(l, m); lost != "" {
 				if l.later < tailMaxLater && t.trimComing(d) {
@@ -209,12 +217,14 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 					// (its confirmation would cost them another second).
 					l.failures = 1
 				}
+				l.kneeRandom = true
 				return t.undoStep(l, now, ev+"; "+lost, apply, act)
 			}
 			rebaseRandom(l, m)
 		}
 		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)
 		l.cur, l.trial, l.failures, l.keptAt, l.keptM = l.trial, 0, 0, now, m
+		l.staleN = 0
 		// The next step follows at once, measured against this one: a
 		// slowed reader regains its throughput one interval per step,
 		// not two.
@@ -282,7 +292,7 @@ func (t *Tuner) undoStep(l *ladder, now time.Duration, ev string, apply func(int
 	} else {
 		// A knee found by one noisy interval would hold the window short
 		// for BackoffMax: confirm it once, BackoffBase later.
-		l.knee = true
+		l.knee, l.kneeM = true, l.before
 		l.failures++
 		wait := t.cfg.BackoffMax
 		if l.failures == 1 {

@@ -845,6 +845,9 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 			fd.win.retryAt = 0 // new evidence: the file's own back-off ends too
 		}
 	}
+	if escalate && fd.pf.trial == 0 {
+		t.kneeStale(fd, m)
+	}
 	applyWin := func(kb int) error { return t.pinFile(fd, kb, nil, true) }
 	if fd.pf.trial == 0 {
 		hadTrial := fd.win.trial != 0
