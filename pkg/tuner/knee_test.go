@@ -112,17 +112,11 @@ func TestRandomLossKneeIsNeverStale(t *testing.T) {
 	}
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p, key)
-	rnd := func(kb int) (float64, time.Duration) {
-		if kb > 256 {
-			return 330, 8 * time.Millisecond
-		}
-		return 880, 2 * time.Millisecond
-	}
 	st := stream{key: key, tgid: 100, fill: 0.9}
-	r.runBeside(12, st, rnd)
+	r.runBeside(12, st, severeAbove256)
 	require.Equal(t, 256, r.files.window[key], "the random reader's loss set the knee")
 	stalled = true
-	acts := r.runBeside(20, st, rnd)
+	acts := r.runBeside(20, st, severeAbove256)
 	logActs(t, acts)
 	assert.Zero(t, r.tn.Status().Counts["outcome/knee_stale"])
 	for _, a := range filter(acts, KindFileWindow, ResultTrial) {

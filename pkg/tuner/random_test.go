@@ -67,6 +67,15 @@ func TestStepARandomReaderBesideDoesNotPayForIsKept(t *testing.T) {
 	assert.Greater(t, r.files.window[key], 128)
 }
 
+// severeAbove256: a random reader whose faults come 2.7x fewer and 4x
+// slower once the stream beside it reads with a window above 256 KB.
+func severeAbove256(kb int) (float64, time.Duration) {
+	if kb > 256 {
+		return 330, 8 * time.Millisecond
+	}
+	return 880, 2 * time.Millisecond
+}
+
 // A step that cost the random reader beside the stream far more than an
 // interval's noise (its faults 2.7x fewer) leaves a knee that is not probed
 // again two seconds later: every probe is a second of that loss for it.
@@ -75,13 +84,7 @@ func TestSevereRandomLossHoldsTheKnee(t *testing.T) {
 	r.tput = kneeModel
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p, key)
-	rnd := func(kb int) (float64, time.Duration) {
-		if kb > 256 {
-			return 330, 8 * time.Millisecond
-		}
-		return 880, 2 * time.Millisecond
-	}
-	acts := r.runBeside(20, stream{key: key, tgid: 100, fill: 0.9}, rnd)
+	acts := r.runBeside(20, stream{key: key, tgid: 100, fill: 0.9}, severeAbove256)
 	logActs(t, acts)
 	var past []Action
 	for _, a := range filter(acts, KindFileWindow, ResultTrial) {
