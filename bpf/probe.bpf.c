@@ -155,6 +155,14 @@ const volatile u32 filter_devs[MAX_FILTER_DEVS] = {};
 const volatile u32 n_filter_devs = 0;
 /* Force a reader wake-up once this many bytes wait in the ring. */
 const volatile u64 wakeup_bytes = 1 << 20;
+/* A stream's first readahead (a synchronous read from the file's head: a
+ * file just opened and read) wakes the reader at once: the daemon pins a
+ * prior on it from the event path, and the reader's poll would add up to
+ * its interval (100 ms) to the fresh open's first window. At most one such
+ * wake-up per HEAD_WAKE_GAP_NS, so that opens of many small files are not
+ * a wake-up each; a later one waits for the next poll or wake-up. */
+#define HEAD_WAKE_GAP_NS (5 * 1000 * 1000ULL)
+u64 last_head_wake = 0;
 /* Possible CPUs (set by the loader): the per-CPU in-flight counters summed. */
 const volatile u32 nr_cpus = 1;
 
@@ -733,6 +741,11 @@ static __always_inline int readahead(struct inode *inode, unsigned long index,
 	u64 flags = BPF_RB_NO_WAKEUP;
 	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
 		flags = BPF_RB_FORCE_WAKEUP;
+	if (!async && index == 0 && e->time_ns - last_head_wake >= HEAD_WAKE_GAP_NS) {
+		/* Racy across CPUs by design: two wake-ups instead of one. */
+		last_head_wake = e->time_ns;
+		flags = BPF_RB_FORCE_WAKEUP;
+	}
 	bpf_ringbuf_submit(e, flags);
 	return 0;
 }

@@ -84,8 +84,8 @@ func daemonSetCapabilities(t *testing.T) string {
 // TestImageBuildsAndRunsWithTheDaemonSetsPrivileges builds the image with
 // buildah from deploy/kubernetes/Dockerfile (the static binary on
 // scratch: no base image to pull), then runs it with podman as the
-// DaemonSet does: its capabilities only, host pids, host /sys, read-only
-// root. `check` passes; `run` serves /metrics and acts on a lab device for
+// DaemonSet does: its capabilities only, its seccomp profile, host pids,
+// the host's /sys/devices writable under a read-only /sys, read-only root. `check` passes; `run` serves /metrics and acts on a lab device for
 // a reader on the host, which sees the data directory at another path
 // than the container's volume.
 func TestImageBuildsAndRunsWithTheDaemonSetsPrivileges(t *testing.T) {
@@ -131,11 +131,19 @@ func TestImageBuildsAndRunsWithTheDaemonSetsPrivileges(t *testing.T) {
 		"-f", filepath.Join(root, "deploy/kubernetes/Dockerfile"), "-t", "localhost/readaheadd:test", ctxDir)
 	t.Logf("image built in %.1f s", time.Since(start).Seconds())
 
+	// The pod's system call filter, as the kubelet would load it from the
+	// node's seccomp directory.
+	profile := filepath.Join(root, "deploy/kubernetes/seccomp/readaheadd.json")
 	runArgs := func(name string, extra ...string) []string {
 		a := []string{"run", "--rm", "--name", name, "--network", "host", "--pid", "host",
 			"--cap-drop", "ALL", "--cap-add", caps,
-			"--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
-			"--read-only", "-v", "/sys:/sys",
+			// allowPrivilegeEscalation: false is no_new_privs, which also
+			// lets the runtime load the filter after its own setresgid.
+			"--security-opt", "seccomp=" + profile, "--security-opt", "no-new-privileges", "--security-opt", "apparmor=unconfined",
+			// The engine's /sys is read-only; only the device tree, where
+			// /sys/block/NAME/queue/read_ahead_kb resolves to, is the
+			// host's and writable, as in the DaemonSet.
+			"--read-only", "-v", "/sys/devices:/sys/devices",
 			// The engine's default limits exceed what this process may
 			// grant (no CAP_SYS_RESOURCE in some sandboxes).
 			"--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"}
@@ -194,10 +202,20 @@ func TestImageBuildsAndRunsWithTheDaemonSetsPrivileges(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	}, 60*time.Second, 200*time.Millisecond, "the daemon in the container did not become healthy:\n%s", logs)
+	// The filter is in force on the daemon (seccomp mode 2, no_new_privs),
+	// seen from the host.
+	pid := strings.TrimSpace(p.run("podman", "inspect", "-f", "{{.State.Pid}}", "readaheadd-run"))
+	status, err := os.ReadFile(filepath.Join("/proc", pid, "status"))
+	require.NoError(t, err, "the daemon's process %q", pid)
+	assert.Regexp(t, `(?m)^Seccomp:\s+2$`, string(status), "the daemon runs under the profile")
+	assert.Regexp(t, `(?m)^NoNewPrivs:\s+1$`, string(status))
 	m := scrape(t, addr)
 	for _, s := range []string{
 		`readaheadd_probe_attached 1`,
 		`readaheadd_read_requests_total{device="` + l.Name + `"}`,
+		`readaheadd_read_bytes_total{device="` + l.Name + `"} 0`,
+		`readaheadd_read_latency_seconds_bucket{device="` + l.Name + `",le="0.001024"} 0`,
+		`readaheadd_read_latency_seconds_bucket{device="` + l.Name + `",le="+Inf"} 0`,
 		`readaheadd_actions_total{action="file_window",device="` + l.Name + `",result="kept"} 0`,
 	} {
 		assert.Contains(t, m, s, "served from the start")
@@ -228,6 +246,12 @@ func TestImageBuildsAndRunsWithTheDaemonSetsPrivileges(t *testing.T) {
 	}
 	assert.Positive(t, acted, "per-file actions on the lab device for the host reader")
 	assert.Zero(t, value(m, `readaheadd_tuner_errors_total{kind="out_of_scope"}`), "the reader's file is in scope")
+	// Under the pod's system call filter: the reader's descriptor taken
+	// and advised, the device's window written through /sys/devices.
+	assert.Zero(t, value(m, `readaheadd_tuner_errors_total{kind="file_op"}`), "no per-file operation failed under the profile:\n%s", logs)
+	for _, refused := range []string{"operation not permitted", "read-only file system"} {
+		assert.NotContains(t, logs.String(), refused, "nothing the profile or the mounts refused")
+	}
 	assert.Contains(t, logs.String(), "/data/blk_1", "the daemon names the file by its path in the container")
 	stop()
 	assert.Contains(t, logs.String(), "restored; exiting")

@@ -90,6 +90,8 @@ func TestRunBadInputExitsTwoAndChangesNothing(t *testing.T) {
 		"device dotdot":       {[]string{"--device", ".."}, "invalid block device name"},
 		"relative allow-path": {[]string{"--allow-path", "data/dn"}, `allow-path "data/dn" is not an absolute path`},
 		"missing allow-path":  {[]string{"--allow-path", "/nonexistent/readaheadd/dn"}, "allow-path /nonexistent/readaheadd/dn does not exist"},
+		"file as allow-path":  {[]string{"--allow-path", unknownKey}, "is not a directory"},
+		"root as allow-path":  {[]string{"--allow-path", "/"}, "allow-path / is the whole root filesystem"},
 		"bad metrics address": {[]string{"--metrics-addr", "127.0.0.1"}, "is not HOST:PORT"},
 		"bad metrics port":    {[]string{"--metrics-addr", "127.0.0.1:99999"}, `port "99999"`},
 		"relative state dir":  {[]string{"--state-dir", "state"}, "state-dir \"state\" is not an absolute path"},

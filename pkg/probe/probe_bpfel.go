@@ -115,6 +115,7 @@ const (
 	probeVarCpuOff            = "cpu_off"
 	probeVarCpusAllKnown      = "cpus_all_known"
 	probeVarFilterDevs        = "filter_devs"
+	probeVarLastHeadWake      = "last_head_wake"
 	probeVarN_filterDevs      = "n_filter_devs"
 	probeVarNrCpus            = "nr_cpus"
 	probeVarUnusedRa          = "unused_ra"
@@ -190,6 +191,7 @@ type probeVariableSpecs struct {
 	CpuOff       *ebpf.VariableSpec `ebpf:"cpu_off"`
 	CpusAllKnown *ebpf.VariableSpec `ebpf:"cpus_all_known"`
 	FilterDevs   *ebpf.VariableSpec `ebpf:"filter_devs"`
+	LastHeadWake *ebpf.VariableSpec `ebpf:"last_head_wake"`
 	N_filterDevs *ebpf.VariableSpec `ebpf:"n_filter_devs"`
 	NrCpus       *ebpf.VariableSpec `ebpf:"nr_cpus"`
 	UnusedRa     *ebpf.VariableSpec `ebpf:"unused_ra"`
@@ -246,6 +248,7 @@ type probeVariables struct {
 	CpuOff       *ebpf.Variable `ebpf:"cpu_off"`
 	CpusAllKnown *ebpf.Variable `ebpf:"cpus_all_known"`
 	FilterDevs   *ebpf.Variable `ebpf:"filter_devs"`
+	LastHeadWake *ebpf.Variable `ebpf:"last_head_wake"`
 	N_filterDevs *ebpf.Variable `ebpf:"n_filter_devs"`
 	NrCpus       *ebpf.Variable `ebpf:"nr_cpus"`
 	UnusedRa     *ebpf.Variable `ebpf:"unused_ra"`

@@ -136,6 +136,19 @@ func (p *ProcFileOps) FindAll(file probe.FileKey) ([]FileRef, error) {
 	return refs, nil
 }
 
+// Holds reports whether process ref.Tgid still has descriptor ref.FD open
+// on ref.Key (one stat of the magic link, which follows it to the open
+// file whatever mount namespace the process lives in).
+func (p *ProcFileOps) Holds(ref FileRef) bool {
+	var st unix.Stat_t
+	link := filepath.Join(p.Proc, strconv.FormatUint(uint64(ref.Tgid), 10), "fd", strconv.Itoa(ref.FD))
+	if err := unix.Stat(link, &st); err != nil {
+		// Gone (ENOENT, ESRCH); any other failure is not proof that it is.
+		return !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ESRCH)
+	}
+	return probe.DevFromUnix(st.Dev) == ref.Key.Dev && st.Ino == ref.Key.Ino
+}
+
 // Dup implements FileOps.
 func (p *ProcFileOps) Dup(ref FileRef) (Handle, error) {
 	pidfd, err := unix.PidfdOpen(int(ref.Tgid), 0)

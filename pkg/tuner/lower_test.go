@@ -1,6 +1,7 @@
 package tuner
 
 import (
+	"os"
 	"testing"
 	"time"
 
@@ -54,8 +55,11 @@ type kernel struct {
 	rate   uint64         // pages each reader reads per Sleep
 	now    time.Duration
 	dups   []FileRef
-	onSet  func(kb int) // runs while read_ahead_kb holds kb
+	onSet  func(kb int)     // runs while read_ahead_kb holds kb
+	closed map[FileRef]bool // descriptors their reader closed
 }
+
+func (k *kernel) Holds(ref FileRef) bool { return !k.closed[ref] }
 
 func (k *kernel) ReadAheadKB(string) (int, error) { return k.devKB, nil }
 func (k *kernel) SetReadAheadKB(_ string, kb int) error {
@@ -205,6 +209,45 @@ func TestLowerIdleReaderIsNotLeftAtZero(t *testing.T) {
 	assert.Equal(t, 1, st.Unconfirmed)
 	assert.Equal(t, l.IdleHold, st.Hold, "a reader that does not move ends its break after IdleHold")
 	assert.EqualValues(t, 32, k.files[3].raPages)
+}
+
+// A reader that closed its file (or exited) during the break will never
+// read past its window: the break ends at the first check, not after
+// IdleHold, since it holds the tuner's lock meanwhile.
+func TestLowerEndsTheBreakOfAReaderThatClosedItsFile(t *testing.T) {
+	k, l := newKernel()
+	k.rate = 0
+	f := k.streaming(3, 1024)
+	g := k.streaming(4, 1024) // idle, still open
+	k.closed = map[FileRef]bool{f.Ref: true}
+	st, err := l.Lower(LowerReq{Device: "sdb", DeviceKB: 128, KB: 128, Files: []LowerFile{f, g}})
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Released)
+	assert.Equal(t, 1, st.Unconfirmed, "the reader that still holds its file waits IdleHold")
+	assert.EqualValues(t, 32, k.files[3].raPages)
+	assert.EqualValues(t, 32, k.files[4].raPages)
+
+	k.files = map[int]*kfile{}
+	f = k.streaming(3, 1024)
+	k.closed = map[FileRef]bool{f.Ref: true}
+	st, err = l.Lower(LowerReq{Device: "sdb", DeviceKB: 128, KB: 128, Files: []LowerFile{f}})
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Released)
+	assert.LessOrEqual(t, st.Hold, readerCheckAfter+2*l.Poll, "ended at the first check")
+}
+
+// Holds tells a descriptor still open on its file from a closed one.
+func TestProcFileOpsHolds(t *testing.T) {
+	p, key := realFile(t, t.TempDir(), "f")
+	f, err := os.Open(p)
+	require.NoError(t, err)
+	ops := NewProcFileOps()
+	ref := FileRef{Tgid: uint32(os.Getpid()), FD: int(f.Fd()), Key: key}
+	assert.True(t, ops.Holds(ref))
+	assert.False(t, ops.Holds(FileRef{Tgid: ref.Tgid, FD: ref.FD, Key: probe.FileKey{Dev: key.Dev, Ino: key.Ino + 1}}), "another file")
+	require.NoError(t, f.Close())
+	assert.False(t, ops.Holds(ref), "closed")
+	assert.False(t, ops.Holds(FileRef{Tgid: 1 << 30, FD: 3, Key: key}), "no such process")
 }
 
 func TestLowerResetsFilesOpenedDuringTheBreak(t *testing.T) {

@@ -1,7 +1,12 @@
 package tuner
 
 import (
+	"fmt"
+	"io"
+	"net/http"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -10,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/readaheadd/readaheadd/pkg/fileras"
+	"github.com/readaheadd/readaheadd/pkg/metrics"
 	"github.com/readaheadd/readaheadd/test/lab"
 )
 
@@ -51,6 +57,55 @@ func raisedStream(t *testing.T, l *lab.Lab, it *fileras.Iter) (*daemon, *child, 
 	kf := kernelFile(t, it, seq.Pid, key)
 	t.Logf("raised: reader at %.0f MB/s; kernel f_ra ra_pages %d KB, window %d KB", rateOver(seq, time.Second), kf.WindowKB(), kf.SizeKB())
 	return d, seq, target, control, dir
+}
+
+// windowsShown: the kernel's window on the reader's open file (read with
+// the iterator at each try: the daemon may be stepping it meanwhile) is
+// what an operator sees, in /metrics (readaheadd_open_file_windows) and in
+// `readaheadd status`.
+func windowsShown(t *testing.T, d *daemon, l *lab.Lab, kernelKB func() int) {
+	t.Helper()
+	var line, out string
+	var kb int
+	assert.Eventually(t, func() bool {
+		kb = kernelKB()
+		series := fmt.Sprintf(`readaheadd_open_file_windows{device=%q,window_kb=%q} `, l.Name, metrics.WindowBucket(kb))
+		resp, err := http.Get("http://" + d.addr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		line = ""
+		for _, ln := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(ln, series); ok {
+				line = ln
+				n, err := strconv.ParseFloat(v, 64)
+				return err == nil && n >= 1 && kernelKB() == kb
+			}
+		}
+		return false
+	}, 5*time.Second, 100*time.Millisecond, "/metrics counts the reader's open file at its kernel window (%d KB; last: %q)", kb, line)
+	assert.Eventually(t, func() bool {
+		kb = kernelKB()
+		var code int
+		code, out = runCLI(t, "status", "--metrics-addr", d.addr)
+		if code != 0 {
+			return false
+		}
+		_, table, ok := strings.Cut(out, "open files by window in force (kernel's f_ra):")
+		if !ok {
+			return false
+		}
+		for _, ln := range strings.Split(table, "\n") {
+			f := strings.Fields(ln)
+			if len(f) == 3 && f[0] == l.Name && f[1] == strconv.Itoa(kb) {
+				return kernelKB() == kb
+			}
+		}
+		return false
+	}, 5*time.Second, 200*time.Millisecond, "status lists an open file on %s at its kernel window (%d KB):\n%s", l.Name, kb, out)
+	t.Logf("shown at the kernel's %d KB: %s", kb, line)
 }
 
 // backAtDefault checks the reader's kernel window and, side by side with a
@@ -99,6 +154,7 @@ func TestUndoReachesRunningStream(t *testing.T) {
 	t.Run("SIGTERM", func(t *testing.T) {
 		l := newLab(t)
 		d, seq, target, control, _ := raisedStream(t, l, it)
+		windowsShown(t, d, l, func() int { return kernelFile(t, it, seq.Pid, fileKey(t, target)).WindowKB() })
 		require.Equal(t, 0, d.signal(t, syscall.SIGTERM), "SIGTERM exits 0:\n%s", d.logs.String())
 		backAtDefault(t, l, it, seq, target, control, 1100)
 	})
