@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/readaheadd/readaheadd/pkg/fileras"
 	"github.com/readaheadd/readaheadd/test/lab"
 )
 
@@ -101,9 +102,15 @@ func acceptance(t *testing.T, withRandom bool) {
 	// The service-like random reader of the other file runs throughout,
 	// opened with the default window.
 	var rnd *child
+	var it *fileras.Iter
 	if withRandom {
 		rnd = startChild(t, "random", other)
 		rnd.goRead(t)
+		// The kernel's own window on the random reader's open file.
+		it, err = fileras.Open()
+		require.NoError(t, err)
+		t.Cleanup(func() { it.Close() })
+		require.NoError(t, it.Watch(fileKey(t, other).Dev))
 	}
 
 	// Oracle: the best static window on the slowed file, same run.
@@ -196,10 +203,18 @@ func acceptance(t *testing.T, withRandom bool) {
 	// SIGTERM while the slowdown lasts: the device and the reader's open
 	// file go back to the original window.
 	actions := d.actions()
+	trimmedKB := 0
+	if withRandom {
+		trimmedKB = kernelFile(t, it, rnd.Pid, fileKey(t, other)).WindowKB()
+	}
 	termAt := monoNow()
 	require.Equal(t, 0, d.signal(t, syscall.SIGTERM), "SIGTERM exits 0:\n%s", d.logs.String())
 	time.Sleep(3 * time.Second)
 	afterTerm := monoNow()
+	restoredKB := 0
+	if withRandom {
+		restoredKB = kernelFile(t, it, rnd.Pid, fileKey(t, other)).WindowKB()
+	}
 	cancel()
 	<-watchDone
 	require.True(t, seq.alive(), "the reader was never restarted")
@@ -333,6 +348,9 @@ func acceptance(t *testing.T, withRandom bool) {
 		}
 	}
 	assert.True(t, trimKept, "the read-around trim on the random reader's file paid and was kept")
+	t.Logf("the random reader's open file in the kernel (f_ra ra_pages): %d KB while the daemon acted, %d KB after SIGTERM", trimmedKB, restoredKB)
+	assert.Less(t, trimmedKB, 128, "the trim is the window in force in the kernel")
+	assert.Equal(t, 128, restoredKB, "SIGTERM gives the random reader's open file the device's window back (kernel f_ra)")
 	_ = targetKey
 	assertRestored(t, l, stateDir, term, after)
 }

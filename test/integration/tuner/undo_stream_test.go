@@ -120,10 +120,18 @@ func backAtDefault(t *testing.T, l *lab.Lab, it *fileras.Iter, seq *child, targe
 	from := monoNow()
 	time.Sleep(2 * time.Second)
 	to := monoNow()
+	// Each reader's samples reach the test through a pipe: wait for one
+	// from after the span, or its last window cannot be cut.
+	reached := func(c *child) bool {
+		pts := c.points()
+		return len(pts) > 0 && pts[len(pts)-1].At >= to
+	}
+	require.Eventually(t, func() bool { return reached(seq) && reached(ctl) }, 3*time.Second, 20*time.Millisecond,
+		"both readers report samples past the span (reader alive %v, fresh reader alive %v)", seq.alive(), ctl.alive())
 	rs := windows(seq.points(), from, to, 1900*time.Millisecond)
 	rc := windows(ctl.points(), from, to, 1900*time.Millisecond)
 	require.NotEmpty(t, rs)
-	require.NotEmpty(t, rc)
+	require.NotEmpty(t, rc, "fresh reader's samples: %d", len(ctl.points()))
 	kf := kernelFile(t, it, seq.Pid, fileKey(t, target))
 	kc := kernelFile(t, it, ctl.Pid, fileKey(t, control))
 	t.Logf("after: reader %.0f MB/s, kernel f_ra ra_pages %d KB window %d KB; fresh reader at the default window %.0f MB/s, f_ra %d KB window %d KB",
