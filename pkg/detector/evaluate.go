@@ -13,9 +13,15 @@ import (
 // scratch holds buffers reused across evaluations.
 type scratch struct {
 	win   []sample
-	vals  []float64
-	vals2 []float64
-	vals3 []float64
+	peers []sample
+	// contentionCheck's readers and depths, reused: at high request rates
+	// they were most of the daemon's garbage.
+	readers  map[int64]int
+	depths   []float64
+	depthSel []float64
+	vals     []float64
+	vals2    []float64
+	vals3    []float64
 	// extentRatio is the post-jump to steady ratio judgeExtent last found
 	extentRatio     float64
 	extentCrossings int
@@ -838,8 +844,12 @@ func (d *Detector) contentionCheck(ds *deviceState, devSet []sample, devBusy int
 	var sumLat float64
 	// Readers: files, and streams of unattributed requests (O_DIRECT
 	// readers are readers too, though the probe cannot name their files).
-	readers := map[int64]int{}
-	var depths []float64
+	if sc.readers == nil {
+		sc.readers = map[int64]int{}
+	}
+	readers := sc.readers
+	clear(readers)
+	depths := sc.depths[:0]
 	for i := range devSet {
 		s := &devSet[i]
 		if s.flags&flagPostJump != 0 || explained(s.slot) {
@@ -856,12 +866,14 @@ func (d *Detector) contentionCheck(ds *deviceState, devSet []sample, devBusy int
 			depths = append(depths, float64(s.depth))
 		}
 	}
+	sc.depths = depths
 	if len(sc.vals) < cfg.BaselineMinSamples {
 		return unknown, 0, ""
 	}
 	// Latency against depth: normalised latency of requests issued at
 	// above-median depth over that of the others (evidence only).
-	medDepth := selectPercentile(slices.Clone(depths), 0.5)
+	sc.depthSel = append(sc.depthSel[:0], depths...)
+	medDepth := selectPercentile(sc.depthSel, 0.5)
 	var hiSum, loSum float64
 	var hiN, loN int
 	for i, v := range sc.vals {

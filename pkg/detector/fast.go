@@ -170,13 +170,9 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 		most = max(most, t.n)
 	}
 	per := map[int32][]sample{}
-	var peers []sample
 	win, _ := d.collect(ds, now, now-int64(cfg.Window))
 	for _, s := range win {
 		if s.slot == noSlot || d.files[s.slot].shift.candidate() {
-			if s.slot == noSlot {
-				peers = append(peers, s)
-			}
 			continue
 		}
 		// Requests right after a jump or an extent crossing are the
@@ -201,6 +197,16 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 		return false
 	}
 	slices.Sort(slots)
+	// Unattributed requests are the files' peers. Gathered only now: on a
+	// device read without files (direct I/O at high rates) the window is
+	// all peers and this path runs four times a second.
+	peers := d.sc.peers[:0]
+	for _, s := range win {
+		if s.slot == noSlot {
+			peers = append(peers, s)
+		}
+	}
+	d.sc.peers = peers
 	norm := func(set []sample, by func(*classBaseline) float64) []float64 {
 		var xs []float64
 		for i := range set {

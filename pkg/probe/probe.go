@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"runtime"
 	"strconv"
@@ -92,6 +93,7 @@ type Probe struct {
 	objs  probeObjects
 	links []link.Link
 	ring  *ringbuf.Reader
+	wake  *ringWaiter // nil: wait in the reader's own epoll
 	stats io.Closer
 
 	sysfs string // root of sysfs, for the kernel's in-flight counts
@@ -276,6 +278,11 @@ func Load(cfg Config) (*Probe, error) {
 		p.Close()
 		return nil, fmt.Errorf("open BPF ring buffer: %w", err)
 	}
+	if p.wake, err = newRingWaiter(p.objs.Events.FD()); err != nil {
+		// Correct either way; only the idle daemon's cost differs.
+		slog.Warn("waiting for the ring buffer in a blocking call", "err", err)
+		p.wake = nil
+	}
 	if cfg.EnableStats {
 		p.stats, err = ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
 		if err != nil {
@@ -309,8 +316,11 @@ func (p *Probe) Run(ctx context.Context, h Handler) error {
 		p.mu.Unlock()
 		return ErrClosed
 	}
-	rd := p.ring
+	rd, wake := p.ring, p.wake
 	p.mu.Unlock()
+	if wake != nil {
+		defer context.AfterFunc(ctx, wake.interrupt)()
+	}
 	var rec ringbuf.Record
 	n := 0
 	for {
@@ -321,7 +331,21 @@ func (p *Probe) Run(ctx context.Context, h Handler) error {
 			// Deliver what was submitted before ctx ended, then return.
 			deadline = time.Now()
 		}
-		rd.SetDeadline(deadline)
+		if wake != nil && !stop {
+			// Sleep in the runtime's poller, then drain without blocking.
+			if err := wake.wait(deadline); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				if errors.Is(err, os.ErrClosed) {
+					return ErrClosed
+				}
+				return err
+			}
+			rd.SetDeadline(time.Now())
+		} else {
+			rd.SetDeadline(deadline)
+		}
 		for {
 			err := rd.ReadInto(&rec)
 			if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -466,6 +490,9 @@ func (p *Probe) Close() error {
 	}
 	p.closed = true
 	var errs []error
+	if p.wake != nil {
+		errs = append(errs, p.wake.close())
+	}
 	if p.ring != nil {
 		errs = append(errs, p.ring.Close())
 	}

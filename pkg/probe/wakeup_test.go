@@ -78,3 +78,44 @@ func TestFirstReadaheadOfAFileWakesTheReader(t *testing.T) {
 		assert.Less(t, lag, 50*time.Millisecond, "delivered at once, not at the poll")
 	}
 }
+
+// TestRunEndsAtOnceOnCancelAndClose: Run sleeps in the runtime's poller
+// between polls; a cancelled context or a Close ends that sleep at once,
+// not at the poll's end (3 s here), and a Run after Close says so.
+func TestRunEndsAtOnceOnCancelAndClose(t *testing.T) {
+	needRoot(t, "loads BPF programs")
+	l := newLab(t, 16)
+	for _, end := range []string{"cancel", "close"} {
+		t.Run(end, func(t *testing.T) {
+			p, err := Load(Config{Devices: []Dev{l.Dev}, Poll: 3 * time.Second})
+			require.NoError(t, err)
+			t.Cleanup(func() { assert.NoError(t, p.Close()) })
+			require.NotNil(t, p.wake, "the ring buffer should be waited on in the runtime's poller")
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- p.Run(ctx, HandlerFuncs{}) }()
+			time.Sleep(200 * time.Millisecond) // Run is asleep in its poll
+			start := time.Now()
+			if end == "cancel" {
+				cancel()
+			} else {
+				require.NoError(t, p.Close())
+			}
+			select {
+			case err := <-done:
+				took := time.Since(start)
+				t.Logf("Run returned %v after %s", err, took)
+				assert.Less(t, took, 500*time.Millisecond)
+				if end == "cancel" {
+					assert.NoError(t, err)
+				} else {
+					assert.ErrorIs(t, err, ErrClosed)
+					assert.ErrorIs(t, p.Run(context.Background(), HandlerFuncs{}), ErrClosed)
+				}
+			case <-time.After(2 * time.Second):
+				t.Fatalf("Run did not return within 2 s of %s (poll 3 s)", end)
+			}
+		})
+	}
+}

@@ -29,23 +29,22 @@ const (
 // them does not change with the stream's rate. A stream whose rate merely
 // varies costs a trial now and then: the re-probes that find nothing to
 // keep are spaced by the same exponential back-off as trials (BackoffBase,
-// doubling, up to BackoffMax), and a kept step resets it. It reports
-// whether it ended the knee.
-func (t *Tuner) kneeStale(fd *fileDec, m measure) bool {
+// doubling, up to BackoffMax), and a kept step resets it.
+func (t *Tuner) kneeStale(fd *fileDec, m measure) {
 	l := &fd.win
 	now := t.deps.Clock.Now()
 	if !l.knee || l.kneeRandom || l.trial != 0 || l.probeUntil != 0 || now >= l.retryAt {
-		return false
+		return
 	}
 	if !m.ok || !l.kneeM.ok || l.kneeM.rate <= 0 || m.rate >= kneeStaleDrop*l.kneeM.rate {
-		return false
+		return
 	}
 	// The measure must come from the knee's window alone.
 	if now-l.movedAt < t.cfg.Settle {
-		return false
+		return
 	}
 	if l.staleAt != 0 && now-l.staleAt < t.backoff(l.staleN) {
-		return false
+		return
 	}
 	t.log.Debug("tuner: stream reads below its rate at the knee", "file", fd.key.String(), "window_kb", l.cur,
 		"knee_mbps", l.kneeM.rate/1e6, "now_mbps", m.rate/1e6, "p50", m.p50.Round(10*time.Microsecond))
@@ -53,5 +52,4 @@ func (t *Tuner) kneeStale(fd *fileDec, m measure) bool {
 	l.staleAt = now
 	l.staleN++
 	t.counts["outcome/knee_stale"]++
-	return true
 }

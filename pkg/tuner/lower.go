@@ -226,6 +226,9 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 				continue
 			}
 			s, ok := states[i]
+			// Whether the reader has been still long enough, and not
+			// checked since, to ask whether it still holds the file.
+			due := now-w.movedAt >= readerCheckAfter && now-w.checkedAt >= readerCheckAfter
 			switch {
 			// Gone from the iterator: the descriptor was closed, nothing
 			// to wait for. ra_pages no longer 0: someone else reset it.
@@ -234,11 +237,11 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 			case now-start >= l.MaxHold || now-w.movedAt >= l.IdleHold:
 				st.Unconfirmed++
 				done = append(done, w.f)
-			case hc != nil && now-w.movedAt >= readerCheckAfter && now-w.checkedAt >= readerCheckAfter && !hc.Holds(w.f.Ref):
+			case hc != nil && due && !hc.Holds(w.f.Ref):
 				st.Released++
 				done = append(done, w.f)
 			default:
-				if now-w.movedAt >= readerCheckAfter && now-w.checkedAt >= readerCheckAfter {
+				if due {
 					w.checkedAt = now
 				}
 				if w.notFirst && s.PrevPos != w.pos {

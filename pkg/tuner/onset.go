@@ -136,7 +136,8 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 	t.noteTails(snap.Files, now)
 	for _, c := range cands {
 		f := t.fstats[c.key]
-		if ok, _ := t.windowBound(f, snap.Now); !ok {
+		if ok, why := t.windowBound(f, snap.Now); !ok {
+			t.log.Debug("tuner: stream slowed, not bound by its window", "file", c.key.String(), "why", why)
 			continue
 		}
 		d := t.device(f.Device)
@@ -148,6 +149,8 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		// At the device's window the device's outcome back-off holds, unless
 		// the latency says the conditions changed (outcomeDue).
 		if (created || fd.win.cur == fd.win.base) && !t.outcomeDue(d, c.key) {
+			t.log.Debug("tuner: stream slowed, device's outcome trials backed off", "file", c.key.String(),
+				"retry_in", d.outcomeRetryAt-now, "fail_p50", d.outcomeFailP50, "p50", f.P50)
 			continue
 		}
 		if created {
