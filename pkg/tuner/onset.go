@@ -27,6 +27,13 @@ const (
 	onsetDrop = 0.7
 	// onsetEvery: Settle / onsetEvery between two checks.
 	onsetEvery = 4
+	// onsetMinRequests: the fewest recent requests a slowed stream is judged
+	// on. Fewer than a fresh stream needs (freshMinRequests): the slowdown
+	// itself thins them out (a 128 KB window two requests deep at 16 ms
+	// gives 32 in a 250 ms span, and one fewer would put the step off to
+	// the next Step), and the evidence asked here is strong (a rate below
+	// onsetDrop of the last Step's with a median half again as long).
+	onsetMinRequests = 16
 )
 
 // slowerNow reports whether a stream's recent requests are slower than at
@@ -106,7 +113,7 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 	var cands []cand
 	for _, f := range snap.Files {
 		last, ok := t.fstats[f.Key]
-		if !ok || !t.onsetCandidate(f.Key, last) || f.Requests < freshMinRequests {
+		if !ok || !t.onsetCandidate(f.Key, last) || f.Requests < onsetMinRequests {
 			continue
 		}
 		stepRate := float64(last.Bytes) / t.cfg.Settle.Seconds()

@@ -168,3 +168,48 @@ func TestSlowerNow(t *testing.T) {
 	assert.False(t, slowerNow(fs(2*ms, 9*ms), fs(2*ms, 9*ms)), "the tail was there")
 	assert.False(t, slowerNow(fs(0, 0), fs(2*ms, 9*ms)), "nothing to compare with")
 }
+
+// Contention begins a tenth of a second after a Step undid a healthy trial
+// (it did not pay at the device's bandwidth; the device's outcome trials
+// back off): the stream's rate falls ninefold and its median with it. Its
+// recent span holds few requests (two 128 KB requests in flight at 16 ms
+// give about 30 in 250 ms, fewer when the span starts before the onset):
+// the step still comes at the next check, not at the next Step.
+func TestContentionRightAfterAnUndoneTrialIsSteppedAtOnce(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 150e6 }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	undone := false
+	for i := 0; i < 6 && !undone; i++ {
+		acts := r.runOutcome(1, st)
+		undone = len(filter(acts, KindFileWindowUndo, ResultUndone)) > 0
+	}
+	require.True(t, undone, "a healthy trial did not pay")
+	require.Equal(t, 128, r.files.window[key])
+	// The check right after the Step: healthy.
+	r.clk.Advance(100 * time.Millisecond)
+	keys, span := r.tn.OnsetStreams()
+	require.NotEmpty(t, keys)
+	s := r.recentSnap(span, st)
+	s.Files[0].P50, s.Files[0].P95, s.Files[0].P99 = 1700*time.Microsecond, 1800*time.Microsecond, 1900*time.Microsecond
+	s.Devices[0].CapacityBPS = 150e6
+	require.Empty(t, r.tn.FastOnset(s, span))
+	// The onset, and the next check 300 ms later: 17 MB/s, 15.6 ms, 22
+	// requests of 128 KB in the span.
+	r.tput = func(kb int) float64 { return min(float64(kb)*0.13e6, 150e6) }
+	r.clk.Advance(300 * time.Millisecond)
+	keys, span = r.tn.OnsetStreams()
+	require.NotEmpty(t, keys)
+	s = r.recentSnap(span, st)
+	s.Files[0].Requests = 22
+	s.Files[0].Bytes = 22 * 128 << 10
+	s.Files[0].P50, s.Files[0].P95, s.Files[0].P99 = 15600*time.Microsecond, 15800*time.Microsecond, 16*time.Millisecond
+	s.Devices[0].CapacityBPS = 150e6
+	acts := r.tn.FastOnset(s, span)
+	logActs(t, acts)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trials, 1, "a step between Steps")
+	assert.GreaterOrEqual(t, trials[0].ToKB, 2048, "sized by Little's law (15.6 ms at 150 MB/s)")
+}
