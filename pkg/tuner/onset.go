@@ -2,6 +2,7 @@ package tuner
 
 import (
 	"cmp"
+	"errors"
 	"slices"
 	"time"
 
@@ -89,10 +90,27 @@ func (t *Tuner) onsetCandidate(k probe.FileKey, fs detector.FileStats) bool {
 	if first, fresh := t.fresh[k]; fresh && t.deps.Clock.Now()-first <= t.cfg.Settle {
 		return false // FastOutcome's
 	}
-	if fd := t.files[k]; fd != nil && (fd.win.trial != 0 || fd.pf.trial != 0 || fd.win.probeUntil != 0 || fd.outOfScope) {
+	// A step under trial is no bar: an onset in its span spoils its
+	// verdict (FastOnset ends it unjudged). On a stream at its knee a
+	// prefetch trial runs one interval in three or four.
+	if fd := t.files[k]; fd != nil && (fd.win.probeUntil != 0 || fd.outOfScope) {
 		return false
 	}
 	return true
+}
+
+// abandonTrial ends a step under trial that an onset fell in, unjudged:
+// its span mixes the conditions before and after the onset, so its verdict
+// would say nothing about either (a trial that paid before the onset would
+// be undone by it, and backed off). The value kept is back in the ladder
+// with no back-off and no knee; the caller puts it in force unless the
+// onset's own step, taken at once, replaces it.
+func (t *Tuner) abandonTrial(fd *fileDec, l *ladder, now time.Duration) {
+	from := l.trial
+	l.trial, l.movedAt = 0, now
+	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: undoOf(l.kind),
+		FromKB: from, ToKB: l.cur, Result: ResultUndone, Evidence: "the stream slowed during the trial: ended unjudged, a step for the new conditions follows"})
+	t.counts["outcome/onset_in_trial"]++
 }
 
 // FastOnset takes a step for the streams of OnsetStreams whose recent rate
@@ -118,14 +136,16 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		}
 		stepRate := float64(last.Bytes) / t.cfg.Settle.Seconds()
 		slower := slowerNow(last, f)
-		if fd := t.files[f.Key]; fd != nil && fd.win.movedAt != 0 && now-fd.win.movedAt < t.cfg.Settle {
+		if fd := t.files[f.Key]; fd != nil && (fd.win.trial != 0 || fd.win.movedAt != 0 && now-fd.win.movedAt < t.cfg.Settle) {
 			// The last Step's requests were read at another window (the
-			// step it judged was undone): its rate and latency are no
-			// reference for this one. The measure taken at the window in
-			// force before that step is; it has no p99, so a tail counts
+			// step it judged was undone, or the one under trial began):
+			// its rate and latency are no reference for this one. The
+			// measure taken at the window in force before that step is (a
+			// larger window under trial reads no slower than it unless
+			// the conditions changed); it has no p99, so a tail counts
 			// only if it stands out at any window (tailStrongBase).
 			b := fd.win.before
-			if !b.ok || b.rate <= 0 || fd.win.inForce() != fd.win.trialFrom {
+			if !b.ok || b.rate <= 0 || fd.win.trial == 0 && fd.win.inForce() != fd.win.trialFrom {
 				continue
 			}
 			stepRate = b.rate
@@ -166,6 +186,17 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 				pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
 			t.files[c.key] = fd
 		}
+		if fd.pf.trial != 0 {
+			// prefetchAll issues the value in force each interval.
+			t.abandonTrial(fd, &fd.pf, now)
+		}
+		// The window under trial stays in force until the step below
+		// replaces it: lowering it first would hold the stream in a break
+		// for nothing. Put back only if no step follows.
+		winAbandoned := fd.win.trial != 0
+		if winAbandoned {
+			t.abandonTrial(fd, &fd.win, now)
+		}
 		t.log.Debug("tuner: stream slowed since the last interval", "file", c.key.String(), "span", span,
 			"step_mbps", c.step/1e6, "recent_mbps", float64(f.Bytes)/span.Seconds()/1e6)
 		// New conditions: a back-off or knee learned before them does
@@ -176,6 +207,12 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		}
 		n := len(t.out)
 		t.driveFile(fd, true)
+		if winAbandoned && fd.win.trial == 0 {
+			if err := t.pinFile(fd, fd.win.cur, nil, true); err != nil && !errors.Is(err, errNoReaders) {
+				t.log.Warn("tuner: could not put back the window kept before a trial the stream slowed in",
+					"file", c.key.String(), "window_kb", fd.win.cur, "err", err)
+			}
+		}
 		if len(t.out) == n {
 			if created && !fd.outOfScope {
 				delete(t.files, c.key) // nothing done: the Step decides, as it would have

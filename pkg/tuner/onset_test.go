@@ -213,3 +213,89 @@ func TestContentionRightAfterAnUndoneTrialIsSteppedAtOnce(t *testing.T) {
 	require.Len(t, trials, 1, "a step between Steps")
 	assert.GreaterOrEqual(t, trials[0].ToKB, 2048, "sized by Little's law (15.6 ms at 150 MB/s)")
 }
+
+// onsetSnap is the recent span of a stream that slowed: lat per request,
+// n requests of 128 KB in the span.
+func (r *rig) onsetSnap(span time.Duration, st stream, lat time.Duration, n uint64) detector.Snapshot {
+	s := r.recentSnap(span, st)
+	s.Files[0].Requests, s.Files[0].Bytes = n, n*128<<10
+	s.Files[0].P50, s.Files[0].P95, s.Files[0].P99 = lat, lat, lat
+	s.Devices[0].CapacityBPS = 150e6
+	return s
+}
+
+// A healthy stream's trial of a larger window is under way when the device
+// slows: judged at the next Step, the trial would be undone by the onset
+// (its rate fell from the before-measure's) and backed off. It is ended
+// unjudged at the next check instead, and the onset's own step taken from
+// the window kept.
+func TestOnsetDuringAWindowTrialEndsItAndSteps(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 150e6 }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	// The first trial is undone (no gain at the bandwidth); the stream is
+	// under its second, after the back-off, when the device slows.
+	inTrial := false
+	for i := 0; i < 10 && !inTrial; i++ {
+		acts := r.runOutcome(1, st)
+		logActs(t, acts)
+		fd := r.tn.files[key]
+		inTrial = i > 0 && fd != nil && fd.win.trial != 0
+	}
+	require.True(t, inTrial, "a trial on a stream bound by its window")
+	trialKB := r.files.window[key]
+	require.Greater(t, trialKB, 128)
+	// 300 ms into the trial the device slows: 16 ms per request.
+	r.tput = func(kb int) float64 { return min(float64(kb)*0.13e6, 150e6) }
+	r.clk.Advance(300 * time.Millisecond)
+	keys, span := r.tn.OnsetStreams()
+	require.Contains(t, keys, key, "a stream under trial is checked too")
+	acts := r.tn.FastOnset(r.onsetSnap(span, st, 16*time.Millisecond, 20), span)
+	logActs(t, acts)
+	undone := filter(acts, KindFileWindowUndo, ResultUndone)
+	require.Len(t, undone, 1, "the trial ended unjudged")
+	assert.Contains(t, undone[0].Evidence, "unjudged")
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trials, 1, "the onset's step")
+	assert.GreaterOrEqual(t, trials[0].ToKB, 2048, "sized by Little's law (16 ms at 150 MB/s)")
+	assert.Equal(t, trials[0].ToKB, r.files.window[key])
+	assert.Equal(t, uint64(1), r.tn.Status().Counts["outcome/onset_in_trial"])
+	// No back-off was learned from the spoiled trial.
+	fd := r.tn.files[key]
+	require.NotNil(t, fd)
+	assert.False(t, fd.win.knee)
+	assert.Zero(t, fd.win.retryAt)
+}
+
+// A stream at its knee runs a prefetch trial one interval in three or four:
+// an onset in it ends it unjudged, and the window steps at once.
+func TestOnsetDuringAPrefetchTrialEndsItAndSteps(t *testing.T) {
+	r := newRig(t, Config{}, nil)
+	r.tput = kneeModel // 60 MB/s at 128 KB, 150 at 512 KB, 155 from 1024 KB
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	inPf := false
+	for i := 0; i < 20 && !inPf; i++ {
+		logActs(t, r.runOutcome(1, st))
+		fd := r.tn.files[key]
+		inPf = fd != nil && fd.pf.trial != 0
+	}
+	require.True(t, inPf, "a prefetch trial at the knee")
+	kneeKB := r.files.window[key]
+	// The onset, 300 ms into the prefetch trial: 16 ms per request.
+	r.tput = func(kb int) float64 { return min(float64(kb)*0.13e6, 155e6) }
+	r.clk.Advance(300 * time.Millisecond)
+	keys, span := r.tn.OnsetStreams()
+	require.Contains(t, keys, key, "a stream under a prefetch trial is checked too")
+	lat := time.Duration(float64(kneeKB) * 1024 / 40e6 * float64(time.Second)) // 40 MB/s at the knee
+	acts := r.tn.FastOnset(r.onsetSnap(span, st, lat, 20), span)
+	logActs(t, acts)
+	require.Len(t, filter(acts, KindPrefetchUndo, ResultUndone), 1, "the prefetch trial ended unjudged")
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trials, 1, "the window's step")
+	assert.Greater(t, trials[0].ToKB, kneeKB)
+	assert.Zero(t, r.tn.files[key].pf.trial)
+}
