@@ -837,3 +837,60 @@ func TestFastRegimeOnAnOutcomeDecisionIsMeasuredOnRecentRequests(t *testing.T) {
 	logActs(t, acts)
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultKept))
 }
+
+// reopenTick is the daemon's 100 ms tick after a reader re-opened st's file
+// and read it from its head (the kernel's synchronous readahead at index 0):
+// the fresh streams judged on the recent span, at latency lat.
+func (r *rig) reopenTick(st stream, lat time.Duration) []Action {
+	r.clk.Advance(100 * time.Millisecond)
+	w := r.files.window[st.key]
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: st.tgid, File: st.key, Device: sdb, RaPages: uint32(w / 4), Index: 0})
+	keys, span := r.tn.FreshStreams()
+	if len(keys) == 0 {
+		return nil
+	}
+	s := r.recentSnap(span, st)
+	s.Files[0].P50, s.Files[0].P95, s.Files[0].P99 = lat, lat, lat
+	s.Devices[0].CapacityBPS = 150e6
+	return r.tn.FastOutcome(s, span)
+}
+
+// HDFS opens a block file for every read, in the same process. A block read
+// while the device was healthy has a decision that holds no window (its
+// trials did not pay; the device backs its outcome trials off). Read again
+// once the device is slow, from its head, it is a fresh stream: stepped on
+// its first recent requests, not at the next Step. Read again at the same
+// latency, it waits for the device's back-off like any fresh stream.
+func TestReopenedFileWithABackedOffDecisionIsFresh(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 150e6 }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	undone := false
+	for i := 0; i < 6 && !undone; i++ {
+		undone = len(filter(r.runOutcome(1, st), KindFileWindowUndo, ResultUndone)) > 0
+	}
+	require.True(t, undone, "a healthy trial did not pay")
+	require.NotNil(t, r.tn.files[key], "the file keeps its backed-off decision")
+	require.Equal(t, 128, r.files.window[key])
+
+	// Re-read at the healthy latency (3 ms in the rig): the device's
+	// back-off holds.
+	for i := 0; i < 3; i++ {
+		acts := r.reopenTick(st, 3*time.Millisecond)
+		logActs(t, acts)
+		require.Empty(t, filter(acts, KindFileWindow, ResultTrial), "no trial for a re-read in the same conditions")
+	}
+	// Re-read once the device is slow: 16 ms per request.
+	r.tput = func(kb int) float64 { return min(float64(kb)*0.13e6, 150e6) }
+	var trials []Action
+	for i := 0; i < 3 && len(trials) == 0; i++ {
+		acts := r.reopenTick(st, 16*time.Millisecond)
+		logActs(t, acts)
+		trials = filter(acts, KindFileWindow, ResultTrial)
+	}
+	require.Len(t, trials, 1, "a step within 300 ms of the re-open")
+	assert.GreaterOrEqual(t, trials[0].ToKB, 2048, "sized by Little's law (16 ms at 150 MB/s)")
+	assert.Equal(t, trials[0].ToKB, r.files.window[key])
+}

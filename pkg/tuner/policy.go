@@ -379,7 +379,7 @@ func (t *Tuner) FreshStreams() ([]probe.FileKey, time.Duration) {
 	now := t.deps.Clock.Now()
 	var keys []probe.FileKey
 	for k, first := range t.fresh {
-		if now-first > t.cfg.Settle || t.files[k] != nil {
+		if now-first > t.cfg.Settle || t.ownWindow(k) {
 			delete(t.fresh, k)
 			continue
 		}
@@ -441,7 +441,7 @@ func (t *Tuner) FastOutcome(snap detector.Snapshot, span time.Duration) []Action
 	defer t.useView(snap, span)()
 	t.noteTails(snap.Files, now)
 	for _, f := range snap.Files {
-		if _, ok := t.fresh[f.Key]; !ok || t.files[f.Key] != nil || t.trims[f.Key] != nil || t.mem.checking(f.Key) {
+		if _, ok := t.fresh[f.Key]; !ok || t.ownWindow(f.Key) || t.trims[f.Key] != nil || t.mem.checking(f.Key) {
 			continue
 		}
 		if f.Requests < freshMinRequests {
@@ -456,18 +456,28 @@ func (t *Tuner) FastOutcome(snap detector.Snapshot, span time.Duration) []Action
 			continue
 		}
 		delete(t.fresh, f.Key)
-		fd := &fileDec{key: f.Key, dev: d, byRate: true, regimes: []detector.RegimeKind{WindowBound}, lastNeeded: now,
-			win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
-			pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
-		t.files[f.Key] = fd
-		t.log.Debug("tuner: fresh stream bound by its window", "file", f.Key.String(), "span", span, "why", why)
+		fd := t.files[f.Key]
+		created := fd == nil
+		if created {
+			fd = &fileDec{key: f.Key, dev: d, byRate: true, regimes: []detector.RegimeKind{WindowBound}, lastNeeded: now,
+				win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
+				pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
+			t.files[f.Key] = fd
+		} else {
+			// A new stream on a file whose earlier reads' trials did not
+			// pay: their back-off and knee were learned in other
+			// conditions; the device's outcome back-off (outcomeDue,
+			// above) still holds a stream whose latency did not change.
+			fd.win.retryAt, fd.win.knee, fd.lastNeeded = 0, false, now
+		}
+		t.log.Debug("tuner: fresh stream bound by its window", "file", f.Key.String(), "span", span, "why", why, "reopened", !created)
 		n := len(t.out)
 		t.driveFile(fd, true)
 		if len(t.out) == n {
 			// No step and nothing to report (no reader's descriptor found
 			// yet, the sysfs budget spent): the next Step decides, as it
 			// would have without this path.
-			if !fd.outOfScope {
+			if created && !fd.outOfScope {
 				delete(t.files, f.Key)
 			}
 		} else if fd.win.trial != 0 {

@@ -260,6 +260,13 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 		}
 		return
 	}
+	if ev.Index == 0 && !ev.Async && !t.ownWindow(ev.File) {
+		// A read from the file's head: a new stream (HDFS opens the block
+		// file for every read, in the same process) on a file whose
+		// decision holds no window of its own (its trials did not pay, in
+		// the conditions of an earlier read). It is judged as a fresh one.
+		t.noteFresh(ev.File, now, now)
+	}
 	// Events emitted before the last pin (still queued in the ring
 	// buffer) show the old window of a descriptor already pinned.
 	stale := ev.Time != 0 && ev.Time < r.appliedAt
