@@ -215,6 +215,11 @@ func (p *pipeline) ApplyPending() {
 	if keys, span := p.tun.OnsetStreams(); len(keys) > 0 {
 		p.count(p.tun.FastOnset(p.det.Recent(p.clk.Now(), span, keys), span))
 	}
+	// Steps under trial for half an interval, checked on their recent
+	// requests: one that clearly pays is kept now and the next one taken.
+	if keys, span := p.tun.TrialStreams(); len(keys) > 0 {
+		p.count(p.tun.FastVerdict(p.det.Recent(p.clk.Now(), span, keys), span))
+	}
 	p.count(p.tun.ApplyPending())
 }
 

@@ -152,6 +152,10 @@ type Tuner struct {
 	// onsetAt: when OnsetStreams last asked for the streams' recent
 	// requests (onset.go).
 	onsetAt time.Duration
+	// verdictAt: when TrialStreams last asked for the recent requests of
+	// steps under trial; earlyKeep: FastVerdict is judging (verdict.go).
+	verdictAt time.Duration
+	earlyKeep bool
 	// scopeOf: cached scope verdicts of other readers' files (outsideScope).
 	scopeOf map[probe.FileKey]scopeVerdict
 }

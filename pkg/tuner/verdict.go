@@ -1,0 +1,102 @@
+package tuner
+
+import (
+	"slices"
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// A step is judged by the first Step at least most of a Settle after it.
+// One taken between Steps (a fresh stream, an onset) is then judged up to
+// two intervals later, and a stream that needs several steps gains one
+// window every one or two seconds: an HDFS block (2 s of reading) is read
+// almost whole at its first step. A step that clearly pays need not wait:
+// from half a Settle on, every Settle/4 the daemon asks for the recent
+// requests of the steps under trial (TrialStreams) and FastVerdict keeps
+// those whose recent span, all of it at the step's window, reads at least
+// earlyKeepGain above the step's before-measure, and takes the next step.
+// Only a keep comes early, never an undo (a quarter interval says less
+// than a whole one about a loss), and never beside random readers, whose
+// loss a quarter interval does not measure.
+const (
+	// earlyKeepGain: three keep margins at the default Margin.
+	earlyKeepGain = 0.3
+)
+
+// keepsEarly reports whether a file window step under trial may be judged
+// now, before its Settle: FastVerdict is judging, the step has run half a
+// Settle, the measure's span holds only its window, and the measure says it
+// pays by earlyKeepGain with nothing lost elsewhere.
+func (t *Tuner) keepsEarly(l *ladder, m measure, now time.Duration) bool {
+	if !t.earlyKeep || l.kind != KindFileWindow || now-l.trialAt < t.cfg.Settle/2 || now-l.movedAt < t.measSpan {
+		return false
+	}
+	b := l.before
+	if !m.ok || !b.ok || b.tput <= 0 || m.tput < (1+earlyKeepGain)*b.tput {
+		return false
+	}
+	if m.randReq > 0 || b.randReq > 0 {
+		return false
+	}
+	if b.dev > 0 && m.dev > 0 && m.dev < (1-devLossMax)*b.dev {
+		return false
+	}
+	if m.othersMustNotLose && b.others > 0 && m.others < (1-devLossMax)*b.others {
+		return false
+	}
+	return true
+}
+
+// TrialStreams returns the files with a window step under trial that
+// FastVerdict may judge now, and the span of recent requests to judge them
+// on; nothing when the last call was less than Settle/4 ago.
+func (t *Tuner) TrialStreams() ([]probe.FileKey, time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.deps.Clock.Now()
+	span := t.cfg.Settle / freshSpanDiv
+	if t.scope.Empty() || now-t.verdictAt < t.cfg.Settle/onsetEvery {
+		return nil, 0
+	}
+	t.verdictAt = now
+	var keys []probe.FileKey
+	for k, fd := range t.files {
+		l := &fd.win
+		if l.trial != 0 && now-l.trialAt >= t.cfg.Settle/2 && now-l.trialAt < t.cfg.Settle-t.cfg.Settle/10 && now-l.movedAt >= span {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, compareKeys)
+	return keys, span
+}
+
+// FastVerdict keeps the steps of TrialStreams that clearly pay on the
+// recent requests (snap, over span; detector.Recent) and takes their next
+// step; the others wait for their Step.
+func (t *Tuner) FastVerdict(snap detector.Snapshot, span time.Duration) []Action {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.out = nil
+	if t.scope.Empty() || span <= 0 {
+		return nil
+	}
+	defer t.useView(snap, span)()
+	t.earlyKeep = true
+	defer func() { t.earlyKeep = false }()
+	for _, f := range snap.Files {
+		fd := t.files[f.Key]
+		if fd == nil || fd.win.trial == 0 || f.Requests < onsetMinRequests {
+			continue
+		}
+		n := len(t.out)
+		t.driveFile(fd, true)
+		for _, a := range t.out[n:] {
+			if a.Kind == KindFileWindow && a.Result == ResultKept {
+				t.counts["outcome/kept_early"]++
+			}
+		}
+	}
+	return t.out
+}

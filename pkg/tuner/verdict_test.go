@@ -1,0 +1,75 @@
+package tuner
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// verdictTick is the daemon's check of steps under trial, after more: the
+// recent span of st at latency lat.
+func (r *rig) verdictTick(after time.Duration, st stream, lat time.Duration) []Action {
+	r.clk.Advance(after)
+	keys, span := r.tn.TrialStreams()
+	if len(keys) == 0 {
+		return nil
+	}
+	s := r.recentSnap(span, st)
+	s.Files[0].P50, s.Files[0].P95, s.Files[0].P99 = lat, lat, lat
+	s.Devices[0].CapacityBPS = 150e6
+	return r.tn.FastVerdict(s, span)
+}
+
+// A fresh stream slow from its first read gets its first step between
+// Steps. Half an interval on, its recent requests read far above its
+// before-measure: the step is kept then and the next one taken, not at the
+// Step up to two intervals after it. A step that pays less than
+// earlyKeepGain waits for its Step.
+func TestStepThatClearlyPaysIsKeptEarly(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		tput  func(int) float64
+		early bool
+	}{
+		{"pays 2x", func(kb int) float64 { return min(float64(kb)*0.3e6, 150e6) }, true},
+		{"pays 15%", func(kb int) float64 {
+			if kb > 128 {
+				return 46e6
+			}
+			return 40e6
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, Config{DisablePrefetch: true}, nil)
+			r.tput = tc.tput
+			p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+			r.files.open(100, 7, p, key)
+			st := stream{key: key, tgid: 100, fill: 0.9}
+			var trials []Action
+			for i := 0; i < 5 && len(trials) == 0; i++ {
+				trials = filter(r.fastTick(st), KindFileWindow, ResultTrial)
+			}
+			require.Len(t, trials, 1, "the fresh stream's first step")
+			first := trials[0].ToKB
+			// Before half a Settle: nothing is judged.
+			assert.Empty(t, r.verdictTick(300*time.Millisecond, st, 4*time.Millisecond))
+			acts := r.verdictTick(300*time.Millisecond, st, 4*time.Millisecond)
+			logActs(t, acts)
+			kept := filter(acts, KindFileWindow, ResultKept)
+			if !tc.early {
+				assert.Empty(t, kept, "a step that pays less than earlyKeepGain waits for its Step")
+				assert.Equal(t, first, r.tn.files[key].win.trial)
+				return
+			}
+			require.Len(t, kept, 1, "kept on its recent requests")
+			next := filter(acts, KindFileWindow, ResultTrial)
+			require.Len(t, next, 1, "and the next step taken at once")
+			assert.Greater(t, next[0].ToKB, first)
+			assert.Equal(t, next[0].ToKB, r.files.window[key])
+			assert.Equal(t, uint64(1), r.tn.Status().Counts["outcome/kept_early"])
+		})
+	}
+}
