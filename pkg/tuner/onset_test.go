@@ -9,20 +9,50 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// onsetTick is the daemon's check between Steps: the streams the tuner asks
-// for, on the recent span, their latency lat.
-func (r *rig) onsetTick(after time.Duration, lat time.Duration, st stream) []Action {
+// recentTick is one of the daemon's checks between Steps, after more: the
+// streams list names and the span of recent requests to check them on,
+// handed to judge with st's latency lat there (and, if n > 0, n requests
+// of 128 KB in the span); nil when list names none.
+func (r *rig) recentTick(after time.Duration, list func() ([]probe.FileKey, time.Duration),
+	judge func(detector.Snapshot, time.Duration) []Action, st stream, lat time.Duration, n uint64) []Action {
 	r.clk.Advance(after)
-	keys, span := r.tn.OnsetStreams()
+	keys, span := list()
 	if len(keys) == 0 {
 		return nil
 	}
 	s := r.recentSnap(span, st)
+	if n > 0 {
+		s.Files[0].Requests, s.Files[0].Bytes = n, n*128<<10
+	}
 	s.Files[0].P50, s.Files[0].P95, s.Files[0].P99 = lat, lat, lat
 	s.Devices[0].CapacityBPS = 150e6
-	return r.tn.FastOnset(s, span)
+	return judge(s, span)
+}
+
+// onsetTick is the daemon's check between Steps for streams that slowed.
+func (r *rig) onsetTick(after time.Duration, lat time.Duration, st stream) []Action {
+	return r.recentTick(after, r.tn.OnsetStreams, r.tn.FastOnset, st, lat, 0)
+}
+
+// healthyBackedOff is a stream at the device's bandwidth whose first trial
+// did not pay: back at 128 KB, the device's outcome trials backing off.
+func healthyBackedOff(t *testing.T) (*rig, stream) {
+	t.Helper()
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 150e6 }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	undone := false
+	for i := 0; i < 6 && !undone; i++ {
+		undone = len(filter(r.runOutcome(1, st), KindFileWindowUndo, ResultUndone)) > 0
+	}
+	require.True(t, undone, "a healthy trial did not pay")
+	require.Equal(t, 128, r.files.window[key])
+	return r, st
 }
 
 // A healthy stream backing off its outcome trials (they did not pay at the
@@ -69,18 +99,7 @@ func TestStreamSlowedBetweenStepsIsSteppedAtOnce(t *testing.T) {
 // their tail is the stall's, and the step comes at once, sized by it, not
 // at the next Step.
 func TestStallBeginningAfterAWindowChangeIsSteppedAtOnce(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = func(int) float64 { return 150e6 }
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
-	st := stream{key: key, tgid: 100, fill: 0.9}
-	undone := false
-	for i := 0; i < 6 && !undone; i++ {
-		acts := r.runOutcome(1, st)
-		undone = len(filter(acts, KindFileWindowUndo, ResultUndone)) > 0
-	}
-	require.True(t, undone, "a healthy trial did not pay")
-	require.Equal(t, 128, r.files.window[key])
+	r, st := healthyBackedOff(t)
 	// 10% of reads 10 ms slower: 88 MB/s at 128 KB, p99 7x the median.
 	r.tput = func(int) float64 { return 88e6 }
 	r.clk.Advance(600 * time.Millisecond)
@@ -176,52 +195,17 @@ func TestSlowerNow(t *testing.T) {
 // give about 30 in 250 ms, fewer when the span starts before the onset):
 // the step still comes at the next check, not at the next Step.
 func TestContentionRightAfterAnUndoneTrialIsSteppedAtOnce(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = func(int) float64 { return 150e6 }
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
-	st := stream{key: key, tgid: 100, fill: 0.9}
-	undone := false
-	for i := 0; i < 6 && !undone; i++ {
-		acts := r.runOutcome(1, st)
-		undone = len(filter(acts, KindFileWindowUndo, ResultUndone)) > 0
-	}
-	require.True(t, undone, "a healthy trial did not pay")
-	require.Equal(t, 128, r.files.window[key])
+	r, st := healthyBackedOff(t)
 	// The check right after the Step: healthy.
-	r.clk.Advance(100 * time.Millisecond)
-	keys, span := r.tn.OnsetStreams()
-	require.NotEmpty(t, keys)
-	s := r.recentSnap(span, st)
-	s.Files[0].P50, s.Files[0].P95, s.Files[0].P99 = 1700*time.Microsecond, 1800*time.Microsecond, 1900*time.Microsecond
-	s.Devices[0].CapacityBPS = 150e6
-	require.Empty(t, r.tn.FastOnset(s, span))
+	require.Empty(t, r.onsetTick(100*time.Millisecond, 1700*time.Microsecond, st))
 	// The onset, and the next check 300 ms later: 17 MB/s, 15.6 ms, 22
 	// requests of 128 KB in the span.
 	r.tput = func(kb int) float64 { return min(float64(kb)*0.13e6, 150e6) }
-	r.clk.Advance(300 * time.Millisecond)
-	keys, span = r.tn.OnsetStreams()
-	require.NotEmpty(t, keys)
-	s = r.recentSnap(span, st)
-	s.Files[0].Requests = 22
-	s.Files[0].Bytes = 22 * 128 << 10
-	s.Files[0].P50, s.Files[0].P95, s.Files[0].P99 = 15600*time.Microsecond, 15800*time.Microsecond, 16*time.Millisecond
-	s.Devices[0].CapacityBPS = 150e6
-	acts := r.tn.FastOnset(s, span)
+	acts := r.recentTick(300*time.Millisecond, r.tn.OnsetStreams, r.tn.FastOnset, st, 15600*time.Microsecond, 22)
 	logActs(t, acts)
 	trials := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1, "a step between Steps")
 	assert.GreaterOrEqual(t, trials[0].ToKB, 2048, "sized by Little's law (15.6 ms at 150 MB/s)")
-}
-
-// onsetSnap is the recent span of a stream that slowed: lat per request,
-// n requests of 128 KB in the span.
-func (r *rig) onsetSnap(span time.Duration, st stream, lat time.Duration, n uint64) detector.Snapshot {
-	s := r.recentSnap(span, st)
-	s.Files[0].Requests, s.Files[0].Bytes = n, n*128<<10
-	s.Files[0].P50, s.Files[0].P95, s.Files[0].P99 = lat, lat, lat
-	s.Devices[0].CapacityBPS = 150e6
-	return s
 }
 
 // A healthy stream's trial of a larger window is under way when the device
@@ -249,10 +233,7 @@ func TestOnsetDuringAWindowTrialEndsItAndSteps(t *testing.T) {
 	require.Greater(t, trialKB, 128)
 	// 300 ms into the trial the device slows: 16 ms per request.
 	r.tput = func(kb int) float64 { return min(float64(kb)*0.13e6, 150e6) }
-	r.clk.Advance(300 * time.Millisecond)
-	keys, span := r.tn.OnsetStreams()
-	require.Contains(t, keys, key, "a stream under trial is checked too")
-	acts := r.tn.FastOnset(r.onsetSnap(span, st, 16*time.Millisecond, 20), span)
+	acts := r.recentTick(300*time.Millisecond, r.tn.OnsetStreams, r.tn.FastOnset, st, 16*time.Millisecond, 20)
 	logActs(t, acts)
 	undone := filter(acts, KindFileWindowUndo, ResultUndone)
 	require.Len(t, undone, 1, "the trial ended unjudged")
@@ -287,11 +268,8 @@ func TestOnsetDuringAPrefetchTrialEndsItAndSteps(t *testing.T) {
 	kneeKB := r.files.window[key]
 	// The onset, 300 ms into the prefetch trial: 16 ms per request.
 	r.tput = func(kb int) float64 { return min(float64(kb)*0.13e6, 155e6) }
-	r.clk.Advance(300 * time.Millisecond)
-	keys, span := r.tn.OnsetStreams()
-	require.Contains(t, keys, key, "a stream under a prefetch trial is checked too")
 	lat := time.Duration(float64(kneeKB) * 1024 / 40e6 * float64(time.Second)) // 40 MB/s at the knee
-	acts := r.tn.FastOnset(r.onsetSnap(span, st, lat, 20), span)
+	acts := r.recentTick(300*time.Millisecond, r.tn.OnsetStreams, r.tn.FastOnset, st, lat, 20)
 	logActs(t, acts)
 	require.Len(t, filter(acts, KindPrefetchUndo, ResultUndone), 1, "the prefetch trial ended unjudged")
 	trials := filter(acts, KindFileWindow, ResultTrial)

@@ -845,14 +845,7 @@ func (r *rig) reopenTick(st stream, lat time.Duration) []Action {
 	r.clk.Advance(100 * time.Millisecond)
 	w := r.files.window[st.key]
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: st.tgid, File: st.key, Device: sdb, RaPages: uint32(w / 4), Index: 0})
-	keys, span := r.tn.FreshStreams()
-	if len(keys) == 0 {
-		return nil
-	}
-	s := r.recentSnap(span, st)
-	s.Files[0].P50, s.Files[0].P95, s.Files[0].P99 = lat, lat, lat
-	s.Devices[0].CapacityBPS = 150e6
-	return r.tn.FastOutcome(s, span)
+	return r.recentTick(0, r.tn.FreshStreams, r.tn.FastOutcome, st, lat, 0)
 }
 
 // HDFS opens a block file for every read, in the same process. A block read
@@ -862,18 +855,9 @@ func (r *rig) reopenTick(st stream, lat time.Duration) []Action {
 // its first recent requests, not at the next Step. Read again at the same
 // latency, it waits for the device's back-off like any fresh stream.
 func TestReopenedFileWithABackedOffDecisionIsFresh(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = func(int) float64 { return 150e6 }
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
-	st := stream{key: key, tgid: 100, fill: 0.9}
-	undone := false
-	for i := 0; i < 6 && !undone; i++ {
-		undone = len(filter(r.runOutcome(1, st), KindFileWindowUndo, ResultUndone)) > 0
-	}
-	require.True(t, undone, "a healthy trial did not pay")
+	r, st := healthyBackedOff(t)
+	key := st.key
 	require.NotNil(t, r.tn.files[key], "the file keeps its backed-off decision")
-	require.Equal(t, 128, r.files.window[key])
 
 	// Re-read at the healthy latency (3 ms in the rig): the device's
 	// back-off holds.

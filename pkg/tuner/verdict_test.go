@@ -9,18 +9,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// verdictTick is the daemon's check of steps under trial, after more: the
-// recent span of st at latency lat.
+// verdictTick is the daemon's check of steps under trial.
 func (r *rig) verdictTick(after time.Duration, st stream, lat time.Duration) []Action {
-	r.clk.Advance(after)
-	keys, span := r.tn.TrialStreams()
-	if len(keys) == 0 {
-		return nil
-	}
-	s := r.recentSnap(span, st)
-	s.Files[0].P50, s.Files[0].P95, s.Files[0].P99 = lat, lat, lat
-	s.Devices[0].CapacityBPS = 150e6
-	return r.tn.FastVerdict(s, span)
+	return r.recentTick(after, r.tn.TrialStreams, r.tn.FastVerdict, st, lat, 0)
 }
 
 // A fresh stream slow from its first read gets its first step between
