@@ -310,3 +310,26 @@ func TestTailSeenAfterAFailedTrialEndsTheBackoff(t *testing.T) {
 	require.Len(t, trials, 1, "a trial at once, not after the 8 s back-off")
 	assert.GreaterOrEqual(t, trials[0].ToKB, 1024, "sized by the tail (80 MB/s x 11.7 ms)")
 }
+
+// A healthy stream at the device's bandwidth whose p99 is about twice its
+// median at every window (its own requests queued in the device, as on the
+// lab): the spread costs it nothing, so a step that gains nothing is undone,
+// not kept for a tail's sake (the healthy bench kept 512 KB so).
+func TestQueueSpreadAtTheDevicesBandwidthKeepsNoStep(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	var acts []Action
+	for i := 0; i < 12; i++ {
+		r.clk.Advance(time.Second)
+		now := r.clk.Now()
+		w := r.files.window[key]
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
+		acts = append(acts, r.tn.Step(streamSpan(key, now, w, 147.5e6, windowLat(w), 2*windowLat(w), 0.9))...)
+	}
+	logActs(t, acts)
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial), "the stream was tried")
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept), "no step kept on a healthy stream at bandwidth")
+	assert.Zero(t, r.tn.Status().Counts["outcome/tail_kept"])
+	assert.Equal(t, 128, r.files.window[key])
+}
