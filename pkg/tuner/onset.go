@@ -181,10 +181,7 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 			continue
 		}
 		if created {
-			fd = &fileDec{key: c.key, dev: d, byRate: true, regimes: []detector.RegimeKind{WindowBound}, lastNeeded: now,
-				win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
-				pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
-			t.files[c.key] = fd
+			fd = t.newOutcomeDec(c.key, d, now)
 		}
 		if fd.pf.trial != 0 {
 			// prefetchAll issues the value in force each interval.

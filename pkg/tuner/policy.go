@@ -423,6 +423,16 @@ func (t *Tuner) useView(snap detector.Snapshot, span time.Duration) (restore fun
 	return func() { t.fstats, t.dstats, t.snap, t.measSpan = savedF, savedD, savedSnap, 0 }
 }
 
+// newOutcomeDec records a decision judged by the stream's rate, for a
+// stream bound by its window with no regime, at the device's window.
+func (t *Tuner) newOutcomeDec(k probe.FileKey, d *devState, now time.Duration) *fileDec {
+	fd := &fileDec{key: k, dev: d, byRate: true, regimes: []detector.RegimeKind{WindowBound}, lastNeeded: now,
+		win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
+		pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
+	t.files[k] = fd
+	return fd
+}
+
 // FastOutcome takes the first outcome step on fresh streams bound by their
 // window, judged on the detector's recent requests (snap, over span; from
 // detector.Recent): the same step Step would take a whole Settle later,
@@ -459,10 +469,7 @@ func (t *Tuner) FastOutcome(snap detector.Snapshot, span time.Duration) []Action
 		fd := t.files[f.Key]
 		created := fd == nil
 		if created {
-			fd = &fileDec{key: f.Key, dev: d, byRate: true, regimes: []detector.RegimeKind{WindowBound}, lastNeeded: now,
-				win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
-				pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
-			t.files[f.Key] = fd
+			fd = t.newOutcomeDec(f.Key, d, now)
 		} else {
 			// A new stream on a file whose earlier reads' trials did not
 			// pay: their back-off and knee were learned in other

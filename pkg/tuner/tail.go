@@ -73,10 +73,11 @@ func (t *Tuner) noteTails(files []detector.FileStats, now time.Duration) {
 		if ds, ok := t.dstats[f.Device]; tail && ok && ds.CapacityBPS > 0 && f.BusyThroughput >= (1-devLossMax)*ds.CapacityBPS &&
 			f.P99 < time.Duration(tailStrongBase*float64(f.P50)) {
 			// A stream at the device's bandwidth (within 5%) whose p99 is
-			// within three medians: the spread of its own queue (a healthy device's p99
-			// at the default window is about twice its median), which costs
-			// it nothing. No step is sized, deferred or kept for it; a stall
-			// (many medians) still counts at any rate.
+			// within three medians: the spread of its own queue (a healthy
+			// device's p99 at the default window is about twice its
+			// median), which costs it nothing. No step is sized, deferred
+			// or kept for it; a stall (many medians) still counts at any
+			// rate.
 			continue
 		}
 		if tail && t.windowMoved(f.Key, f.Device, now) {
