@@ -87,7 +87,7 @@ func TestRunEndsAtOnceOnCancelAndClose(t *testing.T) {
 	l := newLab(t, 16)
 	for _, end := range []string{"cancel", "close"} {
 		t.Run(end, func(t *testing.T) {
-			p, err := Load(Config{Devices: []Dev{l.Dev}, Poll: 3 * time.Second})
+			p, err := Load(Config{Devices: []Dev{l.Dev}, Poll: 3 * time.Second, PollerWait: true})
 			require.NoError(t, err)
 			t.Cleanup(func() { assert.NoError(t, p.Close()) })
 			require.NotNil(t, p.wake, "the ring buffer should be waited on in the runtime's poller")
