@@ -57,6 +57,22 @@ func percentile(xs []float64, p float64) float64 {
 	return xs[max(0, min(i, len(xs)-1))]
 }
 
+// trimmedMean is the mean of sorted xs without its lowest and highest
+// tenth: stable where a median flips between latency modes, yet blind to
+// the few stalls that would swing a plain mean.
+func trimmedMean(xs []float64) float64 {
+	cut := len(xs) / 10
+	xs = xs[cut : len(xs)-cut]
+	if len(xs) == 0 {
+		return 0
+	}
+	var sum float64
+	for _, x := range xs {
+		sum += x
+	}
+	return sum / float64(len(xs))
+}
+
 // selectPercentile returns what percentile(xs sorted, p) would, without
 // sorting: it reorders xs only as far as the one element needs (quickselect,
 // O(n) on average). The fast path asks the device's median several times a
@@ -666,10 +682,18 @@ func (d *Detector) judgeExtent(f *fileState, a *fileAgg, win []sample, nShort in
 	slices.Sort(sc.vals)
 	slices.Sort(sc.vals2)
 	post, steady := percentile(sc.vals, 0.5), percentile(sc.vals2, 0.5)
-	ratio := post / max(steady, 1)
+	medRatio := post / max(steady, 1)
+	// The slower of two views must both agree: a device whose requests
+	// fall in two latency modes (one served at once, one queued behind
+	// another) has a median that jumps between the modes when a sample's
+	// share of the upper one crosses half. A healthy fragmented file's
+	// post-jump median then read 1.65x its steady one while the trimmed
+	// means stayed within 1.33x; an extent start lifts both (2.2-2.6x).
+	tmRatio := trimmedMean(sc.vals) / max(trimmedMean(sc.vals2), 1)
+	ratio := min(medRatio, tmRatio)
 	sc.extentRatio, sc.extentCrossings = ratio, crossings
-	ev := fmt.Sprintf("file %s: the first %d requests after each of %d jumps (%d of them extent crossings) in the last %s take median %s, %.2fx the file's steady median %s; %d extent crossings seen since tracked",
-		f.key, cfg.ExtentRequests, jumps, crossings, time.Duration(now-oldest).Round(time.Millisecond), fmtDur(post), ratio, fmtDur(steady), f.crossings)
+	ev := fmt.Sprintf("file %s: the first %d requests after each of %d jumps (%d of them extent crossings) in the last %s take median %s, %.2fx the file's steady median %s (trimmed means %.2fx); %d extent crossings seen since tracked",
+		f.key, cfg.ExtentRequests, jumps, crossings, time.Duration(now-oldest).Round(time.Millisecond), fmtDur(post), medRatio, fmtDur(steady), tmRatio, f.crossings)
 	switch {
 	case ratio >= cfg.ExtentMult:
 		return aboveEntry, confidence(ratio/cfg.ExtentMult, len(sc.vals), cfg.ExtentMinSamples), ev

@@ -41,7 +41,9 @@ type Config struct {
 	// page size); 0 means 4 MiB (65536 records).
 	RingBytes int
 	// PollerWait: wait for the ring buffer in the Go runtime's poller
-	// (ringWaiter) rather than in a blocking epoll_wait.
+	// (ringWaiter) rather than in the reader's blocking epoll_wait, whose
+	// every poll woke the runtime's monitor thread into its fastest loop.
+	// The daemon sets it; off keeps the reader's own wait.
 	PollerWait bool
 	// Poll is how often Run collects records the kernel submitted without
 	// waking it; 0 means 100 ms. The kernel wakes Run early when a quarter

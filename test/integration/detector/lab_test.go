@@ -194,7 +194,7 @@ type live struct {
 
 func startLive(t *testing.T, l *lab.Lab, w *workload, c Cadence) *live {
 	t.Helper()
-	p, err := probe.Load(probe.Config{Devices: []probe.Dev{l.Dev}, Poll: 20 * time.Millisecond})
+	p, err := probe.Load(probe.Config{Devices: []probe.Dev{l.Dev}, Poll: 20 * time.Millisecond, PollerWait: true})
 	if err != nil {
 		if errors.Is(err, probe.ErrPermission) || errors.Is(err, probe.ErrNoBTF) || errors.Is(err, probe.ErrTracepointMissing) {
 			t.Skipf("probe unavailable: %v", err)
