@@ -119,7 +119,7 @@ func FullConfig() Config {
 	for _, r := range []string{RHealthy, RPerm, RPermSev, RTemporal, RIntrinsic, RContended} {
 		cases = append(cases, Case{WSendfile, r})
 	}
-	for _, r := range []string{RPerm, RPermSev} {
+	for _, r := range []string{RHealthy, RPerm, RPermSev} {
 		cases = append(cases, Case{WMixed, r})
 	}
 	return Config{

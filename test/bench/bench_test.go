@@ -199,3 +199,29 @@ func TestStartRows(t *testing.T) {
 		assert.Equal(t, "not maskable", row.Verdict)
 	}
 }
+
+// TestHealthyMixedTargetHoldsTheRandomReader: on a healthy device with a
+// stream beside an mmap random reader, the stream keeping its rate is not
+// enough; the random reader must keep its touches and its p99 too.
+func TestHealthyMixedTargetHoldsTheRandomReader(t *testing.T) {
+	verdict := func(touches, p99 float64) (string, string) {
+		r := &Report{Measure: 5}
+		r.add(Result{Workload: WMixed, Regime: RHealthy, Arm: "ra128", KB: 128, MBps: 100, RandTouchesPerSec: 500, RandP99ms: 2})
+		r.add(Result{Workload: WMixed, Regime: RHealthy, Arm: "ra1024", KB: 1024, MBps: 101, RandTouchesPerSec: 60, RandP99ms: 20})
+		r.add(Result{Workload: WMixed, Regime: RHealthy, Arm: "readaheadd", KB: 128, MBps: 100, RandTouchesPerSec: touches, RandP99ms: p99})
+		r.finish()
+		for _, tg := range r.Targets {
+			if tg.Name == "healthy, "+WMixed {
+				return tg.Verdict(), tg.Figure
+			}
+		}
+		return "", ""
+	}
+	v, fig := verdict(495, 2.1)
+	assert.Equal(t, "PASS", v, fig)
+	v, fig = verdict(495, 2.3)
+	assert.Equal(t, "NOT MET", v, "p99 1.15x the default's: %s", fig)
+	v, fig = verdict(450, 2.0)
+	assert.Equal(t, "NOT MET", v, "touches 0.90x the default's: %s", fig)
+	assert.Contains(t, FullConfig().Cases, Case{WMixed, RHealthy}, "the full matrix runs the healthy mixed device")
+}
