@@ -37,15 +37,23 @@ func (r *rig) onsetTick(after time.Duration, lat time.Duration, st stream) []Act
 	return r.recentTick(after, r.tn.OnsetStreams, r.tn.FastOnset, st, lat, 0)
 }
 
-// healthyBackedOff is a stream at the device's bandwidth whose first trial
-// did not pay: back at 128 KB, the device's outcome trials backing off.
-func healthyBackedOff(t *testing.T) (*rig, stream) {
+// bandwidthStream is a rig with one block file open and read at the
+// device's bandwidth (150 MB/s at any window).
+func bandwidthStream(t *testing.T) (*rig, stream) {
 	t.Helper()
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	r.tput = func(int) float64 { return 150e6 }
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p, key)
-	st := stream{key: key, tgid: 100, fill: 0.9}
+	return r, stream{key: key, tgid: 100, fill: 0.9}
+}
+
+// healthyBackedOff is a stream at the device's bandwidth whose first trial
+// did not pay: back at 128 KB, the device's outcome trials backing off.
+func healthyBackedOff(t *testing.T) (*rig, stream) {
+	t.Helper()
+	r, st := bandwidthStream(t)
+	key := st.key
 	undone := false
 	for i := 0; i < 6 && !undone; i++ {
 		undone = len(filter(r.runOutcome(1, st), KindFileWindowUndo, ResultUndone)) > 0
@@ -163,11 +171,7 @@ func TestRateFallingWithAnUndoneStepIsNoOnset(t *testing.T) {
 // reader, not by the device: no step. Nor is a stream checked more often
 // than every quarter interval.
 func TestStreamSlowerByItsReaderIsLeftToTheStep(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = func(int) float64 { return 150e6 }
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
-	st := stream{key: key, tgid: 100, fill: 0.9}
+	r, st := bandwidthStream(t)
 	r.runOutcome(3, st) // the healthy trial judged, none under way
 	r.tput = func(int) float64 { return 40e6 }
 	assert.Empty(t, r.onsetTick(300*time.Millisecond, 3*time.Millisecond, st), "latency as at the last Step")
@@ -214,11 +218,8 @@ func TestContentionRightAfterAnUndoneTrialIsSteppedAtOnce(t *testing.T) {
 // unjudged at the next check instead, and the onset's own step taken from
 // the window kept.
 func TestOnsetDuringAWindowTrialEndsItAndSteps(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = func(int) float64 { return 150e6 }
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
-	st := stream{key: key, tgid: 100, fill: 0.9}
+	r, st := bandwidthStream(t)
+	key := st.key
 	// The first trial is undone (no gain at the bandwidth); the stream is
 	// under its second, after the back-off, when the device slows.
 	inTrial := false
