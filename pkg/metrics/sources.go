@@ -114,7 +114,7 @@ type TunerStatus struct {
 // window), priors applied to fresh opens, re-checked,
 // confirmed and dropped, windows lowered, readers not tracked (table full),
 // whole-system scans deferred (budget).
-var ControlEvents = []string{"outcome_paid", "outcome_not_paid", "outcome_fresh", "outcome_onset", "outcome_judged_later", "outcome_tail_kept", "outcome_shift_kept", "outcome_knee_stale", "outcome_onset_in_trial", "outcome_kept_early", "prior_applied", "prior_recheck",
+var ControlEvents = []string{"outcome_paid", "outcome_not_paid", "outcome_fresh", "outcome_onset", "outcome_judged_later", "outcome_tail_kept", "outcome_shift_kept", "outcome_knee_stale", "outcome_onset_in_trial", "outcome_kept_early", "outcome_deferred", "prior_applied", "prior_recheck",
 	"prior_confirmed", "prior_dropped", "actuator_lower", "readers_dropped", "trim_scan_deferred"}
 
 // Sources are read at scrape and request time. A nil function means the

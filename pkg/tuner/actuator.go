@@ -62,6 +62,7 @@ func (t *Tuner) setDevice(d *devState, kb int, limit bool) error {
 	}
 	d.cur = kb
 	d.dirty = false
+	d.movedAt = t.deps.Clock.Now()
 	return nil
 }
 
@@ -209,6 +210,7 @@ func (t *Tuner) pinExact(d *devState, kb int, refs []FileRef, limit bool) (int, 
 	if len(hs) == 0 {
 		return 0, fmt.Errorf("take descriptors: %w", errors.Join(errs...))
 	}
+	d.movedAt = t.deps.Clock.Now()
 	if t.lower != nil {
 		return t.lowerPin(d, kb, hs, hrefs, errs, &set, &clear)
 	}

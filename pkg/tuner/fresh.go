@@ -69,6 +69,16 @@ func (t *Tuner) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Durat
 		return
 	}
 	kb = t.clamp(d, kb)
+	if lim, why := t.randomLimitKB(fd); lim >= 0 {
+		// Random readers beside it: the prior's window only as far as
+		// their budget allows (random.go); the Step takes it from there.
+		if lim = lim / randStepKB * randStepKB; float64(lim) < randMinStep*float64(d.orig) {
+			t.log.Debug("tuner: prior not applied beside random readers", "file", key.String(), "why", why)
+			r.priorAt = 0
+			return
+		}
+		kb = min(kb, lim)
+	}
 	n, err := t.pin(d, kb, refs, true)
 	if err != nil {
 		if !errors.Is(err, errRateLimited) {

@@ -106,20 +106,21 @@ func TestRandomLossKneeIsNeverStale(t *testing.T) {
 	stalled := false
 	r.tput = func(kb int) float64 {
 		if stalled {
-			return kneeModel(kb) / 2
+			return slowedModel(kb) / 2
 		}
-		return kneeModel(kb)
+		return slowedModel(kb)
 	}
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p, key)
 	st := stream{key: key, tgid: 100, fill: 0.9}
 	r.runBeside(12, st, severeAbove256)
-	require.Equal(t, 256, r.files.window[key], "the random reader's loss set the knee")
+	require.Equal(t, 192, r.files.window[key], "the random reader's loss set the knee")
+	require.True(t, r.tn.files[key].win.kneeRandom)
 	stalled = true
 	acts := r.runBeside(20, st, severeAbove256)
 	logActs(t, acts)
 	assert.Zero(t, r.tn.Status().Counts["outcome/knee_stale"])
 	for _, a := range filter(acts, KindFileWindow, ResultTrial) {
-		assert.LessOrEqual(t, a.ToKB, 256, "no step past the random reader's knee")
+		assert.LessOrEqual(t, a.ToKB, 192, "no step past the random reader's knee")
 	}
 }

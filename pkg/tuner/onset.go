@@ -69,6 +69,11 @@ func (t *Tuner) OnsetStreams() ([]probe.FileKey, time.Duration) {
 			keys = append(keys, k)
 		}
 	}
+	for k, fd := range t.files {
+		if fd.deferUntil != 0 && !slices.Contains(keys, k) {
+			keys = append(keys, k) // a first step put off beside random readers
+		}
+	}
 	slices.SortFunc(keys, compareKeys)
 	return keys, t.cfg.Settle / freshSpanDiv
 }
@@ -124,6 +129,7 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		return nil
 	}
 	now := t.deps.Clock.Now()
+	t.stepDeferred(snap, span, now)
 	type cand struct {
 		key  probe.FileKey
 		step float64 // bytes/s at the last Step
@@ -157,7 +163,7 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		cands = append(cands, cand{f.Key, stepRate})
 	}
 	if len(cands) == 0 {
-		return nil
+		return t.out // the deferred steps'
 	}
 	defer t.useView(snap, span)()
 	t.noteTails(snap.Files, now)
@@ -198,7 +204,9 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 			"step_mbps", c.step/1e6, "recent_mbps", float64(f.Bytes)/span.Seconds()/1e6)
 		// New conditions: a back-off or knee learned before them does
 		// not hold the step up (as when a regime takes a decision over).
-		fd.win.retryAt, fd.win.knee = 0, false
+		if !fd.win.kneeRandom { // what a step costs random readers did not change
+			fd.win.retryAt, fd.win.knee = 0, false
+		}
 		if fd.win.cur > fd.win.base {
 			fd.win.rejump = true
 		}
@@ -219,4 +227,33 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		}
 	}
 	return t.out
+}
+
+// stepDeferred takes the first steps put off beside random readers
+// (deferBesideRandom) that are due, on the recent requests (snap, over
+// span): the random readers' references are first lowered to what they
+// get since the slowdown began.
+func (t *Tuner) stepDeferred(snap detector.Snapshot, span time.Duration, now time.Duration) {
+	var due []*fileDec
+	for _, k := range sortedKeys(t.files) {
+		if fd := t.files[k]; fd.deferUntil != 0 && now >= fd.deferUntil {
+			due = append(due, fd)
+		}
+	}
+	if len(due) == 0 {
+		return
+	}
+	defer t.useView(snap, span)()
+	for _, fd := range due {
+		fd.deferUntil = 0
+		if _, ok := t.fstats[fd.key]; !ok {
+			continue // not read in the span: the next Step decides
+		}
+		t.refreshRandom(fd.dev)
+		n := len(t.out)
+		t.driveFile(fd, true)
+		if len(t.out) > n {
+			t.counts["outcome/deferred"]++
+		}
+	}
 }

@@ -134,12 +134,12 @@ func TestRateFallingWithAnUndoneStepIsNoOnset(t *testing.T) {
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p, key)
 	st := stream{key: key, tgid: 100, fill: 0.9}
-	// The random reader beside it loses at any window past 256 KB.
+	// The random reader beside it loses at any window past 192 KB.
 	rnd := func(kb int) (float64, time.Duration) {
-		if kb > 256 {
+		if kb > 192 {
 			return 350, 8 * time.Millisecond
 		}
-		return 800, 2 * time.Millisecond
+		return 800, 1500 * time.Microsecond
 	}
 	undone := false
 	for i := 0; i < 8 && !undone; i++ {
@@ -147,12 +147,12 @@ func TestRateFallingWithAnUndoneStepIsNoOnset(t *testing.T) {
 		logActs(t, acts)
 		undone = len(filter(acts, KindFileWindowUndo, ResultUndone)) > 0
 	}
-	require.True(t, undone, "the step past 256 KB was undone for the random reader")
-	require.Equal(t, 256, r.files.window[key])
+	require.True(t, undone, "the step past 192 KB was undone for the random reader")
+	require.Equal(t, 192, r.files.window[key])
 	fd := r.tn.files[key]
 	require.NotNil(t, fd)
 	before := fd.win.before
-	// 0.6 s later, at 256 KB: 0.68 of the trial's rate, the median of the
+	// 0.6 s later, at 192 KB: 0.68 of the trial's rate, the median of the
 	// smaller queue, a p99 2.5x it.
 	r.clk.Advance(600 * time.Millisecond)
 	keys, span := r.tn.OnsetStreams()
@@ -163,7 +163,7 @@ func TestRateFallingWithAnUndoneStepIsNoOnset(t *testing.T) {
 	s.Devices[0].CapacityBPS = 150e6
 	acts := r.tn.FastOnset(s, span)
 	logActs(t, acts)
-	assert.Empty(t, filter(acts, KindFileWindow, ResultTrial), "no step: the stream reads as it did at 256 KB")
+	assert.Empty(t, filter(acts, KindFileWindow, ResultTrial), "no step: the stream reads as it did at 192 KB")
 	assert.Zero(t, r.tn.Status().Counts["outcome/onset"])
 }
 

@@ -81,8 +81,19 @@ func (t *Tuner) windowBound(fs detector.FileStats, now time.Duration) (bool, str
 	if fill < inflightFill {
 		return false, fmt.Sprintf("%.0f KB in flight of a %d KB window", inflight/1024, w)
 	}
-	return true, fmt.Sprintf("%.0f KB in flight of a %d KB window (%.0f%%), %.1f MB/s at p50 %v", inflight/1024, w, 100*fill,
+	why := fmt.Sprintf("%.0f KB in flight of a %d KB window (%.0f%%), %.1f MB/s at p50 %v", inflight/1024, w, 100*fill,
 		fs.BusyThroughput/1e6, fs.P50)
+	if t.randomBesideDev(fs.Device, fs.Key) {
+		// Beside random readers a full window may be the device's queue,
+		// which they wait in too: only a stream slower than them is
+		// slowed by its file (random.go).
+		slow, peers := t.slowerThanPeers(fs)
+		if !slow {
+			return false, why + "; but " + peers + ": the device's queue binds it, not its window"
+		}
+		why += "; " + peers
+	}
+	return true, why
 }
 
 // outcomeNeeds adds to the needs every stream under the allow-paths that is
@@ -122,7 +133,12 @@ func (t *Tuner) regimeTakesOver(fd *fileDec) bool {
 		return false
 	}
 	fd.byRate, fd.prior = false, nil
-	fd.win.retryAt, fd.win.failures, fd.win.knee, fd.win.rejump = 0, 0, false, true
+	if !fd.win.kneeRandom {
+		// A knee the random readers' budget set holds: the regime
+		// changes nothing of what a step costs them.
+		fd.win.retryAt, fd.win.failures, fd.win.knee = 0, 0, false
+	}
+	fd.win.rejump = true
 	fd.pf.retryAt, fd.pf.failures, fd.pf.knee = 0, 0, false
 	return true
 }

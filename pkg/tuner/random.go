@@ -2,97 +2,362 @@ package tuner
 
 import (
 	"fmt"
+	"slices"
 	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// A random reader beside a stream (an mmap reader faulting pages, a service
-// reading records) waits, on each of its reads, behind the transfers the
-// stream's window keeps queued: a larger window for the stream is paid in
-// its latency and so in its rate. Its bytes say nothing of that (a trimmed
-// reader reads fewer bytes by design), its requests and their latency do.
-// A stream's step is kept only if the random readers beside it did not
-// lose: their requests per second within randLossMax of what they were
-// before the step and at the stream's base window, their p95 within
-// randLatMax (the p95: over one interval's few hundred faults the p99 is a
-// handful of them). Judged against the base window too, so that steps that
-// each cost a little do not add up.
+// Random readers beside a stream (an mmap reader faulting pages, a service
+// reading records) wait, on each of their reads, behind the bytes the
+// stream's window keeps queued on the device: a larger window for the
+// stream is paid in their latency. Their bytes say nothing of it (a trimmed
+// mmap reader reads fewer bytes by design), the latency of their requests
+// does.
 //
-// A random reader's requests before its trim and after it are not the
-// same requests (16 KB instead of a read-around window each, several
-// times as many per second): a reference taken across a trim change is
-// no reference, and the step is judged on the stream's own gain. The step
-// kept, the trimmed readers' service beside it is the reference the next
-// steps answer to (rebaseRandom).
+// Each random reader has a reference: its service (mean, p95 and p99
+// latency of its requests) while nothing readaheadd does is in force on its
+// device, learned interval by interval, frozen while readaheadd acts there,
+// and lowered to what the reader gets just after a slowdown began, before
+// readaheadd acts on it (deferBesideRandom). Its budget is that reference
+// plus randMeanMax (mean), randTailMax (p99) and randP95Max (p95): a reader
+// that waits on each of its faults touches about 1/mean pages a second, so
+// the mean bounds its rate and the p99 its tail; the p95 guards the p99 of
+// one interval, which is a handful of requests. Everything a stream beside
+// it does answers to that budget, not to the step before:
+//   - the stream's steps are sized to fit (randomLimitKB): each KB more the
+//     stream keeps queued delays their requests by about a KB's transfer at
+//     the device's capacity, so a step is no larger than the budget left
+//     allows, nor than randGrowth times the window (smaller steps than on a
+//     device with no random reader: a trial that overshoots is a second of
+//     their tail);
+//   - a step is kept only if they stayed within their budget (randomCost),
+//     whatever the stream gained;
+//   - what their own read-around trim gives them (16 KB per fault instead of
+//     a whole window) is budget the stream may spend, up to their reference
+//     and never beyond.
 //
-// What their own read-around trim gave them is theirs: judged against the
-// default window's service instead, the stream took the gain back and more
-// (measured: the random reader's p99 1.6-1.8x the default's; see
-// docs/results/outcome-control).
+// And a stream beside them gets a step only on evidence that it is slowed:
+// a regime, or its requests taking peerSlowMult times as long as theirs
+// (slowerThanPeers). A stream no slower than its peers is bound by its
+// window only because the device's queue is full: a larger window would
+// take its share from them, and on a healthy device nothing is slow.
 const (
-	randLossMax = 0.05
-	randLatMax  = 0.10
+	// randMeanMax, randTailMax, randP95Max: how far a random reader's
+	// mean, p99 and p95 latency may rise above its reference.
+	randMeanMax = 0.05
+	randTailMax = 0.10
+	randP95Max  = 0.25
+	// randGrowth: a window step beside random readers is at most this
+	// factor; randMinStep: a smaller one than this is not worth a trial.
+	randGrowth  = 1.5
+	randMinStep = 1.2
+	// randSlack: until a step beside random readers has shown how much
+	// each KB the stream queues delays them, the delay is taken as this
+	// many times a KB's transfer at the device's capacity (one transfer
+	// channel: measured on the lab, 1.0-1.15 near saturation; a device
+	// with many channels delays them less, which a step then shows).
+	randSlack = 1.25
+	// randSlopeFloor: a learned delay per KB is at least this share of the
+	// prior (a step that cost them nothing says little about the next).
+	randSlopeFloor = 0.05
+	// randStepKB: windows beside random readers are multiples of this.
+	randStepKB = 16
+	// randRefAlpha: weight of the latest clean interval in a reference:
+	// high, since the reference is what the reader gets in the conditions
+	// of the moment (a stream that slows leaves it more of the device).
+	randRefAlpha = 0.6
+	// peerSlowMult: a stream whose median request latency is this many
+	// times its random peers' is slowed by its file, not by the queue.
+	peerSlowMult = 1.5
+	// maxRandRefs bounds the references kept.
+	maxRandRefs = 4096
 )
 
-// randSevere: a loss this many times the bound (requests/s below half of
-// the reference, or a p95 1.5x it) is no interval's noise: the knee it
-// leaves is not probed again soon (each probe is a second of that loss).
-const randSevere = 5
+// randService is what a random reader gets over one measure.
+type randService struct {
+	mean, p95, tail time.Duration // mean, p95 and p99 latency
+	size      float64 // bytes per request
+	requests  uint64
+}
 
-// randomLost says how the random readers beside a stream lost by its step
-// (m against the step's before-measure and the decision's base-window
-// measure), "" if they did not or there were none in both, and whether by
-// far more than one interval's noise (randSevere).
-func randomLost(l *ladder, m measure) (why string, severe bool) {
-	for _, ref := range []struct {
-		name string
-		m    measure
-	}{{"before the step", l.before}, {"at the stream's base window, or since their last trim", l.baseM}} {
-		b := ref.m
-		if b.randReq <= 0 || m.randReq <= 0 || !sameRandom(b, m) {
+// randRef is a random reader's reference service.
+type randRef struct {
+	dev  probe.Dev
+	svc  randService
+	seen time.Duration
+	// clean: learned while nothing readaheadd does was in force on the
+	// device (a reader first seen beside a raised window is referred to
+	// what it got then, until the device is clean again).
+	clean bool
+}
+
+// serviceOf is a random reader's service in fs, ok if it has enough
+// requests to say.
+func serviceOf(fs detector.FileStats) (randService, bool) {
+	if fs.Requests < trimMinRequests || fs.BusyThroughput <= 0 || fs.MeanSize <= 0 || fs.Inflight <= 0 || fs.P95 <= 0 || fs.P99 <= 0 {
+		return randService{}, false
+	}
+	// Little's law: the mean latency is the requests in flight while busy
+	// times the bytes per request over the busy throughput.
+	mean := time.Duration(fs.Inflight * fs.MeanSize / fs.BusyThroughput * float64(time.Second))
+	return randService{mean: mean, p95: fs.P95, tail: fs.P99, size: fs.MeanSize, requests: fs.Requests}, true
+}
+
+// untouched reports whether nothing readaheadd does is in force on the
+// device, and nothing changed there for a Settle (the last measure holds
+// no request from before a change).
+func (t *Tuner) untouched(d *devState) bool {
+	if d == nil {
+		return true
+	}
+	if t.helping(d) || t.deps.Clock.Now()-d.movedAt < t.cfg.Settle && d.movedAt != 0 {
+		return false
+	}
+	for _, td := range t.trims {
+		if td.dev == d {
+			return false
+		}
+	}
+	return true
+}
+
+// observeRandom learns the references of the random readers in the Step's
+// snapshot (t.mu held).
+func (t *Tuner) observeRandom(now time.Duration) {
+	for _, fs := range t.snap.Files {
+		if !t.readRandomly(fs) {
 			continue
 		}
-		reqLost := func(k float64) bool { return m.randReq < (1-k*randLossMax)*b.randReq }
-		latLost := func(k float64) bool {
-			return b.randP95 > 0 && m.randP95 > time.Duration(float64(b.randP95)*(1+k*randLatMax))
+		svc, ok := serviceOf(fs)
+		if !ok {
+			continue
 		}
-		severe = severe || reqLost(randSevere) || latLost(randSevere)
+		clean := t.untouched(t.devs[fs.Device])
+		ref := t.randRefs[fs.Key]
 		switch {
-		case why != "":
-		case reqLost(1):
-			why = fmt.Sprintf("the random readers beside it lost: %.0f -> %.0f requests/s (%s)", b.randReq, m.randReq, ref.name)
-		case latLost(1):
-			why = fmt.Sprintf("the random readers beside it lost: p95 %v -> %v (%s)", b.randP95, m.randP95, ref.name)
+		case ref == nil:
+			if len(t.randRefs) >= maxRandRefs {
+				continue
+			}
+			t.randRefs[fs.Key] = &randRef{dev: fs.Device, svc: svc, seen: now, clean: clean}
+			continue
+		case clean && !ref.clean:
+			ref.svc, ref.clean = svc, true
+		case clean:
+			ref.svc.mean = ewmaDur(ref.svc.mean, svc.mean)
+			ref.svc.tail = ewmaDur(ref.svc.tail, svc.tail)
+			ref.svc.p95 = ewmaDur(ref.svc.p95, svc.p95)
+			ref.svc.size = (1-randRefAlpha)*ref.svc.size + randRefAlpha*svc.size
+		}
+		ref.seen = now
+	}
+	for k, ref := range t.randRefs {
+		if now-ref.seen >= t.cfg.BackoffMax {
+			delete(t.randRefs, k)
 		}
 	}
-	return why, severe
 }
 
-// sameRandom reports whether two measures saw the random readers under the
-// same trims.
-func sameRandom(a, b measure) bool {
-	return a.randGen == b.randGen && a.randGen >= 0
+func ewmaDur(old, x time.Duration) time.Duration {
+	return time.Duration((1-randRefAlpha)*float64(old) + randRefAlpha*float64(x))
 }
 
-// rebaseRandom makes m (a step's before-measure, or a kept step's) the
-// random readers' base-window reference if the one there was taken under
-// other trims.
-func rebaseRandom(l *ladder, m measure) {
-	if m.randReq > 0 && !sameRandom(l.baseM, m) && m.randGen >= 0 {
-		l.baseM.randReq, l.baseM.randP95, l.baseM.randGen = m.randReq, m.randP95, m.randGen
+// randomsBeside returns the random readers on dev in the tuner's view,
+// other than except, with their service now.
+func (t *Tuner) randomsBeside(dev probe.Dev, except probe.FileKey) []randObs {
+	var out []randObs
+	for k, fs := range t.fstats {
+		if k == except || fs.Device != dev || !t.readRandomly(fs) {
+			continue
+		}
+		svc, ok := serviceOf(fs)
+		out = append(out, randObs{key: k, fs: fs, svc: svc, ok: ok, ref: t.randRefs[k]})
+	}
+	slices.SortFunc(out, func(a, b randObs) int { return compareKeys(a.key, b.key) })
+	return out
+}
+
+type randObs struct {
+	key probe.FileKey
+	fs  detector.FileStats
+	svc randService
+	ok  bool
+	ref *randRef
+}
+
+// randomCost measures what the random readers on dev (other than except)
+// get now against their budgets: the largest share of a budget used (1:
+// all of it; above 1: over it), and which reader and how, for the
+// evidence. n is the readers measured, mean the largest of their mean
+// latencies.
+func (t *Tuner) randomCost(dev probe.Dev, except probe.FileKey) (worst float64, why string, n int, mean time.Duration) {
+	for _, r := range t.randomsBeside(dev, except) {
+		if !r.ok || r.ref == nil || r.ref.svc.mean <= 0 || r.ref.svc.tail <= 0 {
+			continue
+		}
+		n++
+		mean = max(mean, r.svc.mean)
+		cm := (float64(r.svc.mean)/float64(r.ref.svc.mean) - 1) / randMeanMax
+		cp := (float64(r.svc.tail)/float64(r.ref.svc.tail) - 1) / randTailMax
+		c95 := 0.0
+		if r.ref.svc.p95 > 0 {
+			c95 = (float64(r.svc.p95)/float64(r.ref.svc.p95) - 1) / randP95Max
+		}
+		if c := max(cm, cp, c95); c > worst || why == "" {
+			worst = c
+			why = fmt.Sprintf("the random reader %s beside it: mean %v p95 %v p99 %v against its reference %v / %v / %v (budget +%.0f%% / +%.0f%% / +%.0f%%)",
+				r.key, r.svc.mean.Round(10*time.Microsecond), r.svc.p95.Round(10*time.Microsecond), r.svc.tail.Round(10*time.Microsecond),
+				r.ref.svc.mean.Round(10*time.Microsecond), r.ref.svc.p95.Round(10*time.Microsecond), r.ref.svc.tail.Round(10*time.Microsecond),
+				100*randMeanMax, 100*randP95Max, 100*randTailMax)
+		}
+	}
+	return worst, why, n, mean
+}
+
+// randomLimitKB is the largest window fd's stream may try given the random
+// readers beside it, with why; 0 and the reason when no step may be tried
+// now (a random reader without a reference yet, or no budget left), -1
+// when no random reader is beside it. A reader still reading around with
+// the device's window is counted as trimmed: its trim comes with the step.
+func (t *Tuner) randomLimitKB(fd *fileDec) (int, string) {
+	rs := t.randomsBeside(fd.dev.dev, fd.key)
+	if len(rs) == 0 {
+		return -1, ""
+	}
+	capBPS := t.dstats[fd.dev.dev].CapacityBPS
+	if capBPS <= 0 {
+		capBPS = t.dstats[fd.dev.dev].BusyThroughput
+	}
+	if capBPS <= 0 {
+		return 0, "the device's capacity is not known yet"
+	}
+	perByte := randSlack / capBPS // seconds of delay per byte queued ahead
+	learned := fd.dev.randSlope > 0
+	if learned {
+		perByte = max(fd.dev.randSlope, randSlopeFloor*perByte)
+	}
+	trimComes := false
+	room := time.Duration(1<<62 - 1)
+	for _, r := range rs {
+		if r.ref == nil {
+			return 0, fmt.Sprintf("the random reader %s beside it has no reference yet", r.key)
+		}
+		if !r.ok {
+			continue // too few requests now to measure; its reference stands for it
+		}
+		cur := r.svc
+		if t.trims[r.key] == nil && !t.cfg.DisableTrim && readAroundSized(r.fs, t.cfg.TrimKB) && t.trimOffs[r.key] == nil {
+			// Its trim comes with the step: each request reads TrimKB
+			// instead of its read-around window.
+			less := time.Duration((cur.size - float64(t.cfg.TrimKB*1024)) * randSlack / capBPS * float64(time.Second))
+			cur.mean = max(cur.mean-less, cur.mean/4)
+			cur.tail = max(cur.tail-less, cur.tail/4)
+			cur.p95 = max(cur.p95-less, cur.p95/4)
+			trimComes = true
+		}
+		room = min(room,
+			time.Duration(float64(r.ref.svc.mean)*(1+randMeanMax))-cur.mean,
+			time.Duration(float64(r.ref.svc.tail)*(1+randTailMax))-cur.tail,
+			time.Duration(float64(r.ref.svc.p95)*(1+randP95Max))-cur.p95)
+	}
+	if room <= 0 {
+		return 0, "the random readers beside it have no budget left"
+	}
+	w := fd.win.inForce()
+	kb := w + int(room.Seconds()/perByte/1024)
+	if !learned && !trimComes && float64(kb) < randMinStep*float64(w) {
+		// What a KB costs them on this device is not known: one small
+		// step shows it (its verdict holds them to their budget).
+		kb = int(randMinStep*float64(w)) + randStepKB - 1
+		return kb / randStepKB * randStepKB, "a small step shows what the stream's window costs the random readers on this device"
+	}
+	return kb / randStepKB * randStepKB, fmt.Sprintf("the random readers' budget allows %d KB", kb)
+}
+
+// learnRandomSlope learns, from a file window step judged beside random
+// readers, how much each byte the stream keeps queued delays them on the
+// device: their worst mean latency after the step against before it, over
+// the bytes the step added. Not across a change of their trims (their
+// requests changed with it).
+func (t *Tuner) learnRandomSlope(d *devState, l *ladder, m measure) {
+	b := l.before
+	if b.randMean <= 0 || m.randMean <= 0 || l.trial <= l.trialFrom || d.trimAt >= l.trialAt-t.cfg.Settle {
+		return
+	}
+	slope := max(0, (m.randMean - b.randMean).Seconds()) / float64((l.trial-l.trialFrom)*1024)
+	if d.randSlope == 0 {
+		d.randSlope = slope
+	} else {
+		d.randSlope = (d.randSlope + slope) / 2
+	}
+	if d.randSlope == 0 {
+		d.randSlope = 1e-18 // learned: nothing
 	}
 }
 
-// trimComing reports whether a random reader on the device has its
-// read-around trim under trial, or is read-around sized and not trimmed
-// yet (its trim comes with the device's raised window).
-func (t *Tuner) trimComing(d *devState) bool {
-	for _, td := range t.trims {
-		if td.dev == d && td.trialAt != 0 {
+// slowerThanPeers reports whether a stream's requests take peerSlowMult
+// times as long as those of the random readers on its device (its file is
+// slow, not the device's queue, which they wait in too), with why; false
+// with no random reader to compare with.
+func (t *Tuner) slowerThanPeers(fs detector.FileStats) (bool, string) {
+	var peer time.Duration
+	for _, r := range t.randomsBeside(fs.Device, fs.Key) {
+		if r.fs.Requests >= minBoundRequests && r.fs.P50 > peer {
+			peer = r.fs.P50
+		}
+	}
+	if peer <= 0 || fs.P50 <= 0 {
+		return false, ""
+	}
+	ratio := float64(fs.P50) / float64(peer)
+	return ratio >= peerSlowMult, fmt.Sprintf("median %v, %.1fx the random readers' beside it", fs.P50.Round(10*time.Microsecond), ratio)
+}
+
+// randomBesideDev reports whether a file other than except is read
+// randomly on dev in the tuner's view.
+func (t *Tuner) randomBesideDev(dev probe.Dev, except probe.FileKey) bool {
+	for k, fs := range t.fstats {
+		if k != except && fs.Device == dev && t.readRandomly(fs) {
 			return true
 		}
 	}
-	if k, ok := t.randomOnDevice(d.dev); ok && t.trims[k] == nil {
-		return true
-	}
 	return false
+}
+
+// deferBesideRandom puts off the first step of a regime the detector's fast
+// path entered on a stream beside random readers by a quarter interval: a
+// slowdown that began a moment ago changed what the random readers get at
+// the device's window too (a slowed stream leaves them more of the
+// device), and their reference must be what they get in the new
+// conditions, which the requests since the onset show (FastOnset takes the
+// step then, refreshing the references on the recent requests). It
+// reports whether it did.
+func (t *Tuner) deferBesideRandom(fd *fileDec, dev probe.Dev, now time.Duration) bool {
+	if !t.randomBesideDev(dev, fd.key) || !t.untouched(fd.dev) {
+		return false
+	}
+	fd.deferUntil = now + t.cfg.Settle/freshSpanDiv
+	t.log.Debug("tuner: a regime's first step beside random readers waits for their service in the new conditions", "file", fd.key.String(),
+		"until", fd.deferUntil)
+	return true
+}
+
+// refreshRandom lowers the references of the random readers on dev to what
+// they get in the tuner's view (the recent requests), while nothing the
+// tuner does is in force there: a reference learned before a slowdown
+// began is no budget for what it changed.
+func (t *Tuner) refreshRandom(d *devState) {
+	if !t.untouched(d) {
+		return
+	}
+	for _, r := range t.randomsBeside(d.dev, probe.FileKey{}) {
+		if !r.ok || r.ref == nil {
+			continue
+		}
+		r.ref.svc.mean = min(r.ref.svc.mean, r.svc.mean)
+		r.ref.svc.tail = min(r.ref.svc.tail, r.svc.tail)
+		r.ref.svc.p95 = min(r.ref.svc.p95, r.svc.p95)
+	}
 }

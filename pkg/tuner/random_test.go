@@ -13,88 +13,354 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
+// slowedModel is a stream slowed by its file: its rate grows with its
+// window (60 MB/s at 128 KB) up to the device's 150 MB/s.
+func slowedModel(kb int) float64 { return min(float64(kb)*0.47e6, 150e6) }
+
+// randomStats is a random reader's window on the detector: req requests a
+// second of size bytes, each waiting mean on average (the median too) and
+// p99 at worst, one at a time (an mmap reader faulting pages).
+func randomStats(key probe.FileKey, now time.Duration, req float64, mean, p99 time.Duration, size uint64) detector.FileStats {
+	return detector.FileStats{Key: key, Device: sdb, Requests: uint64(req), Bytes: uint64(req) * size,
+		MeanSize: float64(size), Sequentiality: 0.01, P50: mean, P95: (mean + p99) / 2, P99: p99, LastSeen: now,
+		Inflight: 1, BusyThroughput: float64(size) / mean.Seconds()}
+}
+
 // runBeside steps n intervals of a stream with an mmap random reader of
 // another file on the same device; rnd gives the random reader's requests
-// per second and p95 for the stream's window.
+// per second and the p99 of its wait behind the stream for the stream's
+// window (the mean wait is 0.6 of it). Each fault also transfers its own
+// read: its read-around at the device's window, 16 KB once trimmed beside a
+// raised window, at the lab's 6.8 us per KB.
 func (r *rig) runBeside(n int, st stream, rnd func(kb int) (float64, time.Duration)) []Action {
+	return r.runBesideOf(n, st, rnd, true)
+}
+
+// runBesideOf is runBeside with a random reader whose reads are its own
+// 16 KB requests whatever the window (a buffered random reader) unless
+// readAround.
+func (r *rig) runBesideOf(n int, st stream, rnd func(kb int) (float64, time.Duration), readAround bool) []Action {
 	var all []Action
 	rkey := probe.FileKey{Dev: st.key.Dev, Ino: st.key.Ino + 1}
 	for i := 0; i < n; i++ {
 		r.clk.Advance(time.Second)
 		s := r.outcomeSnap(st)
 		s.Devices[0].CapacityBPS = 150e6
-		req, p95 := rnd(r.files.window[st.key])
+		req, p99 := rnd(r.files.window[st.key])
 		size := uint64(128 << 10) // its faults read around at the device's window
-		if r.files.window[st.key] > 128 {
+		if r.files.window[st.key] > 128 || !readAround {
 			size = 16 << 10 // trimmed beside the raised window
 		}
-		s.Files = append(s.Files, detector.FileStats{Key: rkey, Device: sdb, Requests: uint64(req), Bytes: uint64(req) * size,
-			MeanSize: float64(size), Sequentiality: 0.01, P50: p95 / 2, P95: p95, P99: p95, LastSeen: s.Now})
+		own := time.Duration(size>>10) * 6800 * time.Nanosecond
+		s.Files = append(s.Files, randomStats(rkey, s.Now, req, p99*6/10+own, p99+own, size))
 		all = append(all, r.tn.Step(s)...)
 	}
 	return all
 }
 
-func TestStepThatCostsARandomReaderBesideIsNotKept(t *testing.T) {
+// labRandom is a random mmap reader on the lab's device (one 150 MB/s
+// channel, 6.8 us per KB): each fault waits 150 us, the transfer of its own
+// read-around (its open file's window) and most of the stream's window
+// queued ahead of it; 1.4x that at the p99.
+func labRandom(rkb, skb int) (req float64, mean, p99 time.Duration) {
+	mean = 150*time.Microsecond + time.Duration(rkb)*6800*time.Nanosecond + time.Duration(skb)*4800*time.Nanosecond
+	return float64(time.Second) / float64(mean), mean, mean * 14 / 10
+}
+
+// labRig is a slowed stream (kneeModel) and a random mmap reader of another
+// file, on the lab's device, both under the allow-path (the random
+// reader's descriptor is found, so its trim can be applied).
+type labRig struct {
+	*rig
+	st         stream
+	rkey       probe.FileKey
+	streamP50  time.Duration // 0: three times the random reader's median
+	randomGone bool
+}
+
+func newLabRig(t *testing.T) *labRig {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = kneeModel // the stream gains at every step to 1024 KB
+	r.tput = slowedModel
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p, key)
-	// Each window of the stream's queued transfers is waiting time for the
-	// random reader's faults.
-	rnd := func(kb int) (float64, time.Duration) {
-		lat := time.Millisecond + time.Duration(kb/128)*870*time.Microsecond
-		return float64(time.Second / lat), lat
+	rp, rkey := realFile(t, filepath.Join(r.dir, "data"), "index")
+	r.files.open(200, 9, rp, rkey)
+	return &labRig{rig: r, st: stream{key: key, tgid: 100, fill: 0.9}, rkey: rkey}
+}
+
+// service is the random reader's mean and p99 latency now.
+func (l *labRig) service() (mean, p99 time.Duration) {
+	_, mean, p99 = labRandom(l.files.window[l.rkey], l.files.window[l.st.key])
+	return mean, p99
+}
+
+func (l *labRig) snapshot() detector.Snapshot {
+	s := l.outcomeSnap(l.st)
+	s.Devices[0].CapacityBPS = 150e6
+	if !l.randomGone {
+		rkb := l.files.window[l.rkey]
+		req, mean, p99 := labRandom(rkb, l.files.window[l.st.key])
+		rs := randomStats(l.rkey, s.Now, req, mean, p99, uint64(rkb)<<10)
+		s.Files = append(s.Files, rs)
+		s.Files[0].P50 = 3 * rs.P50
+		if l.streamP50 > 0 {
+			s.Files[0].P50 = l.streamP50
+		}
 	}
-	acts := r.runBeside(10, stream{key: key, tgid: 100, fill: 0.9}, rnd)
-	logActs(t, acts)
-	undone := filter(acts, KindFileWindowUndo, ResultUndone)
-	require.NotEmpty(t, undone)
-	assert.Contains(t, undone[0].Evidence, "random readers beside it lost")
-	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
-	assert.Equal(t, 128, r.files.window[key])
+	return s
 }
 
-func TestStepARandomReaderBesideDoesNotPayForIsKept(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = kneeModel
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
-	rnd := func(int) (float64, time.Duration) { return 600, 2 * time.Millisecond }
-	acts := r.runBeside(6, stream{key: key, tgid: 100, fill: 0.9}, rnd)
-	logActs(t, acts)
-	require.NotEmpty(t, filter(acts, KindFileWindow, ResultKept))
-	assert.Greater(t, r.files.window[key], 128)
+func (l *labRig) run(n int) []Action {
+	return l.rig.run(n, l.snapshot)
 }
 
-// severeAbove256: a random reader whose faults come 2.7x fewer and 4x
+func TestLabRandomModel(t *testing.T) {
+	// The lab's +1.5 ms mixed device: 1.65 ms mean at the default window
+	// untrimmed, 0.85 ms trimmed (measured; the model is within 10%).
+	req, mean, _ := labRandom(128, 128)
+	assert.InDelta(t, 1.65e-3, mean.Seconds(), 0.17e-3)
+	assert.InDelta(t, 600, req, 60)
+	_, mean, _ = labRandom(16, 128)
+	assert.InDelta(t, 0.85e-3, mean.Seconds(), 0.09e-3)
+}
+
+// A slowed stream beside a random reader: the reader's read-around trim
+// comes with the stream's first step, and the stream grows in steps of at
+// most randGrowth, each within the budget the trim left the random reader:
+// at the end the reader gets its reference service or better, and the
+// stream more than the device's window.
+func TestStreamBesideARandomReaderSpendsTheBudgetItsTrimLeaves(t *testing.T) {
+	l := newLabRig(t)
+	refMean, refP99 := l.service()
+	acts := l.run(12)
+	logActs(t, acts)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.NotEmpty(t, trials)
+	trims := filter(acts, KindTrim, ResultTrial)
+	require.Len(t, trims, 1)
+	assert.Equal(t, trials[0].Time, trims[0].Time, "the trim comes with the first step")
+	for _, a := range trials {
+		assert.LessOrEqual(t, float64(a.ToKB), randGrowth*float64(a.FromKB), "small steps beside a random reader: %d -> %d", a.FromKB, a.ToKB)
+		assert.Zero(t, a.ToKB%randStepKB)
+	}
+	w := l.files.window[l.st.key]
+	assert.Greater(t, w, 192, "the stream spends the budget the trim left")
+	mean, p99 := l.service()
+	assert.LessOrEqual(t, float64(mean), (1+randMeanMax)*float64(refMean), "mean %v against the reference %v", mean, refMean)
+	assert.LessOrEqual(t, float64(p99), (1+randTailMax)*float64(refP99), "tail %v against the reference %v", p99, refP99)
+	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
+		assert.NotContains(t, a.Evidence, "over budget", "steps are sized to fit: none goes over")
+	}
+}
+
+// A stream whose requests are no slower than the random reader's beside it
+// (a healthy device whose queue both wait in) is not bound by its window but
+// by the queue: no trial, no trim. Once its requests take twice as long as
+// the random reader's, it is slowed, and both come at once.
+func TestStreamNoSlowerThanItsRandomPeersIsLeftAlone(t *testing.T) {
+	l := newLabRig(t)
+	_, mean, _ := labRandom(128, 128)
+	l.streamP50 = mean
+	acts := l.run(20)
+	logActs(t, acts)
+	assert.Empty(t, acts, "a healthy stream beside a random reader: nothing")
+	l.streamP50 = 2 * mean
+	acts = l.run(2)
+	logActs(t, acts)
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
+	require.NotEmpty(t, filter(acts, KindTrim, ResultTrial))
+}
+
+// severeAbove256: a random reader whose faults come 2.7x fewer and 5x
 // slower once the stream beside it reads with a window above 256 KB.
 func severeAbove256(kb int) (float64, time.Duration) {
 	if kb > 256 {
 		return 330, 8 * time.Millisecond
 	}
-	return 880, 2 * time.Millisecond
+	return 880, 1500 * time.Microsecond
 }
 
-// A step that cost the random reader beside the stream far more than an
-// interval's noise (its faults 2.7x fewer) leaves a knee that is not probed
-// again two seconds later: every probe is a second of that loss for it.
-func TestSevereRandomLossHoldsTheKnee(t *testing.T) {
+// A step the random reader beside it did not have the budget for (its
+// faults slow down far beyond the model above 256 KB) is undone whatever
+// the stream gained, and the knee it leaves is not confirmed two seconds
+// later: every probe is a second over their budget.
+func TestStepOverTheRandomBudgetIsUndoneAndItsKneeHolds(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = kneeModel
+	r.tput = slowedModel
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p, key)
 	acts := r.runBeside(20, stream{key: key, tgid: 100, fill: 0.9}, severeAbove256)
 	logActs(t, acts)
-	var past []Action
+	undone := filter(acts, KindFileWindowUndo, ResultUndone)
+	require.Len(t, undone, 1)
+	assert.Contains(t, undone[0].Evidence, "over budget")
+	assert.Contains(t, undone[0].Evidence, "against its reference")
+	var past int
 	for _, a := range filter(acts, KindFileWindow, ResultTrial) {
 		if a.ToKB > 256 {
-			past = append(past, a)
+			past++
 		}
 	}
-	require.NotEmpty(t, past)
-	assert.Len(t, past, 1, "one trial past 256 KB, not its confirmation")
-	assert.Equal(t, 256, r.files.window[key])
+	assert.Equal(t, 1, past, "one trial past 256 KB, not its confirmation")
+	assert.LessOrEqual(t, r.files.window[key], 256)
+	assert.True(t, r.tn.files[key].win.kneeRandom)
+}
+
+// The budget is the random reader's reference, not the step before: steps
+// that each cost it a little do not add up past it. A buffered random
+// reader (no read-around to trim) beside a stream on a device where what a
+// KB of the stream's window costs it is not known yet: one small step shows
+// it, and the next steps are sized by what it showed.
+func TestSmallRandomReaderCostsDoNotAddUp(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, MaxKB: 4096}, nil)
+	r.tput = func(kb int) float64 { return float64(kb) * 0.25e6 } // every step pays
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	// 3% more wait per 64 KB of the stream's window.
+	wait := func(kb int) time.Duration {
+		lat := 1500 * time.Microsecond
+		for w := 128; w < kb; w += 64 {
+			lat = lat * 103 / 100
+		}
+		return lat
+	}
+	rnd := func(kb int) (float64, time.Duration) { return 600, wait(kb) }
+	acts := r.runBesideOf(12, stream{key: key, tgid: 100, fill: 0.9}, rnd, false)
+	logActs(t, acts)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.NotEmpty(t, trials)
+	assert.Equal(t, 160, trials[0].ToKB, "a small first step")
+	assert.Contains(t, trials[0].Evidence, "window_bound")
+	assert.Greater(t, r.tn.devs[sdb].randSlope, 0.0, "what a KB costs the random reader was learned")
+	own := 16 * 6800 * time.Nanosecond
+	ref, now := wait(128)*6/10+own, wait(r.files.window[key])*6/10+own
+	assert.LessOrEqual(t, float64(now), (1+randMeanMax)*float64(ref), "%v against the reference %v at %d KB", now, ref, r.files.window[key])
+	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
+		assert.NotContains(t, a.Evidence, "over budget")
+	}
+}
+
+// A random reader that costs nothing more at any window does not hold the
+// stream back: its steps are kept, one small step at a time.
+func TestStepARandomReaderBesideDoesNotPayForIsKept(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = slowedModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	rnd := func(int) (float64, time.Duration) { return 600, 1500 * time.Microsecond }
+	acts := r.runBeside(6, stream{key: key, tgid: 100, fill: 0.9}, rnd)
+	logActs(t, acts)
+	kept := filter(acts, KindFileWindow, ResultKept)
+	require.NotEmpty(t, kept)
+	assert.Equal(t, 192, kept[0].ToKB)
+	assert.Greater(t, r.files.window[key], 192)
+}
+
+// Without a reference for a random reader (not yet measured with enough
+// requests), nothing is tried beside it.
+func TestNoStepBesideARandomReaderWithoutItsReference(t *testing.T) {
+	l := newLabRig(t)
+	l.run(1)
+	delete(l.tn.randRefs, l.rkey)
+	l.tn.mu.Lock()
+	lim, why := l.tn.randomLimitKB(&fileDec{key: l.st.key, dev: l.tn.devs[sdb], win: ladder{base: 128, cur: 128}})
+	l.tn.mu.Unlock()
+	assert.Zero(t, lim)
+	assert.Contains(t, why, "no reference")
+}
+
+// A reference is learned while nothing the tuner does is in force on the
+// device, and frozen while it acts there.
+func TestRandomReferenceIsFrozenWhileTheTunerActs(t *testing.T) {
+	l := newLabRig(t)
+	l.run(1)
+	ref := *l.tn.randRefs[l.rkey]
+	assert.True(t, ref.clean)
+	l.run(6)
+	got := l.tn.randRefs[l.rkey]
+	require.Greater(t, l.files.window[l.st.key], 128, "the stream's window is raised")
+	assert.Equal(t, ref.svc.mean, got.svc.mean, "the trimmed reader beside the raised window is no reference")
+	assert.Equal(t, ref.svc.tail, got.svc.tail)
+}
+
+// A random reader's knee ends when the random reader goes: the stream may
+// grow again.
+func TestRandomKneeEndsWhenTheRandomReaderGoes(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = slowedModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	severe := func(kb int) (float64, time.Duration) {
+		if kb > 192 {
+			return 330, 8 * time.Millisecond
+		}
+		return 880, 1500 * time.Microsecond
+	}
+	r.runBeside(8, st, severe)
+	require.True(t, r.tn.files[key].win.knee)
+	w := r.files.window[key]
+	acts := r.runOutcome(3, st)
+	logActs(t, acts)
+	assert.Greater(t, r.files.window[key], w, "alone on the device, the stream steps past the random reader's knee")
+}
+
+// A regime the detector's fast path enters between Steps on a stream
+// beside an untrimmed random reader: the first step waits a quarter
+// interval, for the random reader's service in the new conditions (a
+// slowed stream leaves it more of the device), which becomes its reference;
+// then the step and the reader's trim come together.
+func TestFastPathStepBesideARandomReaderWaitsForItsNewService(t *testing.T) {
+	l := newLabRig(t)
+	l.streamP50 = time.Millisecond // healthy: nothing yet
+	require.Empty(t, l.run(2))
+	before := l.tn.randRefs[l.rkey].svc
+	l.clk.Advance(300 * time.Millisecond)
+	s := l.snapshot()
+	s.Files[0].P50 = 8 * time.Millisecond
+	s.Regimes = []detector.Regime{{Kind: detector.FileLatencyShift, Device: sdb, File: l.st.key, Evidence: "test"}}
+	fast := detector.Snapshot{Now: s.Now, Devices: s.Devices, Files: s.Files[:1], Regimes: s.Regimes}
+	assert.Empty(t, l.tn.FastOn(fast, s, time.Second/4), "no step yet beside the random reader")
+
+	// A quarter interval later the random reader waits less (the slowed
+	// stream takes less of the device): that is its reference now.
+	l.clk.Advance(250 * time.Millisecond)
+	keys, span := l.tn.OnsetStreams()
+	require.Contains(t, keys, l.st.key)
+	recent := l.snapshot()
+	recent.Files[0].P50 = 8 * time.Millisecond
+	rs := &recent.Files[1]
+	rs.BusyThroughput *= 1.25
+	rs.P95, rs.P99 = rs.P95*8/10, rs.P99*8/10
+	acts := l.tn.FastOnset(recent, span)
+	logActs(t, acts)
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
+	require.NotEmpty(t, filter(acts, KindTrim, ResultTrial), "the trim with the step")
+	after := l.tn.randRefs[l.rkey].svc
+	assert.Less(t, after.mean, before.mean, "the reference is what the reader gets since the slowdown began")
+	assert.Less(t, after.tail, before.tail)
+	assert.Equal(t, uint64(1), l.tn.Status().Counts["outcome/deferred"])
+}
+
+// A device-wide tail beside a random mmap reader: no device-wide window
+// (every later open would take it), windows for the device's streams.
+func TestTailInflationBesideARandomReaderTakesPerFileWindows(t *testing.T) {
+	l := newLabRig(t)
+	l.tput = slowedModel
+	var acts []Action
+	for i := 0; i < 3; i++ {
+		l.clk.Advance(time.Second)
+		s := l.snapshot()
+		s.Files[0].P50 = s.Files[1].P50 // no file of its own is slower
+		s.Regimes = []detector.Regime{{Kind: detector.TailInflation, Device: sdb, Evidence: "test"}}
+		acts = append(acts, l.tn.Step(s)...)
+	}
+	logActs(t, acts)
+	assert.Empty(t, filter(acts, KindDeviceWindow, ResultTrial))
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.NotEmpty(t, trials)
+	assert.Contains(t, trials[0].Evidence, string(detector.TailInflation))
+	assert.Equal(t, 128, l.sys.get("sdb"))
 }
 
 // A stream at its window's knee beside a random reader gets no prefetch:
@@ -109,7 +375,7 @@ func TestNoPrefetchBesideARandomReader(t *testing.T) {
 		st := stream{key: key, tgid: 100, fill: 0.9}
 		var acts []Action
 		if beside {
-			acts = r.runBeside(12, st, func(int) (float64, time.Duration) { return 600, 2 * time.Millisecond })
+			acts = r.runBeside(14, st, func(int) (float64, time.Duration) { return 600, 1500 * time.Microsecond })
 		} else {
 			acts = r.runOutcome(12, st)
 		}
@@ -123,110 +389,21 @@ func TestNoPrefetchBesideARandomReader(t *testing.T) {
 	}
 }
 
-// Steps that each cost the random reader a little must not add up: each is
-// judged against the stream's base window too.
-func TestSmallRandomReaderLossesDoNotAddUp(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true, MaxKB: 4096}, nil)
-	r.tput = func(kb int) float64 { return float64(kb) * 0.25e6 } // every doubling pays
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
-	// 6% more latency per doubling: within randLatMax of the step before,
-	// beyond it from the base window after two.
-	rnd := func(kb int) (float64, time.Duration) {
-		lat := 2 * time.Millisecond
-		for w := 128; w < kb; w *= 2 {
-			lat = lat * 106 / 100
-		}
-		return 600, lat
-	}
-	acts := r.runBeside(12, stream{key: key, tgid: 100, fill: 0.9}, rnd)
-	logActs(t, acts)
-	assert.LessOrEqual(t, r.files.window[key], 256)
-	var fromBase bool
-	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
-		if assert.Contains(t, a.Evidence, "random readers beside it lost") {
-			fromBase = fromBase || strings.Contains(a.Evidence, "at the stream's base window")
+func TestRandomCostEvidenceNamesTheReader(t *testing.T) {
+	l := newLabRig(t)
+	l.run(1)
+	l.tn.mu.Lock()
+	defer l.tn.mu.Unlock()
+	// The reader's latency doubled against its reference.
+	for k, fs := range l.tn.fstats {
+		if k == l.rkey {
+			fs.BusyThroughput /= 2
+			fs.P95 *= 2
+			l.tn.fstats[k] = fs
 		}
 	}
-	assert.True(t, fromBase, "a step undone for the loss since the base window")
-}
-
-// A random reader whose read-around trim is coming: the step's verdict waits
-// for it (its service changes with it), at most twice, then the step is
-// judged like any other.
-func TestStepBesideARandomReaderAwaitingItsTrimIsJudgedAfterIt(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = kneeModel
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
-	st := stream{key: key, tgid: 100, fill: 0.9}
-	rkey := probe.FileKey{Dev: key.Dev, Ino: key.Ino + 1}
-	var acts []Action
-	for i := 0; i < 4; i++ {
-		r.clk.Advance(time.Second)
-		s := r.outcomeSnap(st)
-		s.Devices[0].CapacityBPS = 150e6
-		req := 600.0
-		if r.files.window[key] > 128 {
-			req = 300 // the stream's step costs it half its faults
-		}
-		// Faults read around their page: 128 KB each (its trim would
-		// make them 16 KB; its descriptor is not found here, so none).
-		s.Files = append(s.Files, detector.FileStats{Key: rkey, Device: sdb, Requests: uint64(req), Bytes: uint64(req) * 128 << 10,
-			MeanSize: 128 << 10, Sequentiality: 0.01, P50: time.Millisecond, P95: 2 * time.Millisecond, P99: 2 * time.Millisecond, LastSeen: s.Now})
-		acts = append(acts, r.tn.Step(s)...)
-	}
-	logActs(t, acts)
-	undone := filter(acts, KindFileWindowUndo, ResultUndone)
-	require.Len(t, undone, 1)
-	trial := filter(acts, KindFileWindow, ResultTrial)[0]
-	assert.Equal(t, 3*time.Second, undone[0].Time-trial.Time, "judged after two intervals' wait for the trim")
-	assert.Contains(t, undone[0].Evidence, "random readers beside it lost")
-	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
-}
-
-// A trim that lands while a stream's step is under trial changes what the
-// random reader's requests are (16 KB instead of its read-around each): its
-// requests per second before the step are no reference for after it. The
-// step is judged on the stream's own gain, and the next one against the
-// trimmed reader beside the kept window.
-func TestTrimDuringAStepIsNoRandomLoss(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = kneeModel
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
-	rp, rkey := realFile(t, filepath.Join(r.dir, "data"), "index")
-	r.files.open(200, 9, rp, rkey)
-	st := stream{key: key, tgid: 100, fill: 0.9}
-	var acts []Action
-	for i := 0; i < 8; i++ {
-		r.clk.Advance(time.Second)
-		s := r.outcomeSnap(st)
-		s.Devices[0].CapacityBPS = 150e6
-		kb, rkb := r.files.window[key], r.files.window[rkey]
-		// Untrimmed, each fault's read-around is several requests; trimmed,
-		// one small one, and fewer of them the more the stream queues.
-		req, size := 800.0, uint64(128<<10)
-		if rkb < 128 {
-			size = 16 << 10
-			req = map[int]float64{128: 1000, 256: 340}[kb]
-			if kb > 256 {
-				req = 200
-			}
-		}
-		s.Files = append(s.Files, detector.FileStats{Key: rkey, Device: sdb, Requests: uint64(req), Bytes: uint64(req) * size,
-			MeanSize: float64(size), Sequentiality: 0.01, P50: time.Millisecond, P95: 2 * time.Millisecond, P99: 2 * time.Millisecond, LastSeen: s.Now})
-		acts = append(acts, r.tn.Step(s)...)
-	}
-	logActs(t, acts)
-	require.NotEmpty(t, filter(acts, KindTrim, ResultTrial), "the random reader is trimmed beside the raised window")
-	kept := filter(acts, KindFileWindow, ResultKept)
-	require.NotEmpty(t, kept, "the step the trim landed under is judged on the stream's gain")
-	assert.Equal(t, 256, kept[0].ToKB)
-	var lost bool
-	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
-		lost = lost || (a.FromKB > 256 && strings.Contains(a.Evidence, "random readers beside it lost: 340 -> 200"))
-	}
-	assert.True(t, lost, "the next step answers to the trimmed reader beside the kept window")
-	assert.Equal(t, 256, r.files.window[key])
+	cost, why, n, _ := l.tn.randomCost(sdb, l.st.key)
+	assert.Equal(t, 1, n)
+	assert.Greater(t, cost, 1.0)
+	assert.True(t, strings.Contains(why, l.rkey.String()), why)
 }

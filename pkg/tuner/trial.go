@@ -61,6 +61,12 @@ type ladder struct {
 	kneeRandom bool
 	staleAt    time.Duration
 	staleN     int
+	// limit: the largest window a step may take now, 0 for no limit (the
+	// random readers' budget beside the stream, random.go); limitFn
+	// computes it when the next step is taken (a verdict just before may
+	// have taught what a step costs them).
+	limit   int
+	limitFn func() int
 }
 
 func (l *ladder) inForce() int {
@@ -88,6 +94,13 @@ func (l *ladder) next(growth, max int) (int, bool) {
 	if n > max {
 		n = max
 	}
+	if l.limit > 0 && l.cur > 0 {
+		// Beside random readers: a smaller step, within their budget.
+		n = min(n, int(float64(l.cur)*randGrowth), l.limit) / randStepKB * randStepKB
+		if float64(n) < randMinStep*float64(l.cur) {
+			return l.cur, false
+		}
+	}
 	return n, n > l.cur
 }
 
@@ -113,15 +126,13 @@ type measure struct {
 	// othersMustNotLose: judge the step also by those other readers, not
 	// only by the device's total.
 	othersMustNotLose bool
-	// randReq, randP95: the device's random readers' requests per second
-	// (each a fault of an mmap reader, or a random read) and the largest of
-	// their p95 latencies, 0 without one: what a stream's larger window
-	// costs them (random.go).
-	randReq float64
-	randP95 time.Duration
-	// randGen: the device's trimGen over the measure's span, -1 if a trim
-	// changed within it.
-	randGen int
+	// randN: the random readers beside the stream measured against their
+	// budget; randCost: the largest share of a budget they use (above 1:
+	// over it), randWhy which and how (random.go).
+	randN    int
+	randCost float64
+	randWhy  string
+	randMean time.Duration
 }
 
 func (m measure) String() string {
@@ -203,24 +214,21 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 			return t.undoStep(l, now, ev+fmt.Sprintf("; the device's other readers lost %.1f -> %.1f MB/s", bo/1e6, ao/1e6), apply, act)
 		}
 		l.kneeRandom = false
-		if l.kind == KindFileWindow {
-			if lost, severe := randomLost(l, m); lost != "" {
-				if l.later < tailMaxLater && t.trimComing(d) {
-					// The random readers' own trim is under trial or
-					// about to be: their service changes with it, and
-					// the step is judged once it has.
-					l.later++
-					return did
-				}
-				if severe && l.cur != l.base && l.failures < 1 {
-					// Not noise: the knee holds for BackoffMax at once
-					// (its confirmation would cost them another second).
-					l.failures = 1
-				}
-				l.kneeRandom = true
-				return t.undoStep(l, now, ev+"; "+lost, apply, act)
+		if l.kind == KindFileWindow && l.limit > 0 {
+			t.learnRandomSlope(d, l, m)
+		}
+		if l.kind == KindFileWindow && m.randN > 0 && m.randCost > 1 {
+			// The random readers beside it went over their budget: the
+			// step is undone whatever the stream gained.
+			if l.cur != l.base && l.failures < 1 {
+				// The knee holds for BackoffMax at once: its steps were
+				// sized to fit their budget, so one that did not is no
+				// noise, and its confirmation would cost them another
+				// second.
+				l.failures = 1
 			}
-			rebaseRandom(l, m)
+			l.kneeRandom = true
+			return t.undoStep(l, now, ev+"; over budget: "+m.randWhy, apply, act)
 		}
 		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)
 		l.cur, l.trial, l.failures, l.keptAt, l.keptM = l.trial, 0, 0, now, m
@@ -234,6 +242,9 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		return did
 	}
 	l.knee = false
+	if l.limitFn != nil {
+		l.limit = l.limitFn()
+	}
 	next, ok := l.next(t.cfg.Growth, max)
 	if !ok || !m.ok {
 		return did
@@ -261,7 +272,6 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 	if l.cur == l.base {
 		l.baseM = m
 	}
-	rebaseRandom(l, m)
 	act(l.kind, l.cur, next, ResultTrial, ev)
 	return true
 }

@@ -114,10 +114,35 @@ func (t *Tuner) trimAll() {
 			t.endTrim(td, fmt.Sprintf("no window raised on the device for %v", t.cfg.Grace))
 		}
 	}
+	for _, d := range sortedDevs(t.devs) {
+		if helped[d] {
+			t.startTrims(d)
+		}
+	}
+}
+
+func sortedDevs(m map[probe.Dev]*devState) []*devState {
+	out := make([]*devState, 0, len(m))
+	for _, d := range m {
+		out = append(out, d)
+	}
+	slices.SortFunc(out, func(a, b *devState) int { return cmp.Compare(a.dev, b.dev) })
+	return out
+}
+
+// startTrims trims the read-around random readers on d that are not
+// trimmed yet: when the tuner raises a window there (trimAll, each Step),
+// and at once when a stream's step is taken beside them between Steps, so
+// that the step and the trim are in force together (the random readers'
+// budget counts on it, random.go).
+func (t *Tuner) startTrims(d *devState) {
+	if t.cfg.DisableTrim || t.scope.Empty() || d == nil || !d.known {
+		return
+	}
+	now := t.deps.Clock.Now()
 	for _, fs := range t.snap.Files {
 		k := fs.Key
-		d := t.devs[fs.Device]
-		if d == nil || !d.known || !helped[d] || t.files[k] != nil || t.trims[k] != nil {
+		if fs.Device != d.dev || t.files[k] != nil || t.trims[k] != nil {
 			continue
 		}
 		if !t.readRandomly(fs) || !readAroundSized(fs, t.cfg.TrimKB) || fs.P50 <= 0 {
@@ -131,6 +156,7 @@ func (t *Tuner) trimAll() {
 		}
 		refs := t.trimRefs(k, d)
 		if len(refs) == 0 {
+			t.log.Debug("tuner: read-around trim: no descriptor of the random reader found in scope", "file", k.String(), "readers", len(t.readers[k]))
 			continue
 		}
 		td := &trimDec{key: k, dev: d, path: refs[0].Path, refs: refs, kb: t.cfg.TrimKB, from: d.cur, beforeP: fs.P50, lastNeed: now}
@@ -153,7 +179,7 @@ func (t *Tuner) trimAll() {
 		}
 		td.trialAt = now
 		t.trims[k] = td
-		d.trimGen, d.trimAt = d.trimGen+1, now
+		d.trimAt = now
 		t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: td.path, Kind: KindTrim, FromKB: td.from, ToKB: td.kb, Result: ResultTrial,
 			Evidence: fmt.Sprintf("%s (%d descriptors)", ev, n)})
 	}
@@ -190,7 +216,7 @@ func (t *Tuner) retrim(td *trimDec) {
 		return
 	}
 	td.refs = append(td.refs, fresh...)
-	td.dev.trimGen, td.dev.trimAt = td.dev.trimGen+1, now
+	td.dev.trimAt = now
 	t.fails.ok(td.key, KindTrim)
 	t.emit(a)
 }
@@ -292,12 +318,12 @@ func (t *Tuner) judgeTrim(td *trimDec) {
 func (t *Tuner) endTrim(td *trimDec, why string) {
 	now := t.deps.Clock.Now()
 	delete(t.trims, td.key)
+	td.dev.trimAt = now
 	if td.dry {
 		t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindTrimUndo, FromKB: td.kb, ToKB: td.dev.cur, Result: ResultDryRun, Evidence: why})
 		return
 	}
 	res := ResultUndone
-	td.dev.trimGen, td.dev.trimAt = td.dev.trimGen+1, now
 	if _, err := t.raiseFiles(td.dev, td.dev.cur, td.refs, false); err != nil {
 		if errors.Is(err, ErrProcessGone) || errors.Is(err, ErrFDGone) {
 			why += "; readers gone (their open files closed)"

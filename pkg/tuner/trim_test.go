@@ -27,7 +27,7 @@ type mmapRig struct {
 func newMmapRig(t *testing.T, cfg Config) *mmapRig {
 	cfg.DisablePrefetch = true
 	m := &mmapRig{rig: newRig(t, cfg, nil), slowed: true, rndSeq: 0.02, rndPresent: true}
-	m.tput = kneeModel
+	m.tput = slowedModel
 	var p string
 	p, m.seq = realFile(t, filepath.Join(m.dir, "data"), "blk_1")
 	m.reader(100, 7, p, m.seq)
@@ -47,8 +47,9 @@ func (m *mmapRig) snapshot() detector.Snapshot {
 	s := m.snap(kind, m.seq)
 	if m.rndPresent {
 		kb := m.files.window[m.rnd]
-		s.Files = append(s.Files, detector.FileStats{Key: m.rnd, Device: sdb, Requests: 200, MeanSize: float64(kb * 1024),
-			Sequentiality: m.rndSeq, P50: m.rndP50(kb), LastSeen: s.Now, BusyThroughput: 20e6})
+		fs := randomStats(m.rnd, s.Now, 200, m.rndP50(kb), 3*m.rndP50(kb)/2, uint64(kb)<<10)
+		fs.Sequentiality = m.rndSeq
+		s.Files = append(s.Files, fs)
 	}
 	return s
 }
@@ -171,7 +172,9 @@ func TestTrimUndoneForBufferedRandomReads(t *testing.T) {
 	m.files.window[m.rnd] = 128
 	big := func() detector.Snapshot {
 		s := m.snapshot()
-		s.Files[1].MeanSize = 128 << 10
+		fs := randomStats(m.rnd, s.Now, 200, m.rndP50(128), 3*m.rndP50(128)/2, 128<<10)
+		fs.Sequentiality = m.rndSeq
+		s.Files[1] = fs
 		return s
 	}
 	acts := trimActs(m.rig.run(2, big), m.rnd)

@@ -66,16 +66,20 @@ type devState struct {
 	outcomeRetryAt time.Duration
 	outcomeFailP50 time.Duration // the stream's median latency at the last trial that did not pay
 	outcomeFailKB  int           // the window that trial tried
-	// trimGen counts changes of the trimmed readers' windows on the device
-	// (a trim applied, reaching more descriptors, or ended), trimAt the
-	// last: a random reader's requests before and after one are not the
-	// same requests (random.go).
-	trimGen int
-	trimAt  time.Duration
+	// movedAt: when a window on the device last changed (the device's, a
+	// file's, a trim): a random reader's measure since is not its
+	// reference (random.go). trimAt: when a trim there last changed.
+	movedAt, trimAt time.Duration
+	// randSlope: seconds of delay each byte a stream keeps queued costs
+	// the device's random readers, learned from steps (0: not yet).
+	randSlope float64
 }
 
 type fileDec struct {
-	key        probe.FileKey
+	key probe.FileKey
+	// deferUntil: a regime's first step beside random readers waits
+	// until then (random.go: their service in the new conditions).
+	deferUntil time.Duration
 	dev        *devState
 	path       string
 	win        ladder
@@ -128,7 +132,9 @@ type Tuner struct {
 	limited  uint64
 	fails    failMemo // failmemo.go
 	// Read-around trims (trim.go).
-	trims      map[probe.FileKey]*trimDec
+	trims map[probe.FileKey]*trimDec
+	// randRefs: random readers' reference service (random.go).
+	randRefs   map[probe.FileKey]*randRef
 	trimOffs   map[probe.FileKey]*trimOff
 	trimScanAt map[probe.FileKey]time.Duration
 	// lower changes per-file windows when the kernel's per-file state is
@@ -186,6 +192,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 		files:      map[probe.FileKey]*fileDec{},
 		readers:    map[probe.FileKey]map[uint32]*readerInfo{},
 		trims:      map[probe.FileKey]*trimDec{},
+		randRefs:   map[probe.FileKey]*randRef{},
 		trimOffs:   map[probe.FileKey]*trimOff{},
 		trimScanAt: map[probe.FileKey]time.Duration{},
 		counts:     map[string]uint64{},
@@ -302,6 +309,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 		t.dstats[d.Device] = d
 	}
 	t.noteTails(snap.Files, now)
+	t.observeRandom(now)
 
 	// What needs help now.
 	fileNeeds := map[probe.FileKey][]detector.RegimeKind{}
@@ -314,6 +322,18 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			fileDev[r.File] = r.Device
 		case r.File.IsZero() && r.Kind == detector.TailInflation:
 			devWide[r.Device] = fmt.Sprintf("%s: %s", r.Kind, r.Evidence)
+			if _, ok := t.randomOnDevice(r.Device); ok && !t.scope.Empty() {
+				// No device-wide window beside a random mmap reader
+				// (below): the device's streams get windows of their own,
+				// within the random readers' budget.
+				for _, f := range snap.Files {
+					if f.Device == r.Device && f.Sequentiality >= t.cfg.MinSequentiality && snap.Now-f.LastSeen <= t.cfg.Settle &&
+						!slices.Contains(fileNeeds[f.Key], detector.TailInflation) {
+						fileNeeds[f.Key] = append(fileNeeds[f.Key], detector.TailInflation)
+						fileDev[f.Key] = r.Device
+					}
+				}
+			}
 		}
 	}
 	// Device-wide need from many files (contention's per-file needs below
@@ -424,6 +444,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			}
 			continue
 		}
+		fd.deferUntil = 0 // a whole interval's view: the step is taken now
 		if needed {
 			if !t.reprobeStart(fd) {
 				t.driveFile(fd, true)
@@ -560,7 +581,9 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 			if t.regimeTakesOver(fd) {
 				fd.regimes = append(fd.regimes, kind)
 				fd.lastNeeded = now
-				t.onRecent(key, recent, span, func() { t.driveFile(fd, true) })
+				if !t.deferBesideRandom(fd, dev, now) {
+					t.onRecent(key, recent, span, func() { t.driveFile(fd, true) })
+				}
 			}
 			return
 		}
@@ -574,7 +597,9 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 		t.files[key] = fd
 		fd.regimes = []detector.RegimeKind{kind}
 		fd.lastNeeded = now
-		t.driveFile(fd, true)
+		if !t.deferBesideRandom(fd, dev, now) {
+			t.driveFile(fd, true)
+		}
 	}
 	for _, r := range snap.Regimes {
 		switch {
@@ -664,27 +689,19 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 		span = t.measSpan.Seconds()
 	}
 	m := measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50, rate: float64(fs.Bytes) / span}
-	if d := t.devs[fs.Device]; d != nil {
-		m.randGen = d.trimGen
-		if d.trimGen > 0 && t.deps.Clock.Now()-d.trimAt < time.Duration(span*float64(time.Second)) {
-			m.randGen = -1 // the span holds requests from both sides of the change
-		}
-	}
+	m.randCost, m.randWhy, m.randN, m.randMean = t.randomCost(fs.Device, k)
 	if ds, ok := t.dstats[fs.Device]; ok {
 		m.dev = float64(ds.Bytes) / span
 		// Random readers' bytes say nothing of what they get (a trimmed
 		// mmap reader reads fewer bytes by design, and touches more
 		// pages): they are left out of the total a step is judged by,
-		// before and after alike. The trim and the one-step growth beside
-		// them protect them.
+		// before and after alike; their budget protects them (random.go).
 		for ok2, ofs := range t.fstats {
 			if ok2 == k || ofs.Device != fs.Device {
 				continue
 			}
 			if t.readRandomly(ofs) {
 				m.dev -= float64(ofs.Bytes) / span
-				m.randReq += float64(ofs.Requests) / span
-				m.randP95 = max(m.randP95, ofs.P95)
 				continue
 			}
 			if t.protectedStream(ok2, ofs) {
@@ -826,12 +843,28 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		// that hides them is sized by the p99.
 		fd.win.hint = max(fd.win.hint, t.tailNeedKB(fd.key, m.tput))
 	}
+	fd.win.limit, fd.win.limitFn = 0, nil
+	if fd.win.knee && fd.win.kneeRandom && !t.randomReaderBeside(fd) {
+		// The random readers whose budget set the knee are gone.
+		fd.win.knee, fd.win.kneeRandom, fd.win.retryAt, fd.win.failures = false, false, 0, 0
+	}
 	if t.randomReaderBeside(fd) {
 		// Each window of transfers queued for the stream is waiting time
-		// for the random reader's faults: grow one step at a time, each
-		// paying its margin, rather than straight to the window that
-		// fills the device.
+		// for the random reader's faults: grow in small steps, each within
+		// their budget and paying its margin, rather than straight to the
+		// window that fills the device (random.go).
 		fd.win.hint = 0
+		fd.win.limitFn = func() int {
+			lim, why := t.randomLimitKB(fd)
+			if lim < 0 {
+				return 0
+			}
+			if lim < int(randMinStep*float64(fd.win.cur)) {
+				t.log.Debug("tuner: no step beside random readers", "file", fd.key.String(), "window_kb", fd.win.cur, "why", why)
+			}
+			return max(lim, fd.win.cur)
+		}
+		fd.win.limit = fd.win.limitFn()
 	}
 	// A decision no regime started skips this: a device slow from the start
 	// learned its slow rate (then each kept step's) as its capacity, and
@@ -864,6 +897,11 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		hadTrial := fd.win.trial != 0
 		did := t.drive(&fd.win, fd.dev, fd.key, fd.path, m, why, escalate, applyWin)
 		t.remember(fd, hadTrial)
+		if fd.win.trial > fd.win.base && fd.win.limit > 0 {
+			// A step beside random readers: their read-around trim comes
+			// with it, not at the next Step (their budget counts on it).
+			t.startTrims(fd.dev)
+		}
 		if did || fd.win.trial != 0 {
 			return
 		}

@@ -173,7 +173,12 @@ type rig struct {
 	tput func(kb int) float64
 }
 
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+func quiet() *slog.Logger {
+	if os.Getenv("TUNER_DEBUG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
 
 func newRig(t *testing.T, cfg Config, mutate func(*rig)) *rig {
 	t.Helper()
@@ -651,7 +656,7 @@ func TestFirstStepSizedByLittlesLaw(t *testing.T) {
 
 func TestNoLittlesLawJumpBesideARandomReader(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = kneeModel
+	r.tput = slowedModel
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.reader(100, 7, p, key)
 	rkey := probe.FileKey{Dev: key.Dev, Ino: key.Ino + 1}
@@ -661,17 +666,16 @@ func TestNoLittlesLawJumpBesideARandomReader(t *testing.T) {
 		s.Files[0].P95 = 3 * time.Millisecond
 		// A random reader of another file on the device: every window of
 		// the stream's queued transfers is waiting time for its faults.
-		s.Files = append(s.Files, detector.FileStats{Key: rkey, Device: sdb, Requests: 200, MeanSize: 16 << 10,
-			Sequentiality: 0.01, P50: time.Millisecond, LastSeen: s.Now})
+		s.Files = append(s.Files, randomStats(rkey, s.Now, 200, time.Millisecond, 2*time.Millisecond, 16<<10))
 		return s
 	}
 	var steps [][2]int
 	for _, a := range filter(r.run(5, mk), KindFileWindow, ResultTrial) {
 		steps = append(steps, [2]int{a.FromKB, a.ToKB})
 	}
-	require.NotEmpty(t, steps)
-	assert.Equal(t, [2]int{128, 256}, steps[0], "one growth step at a time, not the 512 KB Little's law asks for")
-	assert.Equal(t, [2]int{256, 512}, steps[1])
+	require.GreaterOrEqual(t, len(steps), 2)
+	assert.Equal(t, [2]int{128, 160}, steps[0], "a small step, not the 512 KB Little's law asks for")
+	assert.Equal(t, [2]int{160, 240}, steps[1], "then at most randGrowth a step")
 }
 
 func TestKeptStepIsFollowedAtTheNextTickEvenIfItReadsTheClockEarly(t *testing.T) {

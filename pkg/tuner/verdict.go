@@ -37,7 +37,7 @@ func (t *Tuner) keepsEarly(l *ladder, m measure, now time.Duration) bool {
 	if !m.ok || !b.ok || b.tput <= 0 || m.tput < (1+earlyKeepGain)*b.tput {
 		return false
 	}
-	if m.randReq > 0 || b.randReq > 0 {
+	if m.randN > 0 || b.randN > 0 {
 		return false
 	}
 	if b.dev > 0 && m.dev > 0 && m.dev < (1-devLossMax)*b.dev {

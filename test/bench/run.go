@@ -112,7 +112,7 @@ func runLabCases(ctx context.Context, cfg Config, work string, rep *Report) (err
 				"mbps", fmt.Sprintf("%.1f", r.MBps), "p99_ms", fmt.Sprintf("%.2f", r.P99ms), "actions", len(r.Actions))
 			rep.add(r)
 		}
-		if (c.Workload != WSeq && c.Workload != WSendfile) || c.Regime == RHealthy || c.Regime == RMixed {
+		if (c.Workload != WSeq && c.Workload != WSendfile && c.Workload != WMixed) || c.Regime == RHealthy || c.Regime == RMixed {
 			continue
 		}
 		for _, st := range cfg.Starts {

@@ -43,10 +43,14 @@ type StartResult struct {
 	MBps float64 `json:"mbps"`
 	// FirstActionSec: from the start of the measured period to the
 	// daemon's first window action on the file; -1 if none.
-	FirstActionSec float64        `json:"first_action_s"`
-	DaemonRegimes  []string       `json:"daemon_regimes,omitempty"`
-	Actions        []ActionRecord `json:"actions,omitempty"`
-	DaemonLog      string         `json:"daemon_log,omitempty"`
+	FirstActionSec float64 `json:"first_action_s"`
+	// The mmap random reader beside the stream (seq+mmap), over the
+	// measured period.
+	RandP99ms         float64        `json:"rand_p99_ms,omitempty"`
+	RandTouchesPerSec float64        `json:"rand_touches_per_s,omitempty"`
+	DaemonRegimes     []string       `json:"daemon_regimes,omitempty"`
+	Actions           []ActionRecord `json:"actions,omitempty"`
+	DaemonLog         string         `json:"daemon_log,omitempty"`
 	// Note says what else the run saw (the state an earlier run saved, the
 	// onset's time).
 	Note string `json:"note,omitempty"`
@@ -98,6 +102,30 @@ func (e *labEnv) runStart(ctx context.Context, c Case, start string) (res StartR
 			cont = c2
 		}
 		return err
+	}
+	// The mixed device's random reader is a service that runs all along:
+	// opened at the default window before anything else, it reads beside
+	// the stream through every phase (the earlier run of a saved state
+	// too).
+	var rnd *mmapRandom
+	rctxR, stopRandom := context.WithCancel(ctx)
+	defer stopRandom()
+	var wgR sync.WaitGroup
+	var rndErr error
+	if c.Workload == WMixed {
+		if rnd, err = openMmapRandom(e.rnd); err != nil {
+			return res, err
+		}
+		defer rnd.Close()
+		wgR.Add(1)
+		go func() {
+			defer wgR.Done()
+			if err := rnd.run(rctxR, 42); err != nil {
+				rndErr = fmt.Errorf("random reader: %w", err)
+			}
+		}()
+		defer wgR.Wait()
+		defer stopRandom()
 	}
 	stateDir := ""
 	if start == SBeforeDaemonSaved {
@@ -187,6 +215,16 @@ func (e *labEnv) runStart(ctx context.Context, c Case, start string) (res StartR
 	b1 := s.bytes.Load()
 	stopReader()
 	wg.Wait()
+	if rnd != nil {
+		stopRandom()
+		wgR.Wait()
+		if rndErr != nil {
+			return res, rndErr
+		}
+		lat := rnd.since(mStart)
+		res.RandP99ms = ms(lab.Quantile(lat, 0.99))
+		res.RandTouchesPerSec = float64(len(lat)) / elapsed.Seconds()
+	}
 	res.Actions = d.Actions(mStart)
 	res.DaemonRegimes = d.Regimes()
 	if err := stop(d); err != nil {
