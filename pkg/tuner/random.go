@@ -78,8 +78,8 @@ const (
 // randService is what a random reader gets over one measure.
 type randService struct {
 	mean, p95, tail time.Duration // mean, p95 and p99 latency
-	size      float64 // bytes per request
-	requests  uint64
+	size            float64       // bytes per request
+	requests        uint64
 }
 
 // randRef is a random reader's reference service.
@@ -286,7 +286,7 @@ func (t *Tuner) learnRandomSlope(d *devState, l *ladder, m measure) {
 	if b.randMean <= 0 || m.randMean <= 0 || l.trial <= l.trialFrom || d.trimAt >= l.trialAt-t.cfg.Settle {
 		return
 	}
-	slope := max(0, (m.randMean - b.randMean).Seconds()) / float64((l.trial-l.trialFrom)*1024)
+	slope := max(0, (m.randMean-b.randMean).Seconds()) / float64((l.trial-l.trialFrom)*1024)
 	if d.randSlope == 0 {
 		d.randSlope = slope
 	} else {
