@@ -118,6 +118,14 @@ bench-short: labfs build
 soak: labfs
 	READAHEADD_BENCH=full $(GOTEST) -count=1 -timeout 20m -v -run '^TestSoak$$' ./test/reliability/
 
+.PHONY: bench-frontier
+# What a mixed device can give both of its readers (root, about 4 minutes):
+# a slowed stream at each window beside an mmap random reader at its
+# read-around window or trimmed; prints the stream's MB/s and the random
+# reader's touches and latency per point. See docs/tuner.md.
+bench-frontier: labfs
+	READAHEADD_BENCH=frontier $(GOTEST) -count=1 -timeout 15m -v -run '^TestMixedDeviceFrontier$$' ./test/bench/
+
 .PHONY: bench-iops
 # What watching a fast device costs (root, fio, about 2 minutes): 4 KiB
 # random and 1 MiB sequential direct reads on a loop device in tmpfs,

@@ -259,7 +259,21 @@ func (t *Tuner) lowerPin(d *devState, kb int, hs []Handle, hrefs []FileRef, errs
 	for i := range hs {
 		fs[i] = LowerFile{Ref: hrefs[i], H: hs[i]}
 	}
-	st, err := t.lower.Lower(LowerReq{Device: d.name, DeviceKB: d.cur, KB: kb, Files: fs})
+	// A break waits for its readers with the tuner's lock released: the
+	// event path (fresh opens, new descriptors of other files) is not
+	// held up by a reader that takes its time to leave its window. The
+	// files being set are marked so that the event path leaves them alone.
+	for _, r := range hrefs {
+		t.lowering[r.Key]++
+	}
+	defer func() {
+		for _, r := range hrefs {
+			if t.lowering[r.Key]--; t.lowering[r.Key] <= 0 {
+				delete(t.lowering, r.Key)
+			}
+		}
+	}()
+	st, err := t.lower.Lower(LowerReq{Device: d.name, DeviceKB: d.cur, KB: kb, Files: fs, During: t.unlocked})
 	if errors.Is(err, ErrDeviceNotBack) {
 		d.dirty = true
 		t.log.Error("tuner: could not put read_ahead_kb back after changing a file window; retrying next interval",
@@ -521,4 +535,11 @@ func onlyOutcome(regimes []detector.RegimeKind) bool {
 		}
 	}
 	return len(regimes) > 0
+}
+
+// unlocked runs wait with the tuner's lock released (held by the caller).
+func (t *Tuner) unlocked(wait func()) {
+	t.mu.Unlock()
+	defer t.mu.Lock()
+	wait()
 }

@@ -140,6 +140,10 @@ type LowerReq struct {
 	DeviceKB int
 	KB       int
 	Files    []LowerFile
+	// During, if set, runs each wait between two polls of a break (the
+	// tuner releases its lock around it, so that its event path serves
+	// fresh opens while a reader leaves its window).
+	During func(wait func())
 }
 
 // LowerStats is what a Lower cost.
@@ -259,7 +263,11 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 		}
 		pending = left
 		if len(pending) > 0 {
-			l.Sleep(l.Poll)
+			if req.During != nil {
+				req.During(func() { l.Sleep(l.Poll) })
+			} else {
+				l.Sleep(l.Poll)
+			}
 		}
 	}
 	return st, errors.Join(errs...)

@@ -164,6 +164,11 @@ type Tuner struct {
 	earlyKeep bool
 	// scopeOf: cached scope verdicts of other readers' files (outsideScope).
 	scopeOf map[probe.FileKey]scopeVerdict
+	// lowering: files whose window a break is setting (the lock is
+	// released while it waits: actuator.go); closing: RestoreAll runs,
+	// and the event path takes no new action.
+	lowering map[probe.FileKey]int
+	closing  bool
 }
 
 // New builds a tuner. If the store holds originals from an earlier run that
@@ -200,6 +205,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 		mem:        newMemory(),
 		fresh:      map[probe.FileKey]time.Duration{},
 		scopeOf:    map[probe.FileKey]scopeVerdict{},
+		lowering:   map[probe.FileKey]int{},
 	}
 	if deps.Store != nil {
 		t.priorsPath = deps.Store.PriorsPath()
@@ -233,6 +239,9 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 	now := t.deps.Clock.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.closing {
+		return // shutting down: everything is being put back
+	}
 	rs := t.readers[ev.File]
 	if rs == nil {
 		rs = map[uint32]*readerInfo{}
@@ -281,7 +290,7 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 	// Events emitted before the last pin (still queued in the ring
 	// buffer) show the old window of a descriptor already pinned.
 	stale := ev.Time != 0 && ev.Time < r.appliedAt
-	if w := fd.win.inForce(); w > fd.win.base && r.raKB < w && !stale {
+	if w := fd.win.inForce(); w > fd.win.base && r.raKB < w && !stale && t.lowering[ev.File] == 0 {
 		// A descriptor opened after the decision (HDFS opens the block
 		// file per read): apply now rather than at the next tick.
 		r.pending = true
@@ -1221,6 +1230,7 @@ func (t *Tuner) Status() Status {
 func (t *Tuner) RestoreAll() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.closing = true
 	t.out = nil
 	if t.cfg.DryRun {
 		return nil

@@ -23,6 +23,10 @@ type streams struct {
 	*fakeFiles
 	size   map[probe.FileKey]int // KB
 	broken map[probe.FileKey]bool
+	// idle: the readers do not move (a break waits for them until
+	// IdleHold); onBreak runs at each poll of a break.
+	idle    bool
+	onBreak func()
 }
 
 func (s *streams) Dup(ref FileRef) (Handle, error) {
@@ -39,7 +43,14 @@ func (s *streams) Own(fds []int) (map[int]RAState, error) {
 		for _, r := range refs {
 			for _, fd := range fds {
 				if r.FD == fd {
-					out[fd] = RAState{ID: r.Key.Ino, RAPages: uint32(s.window[r.Key] / 4), Size: uint32(s.sizeOf(r.Key) / 4), PrevPos: 1 << 40}
+					st := RAState{ID: r.Key.Ino, RAPages: uint32(s.window[r.Key] / 4), Size: uint32(s.sizeOf(r.Key) / 4), PrevPos: 1 << 40}
+					if s.idle {
+						st.PrevPos = 0
+					}
+					if st.RAPages == 0 && s.onBreak != nil {
+						s.onBreak()
+					}
+					out[fd] = st
 				}
 			}
 		}
@@ -145,4 +156,40 @@ func TestRestorePinsLowersTheRunningStream(t *testing.T) {
 	assert.Equal(t, PinsRestored{Reset: 1}, res)
 	assert.Equal(t, 128, s.size[key])
 	assert.Empty(t, r.store.Pins())
+}
+
+// A break waits for its reader with the tuner's lock released: the event
+// path and status are served meanwhile, not after the break (an idle
+// reader holds a break for IdleHold, 200 ms).
+func TestBreakReleasesTheTunersLock(t *testing.T) {
+	r, s := newStreamRig(t, Config{Grace: 5 * time.Second, DisablePrefetch: true})
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	r.run(6, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	require.Greater(t, s.size[key], 128, "the stream runs on a raised window")
+	s.idle = true
+	served := make(chan struct{})
+	var started, duringBreak bool
+	s.onBreak = func() {
+		if started {
+			select {
+			case <-served:
+				duringBreak = true // a later poll of the same break
+			default:
+			}
+			return
+		}
+		started = true
+		go func() {
+			// Another reader's event, then the status: both need the lock.
+			r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 300, File: probe.FileKey{Dev: key.Dev, Ino: key.Ino + 7}, Device: sdb, RaPages: 32})
+			r.tn.Status()
+			close(served)
+		}()
+	}
+	r.run(7, func() detector.Snapshot { return r.snap("", key) }) // the regime ends: undone at Grace, through a break
+	require.True(t, started, "the undo went through a break")
+	assert.True(t, duringBreak, "the event path was served during the break, not after it: the lock was released")
+	assert.Equal(t, 128, r.files.window[key])
 }
