@@ -96,9 +96,7 @@ type holdChecker interface{ Holds(ref FileRef) bool }
 // readerCheckAfter: a reader that has not moved for this long is asked
 // whether it still holds the file at all. One that closed it (HDFS closes a
 // block file after each read) or exited will never read past its window,
-// and the break, which holds the tuner's lock, ends now rather than after
-// IdleHold. Measured before: a fresh open of another file waited 199.6 ms
-// for such a break (the previous reader had just exited).
+// and the break ends now rather than after IdleHold.
 const readerCheckAfter = 5 * time.Millisecond
 
 // Lowerer sets open files' windows so that the change reaches a reader
