@@ -67,6 +67,11 @@ type ladder struct {
 	// have taught what a step costs them).
 	limit   int
 	limitFn func() int
+	// prev: the value kept before cur; randWatch: the watched cost to
+	// the random readers of the value in force (random.go).
+	prev      int
+	randWatch float64
+	watchAt   time.Duration
 }
 
 func (l *ladder) inForce() int {
@@ -217,9 +222,10 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		if l.kind == KindFileWindow && l.limit > 0 {
 			t.learnRandomSlope(d, l, m)
 		}
-		if l.kind == KindFileWindow && m.randN > 0 && m.randCost > 1 {
-			// The random readers beside it went over their budget: the
-			// step is undone whatever the stream gained.
+		if l.kind == KindFileWindow && m.randN > 0 && m.randCost >= randSevere {
+			// The random readers beside it went far over their budget:
+			// the step is undone whatever the stream gained. Nearer the
+			// budget the watch decides over several intervals.
 			if l.cur != l.base && l.failures < 1 {
 				// The knee holds for BackoffMax at once: its steps were
 				// sized to fit their budget, so one that did not is no
@@ -230,7 +236,15 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 			l.kneeRandom = true
 			return t.undoStep(l, now, ev+"; over budget: "+m.randWhy, apply, act)
 		}
+		if l.kind == KindFileWindow && m.randN > 0 {
+			// Beside random readers the watch starts from this verdict.
+			l.randWatch = m.randCost
+			if m.randCost > 1 {
+				ev += "; watched: " + m.randWhy
+			}
+		}
 		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)
+		l.prev = l.cur
 		l.cur, l.trial, l.failures, l.keptAt, l.keptM = l.trial, 0, 0, now, m
 		l.staleN = 0
 		// The next step follows at once, measured against this one: a

@@ -901,6 +901,9 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 	if escalate && fd.pf.trial == 0 {
 		t.kneeStale(fd, m)
 	}
+	if t.measSpan == 0 && fd.pf.trial == 0 && t.watchRandom(fd, m) {
+		return // the kept window cost the random readers beside it too much: lowered
+	}
 	applyWin := func(kb int) error { return t.pinFile(fd, kb, nil, true) }
 	if fd.pf.trial == 0 {
 		hadTrial := fd.win.trial != 0
