@@ -21,13 +21,14 @@ import (
 // learned interval by interval, frozen while readaheadd acts there, and
 // lowered to what the reader gets just after a slowdown began, before
 // readaheadd acts on it (deferBesideRandom). Its budget is that reference
-// plus randMeanMax (mean) and randTailMax (p99): a reader that waits on
-// each of its faults touches about 1/mean pages a second, so the mean
-// bounds its rate and the p99 its tail. One interval's p99 is a handful of
-// requests and strays 20-30% either way on this host, so the budget is
-// watched over several intervals (watchRandom) rather than judged on one,
-// except for a step that costs them far more (randSevere). Everything a
-// stream beside it does answers to that budget, not to the step before:
+// plus randMeanMax on the mean (a reader that waits on each of its faults
+// touches about 1/mean pages a second) and randTailMax on the p99 (its
+// tail). The mean is steady from one interval to the next and drives the
+// steps and their verdicts; one interval's p99 is a handful of requests and
+// strays 20-30% either way on this host (with no stream step at all), so
+// the p99 is smoothed over intervals and watched (watchRandom), and acts at
+// a verdict only when it is far off (randTailSevere). Everything a stream
+// beside it does answers to that budget, not to the step before:
 //   - the stream's steps are sized to fit (randomLimitKB): each KB more the
 //     stream keeps queued delays their requests by about a KB's transfer at
 //     the device's capacity, so a step is no larger than the budget left
@@ -50,14 +51,12 @@ const (
 	// latency may rise above its reference.
 	randMeanMax = 0.05
 	randTailMax = 0.10
-	// randSevere: a step's verdict that finds the random readers this
-	// many times over their budget undoes it at once; below that, the
-	// watch decides (watchRandom).
-	randSevere = 4.0
-	// randWatchAlpha: weight of the latest interval in the watched cost;
-	// a kept window whose watched cost goes above the budget comes down
-	// one step.
-	randWatchAlpha = 0.25
+	// randTailSevere: a p99 this many times the reference undoes a step
+	// at its verdict; below it the smoothed p99 decides (watchRandom).
+	randTailSevere = 1.6
+	// randTailAlpha: weight of the latest interval in a smoothed p99
+	// (a reference's, and a kept window's watch).
+	randTailAlpha = 0.25
 	// randGrowth: a window step beside random readers is at most this
 	// factor; randMinStep: a smaller one than this is not worth a trial.
 	randGrowth  = 1.5
@@ -155,8 +154,8 @@ func (t *Tuner) observeRandom(now time.Duration) {
 		case clean && !ref.clean:
 			ref.svc, ref.clean = svc, true
 		case clean:
-			ref.svc.mean = ewmaDur(ref.svc.mean, svc.mean)
-			ref.svc.tail = ewmaDur(ref.svc.tail, svc.tail)
+			ref.svc.mean = ewmaDur(ref.svc.mean, svc.mean, randRefAlpha)
+			ref.svc.tail = ewmaDur(ref.svc.tail, svc.tail, randTailAlpha)
 			ref.svc.size = (1-randRefAlpha)*ref.svc.size + randRefAlpha*svc.size
 		}
 		ref.seen = now
@@ -168,8 +167,8 @@ func (t *Tuner) observeRandom(now time.Duration) {
 	}
 }
 
-func ewmaDur(old, x time.Duration) time.Duration {
-	return time.Duration((1-randRefAlpha)*float64(old) + randRefAlpha*float64(x))
+func ewmaDur(old, x time.Duration, alpha float64) time.Duration {
+	return time.Duration((1-alpha)*float64(old) + alpha*float64(x))
 }
 
 // randomsBeside returns the random readers on dev in the tuner's view,
@@ -195,28 +194,42 @@ type randObs struct {
 	ref *randRef
 }
 
+// randCost is what the random readers beside a stream get now against
+// their budgets.
+type randCost struct {
+	n    int           // random readers measured
+	mean float64       // the largest share of a mean budget used (1: all of it)
+	tail float64       // the largest p99 against its reference (1: the same)
+	max  time.Duration // the largest mean latency
+	why  string        // which reader and how, for the evidence
+}
+
+// over reports whether the random readers are over their budget in one
+// interval: their mean over its budget, or their p99 far off.
+func (c randCost) over() bool { return c.n > 0 && (c.mean > 1 || c.tail >= randTailSevere) }
+
 // randomCost measures what the random readers on dev (other than except)
-// get now against their budgets: the largest share of a budget used (1:
-// all of it; above 1: over it), and which reader and how, for the
-// evidence. n is the readers measured, mean the largest of their mean
-// latencies.
-func (t *Tuner) randomCost(dev probe.Dev, except probe.FileKey) (worst float64, why string, n int, mean time.Duration) {
+// get now against their budgets.
+func (t *Tuner) randomCost(dev probe.Dev, except probe.FileKey) randCost {
+	var c randCost
+	worst := -1.0
 	for _, r := range t.randomsBeside(dev, except) {
 		if !r.ok || r.ref == nil || r.ref.svc.mean <= 0 || r.ref.svc.tail <= 0 {
 			continue
 		}
-		n++
-		mean = max(mean, r.svc.mean)
+		c.n++
+		c.max = max(c.max, r.svc.mean)
 		cm := (float64(r.svc.mean)/float64(r.ref.svc.mean) - 1) / randMeanMax
-		cp := (float64(r.svc.tail)/float64(r.ref.svc.tail) - 1) / randTailMax
-		if c := max(cm, cp, 0); c > worst || why == "" {
-			worst = c
-			why = fmt.Sprintf("the random reader %s beside it: mean %v p99 %v against its reference %v / %v (budget +%.0f%% / +%.0f%%)",
+		tr := float64(r.svc.tail) / float64(r.ref.svc.tail)
+		c.mean, c.tail = max(c.mean, cm), max(c.tail, tr)
+		if w := max(cm, (tr-1)/randTailMax); w > worst {
+			worst = w
+			c.why = fmt.Sprintf("the random reader %s beside it: mean %v p99 %v against its reference %v / %v (budget +%.0f%% / +%.0f%%)",
 				r.key, r.svc.mean.Round(10*time.Microsecond), r.svc.tail.Round(10*time.Microsecond),
 				r.ref.svc.mean.Round(10*time.Microsecond), r.ref.svc.tail.Round(10*time.Microsecond), 100*randMeanMax, 100*randTailMax)
 		}
 	}
-	return worst, why, n, mean
+	return c
 }
 
 // randomLimitKB is the largest window fd's stream may try given the random
@@ -247,21 +260,26 @@ func (t *Tuner) randomLimitKB(fd *fileDec) (int, string) {
 		if r.ref == nil {
 			return 0, fmt.Sprintf("the random reader %s beside it has no reference yet", r.key)
 		}
+		if !r.ref.clean {
+			// First seen beside a window readaheadd raised (a prior given
+			// to a fresh open before the first interval, say): what it
+			// gets without one is not known, so nothing more is spent.
+			return 0, fmt.Sprintf("the random reader %s beside it was never seen without a raised window", r.key)
+		}
 		if !r.ok {
 			continue // too few requests now to measure; its reference stands for it
 		}
-		cur := r.svc
+		// Sized by the mean: steady from one interval to the next (the
+		// p99 is watched over several, watchRandom).
+		cur := r.svc.mean
 		if t.trims[r.key] == nil && !t.cfg.DisableTrim && readAroundSized(r.fs, t.cfg.TrimKB) && t.trimOffs[r.key] == nil {
 			// Its trim comes with the step: each request reads TrimKB
 			// instead of its read-around window.
-			less := time.Duration((cur.size - float64(t.cfg.TrimKB*1024)) * randSlack / capBPS * float64(time.Second))
-			cur.mean = max(cur.mean-less, cur.mean/4)
-			cur.tail = max(cur.tail-less, cur.tail/4)
+			less := time.Duration((r.svc.size - float64(t.cfg.TrimKB*1024)) * randSlack / capBPS * float64(time.Second))
+			cur = max(cur-less, cur/4)
 			trimComes = true
 		}
-		room = min(room,
-			time.Duration(float64(r.ref.svc.mean)*(1+randMeanMax))-cur.mean,
-			time.Duration(float64(r.ref.svc.tail)*(1+randTailMax))-cur.tail)
+		room = min(room, time.Duration(float64(r.ref.svc.mean)*(1+randMeanMax))-cur)
 	}
 	if room <= 0 {
 		return 0, "the random readers beside it have no budget left"
@@ -284,10 +302,10 @@ func (t *Tuner) randomLimitKB(fd *fileDec) (int, string) {
 // requests changed with it).
 func (t *Tuner) learnRandomSlope(d *devState, l *ladder, m measure) {
 	b := l.before
-	if b.randMean <= 0 || m.randMean <= 0 || l.trial <= l.trialFrom || d.trimAt >= l.trialAt-t.cfg.Settle {
+	if b.rand.max <= 0 || m.rand.max <= 0 || l.trial <= l.trialFrom || d.trimAt >= l.trialAt-t.cfg.Settle {
 		return
 	}
-	slope := max(0, (m.randMean-b.randMean).Seconds()) / float64((l.trial-l.trialFrom)*1024)
+	slope := max(0, (m.rand.max-b.rand.max).Seconds()) / float64((l.trial-l.trialFrom)*1024)
 	if d.randSlope == 0 {
 		d.randSlope = slope
 	} else {
@@ -358,35 +376,40 @@ func (t *Tuner) refreshRandom(d *devState) {
 			continue
 		}
 		r.ref.svc.mean = min(r.ref.svc.mean, r.svc.mean)
-		r.ref.svc.tail = min(r.ref.svc.tail, r.svc.tail)
+		// A quarter interval's p99 is a few requests: half way only.
+		r.ref.svc.tail = min(r.ref.svc.tail, ewmaDur(r.ref.svc.tail, r.svc.tail, 0.5))
 	}
 }
 
 // watchRandom follows what a stream's kept window costs the random readers
-// beside it, interval by interval (m: the Step's measure), and brings the
-// window down to the one kept before it when the watched cost is over
-// their budget: one interval's p99 strays too far either way to keep or
-// undo a step on, several do not. The knee it leaves holds for BackoffMax.
-// It reports whether it lowered the window.
+// beside it, interval by interval (m: the Step's measure): their p99
+// against its reference, smoothed over intervals (one interval's strays too
+// far either way to keep or undo a step on), and their mean. When the
+// smoothed p99 goes above its budget, or the mean is over its budget two
+// intervals in a row, the window comes down to the one kept before it,
+// with a knee that holds for BackoffMax. It reports whether it lowered the
+// window.
 func (t *Tuner) watchRandom(fd *fileDec, m measure) bool {
 	l := &fd.win
-	if m.randN == 0 || l.trial != 0 || l.probeUntil != 0 {
-		if m.randN == 0 {
-			l.randWatch = 0
-		}
-		return false
-	}
-	if l.cur <= l.base {
-		l.randWatch = 0
+	if m.rand.n == 0 || l.cur <= l.base {
+		l.tailWatch, l.meanOver = 0, 0
 		return false
 	}
 	now := t.deps.Clock.Now()
-	if l.watchAt == now {
-		return false // once per interval
+	if l.trial != 0 || l.probeUntil != 0 || l.watchAt == now {
+		return false // once per interval, on the window in force
 	}
 	l.watchAt = now
-	l.randWatch = (1-randWatchAlpha)*l.randWatch + randWatchAlpha*m.randCost
-	if l.randWatch <= 1 && m.randCost < randSevere {
+	if l.tailWatch == 0 {
+		l.tailWatch = 1 // the step was sized to fit
+	}
+	l.tailWatch = (1-randTailAlpha)*l.tailWatch + randTailAlpha*m.rand.tail
+	if m.rand.mean > 1 {
+		l.meanOver++
+	} else {
+		l.meanOver = 0
+	}
+	if l.tailWatch <= 1+randTailMax && l.meanOver < 2 && m.rand.tail < randTailSevere {
 		return false
 	}
 	from, to := l.cur, max(l.prev, l.base)
@@ -395,9 +418,9 @@ func (t *Tuner) watchRandom(fd *fileDec, m measure) bool {
 	}
 	l.cur, l.movedAt, l.keptAt = to, now, now
 	l.knee, l.kneeRandom, l.failures, l.retryAt = true, true, 1, now+t.cfg.BackoffMax
-	l.prev, l.randWatch = max(l.base, to*2/3/randStepKB*randStepKB), 0
+	l.prev, l.tailWatch, l.meanOver = max(l.base, to*2/3/randStepKB*randStepKB), 0, 0
 	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
 		FromKB: from, ToKB: to, Result: ResultUndone,
-		Evidence: fmt.Sprintf("over budget over the last intervals: %s; knee at %d KB, probing further in %v", m.randWhy, to, t.cfg.BackoffMax)})
+		Evidence: fmt.Sprintf("over budget over the last intervals: %s; knee at %d KB, probing further in %v", m.rand.why, to, t.cfg.BackoffMax)})
 	return true
 }

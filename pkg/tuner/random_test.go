@@ -398,14 +398,16 @@ func TestRandomCostEvidenceNamesTheReader(t *testing.T) {
 	for k, fs := range l.tn.fstats {
 		if k == l.rkey {
 			fs.BusyThroughput /= 2
-			fs.P95 *= 2
+			fs.P99 *= 2
 			l.tn.fstats[k] = fs
 		}
 	}
-	cost, why, n, _ := l.tn.randomCost(sdb, l.st.key)
-	assert.Equal(t, 1, n)
-	assert.Greater(t, cost, 1.0)
-	assert.True(t, strings.Contains(why, l.rkey.String()), why)
+	c := l.tn.randomCost(sdb, l.st.key)
+	assert.Equal(t, 1, c.n)
+	assert.Greater(t, c.mean, 1.0)
+	assert.InDelta(t, 2.0, c.tail, 0.01)
+	assert.True(t, c.over())
+	assert.True(t, strings.Contains(c.why, l.rkey.String()), c.why)
 }
 
 // A kept window whose cost to the random reader beside it stays over its
@@ -455,4 +457,21 @@ func TestWatchBringsAKeptWindowDownWhenItsCostStaysOverBudget(t *testing.T) {
 		assert.Equal(t, 192, r.files.window[key])
 		assert.Empty(t, filter(r.runBeside(10, st, over), KindFileWindow, ResultTrial), "the knee holds")
 	}
+}
+
+// A random reader first seen beside a window the tuner raised (a prior
+// given to a fresh open before the first interval) has no reference of what
+// it gets without one: the stream keeps its window, and takes no step more.
+func TestNoStepBesideARandomReaderNeverSeenUntouched(t *testing.T) {
+	l := newLabRig(t)
+	l.files.window[l.st.key] = 192 // pinned before the first interval
+	l.tn.mu.Lock()
+	fd := l.tn.newOutcomeDec(l.st.key, l.tn.device(sdb), l.clk.Now())
+	fd.win.cur, fd.win.keptAt = 192, l.clk.Now()
+	l.tn.mu.Unlock()
+	acts := l.run(6)
+	logActs(t, acts)
+	require.False(t, l.tn.randRefs[l.rkey].clean)
+	assert.Empty(t, filter(acts, KindFileWindow, ResultTrial))
+	assert.Equal(t, 192, l.files.window[l.st.key])
 }

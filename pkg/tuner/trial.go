@@ -67,10 +67,11 @@ type ladder struct {
 	// have taught what a step costs them).
 	limit   int
 	limitFn func() int
-	// prev: the value kept before cur; randWatch: the watched cost to
-	// the random readers of the value in force (random.go).
+	// prev: the value kept before cur; tailWatch, meanOver: the watch of
+	// what the value in force costs the random readers (random.go).
 	prev      int
-	randWatch float64
+	tailWatch float64
+	meanOver  int
 	watchAt   time.Duration
 }
 
@@ -131,13 +132,9 @@ type measure struct {
 	// othersMustNotLose: judge the step also by those other readers, not
 	// only by the device's total.
 	othersMustNotLose bool
-	// randN: the random readers beside the stream measured against their
-	// budget; randCost: the largest share of a budget they use (above 1:
-	// over it), randWhy which and how (random.go).
-	randN    int
-	randCost float64
-	randWhy  string
-	randMean time.Duration
+	// rand: what the random readers beside the stream get against their
+	// budgets (random.go).
+	rand randCost
 }
 
 func (m measure) String() string {
@@ -222,10 +219,10 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		if l.kind == KindFileWindow && l.limit > 0 {
 			t.learnRandomSlope(d, l, m)
 		}
-		if l.kind == KindFileWindow && m.randN > 0 && m.randCost >= randSevere {
-			// The random readers beside it went far over their budget:
-			// the step is undone whatever the stream gained. Nearer the
-			// budget the watch decides over several intervals.
+		if l.kind == KindFileWindow && m.rand.over() {
+			// The random readers beside it went over their budget: the
+			// step is undone whatever the stream gained. (A p99 nearer
+			// its budget is watched over several intervals.)
 			if l.cur != l.base && l.failures < 1 {
 				// The knee holds for BackoffMax at once: its steps were
 				// sized to fit their budget, so one that did not is no
@@ -234,13 +231,13 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 				l.failures = 1
 			}
 			l.kneeRandom = true
-			return t.undoStep(l, now, ev+"; over budget: "+m.randWhy, apply, act)
+			return t.undoStep(l, now, ev+"; over budget: "+m.rand.why, apply, act)
 		}
-		if l.kind == KindFileWindow && m.randN > 0 {
-			// Beside random readers the watch starts from this verdict.
-			l.randWatch = m.randCost
-			if m.randCost > 1 {
-				ev += "; watched: " + m.randWhy
+		if l.kind == KindFileWindow && m.rand.n > 0 {
+			// Beside random readers the watch starts afresh.
+			l.tailWatch, l.meanOver = 0, 0
+			if m.rand.tail > 1+randTailMax {
+				ev += "; watched: " + m.rand.why
 			}
 		}
 		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)

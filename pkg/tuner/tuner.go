@@ -698,7 +698,7 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 		span = t.measSpan.Seconds()
 	}
 	m := measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50, rate: float64(fs.Bytes) / span}
-	m.randCost, m.randWhy, m.randN, m.randMean = t.randomCost(fs.Device, k)
+	m.rand = t.randomCost(fs.Device, k)
 	if ds, ok := t.dstats[fs.Device]; ok {
 		m.dev = float64(ds.Bytes) / span
 		// Random readers' bytes say nothing of what they get (a trimmed

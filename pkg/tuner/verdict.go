@@ -37,7 +37,7 @@ func (t *Tuner) keepsEarly(l *ladder, m measure, now time.Duration) bool {
 	if !m.ok || !b.ok || b.tput <= 0 || m.tput < (1+earlyKeepGain)*b.tput {
 		return false
 	}
-	if m.randN > 0 || b.randN > 0 {
+	if m.rand.n > 0 || b.rand.n > 0 {
 		return false
 	}
 	if b.dev > 0 && m.dev > 0 && m.dev < (1-devLossMax)*b.dev {

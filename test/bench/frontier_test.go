@@ -130,6 +130,23 @@ func frontierPoint(t *testing.T, l *lab.Lab, seq, rndPath string, rndIno uint64,
 			sl = append(sl, rc.Latency)
 		}
 	}
+	if os.Getenv("READAHEADD_FRONTIER_PER_SECOND") != "" {
+		// The random reader's p99 in each second of the measured period.
+		var per [6][]time.Duration
+		for _, rc := range capt.recs {
+			if rc.Issue >= m0 && rc.Kind == probe.KindFile && rc.File.Ino == rndIno {
+				if i := int((rc.Issue - m0) / time.Second); i >= 0 && i < len(per) {
+					per[i] = append(per[i], rc.Latency)
+				}
+			}
+		}
+		var line []string
+		for _, xs := range per {
+			sort.Slice(xs, func(i, j int) bool { return xs[i] < xs[j] })
+			line = append(line, fmt.Sprintf("%.2f", ms(lab.Quantile(xs, 0.99))))
+		}
+		fmt.Printf("PERSECOND extra=%v rnd=%d seq=%d p99/s: %s\n", extra, rKB, sKB, strings.Join(line, " "))
+	}
 	sort.Slice(rl, func(i, j int) bool { return rl[i] < rl[j] })
 	sort.Slice(sl, func(i, j int) bool { return sl[i] < sl[j] })
 	var sum time.Duration
