@@ -482,6 +482,7 @@ func (t *Tuner) FastOutcome(snap detector.Snapshot, span time.Duration) []Action
 			continue
 		}
 		delete(t.fresh, f.Key)
+		t.refreshRandom(d)
 		fd := t.files[f.Key]
 		created := fd == nil
 		if created {

@@ -149,6 +149,9 @@ func (t *Tuner) observeRandom(now time.Duration) {
 			if len(t.randRefs) >= maxRandRefs {
 				continue
 			}
+			if !clean {
+				svc = t.untouchedEstimate(fs, svc)
+			}
 			t.randRefs[fs.Key] = &randRef{dev: fs.Device, svc: svc, seen: now, clean: clean}
 			continue
 		case clean && !ref.clean:
@@ -165,6 +168,37 @@ func (t *Tuner) observeRandom(now time.Duration) {
 			delete(t.randRefs, k)
 		}
 	}
+}
+
+// untouchedEstimate is what a random reader first seen beside windows
+// readaheadd raised (a prior given to a fresh open before the first
+// interval, say) would get without them, by the same account steps are
+// sized by: each KB the raised windows keep queued beyond the device's
+// delays its requests by randSlack KB transfers at the device's capacity;
+// a trim it already has saves it the transfer of its read-around.
+func (t *Tuner) untouchedEstimate(fs detector.FileStats, svc randService) randService {
+	d := t.devs[fs.Device]
+	capBPS := t.dstats[fs.Device].CapacityBPS
+	if capBPS <= 0 {
+		capBPS = t.dstats[fs.Device].BusyThroughput
+	}
+	if d == nil || capBPS <= 0 {
+		return svc
+	}
+	perByte := randSlack / capBPS
+	var excess float64 // bytes
+	for _, fd := range t.files {
+		if fd.dev == d && fd.key != fs.Key && fd.win.inForce() > fd.win.base {
+			excess += float64(fd.win.inForce()-fd.win.base) * 1024
+		}
+	}
+	if td := t.trims[fs.Key]; td != nil && td.from > td.kb {
+		excess -= float64(td.from-td.kb) * 1024
+	}
+	less := time.Duration(excess * perByte * float64(time.Second))
+	svc.mean = max(svc.mean-less, svc.mean/4)
+	svc.tail = max(svc.tail-less, svc.tail/4)
+	return svc
 }
 
 func ewmaDur(old, x time.Duration, alpha float64) time.Duration {
@@ -260,12 +294,7 @@ func (t *Tuner) randomLimitKB(fd *fileDec) (int, string) {
 		if r.ref == nil {
 			return 0, fmt.Sprintf("the random reader %s beside it has no reference yet", r.key)
 		}
-		if !r.ref.clean {
-			// First seen beside a window readaheadd raised (a prior given
-			// to a fresh open before the first interval, say): what it
-			// gets without one is not known, so nothing more is spent.
-			return 0, fmt.Sprintf("the random reader %s beside it was never seen without a raised window", r.key)
-		}
+
 		if !r.ok {
 			continue // too few requests now to measure; its reference stands for it
 		}
@@ -363,10 +392,13 @@ func (t *Tuner) deferBesideRandom(fd *fileDec, dev probe.Dev, now time.Duration)
 	return true
 }
 
-// refreshRandom lowers the references of the random readers on dev to what
-// they get in the tuner's view (the recent requests), while nothing the
-// tuner does is in force there: a reference learned before a slowdown
-// began is no budget for what it changed.
+// refreshRandom sets the references of the random readers on dev to what
+// they get in the tuner's view (recent requests), while nothing the tuner
+// does is in force there, before a first step taken between Steps: the
+// reference is what they get at the device's window in the conditions of
+// the moment, and a slowdown that just began (a slowed stream leaves them
+// more of the device) or a stream that just opened (it takes some) changed
+// those since the last Step learned it.
 func (t *Tuner) refreshRandom(d *devState) {
 	if !t.untouched(d) {
 		return
@@ -375,9 +407,10 @@ func (t *Tuner) refreshRandom(d *devState) {
 		if !r.ok || r.ref == nil {
 			continue
 		}
-		r.ref.svc.mean = min(r.ref.svc.mean, r.svc.mean)
+		r.ref.svc.mean = r.svc.mean
 		// A quarter interval's p99 is a few requests: half way only.
-		r.ref.svc.tail = min(r.ref.svc.tail, ewmaDur(r.ref.svc.tail, r.svc.tail, 0.5))
+		r.ref.svc.tail = ewmaDur(r.ref.svc.tail, r.svc.tail, 0.5)
+		r.ref.clean = true
 	}
 }
 

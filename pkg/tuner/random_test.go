@@ -460,18 +460,63 @@ func TestWatchBringsAKeptWindowDownWhenItsCostStaysOverBudget(t *testing.T) {
 }
 
 // A random reader first seen beside a window the tuner raised (a prior
-// given to a fresh open before the first interval) has no reference of what
-// it gets without one: the stream keeps its window, and takes no step more.
-func TestNoStepBesideARandomReaderNeverSeenUntouched(t *testing.T) {
+// given to a fresh open before the first interval) has no measure of what
+// it gets without one: its reference is estimated by the same account steps
+// are sized by, and the stream's steps answer to it.
+func TestRandomReaderFirstSeenBesideARaisedWindowGetsAnEstimatedReference(t *testing.T) {
 	l := newLabRig(t)
 	l.files.window[l.st.key] = 192 // pinned before the first interval
 	l.tn.mu.Lock()
 	fd := l.tn.newOutcomeDec(l.st.key, l.tn.device(sdb), l.clk.Now())
 	fd.win.cur, fd.win.keptAt = 192, l.clk.Now()
 	l.tn.mu.Unlock()
-	acts := l.run(6)
+	_, trueMean, _ := labRandom(128, 128) // at the default window
+	acts := l.run(8)
 	logActs(t, acts)
-	require.False(t, l.tn.randRefs[l.rkey].clean)
-	assert.Empty(t, filter(acts, KindFileWindow, ResultTrial))
-	assert.Equal(t, 192, l.files.window[l.st.key])
+	ref := l.tn.randRefs[l.rkey]
+	require.False(t, ref.clean)
+	assert.InDelta(t, float64(trueMean), float64(ref.svc.mean), 0.2*float64(trueMean), "estimated %v, %v at the default window", ref.svc.mean, trueMean)
+	assert.LessOrEqual(t, ref.svc.mean, trueMean, "the estimate errs on the reader's side")
+	mean, _ := l.service()
+	assert.LessOrEqual(t, float64(mean), (1+randMeanMax)*float64(trueMean))
+}
+
+// A stream opened beside a random reader whose reference was learned with
+// the device to itself: the stream's first reads at the device's window
+// take some of it, and that is the random reader's reference from then on
+// (what it gets at the device's window in the conditions of the moment).
+func TestFreshStreamBesideARandomReaderRefreshesItsReference(t *testing.T) {
+	l := newLabRig(t)
+	alone := func() detector.Snapshot {
+		now := l.clk.Now()
+		req, mean, p99 := labRandom(128, 0)
+		b := uint64(req) * 128 << 10
+		return detector.Snapshot{Now: now, Files: []detector.FileStats{randomStats(l.rkey, now, req, mean, p99, 128<<10)},
+			Devices: []detector.DeviceStats{{Device: sdb, Bytes: b, BusyThroughput: float64(b), CapacityBPS: 150e6}}}
+	}
+	l.rig.run(3, alone)
+	_, aloneMean, _ := labRandom(128, 0)
+	require.InDelta(t, float64(aloneMean), float64(l.tn.randRefs[l.rkey].svc.mean), 0.05*float64(aloneMean))
+	// The stream opens, slowed from its first read.
+	var acts []Action
+	for i := 0; i < 4 && len(acts) == 0; i++ {
+		l.clk.Advance(100 * time.Millisecond)
+		l.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: l.st.key, Device: sdb, RaPages: 32})
+		keys, span := l.tn.FreshStreams()
+		if len(keys) == 0 {
+			continue
+		}
+		s := l.snapshot()
+		f := span.Seconds()
+		for j := range s.Files {
+			s.Files[j].Bytes = uint64(float64(s.Files[j].Bytes) * f)
+			s.Files[j].Requests = max(uint64(float64(s.Files[j].Requests)*f), freshMinRequests)
+		}
+		acts = l.tn.FastOutcome(s, span)
+	}
+	logActs(t, acts)
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
+	_, besideMean, _ := labRandom(128, 128)
+	assert.InDelta(t, float64(besideMean), float64(l.tn.randRefs[l.rkey].svc.mean), 0.05*float64(besideMean),
+		"the reference is the random reader beside the stream at the device's window")
 }
