@@ -28,6 +28,7 @@ type probeDevStats struct {
 	Sampled    uint64
 	Untimed    uint64
 	AllocTimed uint64
+	Samplable  uint64
 }
 
 type probeFileCache struct {

@@ -94,8 +94,11 @@ type Record struct {
 	Offset uint64  // byte offset in File of the first page, when Kind == KindFile
 	Error  bool    // the request completed with an error
 	// Weight is how many requests of Device this record stands for: the
-	// sampling period when the probe attributes 1 in N requests (above
-	// Config.SampleBudget), 1 otherwise. 0 (a Record built by hand) means 1.
+	// sampling period N when the disk is above Config.SampleBudget and the
+	// request is samplable (smaller than SampleBelow, or not read for a
+	// file: Kind is not KindFile), 1 otherwise. Records of one disk may so
+	// carry different weights: counts and sums over them take each record
+	// Weight times. 0 (a Record built by hand) means 1.
 	Weight uint32
 }
 
