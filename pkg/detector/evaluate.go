@@ -533,7 +533,11 @@ func (d *Detector) peerStats(ds *deviceState, devSet []sample, aggOf func(int32)
 	if ws := weightsOf(sc.ws); ws != nil {
 		// Peers streamed 1 in N (unattributed requests, small ones) beside
 		// files' requests streamed one by one: each counts N times.
-		return wquantile(sc.vals, ws, 0.5, &sc.wbuf), wquantile(sc.vals2, ws, 0.95, &sc.wbuf), len(sc.vals)
+		var q [1]float64
+		wquantiles(sc.vals, ws, []float64{0.5}, q[:], &sc.wbuf)
+		n50 := q[0]
+		wquantiles(sc.vals2, ws, []float64{0.95}, q[:], &sc.wbuf)
+		return n50, q[0], len(sc.vals)
 	}
 	slices.Sort(sc.vals)
 	slices.Sort(sc.vals2)
@@ -984,13 +988,12 @@ func (d *Detector) learn(ds *deviceState, devSet []sample, devBusy int64, explai
 	}
 	sc := &d.sc
 	// classQ returns the p-quantiles of class c's latencies (sorting them).
+	var qbuf [3]float64
 	classQ := func(c int, ps ...float64) []float64 {
 		xs := perClass[c]
-		out := make([]float64, len(ps))
+		out := qbuf[:len(ps)]
 		if ws := weightsOf(perClassW[c]); mixed && ws != nil {
-			for i, p := range ps {
-				out[i] = wquantile(xs, ws, p, &sc.wbuf)
-			}
+			wquantiles(xs, ws, ps, out, &sc.wbuf)
 			return out
 		}
 		slices.Sort(xs)

@@ -36,14 +36,26 @@ type weighted struct {
 
 // wquantile returns the p-quantile (nearest rank) of vals, vals[i] standing
 // for ws[i] requests: percentile of the vals repeated by their weights,
-// without repeating them. With ws nil it is selectPercentile(vals, p).
-// It reorders vals; buf is scratch.
+// without repeating them. With ws nil (every weight equal: see weightsOf)
+// it is selectPercentile(vals, p). It reorders vals; buf is scratch.
 func wquantile(vals []float64, ws []uint64, p float64, buf *[]weighted) float64 {
+	var q [1]float64
+	wquantiles(vals, ws, []float64{p}, q[:], buf)
+	return q[0]
+}
+
+// wquantiles is wquantile for several quantiles ps at once (one sort), into
+// out.
+func wquantiles(vals []float64, ws []uint64, ps, out []float64, buf *[]weighted) {
 	if ws == nil {
-		return selectPercentile(vals, p)
+		for i, p := range ps {
+			out[i] = selectPercentile(vals, p)
+		}
+		return
 	}
 	if len(vals) == 0 {
-		return 0
+		clear(out)
+		return
 	}
 	b := (*buf)[:0]
 	var total uint64
@@ -53,15 +65,18 @@ func wquantile(vals []float64, ws []uint64, p float64, buf *[]weighted) float64 
 	}
 	*buf = b
 	slices.SortFunc(b, func(x, y weighted) int { return cmp.Compare(x.v, y.v) })
-	rank := uint64(max(1, math.Ceil(p*float64(total))))
-	var cum uint64
-	for _, x := range b {
-		cum += x.w
-		if cum >= rank {
-			return x.v
+	for i, p := range ps {
+		rank := uint64(max(1, math.Ceil(p*float64(total))))
+		out[i] = b[len(b)-1].v
+		var cum uint64
+		for _, x := range b {
+			cum += x.w
+			if cum >= rank {
+				out[i] = x.v
+				break
+			}
 		}
 	}
-	return b[len(b)-1].v
 }
 
 // devBusy returns the time at least one request of the device was in
@@ -120,9 +135,9 @@ func (d *Detector) devSetStats(set []sample, dst *DeviceStats) (int64, float64) 
 		sc.ws = append(sc.ws, w)
 	}
 	dst.Requests, dst.Bytes = wn, b
-	dst.P50 = durNS(wquantile(sc.vals, sc.ws, 0.50, &sc.wbuf))
-	dst.P95 = durNS(wquantile(sc.vals, sc.ws, 0.95, &sc.wbuf))
-	dst.P99 = durNS(wquantile(sc.vals, sc.ws, 0.99, &sc.wbuf))
+	var q [3]float64
+	wquantiles(sc.vals, weightsOf(sc.ws), []float64{0.50, 0.95, 0.99}, q[:], &sc.wbuf)
+	dst.P50, dst.P95, dst.P99 = durNS(q[0]), durNS(q[1]), durNS(q[2])
 	dst.MeanSize = float64(b) / float64(wn)
 	dst.MeanDepth = depth / float64(wn)
 	busy := d.devBusy(set)
@@ -133,10 +148,13 @@ func (d *Detector) devSetStats(set []sample, dst *DeviceStats) (int64, float64) 
 }
 
 // weightsOf returns the weights to pass wquantile for values gathered
-// from samples with weights ws: nil when they are all 1.
+// from samples with weights ws: nil when they are all equal (the quantile
+// is then the plain one, found by selection without sorting: a device
+// read only by direct I/O above its budget has every record of one
+// weight).
 func weightsOf(ws []uint64) []uint64 {
 	for _, w := range ws {
-		if w != 1 {
+		if w != ws[0] {
 			return ws
 		}
 	}
