@@ -201,11 +201,42 @@ func (c Config) configure(spec *ebpf.CollectionSpec) error {
 	if err := spec.Variables["nr_cpus"].Set(uint32(min(cpus, maxCPUs))); err != nil {
 		return fmt.Errorf("set CPU count: %w", err)
 	}
+	if v, ok := spec.Variables["bio_pinned_mask"]; ok {
+		if err := v.Set(bioPinnedMask(kernelRelease())); err != nil {
+			return fmt.Errorf("set direct I/O flag: %w", err)
+		}
+	}
 	spec.Maps["events"].MaxEntries = uint32(c.RingBytes)
 	if m, ok := spec.Maps["filestats"]; ok {
 		m.MaxEntries = uint32(c.FileEntries)
 	}
 	return nil
+}
+
+// bioPinnedMask is bio->bi_flags' BIO_PAGE_PINNED bit on kernel release
+// rel ("6.18.0-..."), 0 when unknown. The flag is bit 0 since Linux 6.5,
+// which marks the pages of a direct-I/O bio pinned from the reader's
+// memory; before, bit 0 was BIO_NO_PAGE_REF, with another meaning. (The
+// enumerator is in an anonymous enum, which CO-RE cannot relocate, and
+// finding it among the kernel's BTF types takes about 0.3 s.)
+func bioPinnedMask(rel string) uint16 {
+	var major, minor int
+	if _, err := fmt.Sscanf(rel, "%d.%d", &major, &minor); err != nil {
+		return 0
+	}
+	if major > 6 || major == 6 && minor >= 5 {
+		return 1 << 0
+	}
+	return 0
+}
+
+// kernelRelease returns uname -r.
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
 }
 
 // checkBTF fails with ErrNoBTF when the kernel has no BTF.

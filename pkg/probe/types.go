@@ -54,9 +54,14 @@ const (
 	KindAnon
 	// KindMeta: filesystem metadata, read through the block device's own inode.
 	KindMeta
-	// KindUnknown: no page to attribute (direct I/O, passthrough, or a bio
-	// the probe could not walk).
+	// KindUnknown: no page to attribute (passthrough, or a bio the probe
+	// could not walk).
 	KindUnknown
+	// KindDirect: direct I/O into the reader's own memory (the bio's pages
+	// pinned for it, BIO_PAGE_PINNED: Linux 6.5 and later); no file named.
+	// On older kernels such reads are KindAnon (an anonymous buffer) or
+	// KindFile (a buffer mapped from a file: that file is named).
+	KindDirect
 )
 
 func (k Kind) String() string {
@@ -67,6 +72,8 @@ func (k Kind) String() string {
 		return "anon"
 	case KindMeta:
 		return "meta"
+	case KindDirect:
+		return "direct"
 	default:
 		return "unknown"
 	}
