@@ -127,9 +127,11 @@ bench-frontier: labfs
 	READAHEADD_BENCH=frontier $(GOTEST) -count=1 -timeout 15m -v -run '^TestMixedDeviceFrontier$$' ./test/bench/
 
 .PHONY: bench-iops
-# What watching a fast device costs (root, fio, about 2 minutes): 4 KiB
-# random and 1 MiB sequential direct reads on a loop device in tmpfs,
-# without and with readaheadd in alternating arms; prints IOPS side by side,
+# What watching a fast device costs (root, fio, about 4 minutes): 4 KiB
+# random and 1 MiB sequential direct reads on a loop device in tmpfs, fio
+# running without a break while the arms (without anything, readaheadd, an
+# empty program pair) take short turns; prints the ratios of IOPS with and
+# without the daemon (mean, median, spread, confidence interval),
 # BPF ns per request (kernel.bpf_stats_enabled, restored), the daemon's CPU
 # share and RSS, and events lost. See docs/probe.md.
 bench-iops: build

@@ -70,6 +70,7 @@ struct bvec_iter {
 };
 
 struct bio {
+	unsigned short bi_flags;
 	struct bvec_iter bi_iter;
 	struct bio_vec *bi_io_vec;
 };

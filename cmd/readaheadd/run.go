@@ -84,7 +84,7 @@ configuration exit with code 2 before anything is changed on the machine.`,
 	ringKB := cmd.Flags().Int("probe-ring-kb", 0, "BPF ring buffer size in KiB (a power of two, at least a page; 0: 4096)")
 	_ = cmd.Flags().MarkHidden("probe-ring-kb")
 	// Hidden: tests that need every request streamed (to overflow the ring).
-	sampleBudget := cmd.Flags().Int("probe-sample-budget", 0, "requests per second and disk attributed before the probe samples 1 in N (0: 4096; negative: never sample)")
+	sampleBudget := cmd.Flags().Int("probe-sample-budget", 0, "samplable requests (under 32 KiB, or not read for a file) per second and disk streamed before the probe samples them 1 in N (0: 4096; negative: never sample)")
 	_ = cmd.Flags().MarkHidden("probe-sample-budget")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if *ringKB < 0 || *ringKB > 1<<20 || *ringKB&(*ringKB-1) != 0 || *ringKB != 0 && *ringKB*1024 < os.Getpagesize() {

@@ -22,6 +22,10 @@ type scratch struct {
 	vals     []float64
 	vals2    []float64
 	vals3    []float64
+	// weights of vals (ws) and vals2 (ws2) where device-level samples of
+	// unequal weight are gathered (weighted.go), and wquantile's buffer
+	ws, ws2 []uint64
+	wbuf    []weighted
 	// extentRatio is the post-jump to steady ratio judgeExtent last found
 	extentRatio     float64
 	extentCrossings int
@@ -299,8 +303,7 @@ func (d *Detector) evalDevice(ds *deviceState, now int64, snap *Snapshot) {
 
 	// Device statistics over devSet.
 	dst := DeviceStats{Device: ds.dev, Errors: ds.errors}
-	devBusy, devSumLat := d.setStats(devSet, nil, &dst.Requests, &dst.Bytes, &dst.P50, &dst.P95, &dst.P99, &dst.MeanSize, &dst.MeanDepth, &dst.BusyThroughput)
-	_ = devSumLat
+	devBusy, _ := d.devSetStats(devSet, &dst)
 
 	// File statistics.
 	for ai := range sc.aggs {
@@ -510,7 +513,7 @@ func (d *Detector) fileStats(ds *deviceState, a *fileAgg, win []sample, now int6
 // belonging to shifted files.
 func (d *Detector) peerStats(ds *deviceState, devSet []sample, aggOf func(int32) *fileAgg) (n50, t95 float64, n int) {
 	sc := &d.sc
-	sc.vals, sc.vals2 = sc.vals[:0], sc.vals2[:0]
+	sc.vals, sc.vals2, sc.ws = sc.vals[:0], sc.vals2[:0], sc.ws[:0]
 	for i := range devSet {
 		s := &devSet[i]
 		if s.slot != noSlot {
@@ -521,10 +524,20 @@ func (d *Detector) peerStats(ds *deviceState, devSet []sample, aggOf func(int32)
 		if cb := d.classRef(ds, s.class); cb != nil {
 			sc.vals = append(sc.vals, float64(s.lat)/cb.p50)
 			sc.vals2 = append(sc.vals2, float64(s.lat)/cb.p95)
+			sc.ws = append(sc.ws, s.w())
 		}
 	}
 	if len(sc.vals) == 0 {
 		return 0, 0, 0
+	}
+	if ws := weightsOf(sc.ws); ws != nil {
+		// Peers streamed 1 in N (unattributed requests, small ones) beside
+		// files' requests streamed one by one: each counts N times.
+		var q [1]float64
+		wquantiles(sc.vals, ws, []float64{0.5}, q[:], &sc.wbuf)
+		n50 := q[0]
+		wquantiles(sc.vals2, ws, []float64{0.95}, q[:], &sc.wbuf)
+		return n50, q[0], len(sc.vals)
 	}
 	slices.Sort(sc.vals)
 	slices.Sort(sc.vals2)
@@ -771,8 +784,8 @@ func (d *Detector) tailCheck(ds *deviceState, devSet []sample, nShort int, devBu
 	if nShort == 0 {
 		return idle, 0, ""
 	}
-	sc.vals = sc.vals[:0]
-	var excess int
+	sc.vals, sc.ws = sc.vals[:0], sc.ws[:0]
+	var wAll, wExcess uint64 // requests the samples stand for
 	var quarters [4]bool
 	oldest := devSet[len(devSet)-1].complete
 	span := max(now-oldest, int64(cfg.Window))
@@ -789,15 +802,17 @@ func (d *Detector) tailCheck(ds *deviceState, devSet []sample, nShort int, devBu
 		if s.flags&flagPostJump != 0 || explained(s.slot) {
 			continue
 		}
-		sumLat += float64(s.lat)
+		sumLat += float64(s.lat) * float64(s.w())
 		cb := &ds.base.classes[s.class]
 		if !cb.learned(cfg.DeviceRegimeMinWindows) || !cb.tailLearned(cfg.DeviceRegimeMinWindows) {
 			continue
 		}
 		sc.vals = append(sc.vals, float64(s.lat)/cb.p50)
+		sc.ws = append(sc.ws, s.w())
+		wAll += s.w()
 		srcAll[s.slot]++
 		if float64(s.lat) > cfg.TailMult*cb.p99 {
-			excess++
+			wExcess += s.w()
 			srcExcess[s.slot] = true
 			q := (s.complete - start) * 4 / span
 			quarters[max(0, min(q, 3))] = true
@@ -807,8 +822,9 @@ func (d *Detector) tailCheck(ds *deviceState, devSet []sample, nShort int, devBu
 	if n < cfg.TailMinSamples {
 		return unknown, 0, ""
 	}
-	n50 := selectPercentile(sc.vals, 0.5)
-	share := float64(excess) / float64(n)
+	// Shares and the median of the requests the samples stand for.
+	n50 := wquantile(sc.vals, weightsOf(sc.ws), 0.5, &sc.wbuf)
+	share := float64(wExcess) / float64(wAll)
 	spread := 0
 	for _, q := range quarters {
 		if q {
@@ -864,7 +880,7 @@ func (d *Detector) contentionCheck(ds *deviceState, devSet []sample, devBusy int
 	if base.inflightN < cfg.BaselineMinWindows || base.inflight <= 0 {
 		return unknown, 0, ""
 	}
-	sc.vals = sc.vals[:0]
+	sc.vals, sc.ws = sc.vals[:0], sc.ws[:0]
 	var sumLat float64
 	// Readers: files, and streams of unattributed requests (O_DIRECT
 	// readers are readers too, though the probe cannot name their files).
@@ -879,7 +895,10 @@ func (d *Detector) contentionCheck(ds *deviceState, devSet []sample, devBusy int
 		if s.flags&flagPostJump != 0 || explained(s.slot) {
 			continue
 		}
-		sumLat += float64(s.lat)
+		// Weighted: Little's law over devBusy needs every request's time.
+		sumLat += float64(s.lat) * float64(s.w())
+		// A reader is a source of at least 3 samples (not requests: one
+		// sampled random request stands for N, but is no stream).
 		if s.slot == noSlot {
 			readers[-1-int64(s.gen)]++
 		} else {
@@ -887,6 +906,7 @@ func (d *Detector) contentionCheck(ds *deviceState, devSet []sample, devBusy int
 		}
 		if cb := d.classRef(ds, s.class); cb != nil {
 			sc.vals = append(sc.vals, float64(s.lat)/cb.p50)
+			sc.ws = append(sc.ws, s.w())
 			depths = append(depths, float64(s.depth))
 		}
 	}
@@ -913,7 +933,7 @@ func (d *Detector) contentionCheck(ds *deviceState, devSet []sample, devBusy int
 	if hiN > 0 && loN > 0 {
 		slope = fmt.Sprintf("%.2fx", (hiSum/float64(hiN))/(loSum/float64(loN)))
 	}
-	n50 := selectPercentile(sc.vals, 0.5)
+	n50 := wquantile(sc.vals, weightsOf(sc.ws), 0.5, &sc.wbuf)
 	inflight := sumLat / float64(devBusy)
 	nReaders := 0
 	for _, c := range readers {
@@ -946,9 +966,14 @@ func (d *Detector) contentionCheck(ds *deviceState, devSet []sample, devBusy int
 func (d *Detector) learn(ds *deviceState, devSet []sample, devBusy int64, explained func(int32) bool, aggOf func(int32) *fileAgg) {
 	cfg := &d.cfg
 	var perClass [maxClass + 1][]float64
+	// Each latency's weight, where a class mixes samples streamed one by
+	// one with samples standing for N requests (weighted.go).
+	var perClassW [maxClass + 1][]uint64
+	mixed := !unitWeights(devSet)
 	collect := func(skip func(*sample) bool) {
 		for c := range perClass {
 			perClass[c] = perClass[c][:0]
+			perClassW[c] = perClassW[c][:0]
 		}
 		for i := range devSet {
 			s := &devSet[i]
@@ -956,7 +981,26 @@ func (d *Detector) learn(ds *deviceState, devSet []sample, devBusy int64, explai
 				continue
 			}
 			perClass[s.class] = append(perClass[s.class], float64(s.lat))
+			if mixed {
+				perClassW[s.class] = append(perClassW[s.class], s.w())
+			}
 		}
+	}
+	sc := &d.sc
+	// classQ returns the p-quantiles of class c's latencies (sorting them).
+	var qbuf [3]float64
+	classQ := func(c int, ps ...float64) []float64 {
+		xs := perClass[c]
+		out := qbuf[:len(ps)]
+		if ws := weightsOf(perClassW[c]); mixed && ws != nil {
+			wquantiles(xs, ws, ps, out, &sc.wbuf)
+			return out
+		}
+		slices.Sort(xs)
+		for i, p := range ps {
+			out[i] = percentile(xs, p)
+		}
+		return out
 	}
 	collect(func(*sample) bool { return false })
 	var ref [maxClass + 1]float64
@@ -964,8 +1008,7 @@ func (d *Detector) learn(ds *deviceState, devSet []sample, devBusy int64, explai
 		if cb := d.classRef(ds, uint8(c)); cb != nil {
 			ref[c] = cb.p50
 		} else if len(perClass[c]) >= cfg.BaselineMinSamples {
-			slices.Sort(perClass[c])
-			ref[c] = percentile(perClass[c], 0.5)
+			ref[c] = classQ(c, 0.5)[0]
 		}
 	}
 	apart := func(s *sample) bool {
@@ -979,13 +1022,15 @@ func (d *Detector) learn(ds *deviceState, devSet []sample, devBusy int64, explai
 	collect(apart)
 	var sumLat, depth float64
 	var n int
+	var wn uint64
 	for i := range devSet {
 		s := &devSet[i]
 		if s.flags&flagPostJump != 0 || explained(s.slot) || apart(s) {
 			continue
 		}
-		sumLat += float64(s.lat)
-		depth += float64(s.depth)
+		sumLat += float64(s.lat) * float64(s.w())
+		depth += float64(s.depth) * float64(s.w())
+		wn += s.w()
 		n++
 	}
 	for c := range perClass {
@@ -993,11 +1038,11 @@ func (d *Detector) learn(ds *deviceState, devSet []sample, devBusy int64, explai
 		if len(xs) < cfg.BaselineMinSamples {
 			continue
 		}
-		slices.Sort(xs)
-		ds.base.learnClass(uint8(c), percentile(xs, 0.5), percentile(xs, 0.95), percentile(xs, 0.99), len(xs) >= cfg.TailMinSamples, cfg.BaselineAlpha)
+		q := classQ(c, 0.5, 0.95, 0.99)
+		ds.base.learnClass(uint8(c), q[0], q[1], q[2], len(xs) >= cfg.TailMinSamples, cfg.BaselineAlpha)
 	}
 	if n >= cfg.BaselineMinSamples && devBusy > 0 {
-		ds.base.learnInflight(sumLat/float64(devBusy), depth/float64(n), cfg.BaselineAlpha)
+		ds.base.learnInflight(sumLat/float64(devBusy), depth/float64(wn), cfg.BaselineAlpha)
 	}
 }
 

@@ -103,11 +103,7 @@ func (d *Detector) fastDeviceRegimes(ds *deviceState, now int64, snap *Snapshot)
 		sc.win = append(sc.win, s)
 	}
 	devSet := sc.win
-	sc.ivals = sc.ivals[:0]
-	for i := range devSet {
-		sc.ivals = append(sc.ivals, [2]int64{devSet[i].issue(), devSet[i].complete})
-	}
-	devBusy := busyNS(sc.ivals)
+	devBusy := d.devBusy(devSet)
 	explained := func(slot int32) bool {
 		if slot == noSlot {
 			return false
@@ -219,6 +215,24 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 	}
 	p50 := func(cb *classBaseline) float64 { return cb.p50 }
 	p95 := func(cb *classBaseline) float64 { return cb.p95 }
+	// peerQ is the p-quantile of set's normalised latencies and how many
+	// there are; peers streamed 1 in N (unattributed requests) beside
+	// files' requests streamed one by one count N times each.
+	peerQ := func(set []sample, by func(*classBaseline) float64, p float64) (float64, int) {
+		if unitWeights(set) {
+			xs := norm(set, by)
+			return percentile(xs, p), len(xs)
+		}
+		var xs []float64
+		var ws []uint64
+		for i := range set {
+			if cb := d.classRef(ds, set[i].class); cb != nil {
+				xs = append(xs, float64(set[i].lat)/by(cb))
+				ws = append(ws, set[i].w())
+			}
+		}
+		return wquantile(xs, ws, p, &d.sc.wbuf), len(xs)
+	}
 	// judge applies one tier to the file's latest n requests: the evidence
 	// if it enters, "" if not.
 	judge := func(slot int32, tier fastTier) (string, []sample, float64) {
@@ -267,9 +281,9 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 			n++
 		}
 		others = others[:n]
-		peerN := norm(others, p50)
+		pm, peerN := peerQ(others, p50, 0.5)
 		peerEv := "no other file active to compare with"
-		if len(peerN) >= cfg.PeerMinSamples {
+		if peerN >= cfg.PeerMinSamples {
 			// As Evaluate: the file's median and p95 both PeerMult times
 			// its peers'. A device-wide stall leaves the peers' median
 			// normal (their unstalled requests even speed up) but not their
@@ -278,11 +292,11 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 			// multiple above its peers when they run slow themselves (a
 			// loaded host slows everyone a little; the file a little more
 			// now and then).
-			pm, pt := percentile(peerN, 0.5), percentile(norm(others, p95), 0.95)
+			pt, _ := peerQ(others, p95, 0.95)
 			if pm >= cfg.ShiftMult || n50 < cfg.PeerMult*pm || t95 < cfg.PeerMult*pt || n50 < tier.mult*max(pm, 1) {
 				return "", nil, 0
 			}
-			peerEv = fmt.Sprintf("other requests normal: median %.2fx, p95 %.2fx baseline (%d requests)", pm, pt, len(peerN))
+			peerEv = fmt.Sprintf("other requests normal: median %.2fx, p95 %.2fx baseline (%d requests)", pm, pt, peerN)
 		}
 		f := &d.files[slot]
 		p50d, p95d := time.Duration(percentile(sortedLat(set), 0.5)), time.Duration(percentile(sortedLat(set), 0.95))
@@ -445,7 +459,7 @@ func (d *Detector) Recent(now, span time.Duration, keys []probe.FileKey) Snapsho
 			continue
 		}
 		dst := DeviceStats{Device: ds.dev, Errors: ds.errors, CapacityBPS: ds.base.capacity}
-		d.setStats(win, nil, &dst.Requests, &dst.Bytes, &dst.P50, &dst.P95, &dst.P99, &dst.MeanSize, &dst.MeanDepth, &dst.BusyThroughput)
+		d.devSetStats(win, &dst)
 		snap.Devices = append(snap.Devices, dst)
 		// Every sample is in the span: each file's set is all of its own.
 		d.group(win, len(win))

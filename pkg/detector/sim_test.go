@@ -27,6 +27,30 @@ type sim struct {
 	tailOn    func(t time.Duration) bool
 	tailP     float64
 	tailExtra time.Duration
+	// sampleEvery > 1 streams records as the probe does above a disk's
+	// budget: of the samplable requests (under probe.SampleBelow, or not
+	// a file's), each of two CPUs streams its own completions 1 in
+	// sampleEvery, with that weight; file reads of SampleBelow or more
+	// are all streamed.
+	sampleEvery uint64
+	sampleRng   *rand.Rand
+	cpuSeq      [2]uint64
+}
+
+// streamed applies the probe's sampling to r: whether it is streamed,
+// and its weight.
+func (s *sim) streamed(r *probe.Record) bool {
+	if s.sampleEvery <= 1 || (r.Kind == probe.KindFile && r.Bytes >= probe.SampleBelow) {
+		return true
+	}
+	if s.sampleRng == nil {
+		s.sampleRng = rand.New(rand.NewPCG(7, 7))
+	}
+	cpu := s.sampleRng.IntN(2)
+	n := s.cpuSeq[cpu]
+	s.cpuSeq[cpu]++
+	r.Weight = uint32(s.sampleEvery)
+	return n%s.sampleEvery == 0
 }
 
 type reader struct {
@@ -194,7 +218,9 @@ func (s *sim) run(d *Detector, until, interval time.Duration, onEval func(Snapsh
 		}
 		s.inflight--
 		e.r.inFl--
-		d.Observe(e.rec)
+		if s.streamed(&e.rec) {
+			d.Observe(e.rec)
+		}
 		if e.r.inFl >= e.r.window {
 			// The window shrank: let it drain.
 		} else if e.r.think > 0 {

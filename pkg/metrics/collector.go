@@ -28,7 +28,7 @@ var (
 	descRegime   = desc("regime_active", "1 while the detector sees this slowdown regime on the device (on the device or on any of its files), else 0.", "device", "regime")
 	descActions  = desc("actions_total", "Tuner actions by kind and outcome (kept: it paid; undone: it did not; failed: it could not be applied).", "device", "action", "result")
 	descFiles    = desc("files_adjusted", "Open files whose readahead window readaheadd currently holds changed.", "device")
-	descSample   = desc("probe_sample_every", "The probe attributes and streams 1 in this many read requests of the device (1: all); counts, bytes and the latency histogram include every request.", "device")
+	descSample   = desc("probe_sample_every", "The probe streams 1 in this many of the device's samplable read requests (under 32 KiB, or not read for a file: direct I/O, metadata) to the detector (1: all); file reads of 32 KiB or more are all streamed; counts, bytes and the latency histogram include every request.", "device")
 	descLost     = desc("bpf_events_lost_total", "Probe events dropped because the ring buffer was full.")
 	descRunTime  = desc("bpf_run_seconds_total", "Kernel CPU time spent in each BPF program (needs kernel.bpf_stats_enabled=1).", "program")
 	descAttached = desc("probe_attached", "1 when the BPF programs are loaded and attached.")

@@ -28,8 +28,9 @@ type DeviceIO struct {
 	LatencySum time.Duration
 	Bytes      uint64
 	Requests   uint64
-	// SampleEvery is the probe's sampling period: 1 in N requests is
-	// attributed to a file and seen by the detector (1: every request).
+	// SampleEvery is the probe's sampling period: 1 in N samplable
+	// requests (under 32 KiB, or not read for a file) is seen by the
+	// detector (1: every request).
 	SampleEvery uint32
 }
 

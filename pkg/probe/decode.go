@@ -35,7 +35,7 @@ func decodeRecord(b []byte) (Record, error) {
 		Latency: time.Duration(le.Uint64(b[32:])),
 		Weight:  max(le.Uint32(b[44:]), 1),
 	}
-	if r.Kind > KindUnknown {
+	if r.Kind > KindDirect {
 		return Record{}, fmt.Errorf("decode read record: kind %d out of range", b[1])
 	}
 	if r.Kind == KindFile {

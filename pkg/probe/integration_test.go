@@ -53,6 +53,7 @@ func TestProbeAttributesReadsOnLoopDevice(t *testing.T) {
 	l := newLab(t, 256)
 	pathA, keyA := l.writeFile(t, "a", mb(64))
 	pathB, keyB := l.writeFile(t, "b", mb(96))
+	pathC, _ := l.writeFile(t, "c", mb(32))
 	dropCaches(t)
 
 	// Sampling off: every request is attributed (a RAM-backed loop device
@@ -68,6 +69,9 @@ func TestProbeAttributesReadsOnLoopDevice(t *testing.T) {
 
 	pidA := readAll(t, pathA)
 	pidB := readAll(t, pathB)
+	// Direct reads: nothing to attribute, but with sampling off every one
+	// is streamed as itself too.
+	require.NoError(t, ddDirect(t, pathC, "1M").Wait())
 	// Collect the tail: until the records stop growing for a few poll
 	// intervals (a fixed 200 ms missed 5 MB of them on a busy CI host).
 	c.settle(3 * time.Second)
@@ -77,10 +81,22 @@ func TestProbeAttributesReadsOnLoopDevice(t *testing.T) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	byFile := map[FileKey]uint64{}
-	var total uint64
+	var total, direct uint64
+	pinned := 0
 	for _, r := range c.recs {
 		require.Equal(t, l.Dev, r.Device, "record from a device outside the filter: %+v", r)
+		require.Equal(t, uint32(1), r.Weight, "sampling off: %+v", r)
 		total += uint64(r.Bytes)
+		// Direct reads: KindDirect (the bio's pages pinned from dd's
+		// buffer), or KindAnon for the part the block layer split off
+		// (a clone does not carry the pinned flag; its page is dd's
+		// anonymous buffer).
+		if r.Kind == KindDirect || r.Kind == KindAnon {
+			direct += uint64(r.Bytes)
+			if bioPinnedMask(kernelRelease()) != 0 && r.Kind == KindDirect {
+				pinned++
+			}
+		}
 		if r.Kind == KindFile {
 			byFile[r.File] += uint64(r.Bytes)
 			assert.Less(t, r.Offset, uint64(mb(96)), "offset beyond file: %+v", r)
@@ -92,7 +108,11 @@ func TestProbeAttributesReadsOnLoopDevice(t *testing.T) {
 		assert.GreaterOrEqual(t, r.Depth, uint32(1))
 		assert.False(t, r.Error)
 	}
-	t.Logf("%d records, %s in total; a: %s, b: %s", len(c.recs), fmtMB(total), fmtMB(byFile[keyA]), fmtMB(byFile[keyB]))
+	t.Logf("%d records, %s in total; a: %s, b: %s, direct reads: %s", len(c.recs), fmtMB(total), fmtMB(byFile[keyA]), fmtMB(byFile[keyB]), fmtMB(direct))
+	assert.Equal(t, uint64(mb(32)), direct, "every direct read of c, not attributed (the reader's own pages)")
+	if bioPinnedMask(kernelRelease()) != 0 {
+		assert.Positive(t, pinned, "direct reads known as such from the bio's flags")
+	}
 	// Readahead may read past EOF by nothing (ext4 stops at i_size), so the
 	// file's bytes are at most its size; at least 99% must be attributed.
 	assert.GreaterOrEqual(t, float64(byFile[keyA]), 0.99*float64(mb(64)), "bytes attributed to a")
@@ -121,6 +141,8 @@ func TestProbeAttributesReadsOnLoopDevice(t *testing.T) {
 	assert.Zero(t, s.Lost.Total(), "lost: %+v", s.Lost)
 	ds := s.Devices[l.Dev]
 	assert.Equal(t, uint64(len(c.recs)), ds.Requests)
+	assert.Equal(t, uint64(len(c.recs)), ds.Sampled)
+	assert.Equal(t, uint32(1), ds.SampleEvery)
 	assert.Equal(t, total, ds.Bytes)
 	var histSum uint64
 	for _, v := range ds.Hist {

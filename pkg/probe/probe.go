@@ -59,13 +59,15 @@ type Config struct {
 	// kernel.bpf_stats_enabled is 0. It costs two clock reads per run of
 	// every BPF program on the machine.
 	EnableStats bool
-	// SampleBudget is how many requests per second and disk the probe
-	// attributes to files and streams as records; above it, 1 in N requests
-	// smaller than SampleBelow is (N a power of two, adapted every Poll to
-	// the disk's request rate, reported as DeviceStats.SampleEvery and
-	// Record.Weight), while the per-disk counts, bytes and latency
-	// histogram stay exact. 0 means DefaultSampleBudget; negative never
-	// samples.
+	// SampleBudget is how many samplable requests per second and disk
+	// (DeviceStats.Samplable: those smaller than SampleBelow, and those of
+	// any size not read for a file, such as direct I/O and metadata) the
+	// probe streams as records; above it, 1 in N of them is (N a power of
+	// two, adapted every Poll to the disk's rate of samplable requests,
+	// reported as DeviceStats.SampleEvery and Record.Weight), while the
+	// per-disk counts, bytes and latency histogram stay exact. Requests of
+	// SampleBelow or more read for a file are always streamed. 0 means
+	// DefaultSampleBudget; negative never samples.
 	SampleBudget int
 	// SampleEvery, when non-zero, fixes the sampling period instead
 	// (a power of two; 1 attributes every request).
@@ -76,13 +78,14 @@ type Config struct {
 // about 3 us of CPU per record (measured: 3% of a core at 9200 records/s),
 // so 4096 records/s keeps it near 1% of a core on a disk doing 300k IOPS,
 // while the slow-device workloads it tunes issue a few thousand requests
-// per second at most, all readahead-sized and never sampled anyway.
+// per second at most, all readahead-sized file reads, never sampled.
 const DefaultSampleBudget = 4096
 
-// SampleBelow: requests of this size or more are always attributed (bpf/
-// probe.bpf.c SAMPLE_BELOW). Readahead issues larger requests, and the
-// detector follows streams request by request; small random reads are the
-// ones that come by the hundred thousand per second.
+// SampleBelow: requests of this size or more read for a file are always
+// streamed (bpf/probe.bpf.c SAMPLE_BELOW): readahead issues such requests,
+// and the detector follows streams request by request. Smaller requests
+// (random reads come by the hundred thousand per second) and requests not
+// read for a file (direct I/O, metadata: no file to follow) are samplable.
 const SampleBelow = 32 << 10
 
 // maxCPUs is how many CPUs' in-flight counters the kernel side sums
@@ -198,11 +201,42 @@ func (c Config) configure(spec *ebpf.CollectionSpec) error {
 	if err := spec.Variables["nr_cpus"].Set(uint32(min(cpus, maxCPUs))); err != nil {
 		return fmt.Errorf("set CPU count: %w", err)
 	}
+	if v, ok := spec.Variables["bio_pinned_mask"]; ok {
+		if err := v.Set(bioPinnedMask(kernelRelease())); err != nil {
+			return fmt.Errorf("set direct I/O flag: %w", err)
+		}
+	}
 	spec.Maps["events"].MaxEntries = uint32(c.RingBytes)
 	if m, ok := spec.Maps["filestats"]; ok {
 		m.MaxEntries = uint32(c.FileEntries)
 	}
 	return nil
+}
+
+// bioPinnedMask is bio->bi_flags' BIO_PAGE_PINNED bit on kernel release
+// rel ("6.18.0-..."), 0 when unknown. The flag is bit 0 since Linux 6.5,
+// which marks the pages of a direct-I/O bio pinned from the reader's
+// memory; before, bit 0 was BIO_NO_PAGE_REF, with another meaning. (The
+// enumerator is in an anonymous enum, which CO-RE cannot relocate, and
+// finding it among the kernel's BTF types takes about 0.3 s.)
+func bioPinnedMask(rel string) uint16 {
+	var major, minor int
+	if _, err := fmt.Sscanf(rel, "%d.%d", &major, &minor); err != nil {
+		return 0
+	}
+	if major > 6 || major == 6 && minor >= 5 {
+		return 1 << 0
+	}
+	return 0
+}
+
+// kernelRelease returns uname -r.
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
 }
 
 // checkBTF fails with ErrNoBTF when the kernel has no BTF.
@@ -429,6 +463,7 @@ func (p *Probe) Stats() (Stats, error) {
 			d.Sampled += v.Sampled
 			d.Untimed += v.Untimed
 			d.AllocTimed += v.AllocTimed
+			d.Samplable += v.Samplable
 			d.LatencySum += time.Duration(v.LatencyNs)
 			for i := range d.Hist {
 				d.Hist[i] += v.Hist[i]
@@ -561,14 +596,16 @@ func (p *Probe) adjustSampling(now time.Time) {
 		return
 	}
 	for k := range p.devSlots() {
-		// Every read request completed, sampled or not, summed over CPUs.
+		// Every samplable read request completed, streamed or not, summed
+		// over CPUs: the budget is theirs (file reads of SampleBelow or
+		// more are always streamed, whatever the period).
 		var percpu []probeDevStats
 		if err := p.objs.Devstats.Lookup(k, &percpu); err != nil {
 			continue // the next adjustment retries
 		}
 		var reqs uint64
 		for _, v := range percpu {
-			reqs += v.Requests
+			reqs += v.Samplable
 		}
 		s := p.sampler[k]
 		if s == nil {
@@ -615,8 +652,9 @@ func (p *Probe) devSlots() map[uint32]probeDevSlot {
 	return out
 }
 
-// SamplePeriod returns the sampling period for a disk issuing rate requests
-// per second, with at most budget attributed per second: the smallest power
+// SamplePeriod returns the sampling period for a disk completing rate
+// samplable requests per second, with at most budget of them streamed per
+// second: the smallest power
 // of two N with rate/N <= budget. Coming down from cur, it keeps a quarter
 // of the budget as margin, so that a rate near a boundary does not flap.
 func SamplePeriod(rate, budget float64, cur uint32) uint32 {

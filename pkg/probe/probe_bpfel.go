@@ -28,6 +28,7 @@ type probeDevStats struct {
 	Sampled    uint64
 	Untimed    uint64
 	AllocTimed uint64
+	Samplable  uint64
 }
 
 type probeFileCache struct {
@@ -111,6 +112,7 @@ const (
 	probeProgBlockRqComplete  = "block_rq_complete"
 	probeProgPageCacheAsyncRa = "page_cache_async_ra"
 	probeProgPageCacheSyncRa  = "page_cache_sync_ra"
+	probeVarBioPinnedMask     = "bio_pinned_mask"
 	probeVarCpuKnown          = "cpu_known"
 	probeVarCpuOff            = "cpu_off"
 	probeVarCpusAllKnown      = "cpus_all_known"
@@ -187,16 +189,17 @@ type probeMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type probeVariableSpecs struct {
-	CpuKnown     *ebpf.VariableSpec `ebpf:"cpu_known"`
-	CpuOff       *ebpf.VariableSpec `ebpf:"cpu_off"`
-	CpusAllKnown *ebpf.VariableSpec `ebpf:"cpus_all_known"`
-	FilterDevs   *ebpf.VariableSpec `ebpf:"filter_devs"`
-	LastHeadWake *ebpf.VariableSpec `ebpf:"last_head_wake"`
-	N_filterDevs *ebpf.VariableSpec `ebpf:"n_filter_devs"`
-	NrCpus       *ebpf.VariableSpec `ebpf:"nr_cpus"`
-	UnusedRa     *ebpf.VariableSpec `ebpf:"unused_ra"`
-	UnusedRec    *ebpf.VariableSpec `ebpf:"unused_rec"`
-	WakeupBytes  *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
+	BioPinnedMask *ebpf.VariableSpec `ebpf:"bio_pinned_mask"`
+	CpuKnown      *ebpf.VariableSpec `ebpf:"cpu_known"`
+	CpuOff        *ebpf.VariableSpec `ebpf:"cpu_off"`
+	CpusAllKnown  *ebpf.VariableSpec `ebpf:"cpus_all_known"`
+	FilterDevs    *ebpf.VariableSpec `ebpf:"filter_devs"`
+	LastHeadWake  *ebpf.VariableSpec `ebpf:"last_head_wake"`
+	N_filterDevs  *ebpf.VariableSpec `ebpf:"n_filter_devs"`
+	NrCpus        *ebpf.VariableSpec `ebpf:"nr_cpus"`
+	UnusedRa      *ebpf.VariableSpec `ebpf:"unused_ra"`
+	UnusedRec     *ebpf.VariableSpec `ebpf:"unused_rec"`
+	WakeupBytes   *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
 
 // probeObjects contains all objects after they have been loaded into the kernel.
@@ -244,16 +247,17 @@ func (m *probeMaps) Close() error {
 //
 // It can be passed to loadProbeObjects or ebpf.CollectionSpec.LoadAndAssign.
 type probeVariables struct {
-	CpuKnown     *ebpf.Variable `ebpf:"cpu_known"`
-	CpuOff       *ebpf.Variable `ebpf:"cpu_off"`
-	CpusAllKnown *ebpf.Variable `ebpf:"cpus_all_known"`
-	FilterDevs   *ebpf.Variable `ebpf:"filter_devs"`
-	LastHeadWake *ebpf.Variable `ebpf:"last_head_wake"`
-	N_filterDevs *ebpf.Variable `ebpf:"n_filter_devs"`
-	NrCpus       *ebpf.Variable `ebpf:"nr_cpus"`
-	UnusedRa     *ebpf.Variable `ebpf:"unused_ra"`
-	UnusedRec    *ebpf.Variable `ebpf:"unused_rec"`
-	WakeupBytes  *ebpf.Variable `ebpf:"wakeup_bytes"`
+	BioPinnedMask *ebpf.Variable `ebpf:"bio_pinned_mask"`
+	CpuKnown      *ebpf.Variable `ebpf:"cpu_known"`
+	CpuOff        *ebpf.Variable `ebpf:"cpu_off"`
+	CpusAllKnown  *ebpf.Variable `ebpf:"cpus_all_known"`
+	FilterDevs    *ebpf.Variable `ebpf:"filter_devs"`
+	LastHeadWake  *ebpf.Variable `ebpf:"last_head_wake"`
+	N_filterDevs  *ebpf.Variable `ebpf:"n_filter_devs"`
+	NrCpus        *ebpf.Variable `ebpf:"nr_cpus"`
+	UnusedRa      *ebpf.Variable `ebpf:"unused_ra"`
+	UnusedRec     *ebpf.Variable `ebpf:"unused_rec"`
+	WakeupBytes   *ebpf.Variable `ebpf:"wakeup_bytes"`
 }
 
 // probePrograms contains all programs after they have been loaded into the kernel.

@@ -4,8 +4,11 @@ import (
 	"context"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -186,4 +189,154 @@ func TestAdaptiveSamplingFollowsTheRate(t *testing.T) {
 	// Every request read this file: the weighted estimate is its byte count,
 	// within the noise of the period changing on the way.
 	assert.InDelta(t, float64(ds.Bytes), float64(est), 0.25*float64(ds.Bytes))
+}
+
+// ddDirect starts dd reading p with O_DIRECT in bs blocks (its buffer is
+// anonymous memory: the probe cannot name the file).
+func ddDirect(t testing.TB, p, bs string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("dd", "if="+p, "of=/dev/null", "bs="+bs, "iflag=direct")
+	require.NoError(t, cmd.Start())
+	return cmd
+}
+
+// With 1 in 4 of the samplable requests streamed, a buffered reader's
+// readahead requests (32 KiB or more, read for its file) are all streamed
+// with weight 1 and attributed exactly, while a direct-I/O reader's large
+// requests beside it (no file to name) are streamed 1 in 4 with weight 4;
+// every request is one or the other (Requests = file reads of 32 KiB or
+// more + Samplable), and the weighted records estimate the direct reads'
+// bytes within what systematic 1-in-4 sampling per CPU can miss.
+func TestSamplingStreamsDirectReadsOneInN(t *testing.T) {
+	needRoot(t, "loads BPF programs and creates a loop device")
+	l := newLab(t, 256)
+	pathA, keyA := l.writeFile(t, "a", mb(48))
+	pathB, _ := l.writeFile(t, "b", mb(64))
+	dropCaches(t)
+
+	const every = 4
+	p, err := Load(Config{Devices: []Dev{l.Dev}, Poll: 20 * time.Millisecond, SampleEvery: every})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, p.Close()) })
+	var c collector
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx, &c) }()
+
+	direct := ddDirect(t, pathB, "1M")
+	readAll(t, pathA)
+	require.NoError(t, direct.Wait())
+	c.settle(3 * time.Second)
+	cancel()
+	require.NoError(t, <-done)
+	s, err := p.Stats()
+	require.NoError(t, err)
+	ds := s.Devices[l.Dev]
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var fileLarge, fileBytes, unattrLarge, unattrEst, samplableW, allEst uint64
+	for _, r := range c.recs {
+		allEst += uint64(r.Bytes) * r.W()
+		switch {
+		case r.Kind == KindFile && r.Bytes >= SampleBelow:
+			require.Equal(t, uint32(1), r.Weight, "a file's readahead request is never sampled: %+v", r)
+			fileLarge++
+			if r.File == keyA {
+				fileBytes += uint64(r.Bytes)
+			}
+		case r.Bytes >= SampleBelow:
+			require.Equal(t, uint32(every), r.Weight, "a large request not read for a file is sampled: %+v", r)
+			unattrLarge++
+			unattrEst += uint64(r.Bytes) * r.W()
+			samplableW += r.W()
+		default:
+			require.Equal(t, uint32(every), r.Weight, "%+v", r)
+			samplableW += r.W()
+		}
+		assert.GreaterOrEqual(t, r.Depth, uint32(1), "%+v", r)
+	}
+	cpus, err := ebpf.PossibleCPU()
+	require.NoError(t, err)
+	t.Logf("%d records: %d file reads of 32 KiB or more (%s of a), %d large unattributed standing for %s; device: %d requests, %d samplable, %d streamed",
+		len(c.recs), fileLarge, fmtMB(fileBytes), unattrLarge, fmtMB(unattrEst), ds.Requests, ds.Samplable, ds.Sampled)
+	require.Positive(t, unattrLarge)
+
+	// Attribution of the buffered reader stays exact.
+	assert.GreaterOrEqual(t, float64(fileBytes), 0.99*float64(mb(48)), "bytes attributed to a")
+	assert.LessOrEqual(t, fileBytes, uint64(mb(48)))
+	assert.Equal(t, fileBytes, s.Files[keyA].Bytes, "kernel per-file totals")
+	// Every request is counted, and is either streamed whole or samplable.
+	assert.Equal(t, uint64(len(c.recs)), ds.Sampled)
+	assert.Equal(t, ds.Requests, fileLarge+ds.Samplable)
+	// Each CPU streams the first of every 4 of its samplable requests.
+	assert.GreaterOrEqual(t, samplableW, ds.Samplable)
+	assert.Less(t, samplableW, ds.Samplable+uint64(every*cpus))
+	// The direct reads' bytes, estimated: within 4 of the largest request
+	// per CPU of the 64 MB dd read (the loop device splits nothing here).
+	assert.InDelta(t, float64(mb(64)), float64(unattrEst), float64(every*cpus)*float64(mb(1)))
+	assert.InDelta(t, float64(ds.Bytes), float64(allEst), float64(every*cpus)*float64(mb(1)))
+	assert.Zero(t, s.Lost.Total(), "%+v", s.Lost)
+}
+
+// Above its budget, a disk's direct-I/O reads of any size are streamed
+// 1 in N, N following their rate, while a file's readahead requests beside
+// them are all streamed and attributed exactly.
+func TestAdaptiveSamplingOfDirectReads(t *testing.T) {
+	needRoot(t, "loads BPF programs and creates a loop device")
+	l := newLab(t, 256)
+	pathA, keyA := l.writeFile(t, "a", mb(32))
+	pathB, _ := l.writeFile(t, "b", mb(128))
+	dropCaches(t)
+	const budget = 200
+	p, err := Load(Config{Devices: []Dev{l.Dev}, Poll: 20 * time.Millisecond, SampleBudget: budget})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, p.Close()) })
+	var c collector
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx, &c) }()
+
+	start := time.Now()
+	direct := ddDirect(t, pathB, "64k")
+	time.Sleep(300 * time.Millisecond) // the period adapts to the direct reads first
+	readAll(t, pathA)
+	require.NoError(t, direct.Wait())
+	elapsed := time.Since(start)
+	c.settle(3 * time.Second)
+	s, err := p.Stats()
+	require.NoError(t, err)
+	cancel()
+	require.NoError(t, <-done)
+	ds := s.Devices[l.Dev]
+	rate := float64(mb(128)/(64<<10)) / elapsed.Seconds()
+	t.Logf("direct reads at about %.0f/s: %d requests, %d samplable, %d streamed, period %d at the end", rate, ds.Requests, ds.Samplable, ds.Sampled, ds.SampleEvery)
+	require.Greater(t, rate, 4.0*budget, "the reads must outrun the budget for this test to mean anything")
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var fileBytes, est uint64
+	weighted := 0
+	for _, r := range c.recs {
+		if r.Kind == KindFile && r.Bytes >= SampleBelow {
+			require.Equal(t, uint32(1), r.Weight, "%+v", r)
+			if r.File == keyA {
+				fileBytes += uint64(r.Bytes)
+			}
+			continue
+		}
+		if r.Weight > 1 {
+			weighted++
+		}
+		if r.Bytes == 64<<10 {
+			est += uint64(r.Bytes) * r.W()
+		}
+	}
+	assert.Positive(t, weighted, "direct reads carry their weight")
+	assert.Less(t, ds.Sampled, ds.Requests/2, "most direct reads are not streamed")
+	assert.GreaterOrEqual(t, float64(fileBytes), 0.99*float64(mb(32)), "bytes attributed to a")
+	assert.LessOrEqual(t, fileBytes, uint64(mb(32)))
+	assert.Equal(t, fileBytes, s.Files[keyA].Bytes)
+	// The direct reads' bytes, estimated through the period's changes.
+	assert.InDelta(t, float64(mb(128)), float64(est), 0.25*float64(mb(128)))
 }

@@ -45,19 +45,25 @@ type DeviceStats struct {
 	LatencySum time.Duration // over the Requests - Untimed requests in Hist
 	InFlight   int64         // read requests the kernel counts in flight now (/sys/dev/block/M:m/inflight)
 	Hist       [HistBuckets]uint64
-	// Sampled counts the requests attributed to files and streamed as
-	// records (all of them while the disk is under Config.SampleBudget).
+	// Sampled counts the requests streamed as records (all of them while
+	// the disk is under Config.SampleBudget).
 	Sampled uint64
+	// Samplable counts the requests the probe streams 1 in SampleEvery:
+	// those smaller than SampleBelow, and those of any size not read for
+	// a file (direct I/O, metadata). The others (file reads of
+	// SampleBelow or more) are always streamed. The sampling period
+	// follows this count's rate.
+	Samplable uint64
 	// Untimed counts requests without a latency: not sampled, on a queue
 	// that keeps neither I/O statistics nor accounting timestamps.
 	Untimed uint64
-	// AllocTimed counts unsampled requests timed from their allocation
+	// AllocTimed counts requests timed from their allocation
 	// (request start_time_ns: includes time queued before issue) because
 	// the queue keeps no issue time (io_start_time_ns, set only while the
 	// queue collects statistics).
 	AllocTimed uint64
-	// SampleEvery is the current sampling period N: 1 in N requests is
-	// attributed and streamed (1: every request).
+	// SampleEvery is the current sampling period N: 1 in N samplable
+	// requests is streamed (1: every request).
 	SampleEvery uint32
 }
 
@@ -172,7 +178,14 @@ func (a *Aggregator) Add(r Record) {
 	}
 	d.Hist[HistBucket(r.Latency)] += w
 	d.Sampled++
-	d.SampleEvery = uint32(w)
+	if r.Bytes < SampleBelow || r.Kind != KindFile {
+		d.Samplable += w
+		// The period of the latest samplable record (a file read of
+		// SampleBelow or more weighs 1 whatever the period).
+		d.SampleEvery = uint32(w)
+	} else if d.SampleEvery == 0 {
+		d.SampleEvery = 1
+	}
 	a.devs[r.Device] = d
 	if r.Kind != KindFile {
 		return

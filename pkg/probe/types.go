@@ -54,9 +54,14 @@ const (
 	KindAnon
 	// KindMeta: filesystem metadata, read through the block device's own inode.
 	KindMeta
-	// KindUnknown: no page to attribute (direct I/O, passthrough, or a bio
-	// the probe could not walk).
+	// KindUnknown: no page to attribute (passthrough, or a bio the probe
+	// could not walk).
 	KindUnknown
+	// KindDirect: direct I/O into the reader's own memory (the bio's pages
+	// pinned for it, BIO_PAGE_PINNED: Linux 6.5 and later); no file named.
+	// On older kernels such reads are KindAnon (an anonymous buffer) or
+	// KindFile (a buffer mapped from a file: that file is named).
+	KindDirect
 )
 
 func (k Kind) String() string {
@@ -67,6 +72,8 @@ func (k Kind) String() string {
 		return "anon"
 	case KindMeta:
 		return "meta"
+	case KindDirect:
+		return "direct"
 	default:
 		return "unknown"
 	}
@@ -94,8 +101,11 @@ type Record struct {
 	Offset uint64  // byte offset in File of the first page, when Kind == KindFile
 	Error  bool    // the request completed with an error
 	// Weight is how many requests of Device this record stands for: the
-	// sampling period when the probe attributes 1 in N requests (above
-	// Config.SampleBudget), 1 otherwise. 0 (a Record built by hand) means 1.
+	// sampling period N when the disk is above Config.SampleBudget and the
+	// request is samplable (smaller than SampleBelow, or not read for a
+	// file: Kind is not KindFile), 1 otherwise. Records of one disk may so
+	// carry different weights: counts and sums over them take each record
+	// Weight times. 0 (a Record built by hand) means 1.
 	Weight uint32
 }
 

@@ -39,6 +39,15 @@ func TestDecodeRecordMatchesBPFLayout(t *testing.T) {
 	assert.True(t, r.File.IsZero())
 	assert.Equal(t, KindMeta, r.Kind)
 
+	in.Kind = uint8(KindDirect)
+	buf.Reset()
+	require.NoError(t, binary.Write(&buf, binary.LittleEndian, in))
+	r, err = decodeRecord(buf.Bytes())
+	require.NoError(t, err)
+	assert.True(t, r.File.IsZero())
+	assert.Equal(t, KindDirect, r.Kind)
+	assert.Equal(t, "direct", r.Kind.String())
+
 	_, err = decodeRecord(buf.Bytes()[:10])
 	assert.ErrorIs(t, err, errShort)
 	bad := append([]byte(nil), buf.Bytes()...)
@@ -293,4 +302,38 @@ func TestSamplePeriod(t *testing.T) {
 		assert.Equal(t, c.want, SamplePeriod(c.rate, budget, c.cur), "rate %.0f from %d", c.rate, c.cur)
 	}
 	assert.Equal(t, uint32(1), SamplePeriod(1e9, 0, 8), "no budget: no sampling")
+}
+
+// BIO_PAGE_PINNED is bit 0 of bio->bi_flags from Linux 6.5 on; before, bit
+// 0 meant something else and the probe must not read it.
+func TestBioPinnedMask(t *testing.T) {
+	for rel, want := range map[string]uint16{
+		"6.18.0-1-cloud-amd64": 1, "6.5.0": 1, "6.5": 1, "7.0.1": 1,
+		"6.4.16": 0, "5.15.0-91-generic": 0, "4.19.0": 0, "": 0, "garbage": 0,
+	} {
+		assert.Equal(t, want, bioPinnedMask(rel), "release %q", rel)
+	}
+}
+
+// Every request is either a file read of SampleBelow or more, streamed
+// whole, or samplable and streamed 1 in N: the Aggregator (the kernel's
+// totals rebuilt from records) counts the samplable ones with their
+// weights and reports the period of the latest.
+func TestAggregatorCountsSamplableRequests(t *testing.T) {
+	d := MkDev(7, 1)
+	file := FileKey{Dev: d, Ino: 5}
+	var a Aggregator
+	a.Add(Record{Device: d, Bytes: 128 << 10, Kind: KindFile, File: file, Weight: 1})
+	a.Add(Record{Device: d, Bytes: 1 << 20, Kind: KindDirect, Weight: 8})
+	a.Add(Record{Device: d, Bytes: 4096, Kind: KindFile, File: file, Weight: 8})
+	a.Add(Record{Device: d, Bytes: 128 << 10, Kind: KindFile, File: file, Weight: 1})
+	ds := a.Stats().Devices[d]
+	assert.Equal(t, uint64(2+8+8), ds.Requests)
+	assert.Equal(t, uint64(2*128<<10+8<<20+8*4096), ds.Bytes)
+	assert.Equal(t, uint64(16), ds.Samplable)
+	assert.Equal(t, uint64(4), ds.Sampled)
+	assert.Equal(t, uint32(8), ds.SampleEvery, "the period of the latest samplable record")
+	f := a.Stats().Files[file]
+	assert.Equal(t, uint64(2+8), f.Requests)
+	assert.Equal(t, uint64(2*128<<10+8*4096), f.Bytes)
 }
