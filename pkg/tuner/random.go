@@ -18,17 +18,23 @@ import (
 //
 // Each random reader has a reference: its service (mean and p99 latency of
 // its requests) while nothing readaheadd does is in force on its device,
-// learned interval by interval, frozen while readaheadd acts there, and
-// lowered to what the reader gets just after a slowdown began, before
-// readaheadd acts on it (deferBesideRandom). Its budget is that reference
-// plus randMeanMax on the mean (a reader that waits on each of its faults
-// touches about 1/mean pages a second) and randTailMax on the p99 (its
-// tail). The mean is steady from one interval to the next and drives the
-// steps and their verdicts; one interval's p99 is a handful of requests and
-// strays 20-30% either way on this host (with no stream step at all), so
-// the p99 is smoothed over intervals and watched (watchRandom), and acts at
-// a verdict only when it is far off (randTailSevere). Everything a stream
-// beside it does answers to that budget, not to the step before:
+// learned interval by interval, frozen while readaheadd acts there, and set
+// to what the reader gets just before a stream's first step (the conditions
+// of the moment: a slowdown that just began, a stream that just opened).
+// The goal is that the reader keeps 95% of its rate and its p99 within 10%
+// of what the device's default window gives it. Its budget aims inside
+// that goal by the noise of what it is judged on: the mean at most
+// randMeanBudget of the reference (a reader that waits on each of its
+// faults touches about 1/mean pages a second), the p99 at most
+// randTailBudget of it. The reference is itself a few noisy intervals, and
+// on this host one interval's p99 strays 20-30% either way with no step at
+// all; so the mean, steady from one interval to the next, drives the steps
+// and their verdicts, and the p99 is smoothed over intervals and watched
+// (watchRandom), acting at a verdict only when it is far off
+// (randTailSevere). The read-around trim gives the reader far more than
+// that margin (16 KB per fault instead of a whole window): the stream
+// spends what is left of it. Everything a stream beside it does answers to
+// that budget, not to the step before:
 //   - the stream's steps are sized to fit (randomLimitKB): each KB more the
 //     stream keeps queued delays their requests by about a KB's transfer at
 //     the device's capacity, so a step is no larger than the budget left
@@ -47,16 +53,22 @@ import (
 // window only because the device's queue is full: a larger window would
 // take its share from them, and on a healthy device nothing is slow.
 const (
-	// randMeanMax, randTailMax: how far a random reader's mean and p99
-	// latency may rise above its reference.
-	randMeanMax = 0.05
-	randTailMax = 0.10
+	// randMeanBudget, randTailBudget: a random reader's mean and p99
+	// latency as a share of its reference that a stream's window may
+	// cost it (see above: inside the goal's 0.95x rate and 1.1x p99 by
+	// the noise of a few intervals).
+	randMeanBudget = 0.90
+	randTailBudget = 1.10
+	// randMeanBudgetUntrimmed: the mean budget of a reader no trim gives
+	// room (a buffered random reader reads what it asks for): the goal's
+	// own 5%, since a margin below its reference would rule out any step.
+	randMeanBudgetUntrimmed = 1.05
 	// randTailSevere: a p99 this many times the reference undoes a step
 	// at its verdict; below it the smoothed p99 decides (watchRandom).
 	randTailSevere = 1.6
 	// randTailAlpha: weight of the latest interval in a smoothed p99
 	// (a reference's, and a kept window's watch).
-	randTailAlpha = 0.25
+	randTailAlpha = 0.2
 	// randGrowth: a window step beside random readers is at most this
 	// factor; randMinStep: a smaller one than this is not worth a trial.
 	randGrowth  = 1.5
@@ -232,8 +244,8 @@ type randObs struct {
 // their budgets.
 type randCost struct {
 	n    int           // random readers measured
-	mean float64       // the largest share of a mean budget used (1: all of it)
-	tail float64       // the largest p99 against its reference (1: the same)
+	mean float64       // the largest share of a mean budget used (above 1: over it)
+	tail float64       // the largest p99 against its reference
 	max  time.Duration // the largest mean latency
 	why  string        // which reader and how, for the evidence
 }
@@ -253,17 +265,28 @@ func (t *Tuner) randomCost(dev probe.Dev, except probe.FileKey) randCost {
 		}
 		c.n++
 		c.max = max(c.max, r.svc.mean)
-		cm := (float64(r.svc.mean)/float64(r.ref.svc.mean) - 1) / randMeanMax
+		cm := float64(r.svc.mean) / (t.meanBudget(r) * float64(r.ref.svc.mean))
 		tr := float64(r.svc.tail) / float64(r.ref.svc.tail)
 		c.mean, c.tail = max(c.mean, cm), max(c.tail, tr)
-		if w := max(cm, (tr-1)/randTailMax); w > worst {
+		if w := max(cm, tr/randTailBudget); w > worst {
 			worst = w
-			c.why = fmt.Sprintf("the random reader %s beside it: mean %v p99 %v against its reference %v / %v (budget +%.0f%% / +%.0f%%)",
+			c.why = fmt.Sprintf("the random reader %s beside it: mean %v p99 %v against its reference %v / %v (budget %.2fx / %.2fx)",
 				r.key, r.svc.mean.Round(10*time.Microsecond), r.svc.tail.Round(10*time.Microsecond),
-				r.ref.svc.mean.Round(10*time.Microsecond), r.ref.svc.tail.Round(10*time.Microsecond), 100*randMeanMax, 100*randTailMax)
+				r.ref.svc.mean.Round(10*time.Microsecond), r.ref.svc.tail.Round(10*time.Microsecond), t.meanBudget(r), randTailBudget)
 		}
 	}
 	return c
+}
+
+// meanBudget is a random reader's mean budget as a share of its reference:
+// with a margin when its read-around trim gives it room (it is trimmed, or
+// reads around with the device's window and its trim is not backed off),
+// the goal's own 5% otherwise.
+func (t *Tuner) meanBudget(r randObs) float64 {
+	if t.trims[r.key] != nil || !t.cfg.DisableTrim && t.trimOffs[r.key] == nil && readAroundSized(r.fs, t.cfg.TrimKB) {
+		return randMeanBudget
+	}
+	return randMeanBudgetUntrimmed
 }
 
 // randomLimitKB is the largest window fd's stream may try given the random
@@ -293,7 +316,7 @@ func (t *Tuner) randomLimitKB(fd *fileDec) (int, string) {
 		// with the slack.
 		perByte = min(perByte, max(2*fd.dev.randSlope, randSlopeFloor*perByte))
 	}
-	trimComes := false
+	trimComes, trimmed := false, false
 	room := time.Duration(1<<62 - 1)
 	for _, r := range rs {
 		if r.ref == nil {
@@ -306,6 +329,7 @@ func (t *Tuner) randomLimitKB(fd *fileDec) (int, string) {
 		// Sized by the mean: steady from one interval to the next (the
 		// p99 is watched over several, watchRandom).
 		cur := r.svc.mean
+		trimmed = trimmed || t.trims[r.key] != nil
 		if t.trims[r.key] == nil && !t.cfg.DisableTrim && readAroundSized(r.fs, t.cfg.TrimKB) && t.trimOffs[r.key] == nil {
 			// Its trim comes with the step: each request reads TrimKB
 			// instead of its read-around window.
@@ -313,16 +337,17 @@ func (t *Tuner) randomLimitKB(fd *fileDec) (int, string) {
 			cur = max(cur-less, cur/4)
 			trimComes = true
 		}
-		room = min(room, time.Duration(float64(r.ref.svc.mean)*(1+randMeanMax))-cur)
+		room = min(room, time.Duration(float64(r.ref.svc.mean)*t.meanBudget(r))-cur)
 	}
 	if room <= 0 {
 		return 0, "the random readers beside it have no budget left"
 	}
 	w := fd.win.inForce()
 	kb := w + int(room.Seconds()/perByte/1024)
-	if !learned && !trimComes && float64(kb) < randMinStep*float64(w) {
-		// What a KB costs them on this device is not known: one small
-		// step shows it (its verdict holds them to their budget).
+	if !learned && !trimComes && !trimmed && !fd.dev.randExplored && float64(kb) < randMinStep*float64(w) {
+		// What a KB costs them on this device is not known, and no trim
+		// gives them room: one small step shows it (its verdict holds
+		// them to their budget), once per device (learnRandomSlope).
 		kb = int(randMinStep*float64(w)) + randStepKB - 1
 		return kb / randStepKB * randStepKB, "a small step shows what the stream's window costs the random readers on this device"
 	}
@@ -335,8 +360,9 @@ func (t *Tuner) randomLimitKB(fd *fileDec) (int, string) {
 // the bytes the step added. Not across a change of their trims (their
 // requests changed with it).
 func (t *Tuner) learnRandomSlope(d *devState, l *ladder, m measure) {
+	d.randExplored = true
 	b := l.before
-	if b.rand.max <= 0 || m.rand.max <= 0 || l.trial <= l.trialFrom || d.trimAt >= l.trialAt-t.cfg.Settle {
+	if b.rand.max <= 0 || m.rand.max <= 0 || l.trial <= l.trialFrom || d.trimAt > l.trialAt-t.cfg.Settle {
 		return
 	}
 	slope := max(0, (m.rand.max-b.rand.max).Seconds()) / float64((l.trial-l.trialFrom)*1024)
@@ -424,9 +450,9 @@ func (t *Tuner) refreshRandom(d *devState) {
 // against its reference, smoothed over intervals (one interval's strays too
 // far either way to keep or undo a step on), and their mean. When the
 // smoothed p99 goes above its budget, or the mean is over its budget two
-// intervals in a row, the window comes down to the one kept before it,
-// with a knee that holds for BackoffMax. It reports whether it lowered the
-// window.
+// intervals in a row, the window comes down to the one kept before it, and
+// it or more is out of reach for BackoffMax. It reports whether it lowered
+// the window.
 func (t *Tuner) watchRandom(fd *fileDec, m measure) bool {
 	l := &fd.win
 	if m.rand.n == 0 || l.cur <= l.base {
@@ -447,7 +473,7 @@ func (t *Tuner) watchRandom(fd *fileDec, m measure) bool {
 	} else {
 		l.meanOver = 0
 	}
-	if l.tailWatch <= 1+randTailMax && l.meanOver < 2 && m.rand.tail < randTailSevere {
+	if l.tailWatch <= randTailBudget && l.meanOver < 2 && m.rand.tail < randTailSevere {
 		return false
 	}
 	from, to := l.cur, max(l.prev, l.base)
@@ -455,10 +481,15 @@ func (t *Tuner) watchRandom(fd *fileDec, m measure) bool {
 		return false // tried again next interval
 	}
 	l.cur, l.movedAt, l.keptAt = to, now, now
-	l.knee, l.kneeRandom, l.failures, l.retryAt = true, true, 1, now+t.cfg.BackoffMax
 	l.prev, l.tailWatch, l.meanOver = max(l.base, to*2/3/randStepKB*randStepKB), 0, 0
+	// A ceiling, not a knee: half way back to the window that went over
+	// stays out of reach for BackoffMax, and the stream may still grow
+	// below it within the budget (a window raised before the random
+	// reader was known, a prior's, comes down to the device's and grows
+	// again from there).
+	l.ceil, l.ceilUntil = max((from+to)/2/randStepKB*randStepKB, to+randStepKB), now+t.cfg.BackoffMax
 	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
 		FromKB: from, ToKB: to, Result: ResultUndone,
-		Evidence: fmt.Sprintf("over budget over the last intervals: %s; knee at %d KB, probing further in %v", m.rand.why, to, t.cfg.BackoffMax)})
+		Evidence: fmt.Sprintf("over budget over the last intervals: %s; no window of %d KB or more for %v", m.rand.why, l.ceil, t.cfg.BackoffMax)})
 	return true
 }

@@ -70,6 +70,8 @@ type ladder struct {
 	// prev: the value kept before cur; tailWatch, meanOver: the watch of
 	// what the value in force costs the random readers (random.go).
 	prev      int
+	ceil      int           // no step to ceil or more before ceilUntil
+	ceilUntil time.Duration
 	tailWatch float64
 	meanOver  int
 	watchAt   time.Duration
@@ -236,7 +238,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		if l.kind == KindFileWindow && m.rand.n > 0 {
 			// Beside random readers the watch starts afresh.
 			l.tailWatch, l.meanOver = 0, 0
-			if m.rand.tail > 1+randTailMax {
+			if m.rand.tail > randTailBudget {
 				ev += "; watched: " + m.rand.why
 			}
 		}

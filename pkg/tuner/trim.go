@@ -99,19 +99,21 @@ func (t *Tuner) trimAll() {
 	}
 	for _, k := range sortedKeys(t.trims) {
 		td := t.trims[k]
+		if helped[td.dev] {
+			td.lastNeed = now
+		}
 		switch {
 		case t.files[k] != nil:
 			// A decision of the file's own sets its window now.
 			delete(t.trims, k)
-		case helped[td.dev]:
-			td.lastNeed = now
-			if td.trialAt != 0 && now-td.trialAt >= t.cfg.Settle {
-				t.judgeTrim(td)
-			} else if td.trialAt == 0 && !td.dry {
-				t.retrim(td)
-			}
+		case td.trialAt != 0 && now-td.trialAt >= t.cfg.Settle:
+			// Judged on its own requests, whether or not a window is
+			// still raised beside it.
+			t.judgeTrim(td)
 		case now-td.lastNeed >= t.cfg.Grace:
 			t.endTrim(td, fmt.Sprintf("no window raised on the device for %v", t.cfg.Grace))
+		case td.trialAt == 0 && !td.dry:
+			t.retrim(td)
 		}
 	}
 	for _, d := range sortedDevs(t.devs) {

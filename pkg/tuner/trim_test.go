@@ -187,7 +187,7 @@ func TestTrimUndoneForBufferedRandomReads(t *testing.T) {
 
 func TestTrimReachesADescriptorOpenedLater(t *testing.T) {
 	m := newMmapRig(t, Config{})
-	m.run(3)
+	m.run(31) // past the scan period of the first search
 	require.Equal(t, 16, m.files.window[m.rnd])
 	// The reader opens the file again: the new descriptor has the
 	// device's window, and its faults read 128 KB again.

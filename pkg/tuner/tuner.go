@@ -71,8 +71,10 @@ type devState struct {
 	// reference (random.go). trimAt: when a trim there last changed.
 	movedAt, trimAt time.Duration
 	// randSlope: seconds of delay each byte a stream keeps queued costs
-	// the device's random readers, learned from steps (0: not yet).
-	randSlope float64
+	// the device's random readers, learned from steps (0: not yet);
+	// randExplored: the one small step that learns it was given.
+	randSlope    float64
+	randExplored bool
 }
 
 type fileDec struct {
@@ -863,10 +865,19 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		// their budget and paying its margin, rather than straight to the
 		// window that fills the device (random.go).
 		fd.win.hint = 0
+		if escalate && fd.win.cur == fd.win.base && fd.win.trial == 0 {
+			// A first step: the random readers' reference is what they
+			// get now, at the device's window, in the conditions of the
+			// moment (a stream that just slowed or opened changed them).
+			t.refreshRandom(fd.dev)
+		}
 		fd.win.limitFn = func() int {
 			lim, why := t.randomLimitKB(fd)
 			if lim < 0 {
 				return 0
+			}
+			if l := &fd.win; l.ceil > 0 && t.deps.Clock.Now() < l.ceilUntil {
+				lim = min(lim, l.ceil-randStepKB)
 			}
 			if lim < int(randMinStep*float64(fd.win.cur)) {
 				t.log.Debug("tuner: no step beside random readers", "file", fd.key.String(), "window_kb", fd.win.cur, "why", why)
