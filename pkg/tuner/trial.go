@@ -70,7 +70,7 @@ type ladder struct {
 	// prev: the value kept before cur; tailWatch, meanOver: the watch of
 	// what the value in force costs the random readers (random.go).
 	prev      int
-	ceil      int           // no step to ceil or more before ceilUntil
+	ceil      int // no step to ceil or more before ceilUntil
 	ceilUntil time.Duration
 	tailWatch float64
 	meanOver  int
