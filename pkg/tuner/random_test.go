@@ -52,7 +52,11 @@ func (r *rig) runBesideOf(n int, st stream, rnd func(kb int) (float64, time.Dura
 			size = 16 << 10 // trimmed beside the raised window
 		}
 		own := time.Duration(size>>10) * 6800 * time.Nanosecond
-		s.Files = append(s.Files, randomStats(rkey, s.Now, req, p99*6/10+own, p99+own, size))
+		rs := randomStats(rkey, s.Now, req, p99*6/10+own, p99+own, size)
+		s.Files = append(s.Files, rs)
+		// The stream is slowed by its file: its requests take three
+		// times as long as the random reader's.
+		s.Files[0].P50 = max(s.Files[0].P50, 3*rs.P50)
 		all = append(all, r.tn.Step(s)...)
 	}
 	return all
@@ -155,7 +159,7 @@ func TestStreamBesideARandomReaderSpendsTheBudgetItsTrimLeaves(t *testing.T) {
 
 // A stream whose requests are no slower than the random reader's beside it
 // (a healthy device whose queue both wait in) is not bound by its window but
-// by the queue: no trial, no trim. Once its requests take twice as long as
+// by the queue: no trial, no trim. Once its requests take three times as long as
 // the random reader's, it is slowed, and both come at once.
 func TestStreamNoSlowerThanItsRandomPeersIsLeftAlone(t *testing.T) {
 	l := newLabRig(t)
@@ -164,7 +168,16 @@ func TestStreamNoSlowerThanItsRandomPeersIsLeftAlone(t *testing.T) {
 	acts := l.run(20)
 	logActs(t, acts)
 	assert.Empty(t, acts, "a healthy stream beside a random reader: nothing")
-	l.streamP50 = 2 * mean
+	// Half again as long as the random reader's, all of the excess spent
+	// behind its own requests (the bytes it keeps in flight, at the
+	// device's capacity): still the queue, not its file.
+	l.st.fill = 2.5
+	own := 1092 * time.Microsecond // 2.5 x 128 KB / 2 at 150 MB/s
+	l.streamP50 = mean*3/2 + own*3/4 // 2.0x raw, 1.3x less its own queue
+	acts = l.run(10)
+	logActs(t, acts)
+	assert.Empty(t, acts, "its own queue is no slowdown")
+	l.streamP50 = 3 * mean
 	acts = l.run(2)
 	logActs(t, acts)
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
