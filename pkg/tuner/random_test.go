@@ -172,7 +172,7 @@ func TestStreamNoSlowerThanItsRandomPeersIsLeftAlone(t *testing.T) {
 	// behind its own requests (the bytes it keeps in flight, at the
 	// device's capacity): still the queue, not its file.
 	l.st.fill = 2.5
-	own := 1092 * time.Microsecond // 2.5 x 128 KB / 2 at 150 MB/s
+	own := 1092 * time.Microsecond   // 2.5 x 128 KB / 2 at 150 MB/s
 	l.streamP50 = mean*3/2 + own*3/4 // 2.0x raw, 1.3x less its own queue
 	acts = l.run(10)
 	logActs(t, acts)
