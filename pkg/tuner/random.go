@@ -2,10 +2,8 @@ package tuner
 
 import (
 	"fmt"
-	"slices"
 	"time"
 
-	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
@@ -94,151 +92,6 @@ const (
 	// maxRandRefs bounds the references kept.
 	maxRandRefs = 4096
 )
-
-// randService is what a random reader gets over one measure.
-type randService struct {
-	mean, tail time.Duration // mean and p99 latency
-	size       float64       // bytes per request
-	requests   uint64
-}
-
-// randRef is a random reader's reference service.
-type randRef struct {
-	dev  probe.Dev
-	svc  randService
-	seen time.Duration
-	// clean: learned while nothing readaheadd does was in force on the
-	// device (a reader first seen beside a raised window is referred to
-	// what it got then, until the device is clean again).
-	clean bool
-}
-
-// serviceOf is a random reader's service in fs, ok if it has enough
-// requests to say.
-func serviceOf(fs detector.FileStats) (randService, bool) {
-	if fs.Requests < trimMinRequests || fs.BusyThroughput <= 0 || fs.MeanSize <= 0 || fs.Inflight <= 0 || fs.P95 <= 0 || fs.P99 <= 0 {
-		return randService{}, false
-	}
-	// Little's law: the mean latency is the requests in flight while busy
-	// times the bytes per request over the busy throughput.
-	mean := time.Duration(fs.Inflight * fs.MeanSize / fs.BusyThroughput * float64(time.Second))
-	return randService{mean: mean, tail: fs.P99, size: fs.MeanSize, requests: fs.Requests}, true
-}
-
-// untouched reports whether nothing readaheadd does is in force on the
-// device, and nothing changed there for a Settle (the last measure holds
-// no request from before a change).
-func (t *Tuner) untouched(d *devState) bool {
-	if d == nil {
-		return true
-	}
-	if t.helping(d) || t.deps.Clock.Now()-d.movedAt < t.cfg.Settle && d.movedAt != 0 {
-		return false
-	}
-	for _, td := range t.trims {
-		if td.dev == d {
-			return false
-		}
-	}
-	return true
-}
-
-// observeRandom learns the references of the random readers in the Step's
-// snapshot (t.mu held).
-func (t *Tuner) observeRandom(now time.Duration) {
-	for _, fs := range t.snap.Files {
-		if !t.readRandomly(fs) {
-			continue
-		}
-		svc, ok := serviceOf(fs)
-		if !ok {
-			continue
-		}
-		clean := t.untouched(t.devs[fs.Device])
-		ref := t.randRefs[fs.Key]
-		switch {
-		case ref == nil:
-			if len(t.randRefs) >= maxRandRefs {
-				continue
-			}
-			if !clean {
-				svc = t.untouchedEstimate(fs, svc)
-			}
-			t.randRefs[fs.Key] = &randRef{dev: fs.Device, svc: svc, seen: now, clean: clean}
-			continue
-		case clean && !ref.clean:
-			ref.svc, ref.clean = svc, true
-		case clean:
-			ref.svc.mean = ewmaDur(ref.svc.mean, svc.mean, randRefAlpha)
-			ref.svc.tail = ewmaDur(ref.svc.tail, svc.tail, randTailAlpha)
-			ref.svc.size = (1-randRefAlpha)*ref.svc.size + randRefAlpha*svc.size
-		}
-		ref.seen = now
-	}
-	for k, ref := range t.randRefs {
-		if now-ref.seen >= t.cfg.BackoffMax {
-			delete(t.randRefs, k)
-		}
-	}
-}
-
-// untouchedEstimate is what a random reader first seen beside windows
-// readaheadd raised (a prior given to a fresh open before the first
-// interval, say) would get without them, by the same account steps are
-// sized by: each KB the raised windows keep queued beyond the device's
-// delays its requests by randSlack KB transfers at the device's capacity;
-// a trim it already has saves it the transfer of its read-around.
-func (t *Tuner) untouchedEstimate(fs detector.FileStats, svc randService) randService {
-	d := t.devs[fs.Device]
-	capBPS := t.dstats[fs.Device].CapacityBPS
-	if capBPS <= 0 {
-		capBPS = t.dstats[fs.Device].BusyThroughput
-	}
-	if d == nil || capBPS <= 0 {
-		return svc
-	}
-	perByte := randSlack / capBPS
-	var excess float64 // bytes
-	for _, fd := range t.files {
-		if fd.dev == d && fd.key != fs.Key && fd.win.inForce() > fd.win.base {
-			excess += float64(fd.win.inForce()-fd.win.base) * 1024
-		}
-	}
-	if td := t.trims[fs.Key]; td != nil && td.from > td.kb {
-		excess -= float64(td.from-td.kb) * 1024
-	}
-	less := time.Duration(excess * perByte * float64(time.Second))
-	svc.mean = max(svc.mean-less, svc.mean/4)
-	svc.tail = max(svc.tail-less, svc.tail/4)
-	return svc
-}
-
-func ewmaDur(old, x time.Duration, alpha float64) time.Duration {
-	return time.Duration((1-alpha)*float64(old) + alpha*float64(x))
-}
-
-// randomsBeside returns the random readers on dev in the tuner's view,
-// other than except, with their service now.
-func (t *Tuner) randomsBeside(dev probe.Dev, except probe.FileKey) []randObs {
-	var out []randObs
-	for k, fs := range t.fstats {
-		if k == except || fs.Device != dev || !t.readRandomly(fs) {
-			continue
-		}
-		svc, ok := serviceOf(fs)
-		out = append(out, randObs{key: k, fs: fs, svc: svc, ok: ok, ref: t.randRefs[k]})
-	}
-	slices.SortFunc(out, func(a, b randObs) int { return compareKeys(a.key, b.key) })
-	return out
-}
-
-type randObs struct {
-	key probe.FileKey
-	fs  detector.FileStats
-	svc randService
-	ok  bool
-	ref *randRef
-}
 
 // randCost is what the random readers beside a stream get now against
 // their budgets.
@@ -376,47 +229,6 @@ func (t *Tuner) learnRandomSlope(d *devState, l *ladder, m measure) {
 	}
 }
 
-// slowerThanPeers reports whether a stream's requests, less the wait
-// behind its own, take peerSlowMult times as long as those of the random
-// readers on its device (its file is slow, not the device's queue, which
-// they wait in too), with why; false with no random reader to compare with.
-// Measured on the lab, healthy: the stream's median 2.5 ms, 1.1 of it
-// behind its own requests, beside a random reader's 1.2-2.5 ms.
-func (t *Tuner) slowerThanPeers(fs detector.FileStats) (bool, string) {
-	var peer time.Duration
-	for _, r := range t.randomsBeside(fs.Device, fs.Key) {
-		if r.fs.Requests >= minBoundRequests && r.fs.P50 > peer {
-			peer = r.fs.P50
-		}
-	}
-	if peer <= 0 || fs.P50 <= 0 {
-		return false, ""
-	}
-	// A stream's requests also wait behind its own: on average half the
-	// bytes it keeps in flight, at the device's capacity. A random reader
-	// with one fault at a time waits behind no request of its own. What is
-	// left is what the device makes the stream's requests wait.
-	own := time.Duration(0)
-	if capBPS := t.dstats[fs.Device].CapacityBPS; capBPS > 0 && fs.Inflight > 0 {
-		own = time.Duration(fs.Inflight * fs.MeanSize / 2 / capBPS * float64(time.Second))
-	}
-	lat := max(fs.P50-own, fs.P50/4)
-	ratio := float64(lat) / float64(peer)
-	return ratio >= peerSlowMult, fmt.Sprintf("median %v (%v of it behind its own requests), %.1fx the random readers' beside it",
-		fs.P50.Round(10*time.Microsecond), own.Round(10*time.Microsecond), ratio)
-}
-
-// randomBesideDev reports whether a file other than except is read
-// randomly on dev in the tuner's view.
-func (t *Tuner) randomBesideDev(dev probe.Dev, except probe.FileKey) bool {
-	for k, fs := range t.fstats {
-		if k != except && fs.Device == dev && t.readRandomly(fs) {
-			return true
-		}
-	}
-	return false
-}
-
 // deferBesideRandom puts off the first step of a regime the detector's fast
 // path entered on a stream beside random readers by a quarter interval: a
 // slowdown that began a moment ago changed what the random readers get at
@@ -433,28 +245,6 @@ func (t *Tuner) deferBesideRandom(fd *fileDec, dev probe.Dev, now time.Duration)
 	t.log.Debug("tuner: a regime's first step beside random readers waits for their service in the new conditions", "file", fd.key.String(),
 		"until", fd.deferUntil)
 	return true
-}
-
-// refreshRandom sets the references of the random readers on dev to what
-// they get in the tuner's view (recent requests), while nothing the tuner
-// does is in force there, before a first step taken between Steps: the
-// reference is what they get at the device's window in the conditions of
-// the moment, and a slowdown that just began (a slowed stream leaves them
-// more of the device) or a stream that just opened (it takes some) changed
-// those since the last Step learned it.
-func (t *Tuner) refreshRandom(d *devState) {
-	if !t.untouched(d) {
-		return
-	}
-	for _, r := range t.randomsBeside(d.dev, probe.FileKey{}) {
-		if !r.ok || r.ref == nil {
-			continue
-		}
-		r.ref.svc.mean = r.svc.mean
-		// A quarter interval's p99 is a few requests: half way only.
-		r.ref.svc.tail = ewmaDur(r.ref.svc.tail, r.svc.tail, 0.5)
-		r.ref.clean = true
-	}
 }
 
 // watchRandom follows what a stream's kept window costs the random readers

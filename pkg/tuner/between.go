@@ -1,0 +1,188 @@
+package tuner
+
+// Between Steps: the detector's fast path (regimes entered a moment ago),
+// and kept decisions reaching the descriptors opened since.
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// Fast acts at once on the regimes the detector's fast path entered
+// (detector.FastPath, between Steps): each file that has no decision yet
+// (for contention, each sequential file read on the device) gets one and
+// its first step, sized by Little's law from the snapshot's
+// file p95 and device capacity, without waiting for the next Step. The step
+// is judged at the first Step one Settle later, as any other. The snapshot
+// holds only the fast path's files and devices; the rest of the tuner's
+// view is left as the last Step saw it.
+func (t *Tuner) Fast(snap detector.Snapshot) []Action {
+	return t.FastOn(snap, detector.Snapshot{}, 0)
+}
+
+// FastOn is Fast with the detector's recent requests (recent, over span;
+// detector.Recent) of the regimes' files: a regime entered between Steps
+// on a stream that already has a decision takes its step measured on
+// them. The snapshot's window reaches back a whole Settle, mostly before
+// the onset, and a step measured against the stream's rate from before it
+// (a contended stream against its free self) looks as if it did not pay.
+func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Action {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.out = nil
+	if len(snap.Regimes) == 0 || t.scope.Empty() {
+		return nil
+	}
+	now := t.deps.Clock.Now()
+	if t.fstats == nil {
+		t.fstats = map[probe.FileKey]detector.FileStats{}
+	}
+	if t.dstats == nil {
+		t.dstats = map[probe.Dev]detector.DeviceStats{}
+	}
+	for _, f := range snap.Files {
+		t.fstats[f.Key] = f
+	}
+	for _, d := range snap.Devices {
+		ds, ok := t.dstats[d.Device]
+		if !ok {
+			ds = d
+		}
+		ds.CapacityBPS = d.CapacityBPS
+		t.dstats[d.Device] = ds
+	}
+	start := func(key probe.FileKey, dev probe.Dev, kind detector.RegimeKind) {
+		if fd := t.files[key]; fd != nil {
+			if t.regimeTakesOver(fd) {
+				fd.regimes = append(fd.regimes, kind)
+				fd.lastNeeded = now
+				if !t.deferBesideRandom(fd, dev, now) {
+					t.onRecent(key, recent, span, func() { t.driveFile(fd, true) })
+				}
+			}
+			return
+		}
+		d := t.device(dev)
+		if d == nil {
+			return
+		}
+		fd := &fileDec{key: key, dev: d,
+			win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
+			pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
+		t.files[key] = fd
+		fd.regimes = []detector.RegimeKind{kind}
+		fd.lastNeeded = now
+		if !t.deferBesideRandom(fd, dev, now) {
+			t.driveFile(fd, true)
+		}
+	}
+	for _, r := range snap.Regimes {
+		switch {
+		case !r.File.IsZero():
+			start(r.File, r.Device, r.Kind)
+		case r.Kind == detector.Contention:
+			// As Step does: each sequential file read on the device gets
+			// the closed loop, unless the contention is among them.
+			if _, zeroSum := t.contentionAmongStreams(t.snap, r.Device); zeroSum {
+				continue
+			}
+			for _, f := range snap.Files {
+				if f.Device == r.Device && f.Sequentiality >= t.cfg.MinSequentiality && snap.Now-f.LastSeen <= t.cfg.Settle {
+					start(f.Key, r.Device, detector.Contention)
+				}
+			}
+		}
+	}
+	return t.out
+}
+
+// onRecent runs f with the tuner's view switched to recent (over span) if
+// it holds enough of key's requests to measure it by, and back after.
+func (t *Tuner) onRecent(key probe.FileKey, recent detector.Snapshot, span time.Duration, f func()) {
+	i := slices.IndexFunc(recent.Files, func(fs detector.FileStats) bool { return fs.Key == key })
+	if span <= 0 || i < 0 || recent.Files[i].Requests < freshMinRequests || recent.Files[i].BusyThroughput <= 0 {
+		f()
+		return
+	}
+	defer t.useView(recent, span)()
+	f()
+}
+
+// ApplyPending gives readers that opened a file after its decision the
+// decision's window, between Steps. The daemon may call it more often than
+// Step (for example every 100 ms) so HDFS's per-read opens are reached fast.
+func (t *Tuner) ApplyPending() []Action {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.out, t.evOut = t.evOut, nil
+	t.applyPendingLocked()
+	return t.out
+}
+
+func (t *Tuner) applyPendingLocked() {
+	if t.cfg.DryRun {
+		return
+	}
+	now := t.deps.Clock.Now()
+	for _, fd := range t.files {
+		t.applyPendingFile(fd, now)
+	}
+}
+
+// applyPendingFile pins the window in force on the descriptors of the
+// file's readers marked pending.
+func (t *Tuner) applyPendingFile(fd *fileDec, now time.Duration) {
+	if t.cfg.DryRun {
+		return
+	}
+	{
+		w := fd.win.inForce()
+		if w <= fd.win.base {
+			return
+		}
+		tg := map[uint32]bool{}
+		for tgid, r := range t.readers[fd.key] {
+			if r.pending {
+				tg[tgid] = true
+			}
+		}
+		if len(tg) == 0 || !t.fails.due(fd.key, KindFileWindow, now) {
+			return
+		}
+		err := t.pinFile(fd, w, tg, true)
+		if errors.Is(err, errRateLimited) {
+			return
+		}
+		res, ev := ResultApplied, fmt.Sprintf("new reader(s) of a file with a %d KB decision", w)
+		a := Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindow, FromKB: fd.win.base, ToKB: w, Result: res, Evidence: ev}
+		if err != nil {
+			for tgid := range tg {
+				t.readers[fd.key][tgid].pending = false // try again on its next event
+			}
+			a.Result, a.Evidence = ResultFailed, ev+": "+err.Error()
+			t.emitFailed(a, err)
+			return
+		}
+		t.fails.ok(fd.key, KindFileWindow)
+		t.emit(a)
+	}
+}
+
+func (t *Tuner) pruneReaders(now time.Duration) {
+	for k, rs := range t.readers {
+		for tgid, r := range rs {
+			if now-r.lastSeen > 2*t.cfg.Grace && (r.appliedKB == 0 || t.files[k] == nil) {
+				delete(rs, tgid)
+				t.nReaders--
+			}
+		}
+		if len(rs) == 0 {
+			delete(t.readers, k)
+		}
+	}
+}

@@ -1,0 +1,282 @@
+package tuner
+
+// Driving the knobs: a file's window and prefetch, a device's window, and
+// their undo; the device's window given to the files already open on it.
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// driveFile advances the file's knobs; with escalate false it only judges
+// a step under trial (the regime ended: no new step).
+func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
+	// A file refused by the allow-paths is not retried for BackoffMax;
+	// but one refused silently while it was tried on its outcome alone is
+	// tried once more when a regime asks for it, so the refusal of a
+	// regime's action is logged and counted.
+	if fd.outOfScope && (fd.scopeWarned || onlyOutcome(fd.regimes)) && t.deps.Clock.Now()-fd.scopeAt < t.cfg.BackoffMax {
+		return
+	}
+	why := fmt.Sprintf("regimes %v", fd.regimes)
+	// A larger window only helps a sequential reader. On a random (mmap)
+	// reader every fault reads the whole window: its busy throughput
+	// rises while the reads it needs become slower, so the closed loop
+	// would keep the step. No new step for such a file.
+	if fs, ok := t.fstats[fd.key]; ok && fs.Sequentiality < t.cfg.MinSequentiality && fd.win.trial == 0 && fd.pf.trial == 0 {
+		if !fd.notSeqLogged {
+			fd.notSeqLogged = true
+			t.log.Info("tuner: file is not read sequentially; no window action", "file", fd.key.String(), "regimes", fd.regimes,
+				"sequentiality", fs.Sequentiality, "min_sequentiality", t.cfg.MinSequentiality)
+		}
+		return
+	}
+	m := t.measureFor(fd)
+	fd.win.hint = t.windowHint(fd.key)
+	if fd.byRate {
+		// The learned capacity of a device slow from the start is its slow
+		// rate, so the Little's-law hint undershoots: a stream bound by its
+		// window starts at four times it (one trial, judged like any other;
+		// at bandwidth it does not pay and is undone).
+		fd.win.hint = max(fd.win.hint, outcomeFirstFactor*fd.win.base)
+	}
+	if m.ok {
+		// A stream with a tail waits on its slowest requests: the window
+		// that hides them is sized by the p99.
+		fd.win.hint = max(fd.win.hint, t.tailNeedKB(fd.key, m.tput))
+	}
+	fd.win.limit, fd.win.limitFn = 0, nil
+	if fd.win.knee && fd.win.kneeRandom && !t.randomReaderBeside(fd) {
+		// The random readers whose budget set the knee are gone.
+		fd.win.knee, fd.win.kneeRandom, fd.win.retryAt, fd.win.failures = false, false, 0, 0
+	}
+	if t.randomReaderBeside(fd) {
+		// Each window of transfers queued for the stream is waiting time
+		// for the random reader's faults: grow in small steps, each within
+		// their budget and paying its margin, rather than straight to the
+		// window that fills the device (random.go).
+		fd.win.hint = 0
+		if escalate && fd.win.cur == fd.win.base && fd.win.trial == 0 {
+			// A first step: the random readers' reference is what they
+			// get now, at the device's window, in the conditions of the
+			// moment (a stream that just slowed or opened changed them).
+			t.refreshRandom(fd.dev)
+		}
+		fd.win.limitFn = func() int {
+			lim, why := t.randomLimitKB(fd)
+			if lim < 0 {
+				return 0
+			}
+			if l := &fd.win; l.ceil > 0 && t.deps.Clock.Now() < l.ceilUntil {
+				lim = min(lim, l.ceil-randStepKB)
+			}
+			if lim < int(randMinStep*float64(fd.win.cur)) {
+				t.log.Debug("tuner: no step beside random readers", "file", fd.key.String(), "window_kb", fd.win.cur, "why", why)
+			}
+			return max(lim, fd.win.cur)
+		}
+		fd.win.limit = fd.win.limitFn()
+	}
+	// A decision no regime started skips this: a device slow from the start
+	// learned its slow rate (then each kept step's) as its capacity, and
+	// only the trial tells.
+	if capBPS := t.dstats[fd.dev.dev].CapacityBPS; escalate && m.ok && capBPS > 0 && m.tput >= t.cfg.CapacityFrac*capBPS && !fd.byRate {
+		// The file already reads at (nearly) the device's capacity: a
+		// further window step or prefetch has nothing left to gain and
+		// costs a trial interval to learn that. Judge a trial, take none.
+		escalate = false
+		if !fd.atCapLogged {
+			fd.atCapLogged = true
+			t.log.Info("tuner: file reads at the device's capacity; no further step", "file", fd.key.String(), "path", fd.path,
+				"window_kb", fd.win.inForce(), "busy_mbps", m.tput/1e6, "capacity_mbps", capBPS/1e6, "regimes", fd.regimes)
+		}
+	} else if escalate {
+		fd.atCapLogged = false
+	}
+	if escalate && fd.byRate && fd.win.cur == fd.win.base && fd.win.trial == 0 {
+		if !t.outcomeDue(fd.dev, fd.key) {
+			escalate = false // the device's outcome trials are backing off
+		} else if t.tailDue(fd.dev, fd.key) {
+			fd.win.retryAt = 0 // new evidence: the file's own back-off ends too
+		}
+	}
+	if escalate && fd.pf.trial == 0 {
+		t.kneeStale(fd, m)
+	}
+	if t.measSpan == 0 && fd.pf.trial == 0 && t.watchRandom(fd, m) {
+		return // the kept window cost the random readers beside it too much: lowered
+	}
+	applyWin := func(kb int) error { return t.pinFile(fd, kb, nil, true) }
+	if fd.pf.trial == 0 {
+		hadTrial := fd.win.trial != 0
+		did := t.drive(&fd.win, fd.dev, fd.key, fd.path, m, why, escalate, applyWin)
+		t.remember(fd, hadTrial)
+		if fd.win.trial > fd.win.base && fd.win.limit > 0 {
+			// A step beside random readers: their read-around trim comes
+			// with it, not at the next Step (their budget counts on it).
+			t.startTrims(fd.dev)
+		}
+		if did || fd.win.trial != 0 {
+			return
+		}
+	}
+	// Prefetch when the window alone is not enough. Not beside a random
+	// reader: the prefetched ranges queue ahead of its faults as a larger
+	// window would, where the window's knee already says how much the
+	// device can take (measured: its trials cost the stream 10-15% a
+	// second each on a busy host, and kept, they are unjudged by the
+	// random readers' rule).
+	pfEscalate := escalate && !t.randomReaderBeside(fd)
+	if fd.win.exhausted(t.cfg.MaxKB) && !t.cfg.DisablePrefetch && (pfEscalate || fd.pf.trial != 0) {
+		if fs, ok := t.fstats[fd.key]; ok && fs.Sequentiality >= t.cfg.MinSequentiality || fd.pf.trial != 0 {
+			t.drive(&fd.pf, fd.dev, fd.key, fd.path, m, why+", window at its knee or maximum", pfEscalate, func(kb int) error {
+				if len(t.refs(fd, nil)) == 0 {
+					return errNoReaders
+				}
+				return nil // prefetchAll issues it each interval
+			})
+		}
+	}
+}
+
+func (t *Tuner) driveDevice(d *devState, why string, escalate bool) {
+	t.drive(&d.win, d, probe.FileKey{}, "", t.devMeasure(d.dev), why, escalate, func(kb int) error {
+		if err := t.setDevice(d, kb, true); err != nil {
+			return err
+		}
+		t.reachOpenFiles(d)
+		return nil
+	})
+}
+
+// ownWindow reports whether a file's decision holds a window of its own (a
+// step kept or under trial): an outcome decision that holds none (backing
+// off after trials that did not pay) leaves the file to the device's window.
+func (t *Tuner) ownWindow(k probe.FileKey) bool {
+	fd := t.files[k]
+	return fd != nil && !(fd.byRate && fd.win.cur == fd.win.base && fd.win.trial == 0 && fd.win.probeUntil == 0)
+}
+
+// reachOpenFiles gives the device's window to the files being read on it
+// now: a device's read_ahead_kb reaches only files opened after the write
+// (the kernel copies it into each open file), and a device-wide regime
+// (tail inflation) slows the readers that already hold their files open
+// too. Files with a decision of their own keep their window. With the
+// device back at its original, the files reached earlier get it back.
+func (t *Tuner) reachOpenFiles(d *devState) {
+	if t.cfg.DryRun || t.scope.Empty() {
+		return
+	}
+	now := t.deps.Clock.Now()
+	var keys []probe.FileKey
+	if d.cur != d.orig {
+		for k, fs := range t.fstats {
+			if fs.Device != d.dev || t.ownWindow(k) || fs.Sequentiality < t.cfg.MinSequentiality || t.snap.Now-fs.LastSeen > t.cfg.Settle {
+				continue
+			}
+			keys = append(keys, k)
+		}
+	}
+	for k := range d.reached {
+		if _, ok := t.fstats[k]; !ok || d.cur == d.orig {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, func(a, b probe.FileKey) int { return cmp.Or(cmp.Compare(a.Dev, b.Dev), cmp.Compare(a.Ino, b.Ino)) })
+	keys = slices.Compact(keys)
+	for _, k := range keys {
+		if t.ownWindow(k) {
+			delete(d.reached, k) // a decision of its own took over
+			continue
+		}
+		fd := &fileDec{key: k, dev: d}
+		refs := t.refs(fd, nil)
+		move := t.raiseFiles
+		if d.cur == d.orig {
+			move = t.lowerFiles // the device window taken back from the files it reached
+		}
+		n, err := move(d, d.cur, refs, false)
+		if err != nil && !errors.Is(err, errNoReaders) {
+			t.log.Debug("tuner: device window not given to an open file", "file", k.String(), "err", err)
+		}
+		for _, ref := range refs {
+			// Pinned readers stay reachable for the way back (refs).
+			if r := t.readers[k][ref.Tgid]; r != nil && n > 0 {
+				r.appliedKB, r.appliedAt = d.cur, now
+			}
+		}
+		if d.cur == d.orig {
+			delete(d.reached, k)
+			continue
+		}
+		if n > 0 {
+			if d.reached == nil {
+				d.reached = map[probe.FileKey]bool{}
+			}
+			d.reached[k] = true
+			t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: fd.path, Kind: KindFileWindow, FromKB: d.orig, ToKB: d.cur,
+				Result: ResultApplied, Evidence: fmt.Sprintf("device window %d KB given to an open file read on the device", d.cur)})
+		}
+	}
+}
+
+func (t *Tuner) undoFile(fd *fileDec, why string) {
+	now := t.deps.Clock.Now()
+	if p := fd.pf.inForce(); p > 0 {
+		res := ResultUndone
+		if t.cfg.DryRun {
+			res = ResultDryRun
+		}
+		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindPrefetchUndo, FromKB: p, Result: res, Evidence: why})
+	}
+	fd.pf = ladder{}
+	w := fd.win.inForce()
+	if t.cfg.DryRun {
+		if fd.win.dryAt != 0 {
+			t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo, FromKB: fd.win.dryAt, ToKB: fd.win.base, Result: ResultDryRun, Evidence: why})
+		}
+		return
+	}
+	if w <= fd.win.base {
+		return
+	}
+	res := ResultUndone
+	err := t.pinFile(fd, fd.win.base, nil, false)
+	if err != nil {
+		if errors.Is(err, errNoReaders) {
+			why += "; readers gone (their open files closed)"
+		} else {
+			res = ResultFailed
+			why += "; " + err.Error()
+		}
+	}
+	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo, FromKB: w, ToKB: fd.win.base, Result: res, Evidence: why})
+}
+
+func (t *Tuner) undoDevice(d *devState, why string) {
+	now := t.deps.Clock.Now()
+	d.winActive = false
+	if t.cfg.DryRun {
+		if d.win.dryAt != 0 {
+			t.emit(Action{Time: now, Device: d.name, Dev: d.dev, Kind: KindDeviceWindowUndo, FromKB: d.win.dryAt, ToKB: d.orig, Result: ResultDryRun, Evidence: why})
+		}
+		return
+	}
+	if d.cur == d.orig {
+		return
+	}
+	from := d.cur
+	res := ResultUndone
+	if err := t.setDevice(d, d.orig, false); err != nil {
+		res = ResultFailed
+		why += "; " + err.Error()
+		d.winActive = true // try again next interval
+	} else {
+		t.reachOpenFiles(d)
+	}
+	t.emit(Action{Time: now, Device: d.name, Dev: d.dev, Kind: KindDeviceWindowUndo, FromKB: from, ToKB: d.orig, Result: res, Evidence: why})
+}

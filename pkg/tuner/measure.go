@@ -1,0 +1,142 @@
+package tuner
+
+// What a step is judged by: a stream's measure over the detector's window (its
+// rate or busy throughput, the device's total, the other streams' share, the
+// random readers' service beside it), and whether another reader's share is
+// one a step must not take.
+
+import (
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+func (t *Tuner) fileMeasure(k probe.FileKey) measure {
+	fs, ok := t.fstats[k]
+	if !ok || fs.BusyThroughput <= 0 || t.snap.Now-fs.LastSeen > t.cfg.Settle {
+		return measure{}
+	}
+	// The detector's window is the tuner's Settle (the daemon sets both to
+	// its interval), or the recent span of a fresh stream's first step.
+	span := t.cfg.Settle.Seconds()
+	if t.measSpan > 0 {
+		span = t.measSpan.Seconds()
+	}
+	m := measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50, rate: float64(fs.Bytes) / span}
+	m.rand = t.randomCost(fs.Device, k)
+	if ds, ok := t.dstats[fs.Device]; ok {
+		m.dev = float64(ds.Bytes) / span
+		// Random readers' bytes say nothing of what they get (a trimmed
+		// mmap reader reads fewer bytes by design, and touches more
+		// pages): they are left out of the total a step is judged by,
+		// before and after alike; their budget protects them (random.go).
+		for ok2, ofs := range t.fstats {
+			if ok2 == k || ofs.Device != fs.Device {
+				continue
+			}
+			if t.readRandomly(ofs) {
+				m.dev -= float64(ofs.Bytes) / span
+				continue
+			}
+			if t.protectedStream(ok2, ofs) {
+				m.others += float64(ofs.Bytes) / span
+			}
+		}
+	}
+	return m
+}
+
+// protectedStream reports whether another file's reader is one whose share
+// of the device a step no regime asked for must not take: a sequential
+// stream readaheadd serves (read now, and not found outside the
+// allow-paths; several HDFS clients on one device are each other's
+// others). Reads the probe cannot name (O_DIRECT) and files found outside
+// the allow-paths are contenders whose share a larger window legitimately
+// wins back, as it does under a contention regime; random and mmap readers
+// are protected by the trim and the no-device-window rule instead, and
+// left out of every total.
+func (t *Tuner) protectedStream(k probe.FileKey, fs detector.FileStats) bool {
+	if fs.Sequentiality < t.cfg.MinSequentiality || t.snap.Now-fs.LastSeen > t.cfg.Settle {
+		return false
+	}
+	if fd := t.files[k]; fd != nil {
+		return !fd.outOfScope
+	}
+	return !t.outsideScope(k)
+}
+
+// scopeVerdict caches whether a file without a decision is read only
+// through descriptors outside the allow-paths (protectedStream).
+type scopeVerdict struct {
+	outside bool
+	at      time.Duration
+}
+
+// maxScopeVerdicts bounds the cache of scope verdicts.
+const maxScopeVerdicts = 4096
+
+// outsideScope reports whether every descriptor of a file's known readers
+// is outside the allow-paths (false when none is found: unknown files are
+// protected). Cached for BackoffMax: the files of a device's other readers
+// are looked up once, not at every verdict.
+func (t *Tuner) outsideScope(k probe.FileKey) bool {
+	now := t.deps.Clock.Now()
+	if v, ok := t.scopeOf[k]; ok && now-v.at < t.cfg.BackoffMax {
+		return v.outside
+	}
+	found, inside := 0, 0
+	for tgid, r := range t.readers[k] {
+		if now-r.lastSeen > t.cfg.Grace {
+			continue
+		}
+		refs, err := t.deps.Files.Find(tgid, k)
+		if err != nil {
+			continue
+		}
+		for _, ref := range refs {
+			found++
+			if _, err := t.scope.Check(ref.Tgid, ref.FD, ref.Path, k); err == nil {
+				inside++
+			}
+		}
+	}
+	outside := found > 0 && inside == 0
+	if len(t.scopeOf) >= maxScopeVerdicts {
+		for k2, v := range t.scopeOf {
+			if now-v.at >= t.cfg.BackoffMax {
+				delete(t.scopeOf, k2)
+			}
+		}
+	}
+	if len(t.scopeOf) < maxScopeVerdicts {
+		t.scopeOf[k] = scopeVerdict{outside: outside, at: now}
+	}
+	return outside
+}
+
+// measureFor is the measure a decision is judged by: the stream's rate for
+// decisions no regime started, its busy throughput otherwise.
+func (t *Tuner) measureFor(fd *fileDec) measure {
+	m := t.fileMeasure(fd.key)
+	m.othersMustNotLose = fd.byRate
+	if fd.byRate {
+		// A stream that began inside the detector's window read only part
+		// of it: its rate there understates it, and any step would look
+		// paid. Its busy throughput is its rate while it read (a
+		// window-bound stream is busy all along); the step's own verdict,
+		// a window later, is by rate.
+		if _, whole := t.windowKB(fd.key); whole || fd.win.trial != 0 {
+			m.tput = m.rate
+		}
+	}
+	return m
+}
+
+func (t *Tuner) devMeasure(dev probe.Dev) measure {
+	ds, ok := t.dstats[dev]
+	if !ok || ds.BusyThroughput <= 0 {
+		return measure{}
+	}
+	return measure{ok: true, tput: ds.BusyThroughput, p50: ds.P50}
+}

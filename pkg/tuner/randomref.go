@@ -1,0 +1,155 @@
+package tuner
+
+// A random reader's reference service: what it gets at the device's
+// default window, learned while nothing readaheadd does is in force there.
+
+import (
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// randService is what a random reader gets over one measure.
+type randService struct {
+	mean, tail time.Duration // mean and p99 latency
+	size       float64       // bytes per request
+	requests   uint64
+}
+
+// randRef is a random reader's reference service.
+type randRef struct {
+	dev  probe.Dev
+	svc  randService
+	seen time.Duration
+	// clean: learned while nothing readaheadd does was in force on the
+	// device (a reader first seen beside a raised window is referred to
+	// what it got then, until the device is clean again).
+	clean bool
+}
+
+// serviceOf is a random reader's service in fs, ok if it has enough
+// requests to say.
+func serviceOf(fs detector.FileStats) (randService, bool) {
+	if fs.Requests < trimMinRequests || fs.BusyThroughput <= 0 || fs.MeanSize <= 0 || fs.Inflight <= 0 || fs.P95 <= 0 || fs.P99 <= 0 {
+		return randService{}, false
+	}
+	// Little's law: the mean latency is the requests in flight while busy
+	// times the bytes per request over the busy throughput.
+	mean := time.Duration(fs.Inflight * fs.MeanSize / fs.BusyThroughput * float64(time.Second))
+	return randService{mean: mean, tail: fs.P99, size: fs.MeanSize, requests: fs.Requests}, true
+}
+
+// untouched reports whether nothing readaheadd does is in force on the
+// device, and nothing changed there for a Settle (the last measure holds
+// no request from before a change).
+func (t *Tuner) untouched(d *devState) bool {
+	if d == nil {
+		return true
+	}
+	if t.helping(d) || t.deps.Clock.Now()-d.movedAt < t.cfg.Settle && d.movedAt != 0 {
+		return false
+	}
+	for _, td := range t.trims {
+		if td.dev == d {
+			return false
+		}
+	}
+	return true
+}
+
+// observeRandom learns the references of the random readers in the Step's
+// snapshot (t.mu held).
+func (t *Tuner) observeRandom(now time.Duration) {
+	for _, fs := range t.snap.Files {
+		if !t.readRandomly(fs) {
+			continue
+		}
+		svc, ok := serviceOf(fs)
+		if !ok {
+			continue
+		}
+		clean := t.untouched(t.devs[fs.Device])
+		ref := t.randRefs[fs.Key]
+		switch {
+		case ref == nil:
+			if len(t.randRefs) >= maxRandRefs {
+				continue
+			}
+			if !clean {
+				svc = t.untouchedEstimate(fs, svc)
+			}
+			t.randRefs[fs.Key] = &randRef{dev: fs.Device, svc: svc, seen: now, clean: clean}
+			continue
+		case clean && !ref.clean:
+			ref.svc, ref.clean = svc, true
+		case clean:
+			ref.svc.mean = ewmaDur(ref.svc.mean, svc.mean, randRefAlpha)
+			ref.svc.tail = ewmaDur(ref.svc.tail, svc.tail, randTailAlpha)
+			ref.svc.size = (1-randRefAlpha)*ref.svc.size + randRefAlpha*svc.size
+		}
+		ref.seen = now
+	}
+	for k, ref := range t.randRefs {
+		if now-ref.seen >= t.cfg.BackoffMax {
+			delete(t.randRefs, k)
+		}
+	}
+}
+
+// untouchedEstimate is what a random reader first seen beside windows
+// readaheadd raised (a prior given to a fresh open before the first
+// interval, say) would get without them, by the same account steps are
+// sized by: each KB the raised windows keep queued beyond the device's
+// delays its requests by randSlack KB transfers at the device's capacity;
+// a trim it already has saves it the transfer of its read-around.
+func (t *Tuner) untouchedEstimate(fs detector.FileStats, svc randService) randService {
+	d := t.devs[fs.Device]
+	capBPS := t.dstats[fs.Device].CapacityBPS
+	if capBPS <= 0 {
+		capBPS = t.dstats[fs.Device].BusyThroughput
+	}
+	if d == nil || capBPS <= 0 {
+		return svc
+	}
+	perByte := randSlack / capBPS
+	var excess float64 // bytes
+	for _, fd := range t.files {
+		if fd.dev == d && fd.key != fs.Key && fd.win.inForce() > fd.win.base {
+			excess += float64(fd.win.inForce()-fd.win.base) * 1024
+		}
+	}
+	if td := t.trims[fs.Key]; td != nil && td.from > td.kb {
+		excess -= float64(td.from-td.kb) * 1024
+	}
+	less := time.Duration(excess * perByte * float64(time.Second))
+	svc.mean = max(svc.mean-less, svc.mean/4)
+	svc.tail = max(svc.tail-less, svc.tail/4)
+	return svc
+}
+
+func ewmaDur(old, x time.Duration, alpha float64) time.Duration {
+	return time.Duration((1-alpha)*float64(old) + alpha*float64(x))
+}
+
+// refreshRandom sets the references of the random readers on dev to what
+// they get in the tuner's view (recent requests), while nothing the tuner
+// does is in force there, before a first step taken between Steps: the
+// reference is what they get at the device's window in the conditions of
+// the moment, and a slowdown that just began (a slowed stream leaves them
+// more of the device) or a stream that just opened (it takes some) changed
+// those since the last Step learned it.
+func (t *Tuner) refreshRandom(d *devState) {
+	if !t.untouched(d) {
+		return
+	}
+	for _, r := range t.randomsBeside(d.dev, probe.FileKey{}) {
+		if !r.ok || r.ref == nil {
+			continue
+		}
+		r.ref.svc.mean = r.svc.mean
+		// A quarter interval's p99 is a few requests: half way only.
+		r.ref.svc.tail = ewmaDur(r.ref.svc.tail, r.svc.tail, 0.5)
+		r.ref.clean = true
+	}
+}

@@ -1,0 +1,164 @@
+package tuner
+
+// What the tuner reports (actions, status) and its shutdown.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+)
+
+func (t *Tuner) emit(a Action) {
+	t.out = append(t.out, a)
+	// A kept decision re-applied to a newly opened descriptor (HDFS opens
+	// a block file per read) is counted, not listed: dozens of them would
+	// push the decisions out of the recent list.
+	if a.Result != ResultApplied {
+		t.recent = append(t.recent, a)
+		if over := len(t.recent) - t.cfg.RecentActions; over > 0 {
+			t.recent = append(t.recent[:0:0], t.recent[over:]...)
+		}
+	}
+	t.counts[string(a.Kind)+"/"+string(a.Result)]++
+	lvl := slog.LevelInfo
+	if a.Result == ResultFailed {
+		lvl = slog.LevelWarn
+	}
+	attrs := []any{"kind", a.Kind, "result", a.Result, "device", a.Device, "from_kb", a.FromKB, "to_kb", a.ToKB, "evidence", a.Evidence}
+	if !a.File.IsZero() {
+		attrs = append(attrs, "file", a.File.String(), "path", a.Path)
+	}
+	if t.cfg.DryRun {
+		attrs = append(attrs, "dry_run", true)
+	}
+	t.log.Log(context.Background(), lvl, "tuner: action", attrs...)
+}
+
+// Status reports the tuner's state.
+func (t *Tuner) Status() Status {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	st := Status{DryRun: t.cfg.DryRun, Counts: map[string]uint64{}, FileOpFailures: t.fileFail, OutOfScope: t.refused, RateLimited: t.limited}
+	st.Repeated = t.fails.counts()
+	for k, v := range t.counts {
+		st.Counts[k] = v
+	}
+	st.Recent = append([]Action(nil), t.recent...)
+	for _, d := range t.devs {
+		if !d.known {
+			continue
+		}
+		ds := DeviceStatus{Device: d.name, Dev: d.dev, CurrentKB: d.cur, OriginalKB: d.orig}
+		for _, fd := range t.files {
+			if fd.dev == d && fd.win.inForce() != d.cur {
+				ds.FilesAdjusted++
+			}
+			if fd.dev == d && fd.pf.inForce() > 0 {
+				ds.Prefetching++
+			}
+		}
+		for _, td := range t.trims {
+			if td.dev == d && !td.dry {
+				ds.FilesAdjusted++
+			}
+		}
+		st.Devices = append(st.Devices, ds)
+	}
+	sort.Slice(st.Devices, func(i, j int) bool { return st.Devices[i].Device < st.Devices[j].Device })
+	for _, fd := range t.files {
+		s := "watching"
+		switch {
+		case fd.outOfScope:
+			s = "out_of_scope"
+		case fd.win.trial != 0 || fd.pf.trial != 0:
+			s = "trial"
+		case fd.win.knee:
+			s = "knee"
+		case fd.win.failures > 0 && fd.win.cur == fd.win.base:
+			s = "backing_off"
+		case fd.win.cur > fd.win.base:
+			s = "kept"
+		}
+		st.Files = append(st.Files, FileStatus{Device: fd.dev.name, File: fd.key, Path: fd.path, WindowKB: fd.win.inForce(),
+			BaseKB: fd.win.base, PrefetchKB: fd.pf.inForce(), Readers: len(t.readers[fd.key]), State: s})
+	}
+	for _, td := range t.trims {
+		s := "trimmed"
+		if td.trialAt != 0 {
+			s = "trial"
+		}
+		if td.dry {
+			s = "dry_run"
+		}
+		st.Files = append(st.Files, FileStatus{Device: td.dev.name, File: td.key, Path: td.path, WindowKB: td.kb,
+			BaseKB: td.from, Readers: len(td.refs), State: s})
+	}
+	sort.Slice(st.Files, func(i, j int) bool { return st.Files[i].File.String() < st.Files[j].File.String() })
+	return st
+}
+
+// RestoreAll undoes everything: each touched device back to its original,
+// each adjusted open file back to the device's window, prefetch stopped,
+// and the durable record cleared. Used on SIGTERM/SIGINT.
+func (t *Tuner) RestoreAll() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closing = true
+	t.out = nil
+	if t.cfg.DryRun {
+		return nil
+	}
+	// What was learned outlives the run: a restart during a slowdown
+	// serves the first open at once.
+	t.savePriors(true)
+	var errs []error
+	for _, d := range t.devs {
+		if !d.known {
+			continue
+		}
+		d.winActive = false
+		if d.cur != d.orig || d.dirty {
+			from := d.cur
+			if err := t.setDevice(d, d.orig, false); err != nil {
+				errs = append(errs, fmt.Errorf("restore %s to %d KB: %w", d.name, d.orig, err))
+				continue
+			}
+			t.emit(Action{Time: t.deps.Clock.Now(), Device: d.name, Dev: d.dev, Kind: KindDeviceWindowUndo, FromKB: from, ToKB: d.orig, Result: ResultUndone, Evidence: "shutting down"})
+		}
+		if len(d.reached) > 0 {
+			t.reachOpenFiles(d)
+		}
+	}
+	for k, fd := range t.files {
+		t.undoFile(fd, "shutting down")
+		delete(t.files, k)
+	}
+	for _, k := range sortedKeys(t.trims) {
+		t.endTrim(t.trims[k], "shutting down")
+	}
+	if t.deps.Store != nil {
+		// An original recorded before a write that failed (sysfs read-only)
+		// is still in force: writing it back would only fail again and
+		// make a clean shutdown look like a failed restore.
+		for _, e := range t.deps.Store.Entries() {
+			if kb, err := t.deps.Sysfs.ReadAheadKB(e.Device); err == nil && kb == e.ReadAheadKB {
+				if err := t.deps.Store.Forget(e.Device); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+		if err := t.deps.Store.Restore(t.deps.Sysfs); err != nil {
+			errs = append(errs, err)
+		}
+		// Windows the undos above did not reach (a reader not found
+		// this time) are reset from the record.
+		if len(t.deps.Store.Pins()) > 0 {
+			if _, err := RestorePins(t.deps.Store, t.deps.Files, t.scope, t.cfg.Devices, t.lower); err != nil {
+				errs = append(errs, fmt.Errorf("reset per-file windows: %w", err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
