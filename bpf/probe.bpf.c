@@ -137,6 +137,7 @@ struct dev_stats {
 	u64 untimed;  /* requests without a latency (not in hist or latency_ns) */
 	u64 alloc_timed; /* requests timed from start_time_ns (no io_start_time_ns) */
 	u64 samplable; /* requests streamed 1 in N: under SAMPLE_BELOW, or not a file's */
+	u64 pick;      /* which of the current block of N samplable requests is streamed */
 };
 
 struct file_key {
@@ -202,8 +203,9 @@ struct {
 } devstats SEC(".maps");
 
 /* Per disk slot, written by user space: sampling period minus one (a power
- * of two minus one). A CPU streams its samplable request number n of the
- * disk (its dev_stats.samplable) when (n & mask) == 0. */
+ * of two minus one). A CPU numbers the disk's samplable requests (its
+ * dev_stats.samplable) in blocks of N and streams one of each block, at a
+ * position drawn at random when the block starts (skip_sample). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, DEV_SLOTS);
@@ -590,6 +592,21 @@ static __always_inline void flush_file(struct file_cache_entry *fc)
  * loop device's file sits on a disk's file). User space adds the pending
  * deltas when it reads.
  */
+/* Whether to skip this samplable request: one of every block of N = m + 1
+ * consecutive ones (per CPU) is streamed, at a random position in the
+ * block. A fixed position (the first of each block) would be biased by any
+ * pattern with a period dividing N, such as a large direct read split into
+ * a long and a short request: every record would be the long one. */
+static __always_inline bool skip_sample(struct dev_stats *st, u32 m)
+{
+	u64 n = st->samplable++;
+	if (!m)
+		return false;
+	if ((n & m) == 0)
+		st->pick = bpf_get_prandom_u32() & m;
+	return (n & m) != (st->pick & m);
+}
+
 static __always_inline void count_file(struct rec *r, u32 dev, u32 len, u64 lat, u32 depth, u64 now, u32 w)
 {
 	u32 zero = 0;
@@ -691,7 +708,7 @@ int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_b
 	bool small = len < SAMPLE_BELOW;
 	u32 w = 1;
 	if (small) {
-		if (st->samplable++ & m)
+		if (skip_sample(st, m))
 			return 0;
 		w = m + 1;
 	}
@@ -714,7 +731,7 @@ int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_b
 	r->offset = 0;
 	attribute(rq, r);
 	if (!small && r->kind != KIND_FILE) {
-		if (st->samplable++ & m)
+		if (skip_sample(st, m))
 			return 0;
 		w = m + 1;
 	}

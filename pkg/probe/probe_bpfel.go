@@ -29,6 +29,7 @@ type probeDevStats struct {
 	Untimed    uint64
 	AllocTimed uint64
 	Samplable  uint64
+	Pick       uint64
 }
 
 type probeFileCache struct {
