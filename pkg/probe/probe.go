@@ -110,6 +110,11 @@ type Probe struct {
 	closed    bool
 	undecoded atomic.Uint64
 
+	// Flushes asked for (Flush): each is closed once Run has delivered
+	// what the ring held when it was asked; guarded by flushMu.
+	flushMu sync.Mutex
+	flushes []chan struct{}
+
 	// Sampling state, per disk slot; guarded by mu.
 	sampler map[uint32]*slotSampler
 }
@@ -374,9 +379,14 @@ func (p *Probe) Run(ctx context.Context, h Handler) error {
 			// Deliver what was submitted before ctx ended, then return.
 			deadline = time.Now()
 		}
-		if wake != nil && !stop {
+		// The flushes asked for before this drain are answered after it.
+		flushes := p.takeFlushes()
+		if len(flushes) > 0 {
+			deadline = time.Now()
+		}
+		if wake != nil && !stop && len(flushes) == 0 {
 			// Sleep in the runtime's poller, then drain without blocking.
-			if err := wake.wait(deadline); err != nil {
+			if err := wake.wait(deadline, p.flushPending); err != nil {
 				if ctx.Err() != nil {
 					return nil
 				}
@@ -392,6 +402,9 @@ func (p *Probe) Run(ctx context.Context, h Handler) error {
 		for {
 			err := rd.ReadInto(&rec)
 			if errors.Is(err, os.ErrDeadlineExceeded) {
+				for _, f := range flushes {
+					close(f)
+				}
 				if stop {
 					return nil
 				}
@@ -423,6 +436,48 @@ func (p *Probe) Run(ctx context.Context, h Handler) error {
 			}
 		}
 	}
+}
+
+// Flush asks Run to deliver now what the kernel has submitted, and waits
+// until it has (or ctx ends, or Run is not running and the wait times out
+// with ctx): a caller about to evaluate sees every record up to the call,
+// while Run itself sleeps a whole Config.Poll between collections.
+func (p *Probe) Flush(ctx context.Context) error {
+	done := make(chan struct{})
+	p.flushMu.Lock()
+	p.flushes = append(p.flushes, done)
+	p.flushMu.Unlock()
+	p.mu.Lock()
+	wake, closed := p.wake, p.closed
+	p.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	if wake != nil {
+		wake.interrupt()
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// flushPending reports whether a flush was asked for since the last drain.
+func (p *Probe) flushPending() bool {
+	p.flushMu.Lock()
+	defer p.flushMu.Unlock()
+	return len(p.flushes) > 0
+}
+
+// takeFlushes returns the flushes asked for so far and forgets them.
+func (p *Probe) takeFlushes() []chan struct{} {
+	p.flushMu.Lock()
+	defer p.flushMu.Unlock()
+	f := p.flushes
+	p.flushes = nil
+	return f
 }
 
 // Stats implements Source.

@@ -52,15 +52,21 @@ func newRingWaiter(ringFD int) (*ringWaiter, error) {
 }
 
 // wait returns at the kernel's next wake-up of the ring's readers (a record
-// submitted with a forced wake-up), at one pending since the last wait, or at
-// deadline, whichever comes first. It reads nothing: the caller drains the
+// submitted with a forced wake-up), at one pending since the last wait, at
+// an interrupt, when pending reports a flush asked for, or at deadline,
+// whichever comes first. It reads nothing: the caller drains the
 // ring. It returns os.ErrClosed once close was called.
-func (w *ringWaiter) wait(deadline time.Time) error {
+func (w *ringWaiter) wait(deadline time.Time, pending func() bool) error {
 	if err := w.f.SetReadDeadline(deadline); err != nil {
 		if w.closed.Load() {
 			return os.ErrClosed
 		}
 		return fmt.Errorf("wait for the BPF ring buffer: %w", err)
+	}
+	// A flush asked for before the deadline was set interrupted nothing:
+	// it is seen here (one asked for after it interrupts the wait).
+	if pending != nil && pending() {
+		return nil
 	}
 	woken := false
 	// RawConn.Read calls the function, and while it returns false waits for

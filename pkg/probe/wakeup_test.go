@@ -119,3 +119,49 @@ func TestRunEndsAtOnceOnCancelAndClose(t *testing.T) {
 		})
 	}
 }
+
+// TestFlushDeliversWhatTheKernelSubmitted: with a poll of 3 s, the records
+// of reads done now reach the handler when Flush returns, not at the next
+// poll: the daemon collects the records only when an evaluation is due.
+func TestFlushDeliversWhatTheKernelSubmitted(t *testing.T) {
+	needRoot(t, "loads BPF programs and creates a loop device")
+	l := newLab(t, 64)
+	path, key := l.writeFile(t, "f", mb(8))
+	evict(t, path)
+	p, err := Load(Config{Devices: []Dev{l.Dev}, Poll: 3 * time.Second, PollerWait: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, p.Close()) })
+	var mu sync.Mutex
+	var bytes uint64
+	h := HandlerFuncs{Record: func(r Record) {
+		if r.File == key {
+			mu.Lock()
+			bytes += uint64(r.Bytes)
+			mu.Unlock()
+		}
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx, h) }()
+	t.Cleanup(func() { cancel(); <-done })
+	time.Sleep(200 * time.Millisecond) // Run is asleep in its poll
+
+	// A read from the middle of the file: no head readahead wakes Run.
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	_, err = f.ReadAt(buf, 4<<20)
+	require.NoError(t, err)
+	start := time.Now()
+	fctx, fcancel := context.WithTimeout(context.Background(), time.Second)
+	defer fcancel()
+	require.NoError(t, p.Flush(fctx))
+	took := time.Since(start)
+	mu.Lock()
+	got := bytes
+	mu.Unlock()
+	t.Logf("flush returned after %v with %d bytes of the file's records delivered", took, got)
+	assert.GreaterOrEqual(t, got, uint64(1<<20), "the read's records are delivered when Flush returns")
+	assert.Less(t, took, 500*time.Millisecond, "at once, not at the poll")
+}

@@ -494,7 +494,8 @@ type devCounts struct{ requests, sampled uint64 }
 
 // devCounts reads the daemon's per-disk totals from its map (struct
 // dev_stats: requests, bytes, latency, errors, 28 histogram buckets, then
-// sampled, ...), zero when the map was not found.
+// sampled, ...; older builds' layouts too, for READAHEADD_BENCH_BEFORE_BIN),
+// zero when the map was not found.
 func (d *daemon) devCounts(t *testing.T) devCounts {
 	if d.devstats == nil {
 		return devCounts{}
@@ -506,6 +507,12 @@ func (d *daemon) devCounts(t *testing.T) devCounts {
 		out.sampled += v[sampledAt]
 	}
 	switch d.devstats.ValueSize() {
+	case 37 * 8:
+		var percpu [][37]uint64
+		require.NoError(t, d.devstats.Lookup(uint32(0), &percpu))
+		for _, v := range percpu {
+			add(v[:])
+		}
 	case 36 * 8:
 		var percpu [][36]uint64
 		require.NoError(t, d.devstats.Lookup(uint32(0), &percpu))
@@ -518,6 +525,8 @@ func (d *daemon) devCounts(t *testing.T) devCounts {
 		for _, v := range percpu {
 			add(v[:])
 		}
+	default:
+		t.Fatalf("struct dev_stats of %d bytes: teach devCounts its layout", d.devstats.ValueSize())
 	}
 	return out
 }
