@@ -82,6 +82,12 @@ struct blk_mq_hw_ctx {
 
 struct block_device;
 
+/* Request flag bits (include/linux/blk_types.h); the value is relocated
+ * from the kernel's BTF, since bits were added between versions. */
+enum req_flag_bits {
+	__REQ_RAHEAD = 19,
+};
+
 struct request {
 	struct request_queue *q;
 	struct blk_mq_ctx *mq_ctx;

@@ -15,8 +15,8 @@
  *
  * Cost matters (this runs for every block read): above a per-disk rate set
  * by user space (sampling[]), only 1 in N of the requests the daemon does
- * not follow one by one (small ones, and any not read for a file: direct
- * I/O, metadata) is streamed, while counts, bytes and the latency
+ * not follow one by one (small ones, and any that is no readahead for a
+ * file: direct I/O, metadata) is streamed, while counts, bytes and the latency
  * histogram stay exact;
  * pointers are followed with direct BTF loads, and ring-buffer submissions
  * do not wake the reader unless the ring is filling; user space polls.
@@ -70,7 +70,7 @@ struct rec {
 	u8 type; /* EVENT_READ */
 	u8 kind;
 	u8 error;
-	u8 _pad0;
+	u8 samplable; /* 1: numbered among the samplable requests (streamed 1 in N) */
 	u32 dev; /* whole disk */
 	u64 sector;
 	u32 bytes;
@@ -112,7 +112,7 @@ struct ra_event {
  */
 
 /* Requests smaller than this are sampled whatever they read; larger ones
- * only when they are not attributed to a file (pkg/probe SampleBelow). */
+ * only when they are no readahead for a file (pkg/probe SampleBelow). */
 #define SAMPLE_BELOW (32 << 10)
 
 #define DEV_BITS 6
@@ -592,6 +592,15 @@ static __always_inline void flush_file(struct file_cache_entry *fc)
  * loop device's file sits on a disk's file). User space adds the pending
  * deltas when it reads.
  */
+/* REQ_RAHEAD as a mask of rq->cmd_flags (the bit moved between kernel
+ * versions: relocated), 0 where the kernel does not name it. */
+static __always_inline u32 rahead_mask(void)
+{
+	if (!bpf_core_enum_value_exists(enum req_flag_bits, __REQ_RAHEAD))
+		return 0;
+	return 1U << bpf_core_enum_value(enum req_flag_bits, __REQ_RAHEAD);
+}
+
 /* Whether to skip this samplable request: one of every block of N = m + 1
  * consecutive ones (per CPU) is streamed, at a random position in the
  * block. A fixed position (the first of each block) would be biased by any
@@ -698,16 +707,22 @@ int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_b
 	/*
 	 * Which requests are streamed (1 in N = m + 1 of the samplable ones,
 	 * numbered per CPU, independently of what they read):
-	 * - under SAMPLE_BELOW: decided before attribution, so an unsampled
-	 *   small request costs no pointer walk;
-	 * - SAMPLE_BELOW or more and read for a file (readahead-sized: the
-	 *   streams the detector follows request by request): always;
-	 * - SAMPLE_BELOW or more and not a file's (direct I/O, metadata, no
-	 *   page): decided after attribution.
+	 * - under SAMPLE_BELOW, or SAMPLE_BELOW or more and no readahead
+	 *   (REQ_RAHEAD clear: direct I/O, a folio read on its own, most
+	 *   metadata): decided before attribution, so an unsampled one costs
+	 *   no pointer walk (for the split-off part of a direct read, which
+	 *   has no pinned flag, a walk of lines this CPU has not seen:
+	 *   200-300 ns);
+	 * - SAMPLE_BELOW or more, readahead, and read for a file (the streams
+	 *   the detector follows request by request): always;
+	 * - SAMPLE_BELOW or more, readahead, not a file's (a block device's
+	 *   own readahead), or any large request where the kernel does not
+	 *   name REQ_RAHEAD: decided after attribution.
 	 */
-	bool small = len < SAMPLE_BELOW;
+	u32 ra = rahead_mask();
+	bool early = len < SAMPLE_BELOW || (ra && !(rq->cmd_flags & ra));
 	u32 w = 1;
-	if (small) {
+	if (early) {
 		if (skip_sample(st, m))
 			return 0;
 		w = m + 1;
@@ -718,7 +733,7 @@ int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_b
 	struct rec rr, *r = &rr;
 	r->type = EVENT_READ;
 	r->error = error != 0;
-	r->_pad0 = 0;
+	r->samplable = early;
 	r->dev = dev;
 	r->sector = rq->__sector;
 	r->bytes = len;
@@ -730,10 +745,11 @@ int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_b
 	r->ino = 0;
 	r->offset = 0;
 	attribute(rq, r);
-	if (!small && r->kind != KIND_FILE) {
+	if (!early && r->kind != KIND_FILE) {
 		if (skip_sample(st, m))
 			return 0;
 		w = m + 1;
+		r->samplable = 1;
 	}
 	st->sampled++;
 	u32 depth = kernel_inflight(rq);

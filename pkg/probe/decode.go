@@ -25,15 +25,16 @@ func decodeRecord(b []byte) (Record, error) {
 	}
 	le := binary.LittleEndian
 	r := Record{
-		Kind:    Kind(b[1]),
-		Error:   b[2] != 0,
-		Device:  Dev(le.Uint32(b[4:])),
-		Sector:  le.Uint64(b[8:]),
-		Bytes:   le.Uint32(b[16:]),
-		Depth:   le.Uint32(b[20:]),
-		Issue:   time.Duration(le.Uint64(b[24:])),
-		Latency: time.Duration(le.Uint64(b[32:])),
-		Weight:  max(le.Uint32(b[44:]), 1),
+		Kind:      Kind(b[1]),
+		Error:     b[2] != 0,
+		Samplable: b[3] != 0,
+		Device:    Dev(le.Uint32(b[4:])),
+		Sector:    le.Uint64(b[8:]),
+		Bytes:     le.Uint32(b[16:]),
+		Depth:     le.Uint32(b[20:]),
+		Issue:     time.Duration(le.Uint64(b[24:])),
+		Latency:   time.Duration(le.Uint64(b[32:])),
+		Weight:    max(le.Uint32(b[44:]), 1),
 	}
 	if r.Kind > KindDirect {
 		return Record{}, fmt.Errorf("decode read record: kind %d out of range", b[1])

@@ -61,12 +61,13 @@ type Config struct {
 	EnableStats bool
 	// SampleBudget is how many samplable requests per second and disk
 	// (DeviceStats.Samplable: those smaller than SampleBelow, and those of
-	// any size not read for a file, such as direct I/O and metadata) the
+	// any size that are no readahead for a file, such as direct I/O and
+	// metadata) the
 	// probe streams as records; above it, 1 in N of them is (N a power of
 	// two, adapted every Poll to the disk's rate of samplable requests,
 	// reported as DeviceStats.SampleEvery and Record.Weight), while the
 	// per-disk counts, bytes and latency histogram stay exact. Requests of
-	// SampleBelow or more read for a file are always streamed. 0 means
+	// SampleBelow or more read ahead for a file are always streamed. 0 means
 	// DefaultSampleBudget; negative never samples.
 	SampleBudget int
 	// SampleEvery, when non-zero, fixes the sampling period instead
@@ -81,11 +82,12 @@ type Config struct {
 // per second at most, all readahead-sized file reads, never sampled.
 const DefaultSampleBudget = 4096
 
-// SampleBelow: requests of this size or more read for a file are always
-// streamed (bpf/probe.bpf.c SAMPLE_BELOW): readahead issues such requests,
-// and the detector follows streams request by request. Smaller requests
-// (random reads come by the hundred thousand per second) and requests not
-// read for a file (direct I/O, metadata: no file to follow) are samplable.
+// SampleBelow: readahead requests of this size or more for a file are
+// always streamed (bpf/probe.bpf.c SAMPLE_BELOW): the detector follows
+// streams request by request. Smaller requests (random reads come by the
+// hundred thousand per second) and requests that are no readahead for a
+// file (direct I/O, metadata: no stream to follow; the kernel's REQ_RAHEAD
+// tells, before the request's pages are walked) are samplable.
 const SampleBelow = 32 << 10
 
 // maxCPUs is how many CPUs' in-flight counters the kernel side sums

@@ -86,7 +86,7 @@ type probeRec struct {
 	Type      uint8
 	Kind      uint8
 	Error     uint8
-	Pad0      uint8
+	Samplable uint8
 	Dev       uint32
 	Sector    uint64
 	Bytes     uint32

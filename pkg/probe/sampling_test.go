@@ -245,12 +245,14 @@ func TestSamplingStreamsDirectReadsOneInN(t *testing.T) {
 		switch {
 		case r.Kind == KindFile && r.Bytes >= SampleBelow:
 			require.Equal(t, uint32(1), r.Weight, "a file's readahead request is never sampled: %+v", r)
+			require.False(t, r.Samplable, "the buffered reader's requests are readahead: %+v", r)
 			fileLarge++
 			if r.File == keyA {
 				fileBytes += uint64(r.Bytes)
 			}
 		case r.Bytes >= SampleBelow:
 			require.Equal(t, uint32(every), r.Weight, "a large request not read for a file is sampled: %+v", r)
+			require.True(t, r.Samplable, "%+v", r)
 			unattrLarge++
 			unattrEst += uint64(r.Bytes) * r.W()
 			samplableW += r.W()

@@ -49,9 +49,9 @@ type DeviceStats struct {
 	// the disk is under Config.SampleBudget).
 	Sampled uint64
 	// Samplable counts the requests the probe streams 1 in SampleEvery:
-	// those smaller than SampleBelow, and those of any size not read for
-	// a file (direct I/O, metadata). The others (file reads of
-	// SampleBelow or more) are always streamed. The sampling period
+	// those smaller than SampleBelow, and those of any size that are no
+	// readahead for a file (direct I/O, metadata). The others (a file's
+	// readahead requests of SampleBelow or more) are always streamed. The sampling period
 	// follows this count's rate.
 	Samplable uint64
 	// Untimed counts requests without a latency: not sampled, on a queue
@@ -178,7 +178,7 @@ func (a *Aggregator) Add(r Record) {
 	}
 	d.Hist[HistBucket(r.Latency)] += w
 	d.Sampled++
-	if r.Bytes < SampleBelow || r.Kind != KindFile {
+	if r.Samplable || r.Bytes < SampleBelow || r.Kind != KindFile {
 		d.Samplable += w
 		// The period of the latest samplable record (a file read of
 		// SampleBelow or more weighs 1 whatever the period).

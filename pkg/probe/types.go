@@ -102,11 +102,17 @@ type Record struct {
 	Error  bool    // the request completed with an error
 	// Weight is how many requests of Device this record stands for: the
 	// sampling period N when the disk is above Config.SampleBudget and the
-	// request is samplable (smaller than SampleBelow, or not read for a
-	// file: Kind is not KindFile), 1 otherwise. Records of one disk may so
+	// request is samplable (Samplable), 1 otherwise. Records of one disk may so
 	// carry different weights: counts and sums over them take each record
 	// Weight times. 0 (a Record built by hand) means 1.
 	Weight uint32
+	// Samplable: the request was numbered among those streamed 1 in N:
+	// smaller than SampleBelow, or no readahead for a file (direct I/O,
+	// metadata, a folio read on its own). A file's readahead requests of
+	// SampleBelow or more are always streamed. Records built by hand
+	// (false) are taken as samplable when smaller than SampleBelow or not
+	// KindFile.
+	Samplable bool
 }
 
 // Complete returns the completion time.

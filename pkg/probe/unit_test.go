@@ -18,7 +18,7 @@ import (
 // The hand-written decoder must agree with the layout bpf2go generated
 // from the C structs.
 func TestDecodeRecordMatchesBPFLayout(t *testing.T) {
-	in := probeRec{Type: eventRead, Kind: uint8(KindFile), Error: 1, Dev: uint32(MkDev(7, 3)),
+	in := probeRec{Type: eventRead, Kind: uint8(KindFile), Error: 1, Samplable: 1, Dev: uint32(MkDev(7, 3)),
 		Sector: 123456, Bytes: 131072, Depth: 4, IssueNs: 5e9, LatencyNs: 1500000,
 		FileDev: uint32(MkDev(7, 3)), Ino: 12, Offset: 1 << 30, Weight: 16}
 	var buf bytes.Buffer
@@ -28,7 +28,7 @@ func TestDecodeRecordMatchesBPFLayout(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, Record{Device: MkDev(7, 3), Sector: 123456, Bytes: 131072, Issue: 5 * time.Second,
 		Latency: 1500 * time.Microsecond, Depth: 4, Kind: KindFile, File: FileKey{MkDev(7, 3), 12},
-		Offset: 1 << 30, Error: true, Weight: 16}, r)
+		Offset: 1 << 30, Error: true, Weight: 16, Samplable: true}, r)
 
 	// Non-file kinds carry no file even if the words are set.
 	in.Kind = uint8(KindMeta)
@@ -327,13 +327,15 @@ func TestAggregatorCountsSamplableRequests(t *testing.T) {
 	a.Add(Record{Device: d, Bytes: 1 << 20, Kind: KindDirect, Weight: 8})
 	a.Add(Record{Device: d, Bytes: 4096, Kind: KindFile, File: file, Weight: 8})
 	a.Add(Record{Device: d, Bytes: 128 << 10, Kind: KindFile, File: file, Weight: 1})
+	// A large file read that was no readahead: samplable as the probe says.
+	a.Add(Record{Device: d, Bytes: 64 << 10, Kind: KindFile, File: file, Weight: 8, Samplable: true})
 	ds := a.Stats().Devices[d]
-	assert.Equal(t, uint64(2+8+8), ds.Requests)
-	assert.Equal(t, uint64(2*128<<10+8<<20+8*4096), ds.Bytes)
-	assert.Equal(t, uint64(16), ds.Samplable)
-	assert.Equal(t, uint64(4), ds.Sampled)
+	assert.Equal(t, uint64(2+8+8+8), ds.Requests)
+	assert.Equal(t, uint64(2*128<<10+8<<20+8*4096+8*64<<10), ds.Bytes)
+	assert.Equal(t, uint64(24), ds.Samplable)
+	assert.Equal(t, uint64(5), ds.Sampled)
 	assert.Equal(t, uint32(8), ds.SampleEvery, "the period of the latest samplable record")
 	f := a.Stats().Files[file]
-	assert.Equal(t, uint64(2+8), f.Requests)
-	assert.Equal(t, uint64(2*128<<10+8*4096), f.Bytes)
+	assert.Equal(t, uint64(2+8+8), f.Requests)
+	assert.Equal(t, uint64(2*128<<10+8*4096+8*64<<10), f.Bytes)
 }
