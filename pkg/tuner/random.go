@@ -197,14 +197,30 @@ func (t *Tuner) randomLimitKB(fd *fileDec) (int, string) {
 	}
 	w := fd.win.inForce()
 	kb := w + int(room.Seconds()/perByte/1024)
-	if !learned && !trimComes && !trimmed && !fd.dev.randExplored && float64(kb) < randMinStep*float64(w) {
-		// What a KB costs them on this device is not known, and no trim
-		// gives them room: one small step shows it (its verdict holds
-		// them to their budget), once per device (learnRandomSlope).
-		kb = int(randMinStep*float64(w)) + randStepKB - 1
-		return kb / randStepKB * randStepKB, "a small step shows what the stream's window costs the random readers on this device"
+	settled := !trimmed || fd.dev.trimAt <= t.deps.Clock.Now()-t.cfg.Settle
+	if !learned && !trimComes && settled && float64(kb) < randMinStep*float64(w) {
+		// What a KB costs them on this device is not known (the prior,
+		// a KB's transfer at the capacity with slack, is several times
+		// what it costs below the device's bandwidth), and their trims,
+		// if any, are settled (a step across a trim's change shows
+		// nothing): one small step shows it, its verdict holding them to
+		// their budget (learnRandomSlope).
+		return minStepKB(w), "a small step shows what the stream's window costs the random readers on this device"
 	}
-	return kb / randStepKB * randStepKB, fmt.Sprintf("the random readers' budget allows %d KB", kb)
+	lim := kb / randStepKB * randStepKB
+	if float64(kb) >= randMinStep*float64(w) {
+		// The smallest step worth a trial fits the budget; on the grid
+		// it may lie up to a grid step above the estimate (192 KB: the
+		// budget allows 230-237 KB, the step is 240).
+		lim = max(lim, minStepKB(w))
+	}
+	return lim, fmt.Sprintf("the random readers' budget allows %d KB", kb)
+}
+
+// minStepKB is the smallest window step from w worth a trial beside random
+// readers, on their grid of randStepKB.
+func minStepKB(w int) int {
+	return (int(randMinStep*float64(w)) + randStepKB - 1) / randStepKB * randStepKB
 }
 
 // learnRandomSlope learns, from a file window step judged beside random
@@ -213,7 +229,6 @@ func (t *Tuner) randomLimitKB(fd *fileDec) (int, string) {
 // the bytes the step added. Not across a change of their trims (their
 // requests changed with it).
 func (t *Tuner) learnRandomSlope(d *devState, l *ladder, m measure) {
-	d.randExplored = true
 	b := l.before
 	if b.rand.max <= 0 || m.rand.max <= 0 || l.trial <= l.trialFrom || d.trimAt > l.trialAt-t.cfg.Settle {
 		return
@@ -284,14 +299,40 @@ func (t *Tuner) watchRandom(fd *fileDec, m measure) bool {
 	}
 	l.cur, l.movedAt, l.keptAt = to, now, now
 	l.prev, l.tailWatch, l.meanOver = max(l.base, to*2/3/randStepKB*randStepKB), 0, 0
+	if t.untrimmedBeside(fd.dev.dev, fd.key) {
+		// A reader beside it still reads around with the device's
+		// window (the window was raised before it was known: a prior's
+		// at a fresh open): what the window cost it says nothing of
+		// what it costs it trimmed, so no ceiling is left. The stream's
+		// next steps bring the trim and are sized by the budget it
+		// leaves, against a reference learned at the device's window.
+		l.ceil, l.ceilUntil = 0, 0
+		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
+			FromKB: from, ToKB: to, Result: ResultUndone,
+			Evidence: fmt.Sprintf("over budget over the last intervals: %s; the reader reads around untrimmed: no ceiling, its trim comes with the next step", m.rand.why)})
+		return true
+	}
 	// A ceiling, not a knee: half way back to the window that went over
 	// stays out of reach for BackoffMax, and the stream may still grow
-	// below it within the budget (a window raised before the random
-	// reader was known, a prior's, comes down to the device's and grows
-	// again from there).
+	// below it within the budget.
 	l.ceil, l.ceilUntil = max((from+to)/2/randStepKB*randStepKB, to+randStepKB), now+t.cfg.BackoffMax
 	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
 		FromKB: from, ToKB: to, Result: ResultUndone,
 		Evidence: fmt.Sprintf("over budget over the last intervals: %s; no window of %d KB or more for %v", m.rand.why, l.ceil, t.cfg.BackoffMax)})
 	return true
+}
+
+// untrimmedBeside reports whether a random reader beside except on dev
+// still reads around with the device's window though a trim could reach
+// it (readAroundSized, trims on, none backed off).
+func (t *Tuner) untrimmedBeside(dev probe.Dev, except probe.FileKey) bool {
+	if t.cfg.DisableTrim {
+		return false
+	}
+	for _, r := range t.randomsBeside(dev, except) {
+		if t.trims[r.key] == nil && t.trimOffs[r.key] == nil && readAroundSized(r.fs, t.cfg.TrimKB) {
+			return true
+		}
+	}
+	return false
 }

@@ -80,6 +80,19 @@ type labRig struct {
 	rkey       probe.FileKey
 	streamP50  time.Duration // 0: three times the random reader's median
 	randomGone bool
+	// wait, perStreamKB: the random reader's own wait per fault and what
+	// each KB of the stream's window adds to it (0: labRandom's).
+	wait, perStreamKB time.Duration
+}
+
+// random is the random reader's model on this rig: labRandom's, or with
+// the rig's own wait and cost per KB of the stream's window.
+func (l *labRig) random(rkb, skb int) (req float64, mean, p99 time.Duration) {
+	if l.wait == 0 && l.perStreamKB == 0 {
+		return labRandom(rkb, skb)
+	}
+	mean = l.wait + time.Duration(rkb)*6800*time.Nanosecond + time.Duration(skb)*l.perStreamKB
+	return float64(time.Second) / float64(mean), mean, mean * 14 / 10
 }
 
 func newLabRig(t *testing.T) *labRig {
@@ -94,7 +107,7 @@ func newLabRig(t *testing.T) *labRig {
 
 // service is the random reader's mean and p99 latency now.
 func (l *labRig) service() (mean, p99 time.Duration) {
-	_, mean, p99 = labRandom(l.files.window[l.rkey], l.files.window[l.st.key])
+	_, mean, p99 = l.random(l.files.window[l.rkey], l.files.window[l.st.key])
 	return mean, p99
 }
 
@@ -103,7 +116,7 @@ func (l *labRig) snapshot() detector.Snapshot {
 	s.Devices[0].CapacityBPS = 150e6
 	if !l.randomGone {
 		rkb := l.files.window[l.rkey]
-		req, mean, p99 := labRandom(rkb, l.files.window[l.st.key])
+		req, mean, p99 := l.random(rkb, l.files.window[l.st.key])
 		rs := randomStats(l.rkey, s.Now, req, mean, p99, uint64(rkb)<<10)
 		s.Files = append(s.Files, rs)
 		s.Files[0].P50 = 3 * rs.P50
@@ -112,6 +125,16 @@ func (l *labRig) snapshot() detector.Snapshot {
 		}
 	}
 	return s
+}
+
+// pinBeforeFirstInterval gives the stream a kept window of kb before the
+// tuner has seen an interval (a prior given to a fresh open at start-up).
+func (l *labRig) pinBeforeFirstInterval(kb int) {
+	l.files.window[l.st.key] = kb
+	l.tn.mu.Lock()
+	defer l.tn.mu.Unlock()
+	fd := l.tn.newOutcomeDec(l.st.key, l.tn.device(sdb), l.clk.Now())
+	fd.win.cur, fd.win.keptAt = kb, l.clk.Now()
 }
 
 func (l *labRig) run(n int) []Action {
@@ -154,6 +177,47 @@ func TestStreamBesideARandomReaderSpendsTheBudgetItsTrimLeaves(t *testing.T) {
 	assert.LessOrEqual(t, float64(p99), randTailBudget*float64(refP99), "tail %v against the reference %v", p99, refP99)
 	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
 		assert.NotContains(t, a.Evidence, "over budget", "steps are sized to fit: none goes over")
+	}
+}
+
+// A random reader that waits long on each fault of its own (a slowed
+// device) and pays little for each KB of the stream's window (2 us, as on
+// the lab below the device's bandwidth), beside a stream whose first step
+// brought its trim (so that step taught nothing of what a KB costs):
+//   - 1.2 ms of its own wait: the prior cost per KB (a KB's transfer at
+//     the capacity, with slack) allows 238 KB from 192, the smallest step
+//     worth a trial is 240 on the 16 KB grid: taken;
+//   - 2.5 ms: the prior allows 223 KB, less than that step: once the trim
+//     has settled, the step is taken to show what a KB really costs.
+//
+// The steps after it are sized by what it showed, and the reader stays
+// within its budget throughout.
+func TestStepBesideATrimmedRandomReaderLearnsWhatAKBCosts(t *testing.T) {
+	for _, c := range []struct {
+		wait    time.Duration
+		atLeast int
+	}{{1200 * time.Microsecond, 288}, {2500 * time.Microsecond, 240}} {
+		t.Run(c.wait.String(), func(t *testing.T) {
+			l := newLabRig(t)
+			l.wait, l.perStreamKB = c.wait, 2*time.Microsecond
+			refMean, refP99 := l.service()
+			acts := l.run(20)
+			logActs(t, acts)
+			var from192 bool
+			for _, a := range filter(acts, KindFileWindow, ResultTrial) {
+				from192 = from192 || a.FromKB == 192
+			}
+			assert.True(t, from192, "a step from the window the prior alone stops at")
+			assert.Greater(t, l.tn.devs[sdb].randSlope, 0.0, "what a KB costs the random reader was learned")
+			w := l.files.window[l.st.key]
+			assert.GreaterOrEqual(t, w, c.atLeast, "the stream spends the budget the learned cost leaves")
+			mean, p99 := l.service()
+			assert.LessOrEqual(t, float64(mean), randMeanBudget*float64(refMean), "mean %v against the reference %v at %d KB", mean, refMean, w)
+			assert.LessOrEqual(t, float64(p99), randTailBudget*float64(refP99), "tail %v against the reference %v", p99, refP99)
+			for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
+				assert.NotContains(t, a.Evidence, "over budget", "no step goes over their budget")
+			}
+		})
 	}
 }
 
@@ -478,11 +542,7 @@ func TestWatchBringsAKeptWindowDownWhenItsCostStaysOverBudget(t *testing.T) {
 // are sized by, and the stream's steps answer to it.
 func TestRandomReaderFirstSeenBesideARaisedWindowGetsAnEstimatedReference(t *testing.T) {
 	l := newLabRig(t)
-	l.files.window[l.st.key] = 192 // pinned before the first interval
-	l.tn.mu.Lock()
-	fd := l.tn.newOutcomeDec(l.st.key, l.tn.device(sdb), l.clk.Now())
-	fd.win.cur, fd.win.keptAt = 192, l.clk.Now()
-	l.tn.mu.Unlock()
+	l.pinBeforeFirstInterval(192)
 	_, trueMean, _ := labRandom(128, 128) // at the default window
 	acts := l.run(8)
 	logActs(t, acts)
@@ -492,6 +552,34 @@ func TestRandomReaderFirstSeenBesideARaisedWindowGetsAnEstimatedReference(t *tes
 	assert.LessOrEqual(t, ref.svc.mean, trueMean, "the estimate errs on the reader's side")
 	mean, _ := l.service()
 	assert.LessOrEqual(t, float64(mean), randMeanBudget*float64(trueMean))
+}
+
+// A window raised before the random reader beside it was known (a saved
+// prior given to a fresh open at start-up) that costs the reader, still
+// reading around with the device's window, more than its budget: it comes
+// down. What the window cost the untrimmed reader says nothing of what it
+// costs it trimmed, so no ceiling is left: the stream grows again, its
+// next step bringing the reader's trim, sized by the budget the trim
+// leaves.
+func TestPriorOverBudgetBesideAnUntrimmedReaderLeavesNoCeiling(t *testing.T) {
+	l := newLabRig(t)
+	l.pinBeforeFirstInterval(384)
+	acts := l.run(16)
+	logActs(t, acts)
+	down := filter(acts, KindFileWindowUndo, ResultUndone)
+	require.NotEmpty(t, down, "the window over the reader's budget comes down")
+	assert.Equal(t, 384, down[0].FromKB)
+	assert.Contains(t, down[0].Evidence, "untrimmed")
+	trims := filter(acts, KindTrim, ResultTrial)
+	require.NotEmpty(t, trims)
+	steps := filter(acts, KindFileWindow, ResultTrial)
+	require.NotEmpty(t, steps)
+	assert.Equal(t, steps[0].Time, trims[0].Time, "the trim comes with the next step")
+	assert.Zero(t, l.tn.files[l.st.key].win.ceil, "no ceiling from a cost measured untrimmed")
+	assert.Greater(t, l.files.window[l.st.key], 128, "the stream grows again, sized by the budget its trim leaves")
+	_, trueMean, _ := labRandom(128, 128)
+	mean, _ := l.service()
+	assert.LessOrEqual(t, float64(mean), randMeanBudget*float64(trueMean), "within the budget at the end")
 }
 
 // A stream opened beside a random reader whose reference was learned with

@@ -69,10 +69,8 @@ type devState struct {
 	// reference (random.go). trimAt: when a trim there last changed.
 	movedAt, trimAt time.Duration
 	// randSlope: seconds of delay each byte a stream keeps queued costs
-	// the device's random readers, learned from steps (0: not yet);
-	// randExplored: the one small step that learns it was given.
-	randSlope    float64
-	randExplored bool
+	// the device's random readers, learned from steps (0: not yet).
+	randSlope float64
 }
 
 type fileDec struct {
