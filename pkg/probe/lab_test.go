@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -95,6 +96,36 @@ func dropCaches(t testing.TB) {
 	t.Helper()
 	unix.Sync()
 	require.NoError(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0))
+}
+
+// residentBytes is how much of p the page cache holds now (mincore): bytes
+// a read will not ask the device for, should drop_caches have left some
+// (pages under writeback or in use are not dropped).
+func residentBytes(t testing.TB, p string) uint64 {
+	t.Helper()
+	f, err := os.Open(p)
+	require.NoError(t, err)
+	defer f.Close()
+	st, err := f.Stat()
+	require.NoError(t, err)
+	if st.Size() == 0 {
+		return 0
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	require.NoError(t, err)
+	defer unix.Munmap(m)
+	pg := os.Getpagesize()
+	vec := make([]byte, (len(m)+pg-1)/pg)
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+		require.NoError(t, errno, "mincore %s", p)
+	}
+	var n uint64
+	for _, v := range vec {
+		if v&1 != 0 {
+			n += uint64(pg)
+		}
+	}
+	return n
 }
 
 // readAll reads p sequentially in a child process (so that its tgid differs

@@ -345,8 +345,16 @@ func TestLabContentionAndCleanup(t *testing.T) {
 		b, _ := os.ReadFile("/sys/block/" + l.Name + "/loop/backing_file")
 		assert.NotEqual(t, st.Image, strings.TrimSpace(string(b)), "loop device still attached to the lab image")
 	}
-	_, err = os.Stat(fmt.Sprintf("/proc/%d", st.PID))
-	assert.True(t, os.IsNotExist(err), "labfs process %d still exists", st.PID)
+	// Down returns once labfs has exited; the lab's own wait reaps it a
+	// moment later (until then /proc keeps a zombie).
+	gone := func() bool {
+		_, err := os.Stat(fmt.Sprintf("/proc/%d", st.PID))
+		return os.IsNotExist(err)
+	}
+	for deadline := time.Now().Add(2 * time.Second); !gone() && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	assert.True(t, gone(), "labfs process %d still exists", st.PID)
 	_, err = os.Stat(st.WorkDir)
 	assert.True(t, os.IsNotExist(err), "work directory remains")
 	_, err = os.Stat(lab.StateDir + "/" + st.ID + ".json")
