@@ -65,6 +65,13 @@ type Config struct {
 	// ShiftTailMult is the p95 counterpart of ShiftMult (the tail of a
 	// shifted file moves less, relatively, than its median).
 	ShiftTailMult float64
+	// ShiftStrongMult: a file whose median is at least this multiple of the
+	// baseline's needs only a p95 at the baseline's (not below it), not
+	// ShiftTailMult above: a fixed time added to every request moves a
+	// long tail's p95 by a small multiple (+1.5 ms on a device whose p95 is
+	// 5 ms is 1.3x; on the lab with its server short of CPU, 1.05x while
+	// the median stood at 1.7x). Zero: the tail must always shift.
+	ShiftStrongMult float64
 	// ShiftDepthMult: a file only enters a shift while its requests see at
 	// most this multiple of the device's healthy queue depth (plus one):
 	// latency that rose with depth is queueing, not the file.
@@ -74,7 +81,13 @@ type Config struct {
 	ShiftExitMult float64
 	// PeerMult: the file's (normalised) median must also exceed PeerMult
 	// times its peers' median, and its p95 PeerMult times the peers' p95
-	// (the smart-hedging rule: a multiple of the peers' high percentile).
+	// (the smart-hedging rule: a multiple of the peers' high percentile)
+	// when the peers' own p95 is ShiftMult or more above the baseline's (a
+	// device-wide stall). Below that a sequential file's p95 need only
+	// match its peers': a per-file shift adds a fixed time to every request, which
+	// moves a long tail's p95 by a small multiple (+1.5 ms on a device
+	// whose p95 is 5 ms is 1.3x), while a host that runs everything a
+	// little slow lifts the peers' p95 to 1.2x.
 	PeerMult float64
 	// LoneFileShift allows a file-level shift to be reported when no other
 	// file is active to compare with (judged against the baseline only, at
@@ -215,12 +228,13 @@ func DefaultConfig() Config {
 		DeviceRegimeMinWindows: 8,
 		CapacityHalfLife:       time.Hour,
 
-		ShiftMult:      1.3,
-		ShiftTailMult:  1.2,
-		ShiftDepthMult: 1.5,
-		ShiftExitMult:  1.12,
-		PeerMult:       1.25,
-		LoneFileShift:  true,
+		ShiftMult:       1.3,
+		ShiftTailMult:   1.2,
+		ShiftStrongMult: 1.5,
+		ShiftDepthMult:  1.5,
+		ShiftExitMult:   1.12,
+		PeerMult:        1.25,
+		LoneFileShift:   true,
 
 		TailMult:      2,
 		TailShare:     0.02,
@@ -317,8 +331,8 @@ func (c Config) Validate() error {
 	if c.FastShiftMult != 0 && (c.FastShiftMult < c.ShiftMult || c.FastMinSamples < 1) {
 		errs = append(errs, errors.New("detector config: need FastShiftMult >= ShiftMult and FastMinSamples >= 1 (or FastShiftMult 0: no fast path)"))
 	}
-	if c.ShiftTailMult < 1 || c.ShiftDepthMult < 1 {
-		errs = append(errs, errors.New("detector config: need ShiftTailMult >= 1 and ShiftDepthMult >= 1"))
+	if c.ShiftTailMult < 1 || c.ShiftDepthMult < 1 || (c.ShiftStrongMult != 0 && c.ShiftStrongMult < c.ShiftMult) {
+		errs = append(errs, errors.New("detector config: need ShiftTailMult >= 1, ShiftDepthMult >= 1 and ShiftStrongMult >= ShiftMult (or 0)"))
 	}
 	if c.PeerMult < 1 || c.ContentionDepthMult <= 1 || c.StarvedMinSequential < 0 || c.StarvedMinSequential > 1 {
 		errs = append(errs, errors.New("detector config: need PeerMult >= 1, ContentionDepthMult > 1, 0 <= StarvedMinSequential <= 1"))

@@ -550,3 +550,40 @@ func TestNoTailInflationFromALoneReaderQueuedBehindAWidenedStream(t *testing.T) 
 	s.run(d, widened+5*sec, interval, tl.add)
 	assert.Empty(t, tl.anyRegime(0, s.now, FileLatencyShift, StarvedStream))
 }
+
+// Two paced streams on one channel now and then wait for each other: the
+// device's healthy p95 is 1.7x its median. +1 ms on one stream doubles its
+// median but puts its p95 at 1.15x the baseline's: the shift is entered on
+// the median (ShiftStrongMult) at the next evaluation, and not without that
+// rule.
+func TestShiftOnALongTailedDeviceIsEnteredOnItsMedian(t *testing.T) {
+	run := func(cfg Config) (time.Duration, bool, *timeline) {
+		s := newSim(41, labBase, labBW)
+		seq := s.addSeq(128*kib, 1)
+		seq.think = 2 * time.Millisecond
+		peer := s.addSeq(128*kib, 1)
+		peer.think = 3 * time.Millisecond
+		s.addRandom(4*kib, 7*time.Millisecond)
+		onset := 30*sec + 300*time.Millisecond
+		slowAfter(seq, onset, time.Millisecond)
+		d := New(cfg)
+		var tl timeline
+		s.run(d, 40*sec, interval, tl.add)
+		at, ok := tl.first(FileLatencyShift, seq.file, onset)
+		return at - onset, ok, &tl
+	}
+	delay, ok, tl := run(DefaultConfig())
+	require.True(t, ok, "shift never entered")
+	assert.LessOrEqual(t, delay, 2*sec)
+	ev := tl.activeBetween(FileLatencyShift, probe.FileKey{}, 30*sec, 40*sec)
+	require.NotEmpty(t, ev)
+	t.Logf("entered %s after the onset: %s", delay, ev[0])
+	assert.Empty(t, tl.anyRegime(0, 30*sec), "healthy before the onset")
+	assert.Empty(t, tl.anyRegime(30*sec, 40*sec, FileLatencyShift), "nothing else after it")
+
+	cfg := DefaultConfig()
+	cfg.ShiftStrongMult = 0
+	without, ok, _ := run(cfg)
+	t.Logf("without the rule: entered %v, %s after the onset", ok, without)
+	assert.True(t, !ok || without > 5*sec, "without the rule its p95 keeps it out for seconds (else this case does not test the rule)")
+}

@@ -374,7 +374,7 @@ func (d *Detector) fileStats(ds *deviceState, a *fileAgg, win []sample, now int6
 		a.t95 = percentile(sc.vals2, 0.95)
 	}
 	cfg := &d.cfg
-	a.shifted = a.nl >= cfg.FileMinSamples && a.n50 >= cfg.ShiftMult && a.t95 >= cfg.ShiftTailMult
+	a.shifted = a.nl >= cfg.FileMinSamples && a.n50 >= cfg.ShiftMult && cfg.tailShifted(a.n50, a.t95)
 }
 
 // peerStats returns the normalised median and p95 of requests not
@@ -410,4 +410,23 @@ func (d *Detector) peerStats(ds *deviceState, devSet []sample, aggOf func(int32)
 	slices.Sort(sc.vals)
 	slices.Sort(sc.vals2)
 	return percentile(sc.vals, 0.5), percentile(sc.vals2, 0.95), len(sc.vals)
+}
+
+// tailApart reports whether a file's normalised p95 t95 stands apart from
+// its peers' peerT95 (Config.PeerMult). The lighter rule below a device-wide
+// stall holds for sequential files only: a random reader's requests queue
+// behind the streams' large ones, so its median rises with theirs now and
+// then while the device is healthy.
+func (cfg *Config) tailApart(t95, peerT95 float64, sequential bool) bool {
+	if sequential && peerT95 < cfg.ShiftMult {
+		return t95 >= peerT95
+	}
+	return t95 >= cfg.PeerMult*peerT95
+}
+
+// tailShifted reports whether a file's normalised p95 t95 moved with its
+// median n50: ShiftTailMult above the baseline's, or, for a median
+// ShiftStrongMult up, at least the baseline's.
+func (cfg *Config) tailShifted(n50, t95 float64) bool {
+	return t95 >= cfg.ShiftTailMult || (cfg.ShiftStrongMult > 0 && n50 >= cfg.ShiftStrongMult && t95 >= 1)
 }

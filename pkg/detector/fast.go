@@ -3,6 +3,7 @@ package detector
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -153,14 +154,30 @@ type fastTier struct {
 	mult float64
 }
 
+// fastTiers are the fast path's file checks from FastMinSamples requests
+// at FastShiftMult to FastWideSamples at FastWideMult, with the counts
+// between doubling and their multiples on a straight line in log(n): the
+// noise of a median falls with the count, so a file read at a few hundred
+// requests a second shows a 1.6x shift in 128 requests (a third of a
+// second) without waiting to fill the widest tier.
+func fastTiers(cfg *Config) []fastTier {
+	tiers := []fastTier{{cfg.FastMinSamples, cfg.FastShiftMult}}
+	if cfg.FastWideMult <= 0 || cfg.FastWideSamples <= cfg.FastMinSamples {
+		return tiers
+	}
+	span := math.Log(float64(cfg.FastWideSamples) / float64(cfg.FastMinSamples))
+	for n := 2 * cfg.FastMinSamples; n < cfg.FastWideSamples; n *= 2 {
+		frac := math.Log(float64(n)/float64(cfg.FastMinSamples)) / span
+		tiers = append(tiers, fastTier{n, cfg.FastShiftMult - frac*(cfg.FastShiftMult-cfg.FastWideMult)})
+	}
+	return append(tiers, fastTier{cfg.FastWideSamples, cfg.FastWideMult})
+}
+
 // fastFiles is FastPath's strong file shift check; it reports whether it
 // entered any.
 func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 	cfg := &d.cfg
-	tiers := []fastTier{{cfg.FastMinSamples, cfg.FastShiftMult}}
-	if cfg.FastWideMult > 0 {
-		tiers = append(tiers, fastTier{cfg.FastWideSamples, cfg.FastWideMult})
-	}
+	tiers := fastTiers(cfg)
 	most := 0
 	for _, t := range tiers {
 		most = max(most, t.n)
@@ -293,7 +310,7 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 			// loaded host slows everyone a little; the file a little more
 			// now and then).
 			pt, _ := peerQ(others, p95, 0.95)
-			if pm >= cfg.ShiftMult || n50 < cfg.PeerMult*pm || t95 < cfg.PeerMult*pt || n50 < tier.mult*max(pm, 1) {
+			if pm >= cfg.ShiftMult || n50 < cfg.PeerMult*pm || !cfg.tailApart(t95, pt, true) || n50 < tier.mult*max(pm, 1) {
 				return "", nil, 0
 			}
 			peerEv = fmt.Sprintf("other requests normal: median %.2fx, p95 %.2fx baseline (%d requests)", pm, pt, peerN)

@@ -411,3 +411,40 @@ func TestRecentGivesAFreshStreamsLittlesLawOverTheSpan(t *testing.T) {
 	// Nothing asked about on the device: nothing reported.
 	assert.Empty(t, d.Recent(s.now, 250*time.Millisecond, []probe.FileKey{{Dev: 99, Ino: 1}}).Devices)
 }
+
+func TestFastTiersRunFromTheStrongCheckToTheWideOne(t *testing.T) {
+	cfg := DefaultConfig()
+	tiers := fastTiers(&cfg)
+	require.Len(t, tiers, 5)
+	assert.Equal(t, fastTier{32, 1.8}, tiers[0])
+	assert.Equal(t, fastTier{384, 1.4}, tiers[4])
+	for i, n := range []int{64, 128, 256} {
+		tier := tiers[i+1]
+		assert.Equal(t, n, tier.n)
+		assert.Less(t, tier.mult, tiers[i].mult, "a tier over more requests takes a milder shift")
+		assert.Greater(t, tier.mult, tiers[4].mult)
+	}
+	assert.InDelta(t, 1.58, tiers[2].mult, 0.01)
+	cfg.FastWideMult = 0
+	assert.Equal(t, []fastTier{{32, 1.8}}, fastTiers(&cfg))
+}
+
+// A paced stream (about 300 requests a second) slowed to 1.6x: below the
+// 32-request check's 1.8x, and too few requests in a window for the
+// 384-request one. The tiers between take it within half a second.
+func TestFastPathEntersAMilderShiftOfAPacedStreamWithinHalfASecond(t *testing.T) {
+	for _, phase := range []time.Duration{0, 330 * time.Millisecond, 670 * time.Millisecond} {
+		s := newSim(31, labBase, labBW)
+		seq := s.addSeq(128*kib, 1)
+		seq.think = 2 * time.Millisecond
+		d := New(DefaultConfig())
+		s.run(d, 30*sec, interval, nil)
+		onset := 30*sec + phase
+		slowAfter(seq, onset, 650*time.Microsecond)
+		first, _ := runDaemon(s, d, 33*sec, onset)
+		at, ok := first[string(FileLatencyShift)+" "+seq.file.String()]
+		require.True(t, ok, "onset at %s: the slowed stream's shift was not entered: %v", onset, first)
+		assert.LessOrEqual(t, at-onset, 500*time.Millisecond, "onset at %s: entry delay", onset)
+		t.Logf("onset at %s: entered %s later", onset, at-onset)
+	}
+}
