@@ -111,6 +111,7 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		return // the kept window cost the random readers beside it too much: lowered
 	}
 	applyWin := func(kb int) error { return t.pinFile(fd, kb, nil, true) }
+	fd.win.steadyBefore = onlyOutcome(fd.regimes)
 	if fd.pf.trial == 0 {
 		hadTrial := fd.win.trial != 0
 		did := t.drive(&fd.win, fd.dev, fd.key, fd.path, m, why, escalate, applyWin)

@@ -210,6 +210,8 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		if fd.win.cur > fd.win.base {
 			fd.win.rejump = true
 		}
+		// The interval before the slowdown is no reference for the step.
+		fd.win.lastM = measure{}
 		n := len(t.out)
 		t.driveFile(fd, true)
 		if winAbandoned && fd.win.trial == 0 {

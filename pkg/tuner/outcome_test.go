@@ -878,3 +878,43 @@ func TestReopenedFileWithABackedOffDecisionIsFresh(t *testing.T) {
 	assert.GreaterOrEqual(t, trials[0].ToKB, 2048, "sized by Little's law (16 ms at 150 MB/s)")
 	assert.Equal(t, trials[0].ToKB, r.files.window[key])
 }
+
+// A healthy stream at the device's bandwidth dips for one interval (the
+// host took the CPU) just before an outcome trial: judged against that
+// interval alone the step gains +18% and would be kept; against the mean
+// of it and the interval before, +8%, under the margin.
+func TestOutcomeStepIsJudgedAgainstTwoIntervalsNotOneDip(t *testing.T) {
+	run := func(dipTo float64) []Action {
+		r, st := healthyBackedOff(t)
+		dip := false
+		r.tput = func(kb int) float64 {
+			if dip && kb == 128 {
+				return dipTo
+			}
+			return 150e6
+		}
+		var all []Action
+		for i := 0; i < 120; i++ {
+			r.clk.Advance(time.Second)
+			// Every other interval dips, until a trial begins (after
+			// one that dipped or not: the mean is the same).
+			dip = i%2 == 1
+			acts := r.tn.Step(r.outcomeSnap(st))
+			all = append(all, acts...)
+			if len(filter(acts, KindFileWindow, ResultTrial)) > 0 {
+				dip = false
+				r.clk.Advance(time.Second)
+				all = append(all, r.tn.Step(r.outcomeSnap(st))...)
+				break
+			}
+		}
+		logActs(t, all)
+		return all
+	}
+	acts := run(127e6)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.NotEmpty(t, trials, "an outcome trial after the back-off")
+	assert.Contains(t, trials[0].Evidence, "this and the last interval's mean")
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept), "a step that gained nothing is not kept for one interval's dip")
+	assert.NotEmpty(t, filter(acts, KindFileWindowUndo, ResultUndone))
+}

@@ -75,6 +75,33 @@ type ladder struct {
 	tailWatch float64
 	meanOver  int
 	watchAt   time.Duration
+	// steadyBefore: a step's gain is judged against the mean of the last
+	// two intervals at the window in force (steady), not the last one
+	// alone (set for decisions that rest on the stream's outcome alone:
+	// with no regime to confirm it, one interval's dip on a busy host made
+	// a step that gained nothing look like +14%). lastM, lastAt, lastVal:
+	// the measure of the previous interval with no step under trial, when,
+	// and at which value.
+	steadyBefore bool
+	steady       measure
+	lastM        measure
+	lastAt       time.Duration
+	lastVal      int
+}
+
+// steadyMeasure is the mean of two measures of the same window: the
+// rates a step's gain is judged by; the rest as in m.
+func steadyMeasure(prev, m measure) measure {
+	out := m
+	out.tput = (prev.tput + m.tput) / 2
+	out.rate = (prev.rate + m.rate) / 2
+	if prev.dev > 0 && m.dev > 0 {
+		out.dev = (prev.dev + m.dev) / 2
+	}
+	if prev.others > 0 && m.others > 0 {
+		out.others = (prev.others + m.others) / 2
+	}
+	return out
 }
 
 func (l *ladder) inForce() int {
@@ -158,6 +185,10 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: file, Path: path, Kind: kind, FromKB: from, ToKB: to, Result: res, Evidence: ev})
 	}
 	did := false
+	prevM, prevAt, prevVal := l.lastM, l.lastAt, l.lastVal
+	if l.trial == 0 && l.probeUntil == 0 && m.ok {
+		l.lastM, l.lastAt, l.lastVal = m, now, l.cur
+	}
 	if l.trial != 0 {
 		// Steps are taken on interval ticks: the tick one Settle after the
 		// step may read the clock a little early, and must still judge it
@@ -168,15 +199,19 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		if !m.ok && now-l.trialAt < 4*t.cfg.Settle {
 			return false // no reads yet to judge by
 		}
+		b := l.before
+		if l.steady.ok {
+			b = l.steady
+		}
 		gain := 0.0
-		if m.ok && l.before.tput > 0 {
-			gain = m.tput/l.before.tput - 1
+		if m.ok && b.tput > 0 {
+			gain = m.tput/b.tput - 1
 		}
 		margin := t.cfg.Margin
 		if l.kind == KindDeviceWindow {
 			margin = t.cfg.DeviceMargin
 		}
-		ev := fmt.Sprintf("%s; before %s, after %s (%+.0f%%, keep margin %+.0f%%)", why, l.before, m, gain*100, margin*100)
+		ev := fmt.Sprintf("%s; before %s, after %s (%+.0f%%, keep margin %+.0f%%)", why, b, m, gain*100, margin*100)
 		if m.ok && gain < margin {
 			if next := t.tailResize(file, l, m, max); next > 0 {
 				// The step's span stalled, the span before it did not, and
@@ -278,6 +313,11 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		l.retryAt = now + t.backoff(l.failures)
 		act(l.kind, l.cur, next, ResultFailed, fmt.Sprintf("%s; %v; retry in %v", ev, err, t.backoff(l.failures)))
 		return true
+	}
+	l.steady = measure{}
+	if l.steadyBefore && prevM.ok && prevVal == l.cur && now-prevAt <= 2*t.cfg.Settle {
+		l.steady = steadyMeasure(prevM, m)
+		ev = fmt.Sprintf("%s; judged against %s (this and the last interval's mean)", ev, l.steady)
 	}
 	l.trial, l.trialFrom, l.trialAt, l.before, l.movedAt = next, l.cur, now, m, now
 	l.rejump, l.tried = false, next
