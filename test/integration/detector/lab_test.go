@@ -297,6 +297,27 @@ func sleepJitter(d time.Duration, rng *rand.Rand) {
 	time.Sleep(d + time.Duration(rng.Int64N(int64(time.Second))))
 }
 
+// finishRun stops the workload and the live detector, saves the recording
+// as name when asked, and scores the evaluations against the lab's ground
+// truth.
+func finishRun(t *testing.T, l *lab.Lab, w *workload, lv *live, name string) Score {
+	t.Helper()
+	w.stop()
+	require.NoError(t, w.err, "workload")
+	evals := lv.stop(t)
+	truth, err := l.GroundTruth()
+	require.NoError(t, err)
+	lv.rec.Name = name
+	lv.rec.Truth = truthFromLab(truth)
+	saveIfAsked(t, lv.rec)
+	eps, err := lv.rec.Episodes()
+	require.NoError(t, err)
+	sc := ScoreRun(eps, evals, time.Second)
+	t.Logf("live detector at the daemon's cadence, %d records, %d evaluations, %d fast-path entries:\n%s",
+		len(lv.rec.Records), evaluations(evals), len(evals)-evaluations(evals), sc.Table())
+	return sc
+}
+
 // TestDetectorLabRegimes induces each lab regime in turn on a healthy
 // workload and checks that the live detector reports it with the right kind
 // and target within 1 s of onset (median over episodes) and clears it
@@ -340,20 +361,7 @@ func TestDetectorLabRegimes(t *testing.T) {
 		}
 	}
 	time.Sleep(off)
-	w.stop()
-	require.NoError(t, w.err, "workload")
-	evals := lv.stop(t)
-	truth, err := l.GroundTruth()
-	require.NoError(t, err)
-	lv.rec.Name = "lab-regimes"
-	lv.rec.Truth = truthFromLab(truth)
-	saveIfAsked(t, lv.rec)
-
-	eps, err := lv.rec.Episodes()
-	require.NoError(t, err)
-	sc := ScoreRun(eps, evals, time.Second)
-	t.Logf("live detector at the daemon's cadence, %d records, %d evaluations, %d fast-path entries:\n%s",
-		len(lv.rec.Records), evaluations(evals), len(evals)-evaluations(evals), sc.Table())
+	sc := finishRun(t, l, w, lv, "lab-regimes")
 	for _, k := range sc.Labs {
 		assert.Equal(t, k.Episodes, k.Detected, "%s: every episode must be detected as %s", k.Lab, k.Kind)
 		if len(k.Delays) > 0 {
@@ -395,18 +403,7 @@ func TestDetectorLabMildShiftOnABusyHost(t *testing.T) {
 		require.NoError(t, l.Clear("permanent"))
 	}
 	time.Sleep(6 * time.Second)
-	w.stop()
-	require.NoError(t, w.err, "workload")
-	evals := lv.stop(t)
-	truth, err := l.GroundTruth()
-	require.NoError(t, err)
-	lv.rec.Name = "lab-mild-shift-busy"
-	lv.rec.Truth = truthFromLab(truth)
-	saveIfAsked(t, lv.rec)
-	eps, err := lv.rec.Episodes()
-	require.NoError(t, err)
-	sc := ScoreRun(eps, evals, time.Second)
-	t.Logf("%d records, %d evaluations, %d fast-path entries:\n%s", len(lv.rec.Records), evaluations(evals), len(evals)-evaluations(evals), sc.Table())
+	sc := finishRun(t, l, w, lv, "lab-mild-shift-busy")
 	for _, k := range sc.Labs {
 		if k.Lab != "permanent" {
 			continue
