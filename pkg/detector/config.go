@@ -81,13 +81,7 @@ type Config struct {
 	ShiftExitMult float64
 	// PeerMult: the file's (normalised) median must also exceed PeerMult
 	// times its peers' median, and its p95 PeerMult times the peers' p95
-	// (the smart-hedging rule: a multiple of the peers' high percentile)
-	// when the peers' own p95 is ShiftMult or more above the baseline's (a
-	// device-wide stall). Below that a sequential file's p95 need only
-	// match its peers': a per-file shift adds a fixed time to every request, which
-	// moves a long tail's p95 by a small multiple (+1.5 ms on a device
-	// whose p95 is 5 ms is 1.3x), while a host that runs everything a
-	// little slow lifts the peers' p95 to 1.2x.
+	// (the smart-hedging rule: a multiple of the peers' high percentile).
 	PeerMult float64
 	// LoneFileShift allows a file-level shift to be reported when no other
 	// file is active to compare with (judged against the baseline only, at

@@ -412,18 +412,6 @@ func (d *Detector) peerStats(ds *deviceState, devSet []sample, aggOf func(int32)
 	return percentile(sc.vals, 0.5), percentile(sc.vals2, 0.95), len(sc.vals)
 }
 
-// tailApart reports whether a file's normalised p95 t95 stands apart from
-// its peers' peerT95 (Config.PeerMult). The lighter rule below a device-wide
-// stall holds for sequential files only: a random reader's requests queue
-// behind the streams' large ones, so its median rises with theirs now and
-// then while the device is healthy.
-func (cfg *Config) tailApart(t95, peerT95 float64, sequential bool) bool {
-	if sequential && peerT95 < cfg.ShiftMult {
-		return t95 >= peerT95
-	}
-	return t95 >= cfg.PeerMult*peerT95
-}
-
 // tailShifted reports whether a file's normalised p95 t95 moved with its
 // median n50: ShiftTailMult above the baseline's, or, for a median
 // ShiftStrongMult up, at least the baseline's.

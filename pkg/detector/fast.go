@@ -310,7 +310,7 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 			// loaded host slows everyone a little; the file a little more
 			// now and then).
 			pt, _ := peerQ(others, p95, 0.95)
-			if pm >= cfg.ShiftMult || n50 < cfg.PeerMult*pm || !cfg.tailApart(t95, pt, true) || n50 < tier.mult*max(pm, 1) {
+			if pm >= cfg.ShiftMult || n50 < cfg.PeerMult*pm || t95 < cfg.PeerMult*pt || n50 < tier.mult*max(pm, 1) {
 				return "", nil, 0
 			}
 			peerEv = fmt.Sprintf("other requests normal: median %.2fx, p95 %.2fx baseline (%d requests)", pm, pt, peerN)

@@ -71,7 +71,7 @@ func (d *Detector) stepShift(ds *deviceState, f *fileState, a *fileAgg, peerN50,
 	}
 	margin := min(a.n50/cfg.ShiftMult, tailMargin)
 	if peerN >= cfg.PeerMinSamples {
-		if peerN50 >= cfg.ShiftMult || a.n50 < cfg.PeerMult*peerN50 || !cfg.tailApart(a.t95, peerT95, a.stats.Sequentiality >= cfg.StarvedMinSequential) {
+		if peerN50 >= cfg.ShiftMult || a.n50 < cfg.PeerMult*peerN50 || a.t95 < cfg.PeerMult*peerT95 {
 			// Others are slow too (device-wide) or the file is not clearly
 			// apart from its peers: not a file-level shift; hold.
 			f.shift.step(between, now, cfg, 0, ev+fmt.Sprintf("; peers not normal: median %.2fx, p95 %.2fx baseline", peerN50, peerT95))
