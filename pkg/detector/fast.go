@@ -154,6 +154,11 @@ type fastTier struct {
 	mult float64
 }
 
+// fastTailCap: the fast path enters no file shift whose normalised p95 is
+// more than this many times its normalised median (a healthy stream's 256
+// requests during a device's stalls: median 1.53x, p95 6.26x).
+const fastTailCap = 2
+
 // fastTiers are the fast path's file checks from FastMinSamples requests
 // at FastShiftMult to FastWideSamples at FastWideMult, with the counts
 // between doubling and their multiples on a straight line in log(n): the
@@ -274,6 +279,14 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 		}
 		n50, t95 := percentile(n50s, 0.5), percentile(t95s, 0.95)
 		if n50 < tier.mult || t95 < cfg.ShiftTailMult {
+			return "", nil, 0
+		}
+		// A time added to every request lifts the median more than the
+		// p95 (t95 < n50); a p95 far above the median's rise is stalls
+		// the file's requests queued behind (a device's tail, whose
+		// regime is the device's), not a slower file. Evaluate judges it
+		// over the window.
+		if t95 > fastTailCap*n50 {
 			return "", nil, 0
 		}
 		// Latency that rose with the queue is queueing, not the file.

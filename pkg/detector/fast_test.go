@@ -1,6 +1,7 @@
 package detector
 
 import (
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -446,5 +447,44 @@ func TestFastPathEntersAMilderShiftOfAPacedStreamWithinHalfASecond(t *testing.T)
 		require.True(t, ok, "onset at %s: the slowed stream's shift was not entered: %v", onset, first)
 		assert.LessOrEqual(t, at-onset, 500*time.Millisecond, "onset at %s: entry delay", onset)
 		t.Logf("onset at %s: entered %s later", onset, at-onset)
+	}
+}
+
+// A paced stream queued behind a device's stalls: an eighth of its
+// requests 20 ms late, and almost half of the rest waiting behind those,
+// lifts its median to about 1.6x with a p95 far above. That is the
+// device's tail, not a slower file: the fast path enters no shift for it.
+func TestFastPathEntersNoShiftForAStreamQueuedBehindStalls(t *testing.T) {
+	for _, seed := range []uint64{51, 52, 53} {
+		s := newSim(seed, labBase, labBW)
+		seq := s.addSeq(128*kib, 1)
+		seq.think = 2 * time.Millisecond
+		d := New(DefaultConfig())
+		s.run(d, 30*sec, interval, nil)
+		onset := 30*sec + 300*time.Millisecond
+		rng := rand.New(rand.NewPCG(seed, 9))
+		seq.extra = func(t time.Duration) time.Duration {
+			if t < onset {
+				return 0
+			}
+			switch x := rng.Float64(); {
+			case x < 0.12:
+				return 20 * time.Millisecond
+			case x < 0.6:
+				return 700 * time.Microsecond
+			}
+			return 0
+		}
+		var entries []string
+		fast := FastPathInterval(interval)
+		for at := s.now + fast; at <= 31*sec+500*time.Millisecond; at += fast {
+			s.run(d, at, interval, nil)
+			for _, r := range d.FastPath(s.now).Regimes {
+				if r.Kind == FileLatencyShift {
+					entries = append(entries, r.Evidence)
+				}
+			}
+		}
+		assert.Empty(t, entries, "seed %d", seed)
 	}
 }
