@@ -193,6 +193,7 @@ func (ds *deviceState) streamOf(sector uint64, bytes uint32, complete int64, w u
 type Detector struct {
 	mu      sync.Mutex
 	cfg     Config
+	tiers   []fastTier // the fast path's file checks, from cfg
 	devices map[probe.Dev]*deviceState
 	fileIdx map[probe.FileKey]int32
 	files   []fileState
@@ -217,6 +218,7 @@ func New(cfg Config) *Detector {
 	}
 	return &Detector{
 		cfg:     cfg,
+		tiers:   fastTiers(&cfg),
 		devices: make(map[probe.Dev]*deviceState),
 		fileIdx: make(map[probe.FileKey]int32),
 		lruHead: noSlot,

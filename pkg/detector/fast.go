@@ -182,7 +182,7 @@ func fastTiers(cfg *Config) []fastTier {
 // entered any.
 func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 	cfg := &d.cfg
-	tiers := fastTiers(cfg)
+	tiers := d.tiers
 	most := 0
 	for _, t := range tiers {
 		most = max(most, t.n)
