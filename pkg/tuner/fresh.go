@@ -99,7 +99,7 @@ func (t *Tuner) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Durat
 	fd.lastNeeded = now
 	before := measure{ok: true, tput: p.baseBPS, rate: p.baseBPS}
 	fd.win.trial, fd.win.trialFrom, fd.win.trialAt, fd.win.before, fd.win.baseM = kb, d.orig, now, before, before
-	fd.win.steady = measure{}
+	fd.win.steadyTput = 0
 	fd.win.movedAt = now
 	t.files[key] = fd
 	t.counts["prior/applied"]++

@@ -76,32 +76,17 @@ type ladder struct {
 	meanOver  int
 	watchAt   time.Duration
 	// steadyBefore: a step's gain is judged against the mean of the last
-	// two intervals at the window in force (steady), not the last one
-	// alone (set for decisions that rest on the stream's outcome alone:
-	// with no regime to confirm it, one interval's dip on a busy host made
-	// a step that gained nothing look like +14%). lastM, lastAt, lastVal:
-	// the measure of the previous interval with no step under trial, when,
-	// and at which value.
+	// two intervals' throughput at the window in force (steadyTput, 0 for
+	// none), not the last one alone (set for decisions that rest on the
+	// stream's outcome alone: with no regime to confirm it, one interval's
+	// dip on a busy host made a step that gained nothing look like +14%).
+	// lastM, lastAt, lastVal: the measure of the previous interval with no
+	// step under trial, when, and at which value.
 	steadyBefore bool
-	steady       measure
+	steadyTput   float64
 	lastM        measure
 	lastAt       time.Duration
 	lastVal      int
-}
-
-// steadyMeasure is the mean of two measures of the same window: the
-// rates a step's gain is judged by; the rest as in m.
-func steadyMeasure(prev, m measure) measure {
-	out := m
-	out.tput = (prev.tput + m.tput) / 2
-	out.rate = (prev.rate + m.rate) / 2
-	if prev.dev > 0 && m.dev > 0 {
-		out.dev = (prev.dev + m.dev) / 2
-	}
-	if prev.others > 0 && m.others > 0 {
-		out.others = (prev.others + m.others) / 2
-	}
-	return out
 }
 
 func (l *ladder) inForce() int {
@@ -200,8 +185,8 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 			return false // no reads yet to judge by
 		}
 		b := l.before
-		if l.steady.ok {
-			b = l.steady
+		if l.steadyTput > 0 {
+			b.tput = l.steadyTput
 		}
 		gain := 0.0
 		if m.ok && b.tput > 0 {
@@ -314,10 +299,10 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		act(l.kind, l.cur, next, ResultFailed, fmt.Sprintf("%s; %v; retry in %v", ev, err, t.backoff(l.failures)))
 		return true
 	}
-	l.steady = measure{}
+	l.steadyTput = 0
 	if l.steadyBefore && prevM.ok && prevVal == l.cur && now-prevAt <= 2*t.cfg.Settle {
-		l.steady = steadyMeasure(prevM, m)
-		ev = fmt.Sprintf("%s; judged against %s (this and the last interval's mean)", ev, l.steady)
+		l.steadyTput = (prevM.tput + m.tput) / 2
+		ev = fmt.Sprintf("%s; judged against %.1f MB/s (this and the last interval's mean)", ev, l.steadyTput/1e6)
 	}
 	l.trial, l.trialFrom, l.trialAt, l.before, l.movedAt = next, l.cur, now, m, now
 	l.rejump, l.tried = false, next
