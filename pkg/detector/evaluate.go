@@ -378,7 +378,7 @@ func (d *Detector) fileStats(ds *deviceState, a *fileAgg, win []sample, now int6
 }
 
 // peerStats returns the normalised median and p95 of requests not
-// belonging to shifted files.
+// belonging to shifted files nor issued into a deep queue.
 func (d *Detector) peerStats(ds *deviceState, devSet []sample, aggOf func(int32) *fileAgg) (n50, t95 float64, n int) {
 	sc := &d.sc
 	sc.vals, sc.vals2, sc.ws = sc.vals[:0], sc.vals2[:0], sc.ws[:0]
@@ -388,6 +388,9 @@ func (d *Detector) peerStats(ds *deviceState, devSet []sample, aggOf func(int32)
 			if a := aggOf(s.slot); (a != nil && a.shifted) || d.files[s.slot].shift.candidate() {
 				continue
 			}
+		}
+		if d.queuedBehind(ds, s) {
+			continue // slow by its queue (fast.go)
 		}
 		if cb := d.classRef(ds, s.class); cb != nil {
 			sc.vals = append(sc.vals, float64(s.lat)/cb.p50)
@@ -417,4 +420,21 @@ func (d *Detector) peerStats(ds *deviceState, devSet []sample, aggOf func(int32)
 // ShiftStrongMult up, at least the baseline's.
 func (cfg *Config) tailShifted(n50, t95 float64) bool {
 	return t95 >= cfg.ShiftTailMult || (cfg.ShiftStrongMult > 0 && n50 >= cfg.ShiftStrongMult && t95 >= 1)
+}
+
+// depthCap is the device depth above which a request's latency is
+// queueing (ShiftDepthMult times the healthy requests in flight, plus
+// one), once those are learned.
+func (d *Detector) depthCap(ds *deviceState) (float64, bool) {
+	if ds.base.inflightN < d.cfg.BaselineMinWindows {
+		return 0, false
+	}
+	return d.cfg.ShiftDepthMult*ds.base.depth + 1, true
+}
+
+// queuedBehind reports whether s was issued into a queue deeper than
+// depthCap: its latency is the queue's, not the device's per request.
+func (d *Detector) queuedBehind(ds *deviceState, s *sample) bool {
+	cap, ok := d.depthCap(ds)
+	return ok && float64(s.depth) > cap
 }

@@ -225,6 +225,12 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 		}
 	}
 	d.sc.peers = peers
+	// A peer whose request waited in a deep queue (a stream the tuner
+	// widened, read up to just before this file started) is slow by its
+	// queue: it says nothing of the device's per-request latency, and
+	// kept a slowed file that started right after it from entering for a
+	// whole window.
+	peerOK := func(s *sample) bool { return !d.queuedBehind(ds, s) }
 	norm := func(set []sample, by func(*classBaseline) float64) []float64 {
 		var xs []float64
 		for i := range set {
@@ -290,7 +296,7 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 			return "", nil, 0
 		}
 		// Latency that rose with the queue is queueing, not the file.
-		if ds.base.inflightN >= cfg.BaselineMinWindows && depth > cfg.ShiftDepthMult*ds.base.depth+1 {
+		if cap, ok := d.depthCap(ds); ok && depth > cap {
 			return "", nil, 0
 		}
 		// Other files (and unattributed requests) not normal: device-wide.
@@ -298,10 +304,18 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 		// PeerMinSamples): a device-wide stall shorter than the window must
 		// not leave the file slow against peers mostly read before it.
 		var others []sample
-		others = append(others, peers...)
+		for i := range peers {
+			if peerOK(&peers[i]) {
+				others = append(others, peers[i])
+			}
+		}
 		for _, o := range slots {
 			if o != slot {
-				others = append(others, per[o]...)
+				for i := range per[o] {
+					if peerOK(&per[o][i]) {
+						others = append(others, per[o][i])
+					}
+				}
 			}
 		}
 		slices.SortFunc(others, func(a, b sample) int { return cmp.Compare(b.complete, a.complete) })

@@ -488,3 +488,27 @@ func TestFastPathEntersNoShiftForAStreamQueuedBehindStalls(t *testing.T) {
 		assert.Empty(t, entries, "seed %d", seed)
 	}
 }
+
+// A slowed file that starts right after a deeply queued stream ended (one
+// the tuner had widened) is entered at once: that stream's queued requests
+// are no peers to compare with, and without the rule they held the entry
+// back for a whole window and let a false contention in.
+func TestFastPathEntersAShiftRightAfterADeepStreamEnded(t *testing.T) {
+	for seed := uint64(1); seed <= 3; seed++ {
+		s := newSim(seed, labBase, labBW)
+		deep := s.addSeq(128*kib, 2)
+		slowed := s.addSeq(128*kib, 2)
+		deep.stopAt = 31 * sec
+		slowed.startAt = 31*sec + 50*time.Millisecond
+		slowAfter(slowed, 0, 8*time.Millisecond)
+		d := New(DefaultConfig())
+		tl := &timeline{}
+		s.run(d, 30*sec, interval, tl.add)
+		deep.window = 16
+		entered := runFast(s, d, 33*sec, tl)
+		at, ok := entered[slowed.file.String()]
+		require.True(t, ok, "seed %d: %v", seed, entered)
+		assert.LessOrEqual(t, at-slowed.startAt, 300*time.Millisecond, "seed %d: fast entry delay", seed)
+		assert.Len(t, entered, 1, "seed %d: only the slowed file: %v", seed, entered)
+	}
+}

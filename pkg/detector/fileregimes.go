@@ -60,7 +60,7 @@ func (d *Detector) stepShift(ds *deviceState, f *fileState, a *fileAgg, peerN50,
 			return
 		}
 	}
-	if depthCap := cfg.ShiftDepthMult*ds.base.depth + 1; !f.shift.active && ds.base.inflightN >= cfg.BaselineMinWindows && a.stats.MeanDepth > depthCap {
+	if depthCap, ok := d.depthCap(ds); !f.shift.active && ok && a.stats.MeanDepth > depthCap {
 		// Its latency rose with the queue: queueing, not the file.
 		f.shift.step(between, now, cfg, 0, ev+fmt.Sprintf("; but its requests saw depth %.1f against a healthy %.1f", a.stats.MeanDepth, ds.base.depth))
 		return

@@ -6,6 +6,7 @@ package tuner
 // one a step must not take.
 
 import (
+	"slices"
 	"time"
 
 	"github.com/readaheadd/readaheadd/pkg/detector"
@@ -39,9 +40,12 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 				m.dev -= float64(ofs.Bytes) / span
 				continue
 			}
-			if t.protectedStream(ok2, ofs) {
-				m.others += float64(ofs.Bytes) / span
+			bps := float64(ofs.Bytes) / span
+			prot := t.protectedStream(ok2, ofs)
+			if prot {
+				m.others += bps
 			}
+			m.streams = append(m.streams, otherStream{key: ok2, bps: bps, protected: prot})
 		}
 	}
 	return m
@@ -139,4 +143,31 @@ func (t *Tuner) devMeasure(dev probe.Dev) measure {
 		return measure{}
 	}
 	return measure{ok: true, tput: ds.BusyThroughput, p50: ds.P50}
+}
+
+// otherStream is one of the device's other (not random) readers in a
+// measure: what it read, and whether its share is protected.
+type otherStream struct {
+	key       probe.FileKey
+	bps       float64
+	protected bool
+}
+
+// lossBase is what a step's verdict compares the device's total and its
+// protected streams' share after it against: before's, less the streams
+// that read nothing since. A stream that stopped ended (its reader closed
+// or paused): a larger window elsewhere slows another stream, it does not
+// stop it, and a reader that finished as the step began is no loss of it.
+func lossBase(b, m measure) (dev, others float64) {
+	dev, others = b.dev, b.others
+	for _, o := range b.streams {
+		if o.bps <= 0 || slices.ContainsFunc(m.streams, func(a otherStream) bool { return a.key == o.key && a.bps > 0 }) {
+			continue
+		}
+		dev -= o.bps
+		if o.protected {
+			others -= o.bps
+		}
+	}
+	return max(dev, 0), max(others, 0)
 }

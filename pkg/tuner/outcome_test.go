@@ -918,3 +918,36 @@ func TestOutcomeStepIsJudgedAgainstTwoIntervalsNotOneDip(t *testing.T) {
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept), "a step that gained nothing is not kept for one interval's dip")
 	assert.NotEmpty(t, filter(acts, KindFileWindowUndo, ResultUndone))
 }
+
+// A stream that ended as a step began (its reader finished the file) read
+// nothing since: that is no loss of the step's, which is kept when it paid.
+// A stream still reading at a lower rate is (TestStreamOfAnotherReader...).
+func TestStepIsNotUndoneForAStreamThatEndedAsItBegan(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel // 60 MB/s at 128 KB, 150 at 512 KB
+	pa, ka := realFile(t, filepath.Join(r.dir, "data"), "blk_a")
+	pb, kb := realFile(t, filepath.Join(r.dir, "data"), "blk_b")
+	r.files.open(100, 7, pa, ka)
+	r.files.open(101, 7, pb, kb)
+	a := stream{key: ka, tgid: 100, fill: 0.9}
+	var acts []Action
+	ended := false
+	for i := 0; i < 6 && !ended; i++ {
+		r.clk.Advance(time.Second)
+		s := r.outcomeSnap(a)
+		// The other stream's last second: a reader finishing its file.
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 101, File: kb, Device: sdb, RaPages: 32})
+		s.Files = append(s.Files, detector.FileStats{Key: kb, Device: sdb, Requests: 100, Bytes: 40e6, BusyThroughput: 150e6,
+			Sequentiality: 1, LastSeen: s.Now, P50: 3 * time.Millisecond, MeanSize: 128 << 10, Inflight: 0.1})
+		s.Devices[0].Bytes += 40e6
+		got := r.tn.Step(s)
+		acts = append(acts, got...)
+		ended = len(filter(got, KindFileWindow, ResultTrial)) > 0
+	}
+	require.True(t, ended, "a trial began")
+	acts = append(acts, r.runOutcome(1, a)...)
+	logActs(t, acts)
+	assert.Empty(t, filter(acts, KindFileWindowUndo, ResultUndone))
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultKept))
+	assert.NotContains(t, filter(acts, KindFileWindow, ResultKept)[0].Evidence, "lost")
+}

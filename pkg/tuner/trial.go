@@ -143,6 +143,9 @@ type measure struct {
 	// is protected (protectedStream: the other sequential streams
 	// readaheadd serves), over the same window.
 	others float64
+	// streams: the device's other non-random readers, one by one
+	// (lossBase leaves out those that ended).
+	streams []otherStream
 	// othersMustNotLose: judge the step also by those other readers, not
 	// only by the device's total.
 	othersMustNotLose bool
@@ -226,15 +229,16 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		// The device's other readers must not pay for the gain: its total
 		// must not fall (a larger window that only queues ahead of others
 		// wins a stream nothing the device did not lose elsewhere).
-		if l.kind == KindFileWindow && l.before.dev > 0 && m.dev > 0 && m.dev < (1-devLossMax)*l.before.dev {
-			return t.undoStep(l, now, ev+fmt.Sprintf("; the device's total fell %.1f -> %.1f MB/s: its other readers lost more", l.before.dev/1e6, m.dev/1e6), apply, act)
+		bdev, bo := lossBase(l.before, m)
+		if l.kind == KindFileWindow && bdev > 0 && m.dev > 0 && m.dev < (1-devLossMax)*bdev {
+			return t.undoStep(l, now, ev+fmt.Sprintf("; the device's total fell %.1f -> %.1f MB/s: its other readers lost more", bdev/1e6, m.dev/1e6), apply, act)
 		}
 		// A step no regime asked for must not be paid for by the device's
 		// other streams (several streams sharing a saturated device: one's
 		// gain is the others' loss). Readers that are not streams
 		// readaheadd serves (O_DIRECT, files outside the allow-paths) are
 		// contenders: their share is what a larger window wins back.
-		if bo, ao := l.before.others, m.others; m.othersMustNotLose && l.before.dev > 0 && bo > othersMin*l.before.dev && ao < (1-devLossMax)*bo {
+		if ao := m.others; m.othersMustNotLose && bdev > 0 && bo > othersMin*bdev && ao < (1-devLossMax)*bo {
 			return t.undoStep(l, now, ev+fmt.Sprintf("; the device's other readers lost %.1f -> %.1f MB/s", bo/1e6, ao/1e6), apply, act)
 		}
 		l.kneeRandom = false

@@ -40,10 +40,11 @@ func (t *Tuner) keepsEarly(l *ladder, m measure, now time.Duration) bool {
 	if m.rand.n > 0 || b.rand.n > 0 {
 		return false
 	}
-	if b.dev > 0 && m.dev > 0 && m.dev < (1-devLossMax)*b.dev {
+	bdev, bo := lossBase(b, m)
+	if bdev > 0 && m.dev > 0 && m.dev < (1-devLossMax)*bdev {
 		return false
 	}
-	if m.othersMustNotLose && b.others > 0 && m.others < (1-devLossMax)*b.others {
+	if m.othersMustNotLose && bo > 0 && m.others < (1-devLossMax)*bo {
 		return false
 	}
 	return true
