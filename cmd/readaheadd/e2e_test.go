@@ -256,12 +256,17 @@ func TestEndToEndPermanentSlowdown(t *testing.T) {
 	}
 
 	stateDir := filepath.Join(t.TempDir(), "state")
-	d := startDaemon(t, "--device", l.Name, "--allow-path", l.Mount, "--state-dir", stateDir, "--interval", "1s")
+	d := startDaemon(t, "--device", l.Name, "--allow-path", l.Mount, "--state-dir", stateDir, "--interval", "1s", "--log-level", "debug")
 	assert.Contains(t, d.nextNotify(t), "READY=1", "Type=notify: ready once attached")
 	prom := prometheusServer(t, d.addr)
 
-	// Healthy reads teach the detector the device's baseline.
-	for i := 0; i < 3; i++ {
+	// Healthy reads teach the detector the device's baseline, per request
+	// size, from BaselineMinWindows (3) one-second windows each. The
+	// tuner may try a larger window on the healthy stream for a second or
+	// two (other request sizes), so the reads go on for 7 s: 3 reads (4 s)
+	// once left the default window's size learned from 2 windows only,
+	// and the slowed file's shift could not be told from its latency.
+	for start, i := time.Now(), 0; i < 3 || time.Since(start) < 7*time.Second; i++ {
 		r, err := lab.ReadSeq(warm)
 		require.NoError(t, err)
 		t.Logf("healthy read of %s: %.0f MB/s", filepath.Base(warm), r.MBps())

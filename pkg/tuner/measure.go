@@ -132,6 +132,8 @@ func (t *Tuner) measureFor(fd *fileDec) measure {
 		// a window later, is by rate.
 		if _, whole := t.windowKB(fd.key); whole || fd.win.trial != 0 {
 			m.tput = m.rate
+		} else {
+			m.young = true
 		}
 	}
 	return m

@@ -84,6 +84,9 @@ type ladder struct {
 	// step under trial, when, and at which value.
 	steadyBefore bool
 	steadyTput   float64
+	// youngBefore: the step's before-measure took in the stream's start
+	// (youngMargin).
+	youngBefore bool
 	lastM        measure
 	lastAt       time.Duration
 	lastVal      int
@@ -149,6 +152,9 @@ type measure struct {
 	// othersMustNotLose: judge the step also by those other readers, not
 	// only by the device's total.
 	othersMustNotLose bool
+	// young: tput is the busy throughput of a stream that began inside
+	// the measure's span (its start is in it).
+	young bool
 	// rand: what the random readers beside the stream get against their
 	// budgets (random.go).
 	rand randCost
@@ -198,6 +204,9 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		margin := t.cfg.Margin
 		if l.kind == KindDeviceWindow {
 			margin = t.cfg.DeviceMargin
+		}
+		if l.youngBefore && margin < youngMargin {
+			margin = youngMargin
 		}
 		ev := fmt.Sprintf("%s; before %s, after %s (%+.0f%%, keep margin %+.0f%%)", why, b, m, gain*100, margin*100)
 		if m.ok && gain < margin {
@@ -309,7 +318,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		ev = fmt.Sprintf("%s; judged against %.1f MB/s (this and the last interval's mean)", ev, l.steadyTput/1e6)
 	}
 	l.trial, l.trialFrom, l.trialAt, l.before, l.movedAt = next, l.cur, now, m, now
-	l.rejump, l.tried = false, next
+	l.rejump, l.tried, l.youngBefore = false, next, m.young && l.steadyTput == 0
 	l.beforeTail, l.later = t.tailNow(file), 0
 	if l.cur == l.base {
 		l.baseM = m
@@ -321,6 +330,15 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 // devLossMax: a file window step whose device total falls by more than this
 // share is not kept.
 const devLossMax = 0.05
+
+// youngMargin is the keep margin of a step whose before-measure took in the
+// stream's start: a healthy lab stream's first quarter second read 5-16%
+// below its steady rate (125-141 against 148-150 MB/s; the open, the first
+// synchronous reads, a cold cache under the device), and a 10% margin kept
+// a step on a healthy device that gained nothing but the stream's start.
+// A stream slowed from its open gains far more (+80% at +1.5 ms, +450% at
+// +8 ms); a milder one is stepped again once it is measured whole.
+const youngMargin = 0.25
 
 // othersMin: the device's other readers count for a step's verdict once
 // they read at least this share of its bytes.
