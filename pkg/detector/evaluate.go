@@ -378,7 +378,7 @@ func (d *Detector) fileStats(ds *deviceState, a *fileAgg, win []sample, now int6
 }
 
 // peerStats returns the normalised median and p95 of requests not
-// belonging to shifted files nor issued into a deep queue.
+// belonging to shifted files.
 func (d *Detector) peerStats(ds *deviceState, devSet []sample, aggOf func(int32) *fileAgg) (n50, t95 float64, n int) {
 	sc := &d.sc
 	sc.vals, sc.vals2, sc.ws = sc.vals[:0], sc.vals2[:0], sc.ws[:0]
@@ -388,9 +388,6 @@ func (d *Detector) peerStats(ds *deviceState, devSet []sample, aggOf func(int32)
 			if a := aggOf(s.slot); (a != nil && a.shifted) || d.files[s.slot].shift.candidate() {
 				continue
 			}
-		}
-		if d.queuedBehind(ds, s) {
-			continue // slow by its queue (fast.go)
 		}
 		if cb := d.classRef(ds, s.class); cb != nil {
 			sc.vals = append(sc.vals, float64(s.lat)/cb.p50)

@@ -225,12 +225,6 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 		}
 	}
 	d.sc.peers = peers
-	// A peer whose request waited in a deep queue (a stream the tuner
-	// widened, read up to just before this file started) is slow by its
-	// queue: it says nothing of the device's per-request latency, and
-	// kept a slowed file that started right after it from entering for a
-	// whole window.
-	peerOK := func(s *sample) bool { return !d.queuedBehind(ds, s) }
 	norm := func(set []sample, by func(*classBaseline) float64) []float64 {
 		var xs []float64
 		for i := range set {
@@ -304,25 +298,30 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 		// PeerMinSamples): a device-wide stall shorter than the window must
 		// not leave the file slow against peers mostly read before it.
 		var others []sample
-		for i := range peers {
-			if peerOK(&peers[i]) {
-				others = append(others, peers[i])
-			}
-		}
+		others = append(others, peers...)
 		for _, o := range slots {
 			if o != slot {
-				for i := range per[o] {
-					if peerOK(&per[o][i]) {
-						others = append(others, per[o][i])
-					}
-				}
+				others = append(others, per[o]...)
 			}
 		}
 		slices.SortFunc(others, func(a, b sample) int { return cmp.Compare(b.complete, a.complete) })
 		oldest := set[len(set)-1].complete
 		n := 0
-		for n < len(others) && (others[n].complete >= oldest || n < cfg.PeerMinSamples) {
+		for n < len(others) && others[n].complete >= oldest {
 			n++
+		}
+		// Extended back to PeerMinSamples, but not to requests that
+		// waited in a deep queue: those of a stream the tuner widened,
+		// read until just before this file started, are slow by their
+		// queue, say nothing of the device's per-request latency, and held
+		// a slowed file's entry back for a whole window. Requests beside
+		// the file's own count whatever their depth (a contention's
+		// queue is the device's state the file is judged in).
+		for i := n; i < len(others) && n < cfg.PeerMinSamples; i++ {
+			if !d.queuedBehind(ds, &others[i]) {
+				others[n] = others[i]
+				n++
+			}
 		}
 		others = others[:n]
 		pm, peerN := peerQ(others, p50, 0.5)

@@ -512,3 +512,29 @@ func TestFastPathEntersAShiftRightAfterADeepStreamEnded(t *testing.T) {
 		assert.Len(t, entered, 1, "seed %d: only the slowed file: %v", seed, entered)
 	}
 }
+
+// Under contention the requests beside the file's own are the device's
+// state it is judged in, however deep their queue: O_DIRECT readers that
+// queue the device slow the stream as much as themselves, which is no
+// shift of the file. (Leaving out every deep-queued peer, not only those
+// before the file's requests, entered one on the lab's contention bench.)
+func TestFastPathEntersNoShiftForAStreamQueuedWithContenders(t *testing.T) {
+	for seed := uint64(1); seed <= 3; seed++ {
+		s := newSim(40+seed, labBase, labBW)
+		fg := s.addSeq(128*kib, 2)
+		onset := 30*sec + 300*time.Millisecond
+		for range 4 {
+			r := s.addSeq(1024*kib, 2)
+			r.unattributed = true
+			r.startAt = onset
+		}
+		d := New(DefaultConfig())
+		tl := &timeline{}
+		s.run(d, 30*sec, interval, tl.add)
+		entered := runFast(s, d, 36*sec, tl)
+		_, ok := entered[fg.file.String()]
+		assert.False(t, ok, "seed %d: %v", seed, entered)
+		_, ok = tl.first(FileLatencyShift, fg.file, onset)
+		assert.False(t, ok, "seed %d: Evaluate", seed)
+	}
+}
