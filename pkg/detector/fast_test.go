@@ -515,9 +515,11 @@ func TestFastPathEntersAShiftRightAfterADeepStreamEnded(t *testing.T) {
 
 // Under contention the requests beside the file's own are the device's
 // state it is judged in, however deep their queue: O_DIRECT readers that
-// queue the device slow the stream as much as themselves, which is no
-// shift of the file. (Leaving out every deep-queued peer, not only those
-// before the file's requests, entered one on the lab's contention bench.)
+// keep the device's queue deep slow the stream as much as themselves,
+// which is no shift of the file (its own requests see that depth too).
+// The lab's contention bench once entered one when every deep-queued peer
+// was left out; this model of it enters none with either rule, so the
+// bench is the judge of that case, and this guards the rule's ground.
 func TestFastPathEntersNoShiftForAStreamQueuedWithContenders(t *testing.T) {
 	for seed := uint64(1); seed <= 3; seed++ {
 		s := newSim(40+seed, labBase, labBW)

@@ -407,10 +407,7 @@ func TestStepTakenFromAnotherStreamIsNotKept(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	// Two streams share a saturated device: a larger window wins one a
 	// share the other loses.
-	pa, ka := realFile(t, filepath.Join(r.dir, "data"), "blk_a")
-	pb, kb := realFile(t, filepath.Join(r.dir, "data"), "blk_b")
-	r.files.open(100, 7, pa, ka)
-	r.files.open(101, 7, pb, kb)
+	ka, kb := r.twoReaders(t)
 	share := func(w int) float64 { return 150e6 * float64(w) / float64(w+r.files.window[kb]) }
 	snap := func() detector.Snapshot {
 		r.tput = share
@@ -604,10 +601,7 @@ func TestStreamOfAnotherReaderUnderTheAllowPathsStaysProtected(t *testing.T) {
 	// The same contention, but the other reader is a stream readaheadd
 	// serves (another HDFS client's block file): its loss undoes the step.
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	pa, ka := realFile(t, filepath.Join(r.dir, "data"), "blk_a")
-	pb, kb := realFile(t, filepath.Join(r.dir, "data"), "blk_b")
-	r.files.open(100, 7, pa, ka)
-	r.files.open(101, 7, pb, kb)
+	ka, kb := r.twoReaders(t)
 	a := stream{key: ka, tgid: 100, fill: 0.9}
 	var acts []Action
 	for i := 0; i < 4; i++ {
@@ -925,10 +919,7 @@ func TestOutcomeStepIsJudgedAgainstTwoIntervalsNotOneDip(t *testing.T) {
 func TestStepIsNotUndoneForAStreamThatEndedAsItBegan(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	r.tput = kneeModel // 60 MB/s at 128 KB, 150 at 512 KB
-	pa, ka := realFile(t, filepath.Join(r.dir, "data"), "blk_a")
-	pb, kb := realFile(t, filepath.Join(r.dir, "data"), "blk_b")
-	r.files.open(100, 7, pa, ka)
-	r.files.open(101, 7, pb, kb)
+	ka, kb := r.twoReaders(t)
 	a := stream{key: ka, tgid: 100, fill: 0.9}
 	var acts []Action
 	ended := false
@@ -977,4 +968,14 @@ func TestStepJudgedAgainstAStreamsStartNeedsMoreThanItsStartUp(t *testing.T) {
 	undone := filter(acts, KindFileWindowUndo, ResultUndone)
 	require.Len(t, undone, 1)
 	assert.Contains(t, undone[0].Evidence, "keep margin +25%")
+}
+
+// twoReaders opens two block files under the allow-paths, blk_a by process
+// 100 and blk_b by process 101, each on descriptor 7.
+func (r *rig) twoReaders(t *testing.T) (ka, kb probe.FileKey) {
+	pa, ka := realFile(t, filepath.Join(r.dir, "data"), "blk_a")
+	pb, kb := realFile(t, filepath.Join(r.dir, "data"), "blk_b")
+	r.files.open(100, 7, pa, ka)
+	r.files.open(101, 7, pb, kb)
+	return ka, kb
 }
