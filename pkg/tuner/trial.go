@@ -87,9 +87,9 @@ type ladder struct {
 	// youngBefore: the step's before-measure took in the stream's start
 	// (youngMargin).
 	youngBefore bool
-	lastM        measure
-	lastAt       time.Duration
-	lastVal      int
+	lastM       measure
+	lastAt      time.Duration
+	lastVal     int
 }
 
 func (l *ladder) inForce() int {
