@@ -659,9 +659,18 @@ int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_b
 	if ((rq->cmd_flags & REQ_OP_MASK) != REQ_OP_READ)
 		return 0;
 	unsigned int len = rq->__data_len;
-	/* A partial completion (more calls follow for this request): wait for the last. */
-	if (nr_bytes < len)
-		return 0;
+	/* A partial completion: a driver completed the request's head and more
+	 * calls follow for the rest (a loop device on a short read of its
+	 * backing file updates the request by what it read and requeues it).
+	 * Those bytes were read: they are a record of their own, from the
+	 * request's head, where its sector and bio still point. The request is
+	 * counted once, at its last call, and timed there. */
+	bool last = nr_bytes >= len;
+	if (!last) {
+		if (!nr_bytes)
+			return 0;
+		len = nr_bytes;
+	}
 	u32 dev = rq_disk_dev(rq);
 	if (!dev)
 		return 0;
@@ -684,20 +693,25 @@ int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_b
 		if (issue)
 			st->alloc_timed++;
 	}
-	st->requests++;
 	st->bytes += len;
-	if (error)
-		st->errors++;
+	if (last) {
+		st->requests++;
+		if (error)
+			st->errors++;
+	}
 	u64 lat = 0;
 	if (issue && issue <= now) {
 		lat = now - issue;
-		st->latency_ns += lat;
-		u32 b = log2_bucket(lat / 1000);
-		if (b >= HIST_BUCKETS)
-			b = HIST_BUCKETS - 1;
-		st->hist[b]++;
+		if (last) {
+			st->latency_ns += lat;
+			u32 b = log2_bucket(lat / 1000);
+			if (b >= HIST_BUCKETS)
+				b = HIST_BUCKETS - 1;
+			st->hist[b]++;
+		}
 	} else {
-		st->untimed++;
+		if (last)
+			st->untimed++;
 		issue = now;
 	}
 	u32 m = 0;
