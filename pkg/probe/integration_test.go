@@ -31,6 +31,34 @@ func (c *collector) HandleReadahead(e ReadaheadEvent) {
 	c.mu.Unlock()
 }
 
+// runningProbe is a probe loaded for a test and running into a collector.
+type runningProbe struct {
+	*Probe
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startProbe loads the probe with cfg (closed at the test's end) and runs
+// it into a new collector.
+func startProbe(t *testing.T, cfg Config) (*runningProbe, *collector) {
+	t.Helper()
+	p, err := Load(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, p.Close()) })
+	c := &collector{}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &runningProbe{Probe: p, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- p.Run(ctx, c) }()
+	return r, c
+}
+
+// stop ends Run and requires that it ended cleanly.
+func (r *runningProbe) stop(t *testing.T) {
+	t.Helper()
+	r.cancel()
+	require.NoError(t, <-r.done)
+}
+
 // settle waits until no record has arrived for 200 ms, at most max.
 func (c *collector) settle(max time.Duration) {
 	deadline := time.Now().Add(max)
@@ -58,14 +86,7 @@ func TestProbeAttributesReadsOnLoopDevice(t *testing.T) {
 
 	// Sampling off: every request is attributed (a RAM-backed loop device
 	// can read fast enough to exceed the sampling budget).
-	p, err := Load(Config{Devices: []Dev{l.Dev}, Poll: 20 * time.Millisecond, SampleBudget: -1})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, p.Close()) })
-
-	var c collector
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx, &c) }()
+	p, c := startProbe(t, Config{Devices: []Dev{l.Dev}, Poll: 20 * time.Millisecond, SampleBudget: -1})
 
 	cachedA, cachedB := residentBytes(t, pathA), residentBytes(t, pathB)
 	pidA := readAll(t, pathA)
@@ -76,8 +97,7 @@ func TestProbeAttributesReadsOnLoopDevice(t *testing.T) {
 	// Collect the tail: until the records stop growing for a few poll
 	// intervals (a fixed 200 ms missed 5 MB of them on a busy CI host).
 	c.settle(3 * time.Second)
-	cancel()
-	require.NoError(t, <-done)
+	p.stop(t)
 
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -1,7 +1,6 @@
 package probe
 
 import (
-	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,13 +38,7 @@ func TestPartialCompletionIsRecorded(t *testing.T) {
 	require.NoError(t, unix.Stat(loop, &st))
 	dev := DevFromUnix(st.Rdev)
 
-	p, err := Load(Config{Devices: []Dev{dev}, Poll: 20 * time.Millisecond, SampleBudget: -1})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, p.Close()) })
-	var c collector
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx, &c) }()
+	p, c := startProbe(t, Config{Devices: []Dev{dev}, Poll: 20 * time.Millisecond, SampleBudget: -1})
 
 	// The device keeps its 8 MB; its backing file ends 64 KB into the
 	// read at 4 MB.
@@ -60,8 +53,7 @@ func TestPartialCompletionIsRecorded(t *testing.T) {
 	require.True(t, rerr != nil || n < len(buf), "the read ran past the backing file's end")
 
 	c.settle(3 * time.Second)
-	cancel()
-	require.NoError(t, <-done)
+	p.stop(t)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var head, failed uint64
@@ -84,4 +76,3 @@ func alignedBuf(n int) []byte {
 	off := 4096 - int(uintptr(unsafe.Pointer(&b[0]))&4095)
 	return b[off : off+n]
 }
-

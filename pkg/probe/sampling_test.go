@@ -1,7 +1,6 @@
 package probe
 
 import (
-	"context"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -33,13 +32,7 @@ func TestSamplingIsUnbiasedOnLoopDevice(t *testing.T) {
 	dropCaches(t)
 
 	const every = 8
-	p, err := Load(Config{Devices: []Dev{l.Dev}, Poll: 20 * time.Millisecond, SampleEvery: every})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, p.Close()) })
-	var c collector
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx, &c) }()
+	p, c := startProbe(t, Config{Devices: []Dev{l.Dev}, Poll: 20 * time.Millisecond, SampleEvery: every})
 
 	// Every page of the three files once, in random order, with readahead
 	// off on each file (FADV_RANDOM): one 4 KiB request per read.
@@ -71,8 +64,7 @@ func TestSamplingIsUnbiasedOnLoopDevice(t *testing.T) {
 		require.NoError(t, err)
 	}
 	time.Sleep(100 * time.Millisecond)
-	cancel()
-	require.NoError(t, <-done)
+	p.stop(t)
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -144,13 +136,7 @@ func TestAdaptiveSamplingFollowsTheRate(t *testing.T) {
 	path, key := l.writeFile(t, "r", mb(24))
 	dropCaches(t)
 	const budget = 200
-	p, err := Load(Config{Devices: []Dev{l.Dev}, Poll: 20 * time.Millisecond, SampleBudget: budget})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, p.Close()) })
-	var c collector
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx, &c) }()
+	p, c := startProbe(t, Config{Devices: []Dev{l.Dev}, Poll: 20 * time.Millisecond, SampleBudget: budget})
 
 	f, err := os.Open(path)
 	require.NoError(t, err)
@@ -173,8 +159,7 @@ func TestAdaptiveSamplingFollowsTheRate(t *testing.T) {
 	s, err := p.Stats()
 	require.NoError(t, err)
 	time.Sleep(60 * time.Millisecond)
-	cancel()
-	require.NoError(t, <-done)
+	p.stop(t)
 	ds := s.Devices[l.Dev]
 	t.Logf("%d reads at %.0f/s: %d requests, %d sampled, period %d", reads, rate, ds.Requests, ds.Sampled, ds.SampleEvery)
 	require.Greater(t, rate, 4.0*budget, "the reads must outrun the budget for this test to mean anything")
@@ -227,21 +212,14 @@ func TestSamplingStreamsDirectReadsOneInN(t *testing.T) {
 	dropCaches(t)
 
 	const every = 4
-	p, err := Load(Config{Devices: []Dev{l.Dev}, Poll: 20 * time.Millisecond, SampleEvery: every})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, p.Close()) })
-	var c collector
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx, &c) }()
+	p, c := startProbe(t, Config{Devices: []Dev{l.Dev}, Poll: 20 * time.Millisecond, SampleEvery: every})
 
 	cachedA := residentBytes(t, pathA)
 	direct := ddDirect(t, pathB, "1M")
 	readAll(t, pathA)
 	require.NoError(t, direct.Wait())
 	c.settle(3 * time.Second)
-	cancel()
-	require.NoError(t, <-done)
+	p.stop(t)
 	s, err := p.Stats()
 	require.NoError(t, err)
 	ds := s.Devices[l.Dev]
@@ -311,13 +289,7 @@ func TestAdaptiveSamplingOfDirectReads(t *testing.T) {
 	pathB, _ := l.writeFile(t, "b", mb(128))
 	dropCaches(t)
 	const budget = 200
-	p, err := Load(Config{Devices: []Dev{l.Dev}, Poll: 20 * time.Millisecond, SampleBudget: budget})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, p.Close()) })
-	var c collector
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx, &c) }()
+	p, c := startProbe(t, Config{Devices: []Dev{l.Dev}, Poll: 20 * time.Millisecond, SampleBudget: budget})
 
 	start := time.Now()
 	direct := ddDirect(t, pathB, "64k")
@@ -329,8 +301,7 @@ func TestAdaptiveSamplingOfDirectReads(t *testing.T) {
 	c.settle(3 * time.Second)
 	s, err := p.Stats()
 	require.NoError(t, err)
-	cancel()
-	require.NoError(t, <-done)
+	p.stop(t)
 	ds := s.Devices[l.Dev]
 	rate := float64(mb(128)/(64<<10)) / elapsed.Seconds()
 	t.Logf("direct reads at about %.0f/s: %d requests, %d samplable, %d streamed, period %d at the end", rate, ds.Requests, ds.Samplable, ds.Sampled, ds.SampleEvery)

@@ -484,13 +484,7 @@ func (r *rig) fastTick(ss ...stream) []Action {
 func TestFreshStreamSlowFromItsStartIsSteppedOnItsRecentRequests(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	r.tput = kneeModel // 60 MB/s at 128 KB, 150 at 512 KB
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
-	st := stream{key: key, tgid: 100, fill: 0.9}
-	var acts []Action
-	for i := 0; i < 3 && len(acts) == 0; i++ {
-		acts = r.fastTick(st)
-	}
+	key, st, acts := r.freshStream(t)
 	logActs(t, acts)
 	trial := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trial, 1, "the first step a few hundred milliseconds after the stream's first reads")
@@ -951,13 +945,7 @@ func TestStepIsNotUndoneForAStreamThatEndedAsItBegan(t *testing.T) {
 func TestStepJudgedAgainstAStreamsStartNeedsMoreThanItsStartUp(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	r.tput = func(int) float64 { return 125e6 } // its start
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
-	st := stream{key: key, tgid: 100, fill: 0.9}
-	var acts []Action
-	for i := 0; i < 3 && len(acts) == 0; i++ {
-		acts = r.fastTick(st)
-	}
+	_, st, acts := r.freshStream(t)
 	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)
 	r.tput = func(int) float64 { return 149e6 } // steady, at any window
 	r.clk.Advance(600 * time.Millisecond)
@@ -978,4 +966,17 @@ func (r *rig) twoReaders(t *testing.T) (ka, kb probe.FileKey) {
 	r.files.open(100, 7, pa, ka)
 	r.files.open(101, 7, pb, kb)
 	return ka, kb
+}
+
+// freshStream opens blk_1 for process 100 and ticks the fast path until its
+// first actions (at most three ticks): a fresh stream's first step.
+func (r *rig) freshStream(t *testing.T) (probe.FileKey, stream, []Action) {
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	var acts []Action
+	for i := 0; i < 3 && len(acts) == 0; i++ {
+		acts = r.fastTick(st)
+	}
+	return key, st, acts
 }
