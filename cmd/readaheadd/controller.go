@@ -220,6 +220,11 @@ func (p *pipeline) ApplyPending() {
 	if keys, span := p.tun.TrialStreams(); len(keys) > 0 {
 		p.count(p.tun.FastVerdict(p.det.Recent(p.clk.Now(), span, keys), span))
 	}
+	// Steps whose stream stopped reading (its file ended) are judged at
+	// once on its requests since the step: no Step would see them.
+	for _, ts := range p.tun.EndedTrials() {
+		p.count(p.tun.EndedVerdict(ts, p.det.Recent(p.clk.Now(), ts.Span, []probe.FileKey{ts.Key})))
+	}
 	p.count(p.tun.ApplyPending())
 }
 

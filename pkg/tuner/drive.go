@@ -36,6 +36,9 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		return
 	}
 	m := t.measureFor(fd)
+	if m.ended {
+		escalate = false // its reader stopped: no next step to judge
+	}
 	fd.win.hint = t.windowHint(fd.key)
 	if fd.byRate {
 		// The learned capacity of a device slow from the start is its slow

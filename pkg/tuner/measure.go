@@ -24,10 +24,26 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 	if t.measSpan > 0 {
 		span = t.measSpan.Seconds()
 	}
-	m := measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50, rate: float64(fs.Bytes) / span}
+	// A stream that stopped reading inside the span (its reader reached
+	// the end of its file, or closed it) read for only part of it: over
+	// the whole span its rate would understate what it got. A 256 MB
+	// file read at 200 MB/s ends within a second of a step, and its
+	// verdict read -64% for a step that paid.
+	// Judging a stream that stopped (EndedVerdict), the span is the
+	// step's: it ends at the stream's last request.
+	active := span
+	if gap := (t.snap.Now - fs.LastSeen).Seconds(); gap > endedGap.Seconds() || t.endedJudge {
+		active = span - gap
+		if active < endedMinActive.Seconds() {
+			return measure{}
+		}
+	}
+	m := measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50, rate: float64(fs.Bytes) / active, ended: active < span}
 	m.rand = t.randomCost(fs.Device, k)
 	if ds, ok := t.dstats[fs.Device]; ok {
-		m.dev = float64(ds.Bytes) / span
+		// The stream's own share counts at its rate while it read, as
+		// the device's before-measure counted it.
+		m.dev = float64(ds.Bytes)/span - float64(fs.Bytes)/span + m.rate
 		// Random readers' bytes say nothing of what they get (a trimmed
 		// mmap reader reads fewer bytes by design, and touches more
 		// pages): they are left out of the total a step is judged by,
@@ -45,7 +61,8 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 			if prot {
 				m.others += bps
 			}
-			m.streams = append(m.streams, otherStream{key: ok2, bps: bps, protected: prot})
+			ended := t.snap.Now-ofs.LastSeen > endedGap
+			m.streams = append(m.streams, otherStream{key: ok2, bps: bps, protected: prot, ended: ended})
 		}
 	}
 	return m
@@ -153,17 +170,32 @@ type otherStream struct {
 	key       probe.FileKey
 	bps       float64
 	protected bool
+	// ended: it read nothing over the span's last endedGap.
+	ended bool
 }
+
+// endedGap: a stream that completed no request for this long is not
+// reading now (its reader finished or closed its file). A window-bound
+// stream completes a request every few milliseconds, even slowed by +8 ms;
+// a larger window elsewhere delays it by a queue of milliseconds, never
+// this long.
+const endedGap = 250 * time.Millisecond
+
+// endedMinActive: a stream that read for less of the span than this before
+// it ended says too little of a step to judge it by.
+const endedMinActive = 100 * time.Millisecond
 
 // lossBase is what a step's verdict compares the device's total and its
 // protected streams' share after it against: before's, less the streams
-// that read nothing since. A stream that stopped ended (its reader closed
-// or paused): a larger window elsewhere slows another stream, it does not
-// stop it, and a reader that finished as the step began is no loss of it.
+// that read nothing since, or stopped reading since (a last few requests,
+// then nothing for endedGap). A stream that stopped ended (its reader
+// closed or paused): a larger window elsewhere slows another stream, it
+// does not stop it, and a reader that finished as the step began is no
+// loss of it.
 func lossBase(b, m measure) (dev, others float64) {
 	dev, others = b.dev, b.others
 	for _, o := range b.streams {
-		if o.bps <= 0 || slices.ContainsFunc(m.streams, func(a otherStream) bool { return a.key == o.key && a.bps > 0 }) {
+		if o.bps <= 0 || slices.ContainsFunc(m.streams, func(a otherStream) bool { return a.key == o.key && a.bps > 0 && !a.ended }) {
 			continue
 		}
 		dev -= o.bps

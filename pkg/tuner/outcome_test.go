@@ -980,3 +980,63 @@ func (r *rig) freshStream(t *testing.T) (probe.FileKey, stream, []Action) {
 	}
 	return key, st, acts
 }
+
+// endingSnap is outcomeSnap with st's reader reaching the end of its file
+// after reading for part of the second: it read at its window's rate until
+// then and nothing after.
+func (r *rig) endingSnap(st stream, part time.Duration) detector.Snapshot {
+	s := r.outcomeSnap(st)
+	f := &s.Files[0]
+	all := f.Bytes
+	f.Bytes = uint64(float64(all) * part.Seconds())
+	f.Requests = f.Bytes / (128 << 10)
+	f.LastSeen = s.Now - (time.Second - part)
+	s.Devices[0].Bytes -= all - f.Bytes
+	return s
+}
+
+// A short file on a fast device is read whole within a second of a step:
+// the step's verdict must judge what the stream read while it read, not
+// its bytes over the whole interval (in the lab a 1024 KB step that paid
+// read "-64%" and set a knee at 512 KB, for this file and, through the
+// directory's prior, for every file opened after it).
+func TestStepJudgedOnWhatAStreamReadBeforeItEnded(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(w int) float64 { return min(float64(w)*0.4e6, 400e6) } // 205 MB/s at 512 KB, 400 at 1024
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	var acts []Action
+	for i := 0; i < 6 && len(filter(acts, KindFileWindow, ResultKept)) == 0; i++ {
+		acts = append(acts, r.runOutcome(1, st)...)
+	}
+	kept := filter(acts, KindFileWindow, ResultKept)
+	require.NotEmpty(t, kept, "a first step kept")
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Equal(t, kept[0].ToKB, trials[len(trials)-2].ToKB)
+	next := trials[len(trials)-1].ToKB
+	require.Greater(t, next, kept[0].ToKB, "a next step under trial")
+	// The stream reads 450 ms at the new window, then its file ends.
+	r.clk.Advance(time.Second)
+	got := r.tn.Step(r.endingSnap(st, 450*time.Millisecond))
+	logActs(t, append(acts, got...))
+	assert.Empty(t, filter(got, KindFileWindowUndo, ResultUndone), "a step that paid while the stream read")
+	k := filter(got, KindFileWindow, ResultKept)
+	require.Len(t, k, 1)
+	assert.Equal(t, next, k[0].ToKB)
+}
+
+// A stream that read its file's last requests after a step, then nothing,
+// ended: it is no loss of the step (a fresh reader's prefetch that paid
+// +577% was undone as "the device's other readers lost 168.3 -> 0.0 MB/s").
+func TestStepIsNotUndoneForAStreamThatEndedDuringIt(t *testing.T) {
+	b := measure{ok: true, dev: 200e6, others: 170e6, streams: []otherStream{{key: probe.FileKey{Dev: 1, Ino: 2}, bps: 170e6, protected: true}}}
+	m := measure{ok: true, dev: 30e6, streams: []otherStream{{key: probe.FileKey{Dev: 1, Ino: 2}, bps: 0.04e6, protected: true, ended: true}}}
+	dev, others := lossBase(b, m)
+	assert.InDelta(t, 30e6, dev, 1)
+	assert.Zero(t, others)
+	m.streams[0].ended = false // still reading, slowly: a loss
+	dev, others = lossBase(b, m)
+	assert.InDelta(t, 200e6, dev, 1)
+	assert.InDelta(t, 170e6, others, 1)
+}

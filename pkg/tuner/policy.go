@@ -68,7 +68,7 @@ func (t *Tuner) windowBound(fs detector.FileStats, now time.Duration) (bool, str
 	if fs.Requests < minBoundRequests || fs.Inflight <= 0 || fs.MeanSize <= 0 {
 		return false, "too few requests"
 	}
-	if now-fs.LastSeen > t.cfg.Settle {
+	if now-fs.LastSeen > endedGap {
 		return false, "not read now"
 	}
 	w, _ := t.windowKB(fs.Key)

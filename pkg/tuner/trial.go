@@ -155,6 +155,9 @@ type measure struct {
 	// young: tput is the busy throughput of a stream that began inside
 	// the measure's span (its start is in it).
 	young bool
+	// ended: the stream stopped reading inside the span (rate is over
+	// the part it read).
+	ended bool
 	// rand: what the random readers beside the stream get against their
 	// budgets (random.go).
 	rand randCost
@@ -187,7 +190,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		// Steps are taken on interval ticks: the tick one Settle after the
 		// step may read the clock a little early, and must still judge it
 		// (otherwise every step would take two intervals).
-		if now-l.trialAt < t.cfg.Settle-t.cfg.Settle/10 && !t.keepsEarly(l, m, now) {
+		if now-l.trialAt < t.cfg.Settle-t.cfg.Settle/10 && !t.keepsEarly(l, m, now) && !(t.endedJudge && m.ok) {
 			return false
 		}
 		if !m.ok && now-l.trialAt < 4*t.cfg.Settle {
@@ -209,7 +212,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 			margin = youngMargin
 		}
 		ev := fmt.Sprintf("%s; before %s, after %s (%+.0f%%, keep margin %+.0f%%)", why, b, m, gain*100, margin*100)
-		if m.ok && gain < margin {
+		if m.ok && gain < margin && !t.endedJudge { // a stream that ended reads no more to resize or wait for
 			if next := t.tailResize(file, l, m, max); next > 0 {
 				// The step's span stalled, the span before it did not, and
 				// the stall needs more than the step: the larger step is

@@ -160,6 +160,9 @@ type Tuner struct {
 	// steps under trial; earlyKeep: FastVerdict is judging (verdict.go).
 	verdictAt time.Duration
 	earlyKeep bool
+	// endedJudge: EndedVerdict is judging steps whose stream stopped
+	// (ended.go).
+	endedJudge bool
 	// scopeOf: cached scope verdicts of other readers' files (outsideScope).
 	scopeOf map[probe.FileKey]scopeVerdict
 	// lowering: files whose window a break is setting (the lock is

@@ -1,0 +1,127 @@
+package tuner
+
+// Steps whose stream ended under trial. A block file read at a few hundred
+// MB/s ends within a second of a step, often before the Step that would
+// judge it: that Step would then find nothing to judge by and, four
+// intervals later, undo the step and set a knee on no evidence, and the
+// directory's prior would never learn the step. Instead, as soon as a
+// stream under trial stops reading, the step is judged on everything the
+// stream read since it, or, if that is too little, ended unjudged with no
+// knee and no back-off.
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+)
+
+// endedJudgeMin: a stream that read for less than this after its step (its
+// new window's first readahead takes a few milliseconds, its first
+// requests a latency more) says too little to keep or undo the step.
+const endedJudgeMin = 300 * time.Millisecond
+
+// TrialSpan is a step under trial and the span since it.
+type TrialSpan struct {
+	Key  probe.FileKey
+	Span time.Duration
+}
+
+// lastRead is when a reader of the file last had a readahead event (0 if
+// none is known).
+func (t *Tuner) lastRead(k probe.FileKey) time.Duration {
+	var last time.Duration
+	for _, r := range t.readers[k] {
+		last = max(last, r.lastSeen)
+	}
+	return last
+}
+
+// EndedTrials returns the file window steps under trial whose stream has
+// stopped reading (no readahead event for endedGap) after reading long
+// enough since its step to judge it, each with the span since its step;
+// EndedVerdict judges them on the requests of that span. Steps whose
+// stream stopped sooner end here unjudged.
+func (t *Tuner) EndedTrials() []TrialSpan {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.deps.Clock.Now()
+	// Steps ended unjudged are returned by the next ApplyPending or Step.
+	saved := t.out
+	t.out = t.evOut
+	defer func() { t.evOut, t.out = t.out, saved }()
+	var out []TrialSpan
+	keys := make([]probe.FileKey, 0, len(t.files))
+	for k := range t.files {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, compareKeys)
+	for _, k := range keys {
+		fd := t.files[k]
+		l := &fd.win
+		if l.trial == 0 || fd.pf.trial != 0 || l.probeUntil != 0 {
+			continue
+		}
+		last := t.lastRead(k)
+		if last == 0 || now-last < endedGap {
+			continue
+		}
+		if last-l.trialAt < endedJudgeMin {
+			t.endUnjudged(fd, last-l.trialAt)
+			continue
+		}
+		out = append(out, TrialSpan{Key: k, Span: now - l.trialAt})
+	}
+	return out
+}
+
+// endUnjudged takes back a step whose stream read too little after it to
+// judge it: the window in force before it stays, with no knee and no
+// back-off (the next reader of the file, or of its directory, steps again).
+func (t *Tuner) endUnjudged(fd *fileDec, read time.Duration) {
+	now := t.deps.Clock.Now()
+	l := &fd.win
+	from := l.trial
+	l.trial, l.movedAt = 0, now
+	if err := t.pinFile(fd, l.cur, nil, true); err != nil && !errors.Is(err, errNoReaders) {
+		t.log.Debug("tuner: ended step not taken back", "file", fd.key.String(), "err", err)
+	}
+	t.counts["outcome/ended_unjudged"]++
+	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
+		FromKB: from, ToKB: l.cur, Result: ResultUndone,
+		Evidence: fmt.Sprintf("the stream stopped reading %v after the step (its file ended or was closed): too little to judge it by; no knee", read.Round(time.Millisecond))})
+}
+
+// EndedVerdict judges a step of EndedTrials on its stream's requests since
+// the step (snap, over span; detector.Recent, which also holds the
+// device's other files: they are not judged here). No next step is taken:
+// the stream has stopped.
+func (t *Tuner) EndedVerdict(ts TrialSpan, snap detector.Snapshot) []Action {
+	span := ts.Span
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.out = nil
+	if t.scope.Empty() || span <= 0 {
+		return nil
+	}
+	defer t.useView(snap, span)()
+	t.endedJudge = true
+	defer func() { t.endedJudge = false }()
+	for _, f := range snap.Files {
+		fd := t.files[f.Key]
+		if f.Key != ts.Key || fd == nil || fd.win.trial == 0 || fd.pf.trial != 0 {
+			continue
+		}
+		n := len(t.out)
+		t.driveFile(fd, false)
+		for _, a := range t.out[n:] {
+			if a.Kind == KindFileWindow && a.Result == ResultKept {
+				t.counts["outcome/kept_ended"]++
+			}
+		}
+	}
+	return t.out
+}
