@@ -22,7 +22,7 @@ import (
 // endedJudgeMin: a stream that read for less than this after its step (its
 // new window's first readahead takes a few milliseconds, its first
 // requests a latency more) says too little to keep or undo the step.
-const endedJudgeMin = 300 * time.Millisecond
+const endedJudgeMin = 200 * time.Millisecond
 
 // TrialSpan is a step under trial and the span since it.
 type TrialSpan struct {
@@ -90,6 +90,10 @@ func (t *Tuner) endUnjudged(fd *fileDec, read time.Duration) {
 		t.log.Debug("tuner: ended step not taken back", "file", fd.key.String(), "err", err)
 	}
 	t.counts["outcome/ended_unjudged"]++
+	if fd.climbFrom > 0 {
+		t.mem.climbed(fd.prior, fd.key, true, 0) // no knee: the next open climbs again
+		fd.climbFrom = 0
+	}
 	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
 		FromKB: from, ToKB: l.cur, Result: ResultUndone,
 		Evidence: fmt.Sprintf("the stream stopped reading %v after the step (its file ended or was closed): too little to judge it by; no knee", read.Round(time.Millisecond))})

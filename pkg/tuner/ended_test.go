@@ -101,3 +101,28 @@ func TestStepEndsUnjudgedWhenItsStreamStopsAtOnce(t *testing.T) {
 	assert.False(t, fd.win.knee, "no knee on no evidence")
 	assert.Zero(t, fd.win.retryAt)
 }
+
+// A stream's rate is over the part of the span it read: from its first
+// readahead event when it began inside the span (a fresh open), to its
+// last request when it stopped inside it.
+func TestStreamsRateIsOverThePartOfTheSpanItRead(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	k := probe.FileKey{Dev: 1, Ino: 5}
+	now := r.clk.Now()
+	fs := detector.FileStats{Key: k, Device: sdb, Requests: 480, Bytes: 60e6, BusyThroughput: 200e6, Sequentiality: 1, LastSeen: now}
+	view := func(fs detector.FileStats) measure {
+		r.tn.snap = detector.Snapshot{Now: now, Files: []detector.FileStats{fs}}
+		r.tn.fstats = map[probe.FileKey]detector.FileStats{k: fs}
+		return r.tn.fileMeasure(k)
+	}
+	assert.InDelta(t, 60e6, view(fs).rate, 1, "read all along")
+	r.tn.readers[k] = map[uint32]*readerInfo{7: {firstSeen: now - 300*time.Millisecond, lastSeen: now}}
+	assert.InDelta(t, 200e6, view(fs).rate, 1, "began 300 ms ago")
+	fs.LastSeen = now - 500*time.Millisecond
+	r.tn.readers[k][7].firstSeen = now - 2*time.Second
+	m := view(fs)
+	assert.InDelta(t, 120e6, m.rate, 1, "stopped 500 ms ago")
+	assert.True(t, m.ended)
+	fs.LastSeen = now - 950*time.Millisecond
+	assert.False(t, view(fs).ok, "read 50 ms of the span: too little")
+}

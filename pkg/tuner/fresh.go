@@ -69,6 +69,7 @@ func (t *Tuner) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Durat
 		return
 	}
 	kb = t.clamp(d, kb)
+	climbFrom := 0
 	if lim, why := t.randomLimitKB(fd); lim >= 0 {
 		// Random readers beside it: the prior's window only as far as
 		// their budget allows (random.go); the Step takes it from there.
@@ -78,6 +79,11 @@ func (t *Tuner) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Durat
 			return
 		}
 		kb = min(kb, lim)
+	} else if kb == p.window {
+		// The prior's own ladder: this open tries the step above it.
+		if next := t.clamp(d, t.mem.climb(p, key, now, t.cfg.Growth, t.cfg.MaxKB, 4*t.cfg.Settle)); next > kb {
+			climbFrom, kb = kb, next
+		}
 	}
 	n, err := t.pin(d, kb, refs, true)
 	if err != nil {
@@ -85,6 +91,9 @@ func (t *Tuner) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Durat
 			t.log.Debug("tuner: prior not applied to a fresh open", "file", key.String(), "path", fd.path, "err", err)
 		}
 		r.priorAt = 0 // try again on its next event
+		if climbFrom > 0 {
+			t.mem.climbed(p, key, true, 0) // not tried: no knee
+		}
 		return
 	}
 	r.appliedKB, r.appliedAt, r.pending = kb, now, false
@@ -101,11 +110,23 @@ func (t *Tuner) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Durat
 	fd.win.trial, fd.win.trialFrom, fd.win.trialAt, fd.win.before, fd.win.baseM = kb, d.orig, now, before, before
 	fd.win.steadyTput = 0
 	fd.win.movedAt = now
+	why := fmt.Sprintf("prior: %d KB paid for %d recent stream(s) in this directory (%.1f -> %.1f MB/s); given to %d descriptor(s) %v after the file's first readahead event",
+		p.window, p.streams, p.baseBPS/1e6, p.keptBPS/1e6, n, lag.Round(100*time.Microsecond))
+	from := d.orig
+	if climbFrom > 0 {
+		// Judged against what the prior's window gave its streams; not
+		// paying, it falls back to that window (and the prior holds it).
+		fd.climbFrom, from = climbFrom, climbFrom
+		fd.win.cur, fd.win.trialFrom, fd.win.keptAt = climbFrom, climbFrom, now
+		fd.win.before = measure{ok: true, tput: p.keptBPS, rate: p.keptBPS}
+		t.counts["prior/climb"]++
+		why = fmt.Sprintf("prior climbs: %d KB paid for %d recent stream(s) in this directory (%.1f -> %.1f MB/s); this one tries %d KB, given to %d descriptor(s) %v after the file's first readahead event",
+			p.window, p.streams, p.baseBPS/1e6, p.keptBPS/1e6, kb, n, lag.Round(100*time.Microsecond))
+	}
 	t.files[key] = fd
 	t.counts["prior/applied"]++
-	t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: key, Path: fd.path, Kind: KindFileWindow, FromKB: d.orig, ToKB: kb,
-		Result: ResultTrial, Evidence: fmt.Sprintf("prior: %d KB paid for %d recent stream(s) in this directory (%.1f -> %.1f MB/s); given to %d descriptor(s) %v after the file's first readahead event",
-			p.window, p.streams, p.baseBPS/1e6, p.keptBPS/1e6, n, lag.Round(100*time.Microsecond))})
+	t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: key, Path: fd.path, Kind: KindFileWindow, FromKB: from, ToKB: kb,
+		Result: ResultTrial, Evidence: why})
 }
 
 // judgePriorChecks ends the re-checks of priors whose stream has read at
@@ -197,4 +218,30 @@ func (t *Tuner) savePriors(force bool) {
 	}
 	t.mem.dirty = false
 	t.priorsSavedAt = now
+}
+
+// catchUp raises the window a file's decision keeps to its directory's
+// prior when a new stream starts on the file (a read from its head) and the
+// prior has climbed above it since (HDFS reads a block file again with a
+// fresh open; its decision is from an earlier stream). Not over a knee the
+// file's own steps found, nor beside random readers (their budget sizes
+// every step there), nor while a step or re-probe is under way.
+func (t *Tuner) catchUp(fd *fileDec, now time.Duration) {
+	l := &fd.win
+	if t.cfg.DryRun || l.trial != 0 || l.probeUntil != 0 || l.knee || fd.pf.trial != 0 || l.cur <= l.base || t.randomReaderBeside(fd) {
+		return
+	}
+	p := t.mem.dirPrior(fd.key.Dev, fd.path)
+	if p == nil || p.device != fd.dev.name {
+		return
+	}
+	kb := t.clamp(fd.dev, p.window)
+	if kb <= l.cur {
+		return
+	}
+	from := l.cur
+	l.prev, l.cur, l.keptAt, l.movedAt = l.cur, kb, now, now
+	t.counts["prior/caught_up"]++
+	t.log.Debug("tuner: a file's kept window raised to its directory's prior", "file", fd.key.String(), "path", fd.path,
+		"from_kb", from, "to_kb", kb)
 }

@@ -31,14 +31,19 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 	// verdict read -64% for a step that paid.
 	// Judging a stream that stopped (EndedVerdict), the span is the
 	// step's: it ends at the stream's last request.
-	active := span
+	active, ended := span, false
 	if gap := (t.snap.Now - fs.LastSeen).Seconds(); gap > endedGap.Seconds() || t.endedJudge {
-		active = span - gap
+		active, ended = span-gap, true
 		if active < endedMinActive.Seconds() {
 			return measure{}
 		}
 	}
-	m := measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50, rate: float64(fs.Bytes) / active, ended: active < span}
+	// Likewise a stream that began inside the span (a fresh open, read
+	// whole within a second) read only from its first readahead on.
+	if late := (t.firstRead(k) - (t.snap.Now - time.Duration(span*float64(time.Second)))).Seconds(); late > 0 && active-late >= endedMinActive.Seconds() {
+		active -= late
+	}
+	m := measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50, rate: float64(fs.Bytes) / active, ended: ended}
 	m.rand = t.randomCost(fs.Device, k)
 	if ds, ok := t.dstats[fs.Device]; ok {
 		// The stream's own share counts at its rate while it read, as
@@ -180,6 +185,18 @@ type otherStream struct {
 // a larger window elsewhere delays it by a queue of milliseconds, never
 // this long.
 const endedGap = 250 * time.Millisecond
+
+// firstRead is when the file's earliest current reader had its first
+// readahead event (0 if none is known).
+func (t *Tuner) firstRead(k probe.FileKey) time.Duration {
+	var first time.Duration
+	for _, r := range t.readers[k] {
+		if first == 0 || r.firstSeen < first {
+			first = r.firstSeen
+		}
+	}
+	return first
+}
 
 // endedMinActive: a stream that read for less of the span than this before
 // it ended says too little of a step to judge it by.

@@ -46,6 +46,11 @@ type dirPrior struct {
 	checkAt, checkEvery time.Duration
 	checking            probe.FileKey // file measured at base, zero if none
 	checkStart          time.Duration
+	// The prior's own ladder (climb): the fresh open trying the step above
+	// window and since when; no step above window before kneeUntil.
+	climber   probe.FileKey
+	climbAt   time.Duration
+	kneeUntil time.Duration
 }
 
 type slowFile struct {
@@ -66,10 +71,16 @@ func (m *memory) has(dev probe.Dev) bool { return m.perDev[dev] > 0 }
 // lookup returns the window for a file about to be read: its own memory
 // first, then its directory's prior, then the nearest ancestor directory's
 // (HDFS spreads block files over subdirectories of one data directory).
-// The prior is nil when the window came from the file's own memory.
+// The prior is nil when the directory has none.
 func (m *memory) lookup(key probe.FileKey, path string) (int, *dirPrior) {
 	if f := m.files[key]; f != nil {
-		return f.window, m.dirPrior(key.Dev, path)
+		// The file's own window, or its directory's if that climbed
+		// above it since.
+		p := m.dirPrior(key.Dev, path)
+		if p != nil && p.window > f.window {
+			return p.window, p
+		}
+		return f.window, p
 	}
 	p := m.dirPrior(key.Dev, path)
 	if p == nil {
@@ -106,12 +117,17 @@ func (m *memory) learn(key probe.FileKey, device, path string, window, base int,
 		m.perDev[key.Dev]++
 	}
 	p.device, p.base, p.updated, p.wall = device, base, now, wall
-	p.window = window
 	if baseBPS > 0 {
 		p.baseBPS = baseBPS
 	}
-	if keptBPS > 0 {
-		p.keptBPS = keptBPS
+	// A stream that kept less than the prior holds started from an older
+	// prior (its open came before the prior climbed): it confirms the
+	// prior, it does not lower it (a prior comes down by decay).
+	if window >= p.window || p.streams == 0 {
+		p.window = window
+		if keptBPS > 0 {
+			p.keptBPS = keptBPS
+		}
 	}
 	p.streams++
 	f := m.files[key]
@@ -256,4 +272,35 @@ func (m *memory) checking(key probe.FileKey) bool {
 		}
 	}
 	return false
+}
+
+// climb returns the window a fresh open of key should try above the
+// prior's (0 for none) and records key as the prior's climber. Files of a
+// directory that are each read in less than a second (a 128 MB block at
+// 300 MB/s) end before any step above the prior's window can be judged on
+// them: the prior itself climbs, one file at a time, each judged against
+// the rate the prior's window gave its streams. One climber at a time (a
+// climber not heard of for stale is replaced); none while the last climb
+// that did not pay holds its knee.
+func (m *memory) climb(p *dirPrior, key probe.FileKey, now time.Duration, growth, maxKB int, stale time.Duration) int {
+	if p == nil || p.keptBPS <= 0 || p.window >= maxKB || now < p.kneeUntil {
+		return 0
+	}
+	if !p.climber.IsZero() && now-p.climbAt < stale {
+		return 0
+	}
+	p.climber, p.climbAt = key, now
+	return min(p.window*growth, maxKB)
+}
+
+// climbed ends key's climb of p: a step that did not pay holds the prior
+// at its window until knee (one that paid was learned as the new window).
+func (m *memory) climbed(p *dirPrior, key probe.FileKey, paid bool, knee time.Duration) {
+	if p == nil || p.climber != key {
+		return
+	}
+	p.climber = probe.FileKey{}
+	if !paid {
+		p.kneeUntil = knee
+	}
 }

@@ -1,6 +1,7 @@
 package tuner
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -178,10 +179,43 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 	if l.cur > l.base {
 		t.learnFrom(fd)
 	}
+	now := t.deps.Clock.Now()
+	// A climb's step was judged once no step is under trial, or once the
+	// step under trial is the next one, taken from the climb's kept value.
+	if fd.climbFrom > 0 && hadTrial && (l.trial == 0 || l.trialFrom != fd.climbFrom) {
+		// A climb of the directory's prior was judged: paid, it was
+		// learned above; not, the prior holds its window for BackoffMax,
+		// unless the stream read no better than the prior's streams did
+		// at the device's window: then the prior itself no longer pays.
+		paid := l.cur > fd.climbFrom
+		t.mem.climbed(fd.prior, fd.key, paid, now+t.cfg.BackoffMax)
+		fd.climbFrom = 0
+		if paid || fd.prior == nil || !l.judged.ok || l.judged.tput >= fd.prior.baseBPS*(1+t.cfg.Margin) {
+			return
+		}
+		if err := t.pinFile(fd, l.base, nil, true); err != nil && !errors.Is(err, errNoReaders) {
+			return // the prior's window stays; the Step judges it again
+		}
+		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
+			FromKB: l.cur, ToKB: l.base, Result: ResultUndone,
+			Evidence: fmt.Sprintf("prior: the stream read %.1f MB/s, no better than the prior's streams at the device's window (%.1f MB/s): the prior is halved", l.judged.tput/1e6, fd.prior.baseBPS/1e6)})
+		l.cur, l.knee, l.movedAt = l.base, false, now
+		t.mem.decay(fd.prior, false)
+		t.mem.forgetFile(fd.key)
+		fd.prior = nil
+		return
+	}
 	if !hadTrial || l.trial != 0 {
 		return
 	}
-	now := t.deps.Clock.Now()
+	if l.knee && fd.path != "" {
+		// A step above the window its directory's prior holds did not pay
+		// on this stream: the prior does not climb either while the knee
+		// holds.
+		if p := t.mem.dirPrior(fd.key.Dev, fd.path); p != nil && p.window == l.cur {
+			p.kneeUntil = max(p.kneeUntil, l.retryAt)
+		}
+	}
 	switch {
 	case l.cur > l.base:
 		if fd.byRate {

@@ -87,9 +87,11 @@ type ladder struct {
 	// youngBefore: the step's before-measure took in the stream's start
 	// (youngMargin).
 	youngBefore bool
-	lastM       measure
-	lastAt      time.Duration
-	lastVal     int
+	// judged: the measure the last verdict was taken on.
+	judged  measure
+	lastM   measure
+	lastAt  time.Duration
+	lastVal int
 }
 
 func (l *ladder) inForce() int {
@@ -200,6 +202,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		if l.steadyTput > 0 {
 			b.tput = l.steadyTput
 		}
+		l.judged = m
 		gain := 0.0
 		if m.ok && b.tput > 0 {
 			gain = m.tput/b.tput - 1

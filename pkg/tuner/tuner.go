@@ -103,6 +103,9 @@ type fileDec struct {
 	// it does not pay); learnedKB: window last taught to the memory.
 	prior     *dirPrior
 	learnedKB int
+	// climbFrom: the prior's window when this fresh open was given the
+	// step above it instead (memory.go, climb); 0 otherwise.
+	climbFrom int
 }
 
 // Tuner is the closed-loop actuator. Its methods are safe for concurrent use.
@@ -287,6 +290,9 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 		// decision holds no window of its own (its trials did not pay, in
 		// the conditions of an earlier read). It is judged as a fresh one.
 		t.noteFresh(ev.File, now, now)
+	}
+	if ev.Index == 0 && !ev.Async {
+		t.catchUp(fd, now)
 	}
 	// Events emitted before the last pin (still queued in the ring
 	// buffer) show the old window of a descriptor already pinned.

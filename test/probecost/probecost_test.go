@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -90,7 +91,8 @@ type progCost struct {
 // in the measured segments, as deployed (they add two clock reads to every
 // program run); ns per program run come from a separate window per
 // workload and arm with statistics on (READAHEADD_BENCH_STATS_SECONDS,
-// default 3).
+// default 3). READAHEADD_BENCH_WORKLOADS (comma-separated names) runs only
+// those workloads: a long run of one, to narrow its interval.
 func TestIOPSCost(t *testing.T) {
 	if os.Getenv("READAHEADD_BENCH") == "" {
 		t.Skip("benchmark: set READAHEADD_BENCH=1 (make bench-iops)")
@@ -141,7 +143,11 @@ func TestIOPSCost(t *testing.T) {
 	start := time.Now()
 	results := map[string][]segment{}
 	costs := map[string]map[string]progCost{}
+	only := os.Getenv("READAHEADD_BENCH_WORKLOADS") // comma-separated names; empty: all
 	for _, w := range workloads {
+		if only != "" && !slices.Contains(strings.Split(only, ","), w.name) {
+			continue
+		}
 		b := &bench{t: t, w: w, loop: loop, name: name, work: work, bins: bins, seg: secs(segSecs)}
 		b.startFio()
 		time.Sleep(2 * time.Second) // the first seconds of a job are slower
