@@ -126,6 +126,16 @@ soak: labfs
 bench-frontier: labfs
 	READAHEADD_BENCH=frontier $(GOTEST) -count=1 -timeout 15m -v -run '^TestMixedDeviceFrontier$$' ./test/bench/
 
+.PHONY: bench-blocks
+# Fresh block files (root, about 3 minutes): files each opened afresh and
+# read whole once, back to back, every one slow before its open, on a fast
+# lab device and the default one; prints every static window's MB/s over
+# the files and readaheadd's first pass, second pass and pass after a
+# restart with state, as ratios to the best static window. See
+# docs/tuner.md (the prior climbs).
+bench-blocks: labfs build
+	READAHEADD_BENCH=blocks READAHEADD_BIN=$(CURDIR)/$(BIN)/readaheadd $(GOTEST) -count=1 -timeout 20m -v -run '^TestFreshBlockFiles$$' ./test/bench/
+
 .PHONY: bench-iops
 # What watching a fast device costs (root, fio, about 4 minutes): 4 KiB
 # random and 1 MiB sequential direct reads on a loop device in tmpfs, fio

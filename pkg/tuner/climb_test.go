@@ -85,9 +85,16 @@ func TestPriorClimbThatDoesNotPayHoldsThePriorsWindow(t *testing.T) {
 	assert.Equal(t, 512, undone[0].ToKB)
 	assert.Equal(t, 512, r.files.window[k2], "back to the prior's window, not the device's")
 	assert.Equal(t, 512, p.window)
-	assert.GreaterOrEqual(t, p.kneeUntil, r.clk.Now()+r.tn.cfg.BackoffMax-time.Second)
+	assert.Equal(t, r.clk.Now()+r.tn.cfg.BackoffBase, p.kneeUntil, "one stream's measure: confirmed once, soon")
 	k3 := r.openFresh(t, "blk_3", 300)
 	assert.Equal(t, 512, r.files.window[k3], "no climb while the knee holds")
+	// Confirmed by the next climb: the knee holds for BackoffMax.
+	r.clk.Advance(r.tn.cfg.BackoffBase)
+	k4 := r.openFresh(t, "blk_4", 400)
+	require.Equal(t, 1024, r.files.window[k4], "the knee confirmed by another climb")
+	r.runOutcome(1, stream{key: k4, tgid: 400, fill: 0.9})
+	assert.Equal(t, 512, r.files.window[k4])
+	assert.Equal(t, r.clk.Now()+r.tn.cfg.BackoffMax, p.kneeUntil)
 }
 
 // A climbing stream that reads no better than the prior's streams did at

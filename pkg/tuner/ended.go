@@ -91,7 +91,7 @@ func (t *Tuner) endUnjudged(fd *fileDec, read time.Duration) {
 	}
 	t.counts["outcome/ended_unjudged"]++
 	if fd.climbFrom > 0 {
-		t.mem.climbed(fd.prior, fd.key, true, 0) // no knee: the next open climbs again
+		t.mem.unclimb(fd.prior, fd.key) // no knee: the next open climbs again
 		fd.climbFrom = 0
 	}
 	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,

@@ -92,7 +92,7 @@ func (t *Tuner) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Durat
 		}
 		r.priorAt = 0 // try again on its next event
 		if climbFrom > 0 {
-			t.mem.climbed(p, key, true, 0) // not tried: no knee
+			t.mem.unclimb(p, key) // not tried: no knee
 		}
 		return
 	}

@@ -51,6 +51,7 @@ type dirPrior struct {
 	climber   probe.FileKey
 	climbAt   time.Duration
 	kneeUntil time.Duration
+	kneeN     int // climbs in a row that did not pay
 }
 
 type slowFile struct {
@@ -124,6 +125,9 @@ func (m *memory) learn(key probe.FileKey, device, path string, window, base int,
 	// prior (its open came before the prior climbed): it confirms the
 	// prior, it does not lower it (a prior comes down by decay).
 	if window >= p.window || p.streams == 0 {
+		if window > p.window {
+			p.kneeUntil, p.kneeN = 0, 0 // a new window: its own climb
+		}
 		p.window = window
 		if keptBPS > 0 {
 			p.keptBPS = keptBPS
@@ -294,13 +298,29 @@ func (m *memory) climb(p *dirPrior, key probe.FileKey, now time.Duration, growth
 }
 
 // climbed ends key's climb of p: a step that did not pay holds the prior
-// at its window until knee (one that paid was learned as the new window).
-func (m *memory) climbed(p *dirPrior, key probe.FileKey, paid bool, knee time.Duration) {
+// at its window, for first the first time (one stream's measure may have
+// been noise: the knee is confirmed once), then for again (one that paid
+// was learned as the new window).
+func (m *memory) climbed(p *dirPrior, key probe.FileKey, paid bool, first, again time.Duration) {
 	if p == nil || p.climber != key {
 		return
 	}
 	p.climber = probe.FileKey{}
-	if !paid {
-		p.kneeUntil = knee
+	switch {
+	case paid:
+		p.kneeN = 0
+	case p.kneeN == 0:
+		p.kneeN, p.kneeUntil = 1, first
+	default:
+		p.kneeN++
+		p.kneeUntil = again
+	}
+}
+
+// unclimb ends key's climb of p with no verdict (the stream read too
+// little): no knee, the next open climbs again.
+func (m *memory) unclimb(p *dirPrior, key probe.FileKey) {
+	if p != nil && p.climber == key {
+		p.climber = probe.FileKey{}
 	}
 }

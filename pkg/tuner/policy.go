@@ -184,11 +184,12 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 	// step under trial is the next one, taken from the climb's kept value.
 	if fd.climbFrom > 0 && hadTrial && (l.trial == 0 || l.trialFrom != fd.climbFrom) {
 		// A climb of the directory's prior was judged: paid, it was
-		// learned above; not, the prior holds its window for BackoffMax,
+		// learned above; not, the prior holds its window (BackoffBase,
+		// then BackoffMax once confirmed),
 		// unless the stream read no better than the prior's streams did
 		// at the device's window: then the prior itself no longer pays.
 		paid := l.cur > fd.climbFrom
-		t.mem.climbed(fd.prior, fd.key, paid, now+t.cfg.BackoffMax)
+		t.mem.climbed(fd.prior, fd.key, paid, now+t.cfg.BackoffBase, now+t.cfg.BackoffMax)
 		fd.climbFrom = 0
 		if paid || fd.prior == nil || !l.judged.ok || l.judged.tput >= fd.prior.baseBPS*(1+t.cfg.Margin) {
 			return

@@ -263,7 +263,14 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 			}
 			return
 		}
-		r = &readerInfo{firstSeen: now}
+		// When the reader began: the kernel's timestamp of its first
+		// event (a stream's rate is measured from it, and its delivery
+		// can come tens of milliseconds later), else now.
+		first := now
+		if ev.Time > 0 && ev.Time < now {
+			first = ev.Time
+		}
+		r = &readerInfo{firstSeen: first}
 		rs[ev.Tgid] = r
 		t.nReaders++
 	}
