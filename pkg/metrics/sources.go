@@ -115,8 +115,8 @@ type TunerStatus struct {
 // window), priors applied to fresh opens, re-checked,
 // confirmed and dropped, windows lowered, readers not tracked (table full),
 // whole-system scans deferred (budget).
-var ControlEvents = []string{"outcome_paid", "outcome_not_paid", "outcome_fresh", "outcome_onset", "outcome_judged_later", "outcome_tail_kept", "outcome_shift_kept", "outcome_knee_stale", "outcome_onset_in_trial", "outcome_kept_early", "outcome_deferred", "prior_applied", "prior_recheck",
-	"prior_confirmed", "prior_dropped", "actuator_lower", "readers_dropped", "trim_scan_deferred"}
+var ControlEvents = []string{"outcome_paid", "outcome_not_paid", "outcome_fresh", "outcome_onset", "outcome_judged_later", "outcome_tail_kept", "outcome_shift_kept", "outcome_knee_stale", "outcome_onset_in_trial", "outcome_kept_early", "outcome_deferred", "outcome_kept_ended", "outcome_ended_unjudged",
+	"prior_applied", "prior_recheck", "prior_confirmed", "prior_dropped", "prior_climb", "prior_caught_up", "actuator_lower", "readers_dropped", "trim_scan_deferred"}
 
 // Sources are read at scrape and request time. A nil function means the
 // part is not running; its metrics are then absent rather than zero.

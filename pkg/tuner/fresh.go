@@ -79,8 +79,10 @@ func (t *Tuner) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Durat
 			return
 		}
 		kb = min(kb, lim)
-	} else if kb == p.window {
-		// The prior's own ladder: this open tries the step above it.
+	} else if w, ok := t.watchedAt[d.dev]; ok && now-w >= t.cfg.Settle && kb == p.window {
+		// The prior's own ladder: this open tries the step above it, once
+		// the device's readers are known (a daemon that has just started
+		// does not know the random readers a climb would cost).
 		if next := t.clamp(d, t.mem.climb(p, key, now, t.cfg.Growth, t.cfg.MaxKB, 4*t.cfg.Settle)); next > kb {
 			climbFrom, kb = kb, next
 		}

@@ -115,23 +115,26 @@ type Tuner struct {
 	log   *slog.Logger
 	scope *Scope
 
-	mu       sync.Mutex
-	devs     map[probe.Dev]*devState
-	files    map[probe.FileKey]*fileDec
-	readers  map[probe.FileKey]map[uint32]*readerInfo
-	snap     detector.Snapshot
-	fstats   map[probe.FileKey]detector.FileStats
-	tails    map[probe.FileKey]tailSeen // streams whose latency has a tail (tail.go)
-	tailSpan uint64                     // spans noteTails has looked at
-	dstats   map[probe.Dev]detector.DeviceStats
-	out      []Action
-	recent   []Action
-	counts   map[string]uint64
-	logged   map[string]time.Duration // logOnce: last time per topic
-	fileFail uint64
-	refused  uint64
-	limited  uint64
-	fails    failMemo // failmemo.go
+	mu   sync.Mutex
+	devs map[probe.Dev]*devState
+	// watchedAt: the first Step whose snapshot held each device (its
+	// readers, random ones among them, are known a Settle after it).
+	watchedAt map[probe.Dev]time.Duration
+	files     map[probe.FileKey]*fileDec
+	readers   map[probe.FileKey]map[uint32]*readerInfo
+	snap      detector.Snapshot
+	fstats    map[probe.FileKey]detector.FileStats
+	tails     map[probe.FileKey]tailSeen // streams whose latency has a tail (tail.go)
+	tailSpan  uint64                     // spans noteTails has looked at
+	dstats    map[probe.Dev]detector.DeviceStats
+	out       []Action
+	recent    []Action
+	counts    map[string]uint64
+	logged    map[string]time.Duration // logOnce: last time per topic
+	fileFail  uint64
+	refused   uint64
+	limited   uint64
+	fails     failMemo // failmemo.go
 	// Read-around trims (trim.go).
 	trims map[probe.FileKey]*trimDec
 	// randRefs: random readers' reference service (random.go).
@@ -198,6 +201,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 	t := &Tuner{
 		cfg: cfg, deps: deps, log: deps.Logger.With("component", "tuner"), scope: scope,
 		devs:       map[probe.Dev]*devState{},
+		watchedAt:  map[probe.Dev]time.Duration{},
 		files:      map[probe.FileKey]*fileDec{},
 		readers:    map[probe.FileKey]map[uint32]*readerInfo{},
 		trims:      map[probe.FileKey]*trimDec{},
@@ -312,6 +316,9 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 	}
 }
 
+// maxWatched bounds watchedAt (devices ever seen).
+const maxWatched = 4096
+
 // MaxReaders bounds the tuner's table of readers (file x process).
 const MaxReaders = 65536
 
@@ -330,6 +337,9 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	t.dstats = make(map[probe.Dev]detector.DeviceStats, len(snap.Devices))
 	for _, d := range snap.Devices {
 		t.dstats[d.Device] = d
+		if _, ok := t.watchedAt[d.Device]; !ok && len(t.watchedAt) < maxWatched {
+			t.watchedAt[d.Device] = now
+		}
 	}
 	t.noteTails(snap.Files, now)
 	t.observeRandom(now)
