@@ -40,6 +40,18 @@ func (t *Tuner) lastRead(k probe.FileKey) time.Duration {
 	return last
 }
 
+// readaheadGap is how long a stream under trial may go without a readahead
+// event and still be reading: endedGap, or two of its windows at its rate
+// before the step, whichever is longer (a 4 MB window read at 10 MB/s has
+// an event every 400 ms).
+func (t *Tuner) readaheadGap(l *ladder) time.Duration {
+	gap := endedGap
+	if r := l.before.rate; r > 0 {
+		gap = max(gap, time.Duration(2*float64(l.trial)*1024/r*float64(time.Second)))
+	}
+	return gap
+}
+
 // EndedTrials returns the file window steps under trial whose stream has
 // stopped reading (no readahead event for endedGap) after reading long
 // enough since its step to judge it, each with the span since its step;
@@ -66,7 +78,7 @@ func (t *Tuner) EndedTrials() []TrialSpan {
 			continue
 		}
 		last := t.lastRead(k)
-		if last == 0 || now-last < endedGap {
+		if last == 0 || now-last < t.readaheadGap(l) {
 			continue
 		}
 		if last-l.trialAt < endedJudgeMin {

@@ -126,3 +126,13 @@ func TestStreamsRateIsOverThePartOfTheSpanItRead(t *testing.T) {
 	fs.LastSeen = now - 950*time.Millisecond
 	assert.False(t, view(fs).ok, "read 50 ms of the span: too little")
 }
+
+// A slow stream on a large window has a readahead event only every few
+// hundred milliseconds: it has not ended for want of one in endedGap.
+func TestSlowStreamOnALargeWindowHasNotEnded(t *testing.T) {
+	l := &ladder{trial: 4096, before: measure{ok: true, rate: 10e6}}
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	assert.Greater(t, r.tn.readaheadGap(l), 800*time.Millisecond)
+	l.before.rate = 300e6
+	assert.Equal(t, endedGap, r.tn.readaheadGap(l))
+}
