@@ -116,28 +116,7 @@ func (t *Tuner) endUnjudged(fd *fileDec, read time.Duration) {
 // device's other files: they are not judged here). No next step is taken:
 // the stream has stopped.
 func (t *Tuner) EndedVerdict(ts TrialSpan, snap detector.Snapshot) []Action {
-	span := ts.Span
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.out = nil
-	if t.scope.Empty() || span <= 0 {
-		return nil
-	}
-	defer t.useView(snap, span)()
-	t.endedJudge = true
-	defer func() { t.endedJudge = false }()
-	for _, f := range snap.Files {
-		fd := t.files[f.Key]
-		if f.Key != ts.Key || fd == nil || fd.win.trial == 0 || fd.pf.trial != 0 {
-			continue
-		}
-		n := len(t.out)
-		t.driveFile(fd, false)
-		for _, a := range t.out[n:] {
-			if a.Kind == KindFileWindow && a.Result == ResultKept {
-				t.counts["outcome/kept_ended"]++
-			}
-		}
-	}
-	return t.out
+	return t.judgeOn(snap, ts.Span, &t.endedJudge, false, "outcome/kept_ended", func(f detector.FileStats, fd *fileDec) bool {
+		return f.Key == ts.Key && fd.pf.trial == 0
+	})
 }

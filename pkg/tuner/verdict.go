@@ -77,6 +77,15 @@ func (t *Tuner) TrialStreams() ([]probe.FileKey, time.Duration) {
 // recent requests (snap, over span; detector.Recent) and takes their next
 // step; the others wait for their Step.
 func (t *Tuner) FastVerdict(snap detector.Snapshot, span time.Duration) []Action {
+	return t.judgeOn(snap, span, &t.earlyKeep, true, "outcome/kept_early", func(f detector.FileStats, fd *fileDec) bool {
+		return f.Requests >= onsetMinRequests
+	})
+}
+
+// judgeOn drives, on a view of snap over span with *mode set, the file
+// window steps under trial of the files that want accepts, and counts those
+// kept as counter.
+func (t *Tuner) judgeOn(snap detector.Snapshot, span time.Duration, mode *bool, escalate bool, counter string, want func(detector.FileStats, *fileDec) bool) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.out = nil
@@ -84,18 +93,18 @@ func (t *Tuner) FastVerdict(snap detector.Snapshot, span time.Duration) []Action
 		return nil
 	}
 	defer t.useView(snap, span)()
-	t.earlyKeep = true
-	defer func() { t.earlyKeep = false }()
+	*mode = true
+	defer func() { *mode = false }()
 	for _, f := range snap.Files {
 		fd := t.files[f.Key]
-		if fd == nil || fd.win.trial == 0 || f.Requests < onsetMinRequests {
+		if fd == nil || fd.win.trial == 0 || !want(f, fd) {
 			continue
 		}
 		n := len(t.out)
-		t.driveFile(fd, true)
+		t.driveFile(fd, escalate)
 		for _, a := range t.out[n:] {
 			if a.Kind == KindFileWindow && a.Result == ResultKept {
-				t.counts["outcome/kept_early"]++
+				t.counts[counter]++
 			}
 		}
 	}
