@@ -32,8 +32,10 @@ func provokeDeviceWindow(t *testing.T, l *lab.Lab, d *daemon, files []string) in
 		require.NoError(t, lab.DropFileCache(f))
 		startChild(t, "pread", f).goRead(t)
 	}
-	// Healthy reads first: the tail is judged against a learned p99.
-	time.Sleep(6 * time.Second)
+	// Healthy reads first: the tail is judged against a p99 learned over
+	// DeviceRegimeMinWindows (8) healthy intervals; 6 s left it to luck
+	// on a busy host (no regime in 45 s).
+	time.Sleep(10 * time.Second)
 	_, err := l.SetTemporal(lab.Temporal{Period: time.Hour, Duration: time.Hour, Fraction: 0.05, Extra: 20 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Clear() })
