@@ -66,17 +66,18 @@ func (t *Tuner) EndedTrials() []TrialSpan {
 	t.out = t.evOut
 	defer func() { t.evOut, t.out = t.out, saved }()
 	var out []TrialSpan
-	keys := make([]probe.FileKey, 0, len(t.files))
-	for k := range t.files {
-		keys = append(keys, k)
+	// Every 100 ms: only the few decisions with a step under trial are
+	// looked at (and ordered), not every decision.
+	var keys []probe.FileKey
+	for k, fd := range t.files {
+		if fd.win.trial != 0 && fd.pf.trial == 0 && fd.win.probeUntil == 0 {
+			keys = append(keys, k)
+		}
 	}
 	slices.SortFunc(keys, compareKeys)
 	for _, k := range keys {
 		fd := t.files[k]
 		l := &fd.win
-		if l.trial == 0 || fd.pf.trial != 0 || l.probeUntil != 0 {
-			continue
-		}
 		last := t.lastRead(k)
 		if last == 0 || now-last < t.readaheadGap(l) {
 			continue
