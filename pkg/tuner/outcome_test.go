@@ -44,8 +44,14 @@ func (r *rig) outcomeSnap(ss ...stream) detector.Snapshot {
 		s.Files = append(s.Files, detector.FileStats{Key: st.key, Device: sdb, Requests: b / (128 << 10), Bytes: b,
 			BusyThroughput: rate, Sequentiality: 1, NextOffset: 64 << 20, LastSeen: now, P50: 3 * time.Millisecond,
 			P95: 3 * time.Millisecond, MeanSize: 128 << 10, Inflight: st.fill * float64(w) / 128})
+		if r.p99 != nil {
+			s.Files[len(s.Files)-1].P99 = r.p99(w)
+		}
 	}
 	s.Devices = []detector.DeviceStats{{Device: sdb, Bytes: devBytes, BusyThroughput: float64(devBytes), CapacityBPS: float64(devBytes)}}
+	if r.capBPS > 0 {
+		s.Devices[0].CapacityBPS = r.capBPS
+	}
 	return s
 }
 
@@ -459,12 +465,19 @@ func TestDeviceWindowReachesAStreamWhoseOutcomeTrialsBackOff(t *testing.T) {
 // streams' bytes are those of span, not of a whole Settle.
 func (r *rig) recentSnap(span time.Duration, ss ...stream) detector.Snapshot {
 	s := r.outcomeSnap(ss...)
-	f := span.Seconds()
+	var dev uint64
 	for i := range s.Files {
+		// A stream that began inside the span read only since its first
+		// readahead event.
+		f := span.Seconds()
+		if first := r.tn.firstRead(s.Files[i].Key); first > 0 && s.Now-first < span {
+			f = (s.Now - first).Seconds()
+		}
 		s.Files[i].Bytes = uint64(float64(s.Files[i].Bytes) * f)
 		s.Files[i].Requests = max(uint64(float64(s.Files[i].Requests)*f), freshMinRequests)
+		dev += s.Files[i].Bytes
 	}
-	s.Devices[0].Bytes = uint64(float64(s.Devices[0].Bytes) * f)
+	s.Devices[0].Bytes = dev
 	return s
 }
 
@@ -957,7 +970,69 @@ func TestStepJudgedAgainstAStreamsStartNeedsMoreThanItsStartUp(t *testing.T) {
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
 	undone := filter(acts, KindFileWindowUndo, ResultUndone)
 	require.Len(t, undone, 1)
-	assert.Contains(t, undone[0].Evidence, "keep margin +25%")
+	assert.Contains(t, undone[0].Evidence, "keep margin +40%")
+}
+
+// A healthy stream's start may read below 80% of the device's capacity
+// (in the lab 117.9 MB/s against 149): a step judged against it is not kept
+// as if the stream were slowed at its base window. In the lab a 512 KB step
+// kept so climbed to 4096 KB on a healthy device, each step "kept without
+// its margin: at its base window it read 117.9 MB/s".
+func TestStreamsStartIsNoSlowedBaseRate(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.capBPS = 149e6
+	r.tput = func(int) float64 { return 115e6 } // its start
+	_, st, acts := r.freshStream(t)
+	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)
+	r.tput = func(int) float64 { return 149e6 } // steady, at any window
+	r.clk.Advance(600 * time.Millisecond)
+	acts = append(acts, r.tn.Step(r.outcomeSnap(st))...)
+	acts = append(acts, r.runOutcome(1, st)...)
+	logActs(t, acts)
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
+	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1)
+	assert.Zero(t, r.tn.Status().Counts["outcome/shift_kept"])
+}
+
+// A stream's start may also show a tail (its open, its first synchronous
+// reads: in CI a healthy stream's first span had p99 5 ms at p50 1.7 ms).
+// A step judged against that start is not kept on that tail: it must show
+// again after the step. In CI a 1024 KB step was kept so on a healthy
+// device, the detector then learned its baseline at that window and missed
+// a slowdown that followed.
+func TestTailSeenOnlyInAStreamsStartKeepsNoStep(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 125e6 }                       // its start
+	r.p99 = func(int) time.Duration { return 12 * time.Millisecond } // 4x its p50
+	_, st, acts := r.freshStream(t)
+	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)
+	r.tput = func(int) float64 { return 149e6 } // steady, at any window
+	r.p99 = nil
+	r.clk.Advance(600 * time.Millisecond)
+	acts = append(acts, r.tn.Step(r.outcomeSnap(st))...)
+	acts = append(acts, r.runOutcome(1, st)...)
+	logActs(t, acts)
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
+	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1)
+	assert.Zero(t, r.tn.Status().Counts["outcome/tail_kept"])
+}
+
+// The same start whose tail shows again after the step (a stall that
+// recurs): the step that cost nothing is kept on it.
+func TestTailSeenAgainAfterAStepOnAStreamsStartKeepsIt(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 125e6 }
+	r.p99 = func(int) time.Duration { return 12 * time.Millisecond }
+	_, st, acts := r.freshStream(t)
+	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)
+	r.tput = func(int) float64 { return 130e6 } // +4%: short of any margin
+	r.clk.Advance(600 * time.Millisecond)
+	acts = append(acts, r.tn.Step(r.outcomeSnap(st))...)
+	acts = append(acts, r.runOutcome(1, st)...)
+	logActs(t, acts)
+	kept := filter(acts, KindFileWindow, ResultKept)
+	require.NotEmpty(t, kept)
+	assert.Contains(t, kept[0].Evidence, "kept without its margin: the stream's latency has a tail")
 }
 
 // twoReaders opens two block files under the allow-paths, blk_a by process

@@ -47,7 +47,7 @@ func (t *Tuner) shiftKeep(file probe.FileKey, l *ladder, m measure) (string, boo
 	switch {
 	case slices.Contains(fd.regimes, detector.FileLatencyShift):
 		slowed = fmt.Sprintf("the file's requests are slower than the device's (%s)", detector.FileLatencyShift)
-	case l.baseM.ok && capBPS > 0 && l.baseM.tput < slowedFrac*capBPS && l.baseM.dev > 0 && l.baseM.dev < t.cfg.CapacityFrac*capBPS:
+	case l.baseM.ok && !l.baseM.young && capBPS > 0 && l.baseM.tput < slowedFrac*capBPS && l.baseM.dev > 0 && l.baseM.dev < t.cfg.CapacityFrac*capBPS:
 		slowed = fmt.Sprintf("at its base window it read %.1f MB/s (the device %.1f MB/s), below %.0f%% of the device's %.1f MB/s",
 			l.baseM.tput/1e6, l.baseM.dev/1e6, 100*slowedFrac, capBPS/1e6)
 	default:

@@ -85,8 +85,9 @@ type ladder struct {
 	steadyBefore bool
 	steadyTput   float64
 	// youngBefore: the step's before-measure took in the stream's start
-	// (youngMargin).
+	// (youngMargin); beforeAt: when that measure was taken.
 	youngBefore bool
+	beforeAt    time.Duration
 	// judged: the measure the last verdict was taken on.
 	judged  measure
 	lastM   measure
@@ -281,6 +282,11 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 				ev += "; watched: " + m.rand.why
 			}
 		}
+		if l.trialFrom == l.base && m.ok && gain >= margin {
+			// The step paid more than any stream's start-up: the rate it
+			// left was the stream's, not its start's (shiftKeep).
+			l.baseM.young = false
+		}
 		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)
 		l.prev = l.cur
 		l.cur, l.trial, l.failures, l.keptAt, l.keptM = l.trial, 0, 0, now, m
@@ -323,7 +329,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		l.steadyTput = (prevM.tput + m.tput) / 2
 		ev = fmt.Sprintf("%s; judged against %.1f MB/s (this and the last interval's mean)", ev, l.steadyTput/1e6)
 	}
-	l.trial, l.trialFrom, l.trialAt, l.before, l.movedAt = next, l.cur, now, m, now
+	l.trial, l.trialFrom, l.trialAt, l.before, l.movedAt, l.beforeAt = next, l.cur, now, m, now, now
 	l.rejump, l.tried, l.youngBefore = false, next, m.young && l.steadyTput == 0
 	l.beforeTail, l.later = t.tailNow(file), 0
 	if l.cur == l.base {
@@ -338,13 +344,14 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 const devLossMax = 0.05
 
 // youngMargin is the keep margin of a step whose before-measure took in the
-// stream's start: a healthy lab stream's first quarter second read 5-16%
-// below its steady rate (125-141 against 148-150 MB/s; the open, the first
-// synchronous reads, a cold cache under the device), and a 10% margin kept
-// a step on a healthy device that gained nothing but the stream's start.
-// A stream slowed from its open gains far more (+80% at +1.5 ms, +450% at
-// +8 ms); a milder one is stepped again once it is measured whole.
-const youngMargin = 0.25
+// stream's start: a healthy lab stream's first quarter second read 5-23%
+// below its steady rate (114-141 against 148-150 MB/s; the open, the first
+// synchronous reads, a cold cache under the device), and a smaller margin
+// kept a step on a healthy device that gained nothing but the stream's
+// start (+30% at 25%, in CI). A stream slowed from its open gains far more
+// (+80% at +1.5 ms, +450% at +8 ms); a milder one is stepped again once it
+// is measured whole.
+const youngMargin = 0.4
 
 // othersMin: the device's other readers count for a step's verdict once
 // they read at least this share of its bytes.

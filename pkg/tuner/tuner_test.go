@@ -169,8 +169,13 @@ type rig struct {
 	store *state.Store
 	tn    *Tuner
 	dir   string
-	// tput maps a file's window to its busy throughput.
+	// tput maps a file's window to its busy throughput; p99, if set, to
+	// its p99 latency in outcomeSnap (P50 is 3 ms there).
 	tput func(kb int) float64
+	p99  func(kb int) time.Duration
+	// capBPS, if set, is the device's capacity in outcomeSnap (else what
+	// the device read).
+	capBPS float64
 }
 
 func quiet() *slog.Logger {
