@@ -1002,7 +1002,7 @@ func TestStreamsStartIsNoSlowedBaseRate(t *testing.T) {
 // a slowdown that followed.
 func TestTailSeenOnlyInAStreamsStartKeepsNoStep(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = func(int) float64 { return 125e6 }                       // its start
+	r.tput = func(int) float64 { return 125e6 }                      // its start
 	r.p99 = func(int) time.Duration { return 12 * time.Millisecond } // 4x its p50
 	_, st, acts := r.freshStream(t)
 	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)
