@@ -204,6 +204,49 @@ func TestFileLatencyShiftClearsWithoutTuner(t *testing.T) {
 	assert.Empty(t, tl.anyRegime(0, 60*sec, FileLatencyShift, StarvedStream))
 }
 
+// A file's slowdown ends and the whole device slows at once (on a busy lab
+// host, for 10 s): every file is slow, none is normal to compare with, and
+// the file is no longer apart from the others. Its shift ends: the slowdown
+// is the device's now, not the file's. Paced readers keep the device
+// below its bandwidth (on a saturated one every request queues alike, and
+// a shift is held; TestFileLatencyShiftDetectedPersistsUnderTunerAndClears).
+func TestFileLatencyShiftEndsWhenTheWholeDeviceSlows(t *testing.T) {
+	s := newSim(12, 1400*time.Microsecond, labBW)
+	seqA := s.addSeq(128*kib, 1)
+	seqA.think = 2 * time.Millisecond
+	seqB := s.addSeq(128*kib, 1)
+	seqB.think = 2 * time.Millisecond
+	rndA := s.addRandom(4*kib, 3*time.Millisecond)
+	rndB := s.addRandom(4*kib, 5*time.Millisecond)
+	onset, end, after := 30*sec+300*time.Millisecond, 45*sec+300*time.Millisecond, 60*sec+300*time.Millisecond
+	seqA.extra = func(t time.Duration) time.Duration {
+		if t >= onset && t < after {
+			return 1500 * time.Microsecond
+		}
+		return 0
+	}
+	for _, r := range []*reader{seqB, rndA, rndB} {
+		r.extra = func(t time.Duration) time.Duration {
+			if t >= end && t < after {
+				return 1500 * time.Microsecond
+			}
+			return 0
+		}
+	}
+	d := New(DefaultConfig())
+	var tl timeline
+	s.run(d, 70*sec, interval, tl.add)
+	at, ok := tl.first(FileLatencyShift, seqA.file, onset)
+	require.True(t, ok, "shift never detected")
+	assert.LessOrEqual(t, at-onset, time.Second, "detection delay")
+	gone, ok := tl.clearedAt(FileLatencyShift, seqA.file, at)
+	require.True(t, ok, "the shift ends")
+	assert.GreaterOrEqual(t, gone, end, "held while the file alone is slow")
+	assert.LessOrEqual(t, gone-end, 3*time.Second, "ended within 3 s of the device slowing as a whole")
+	ev := tl.activeBetween(FileLatencyShift, seqA.file, end+4*sec, after)
+	assert.Empty(t, ev, "not entered again while every file is as slow")
+}
+
 func TestStarvedStreamWhileShiftedClearsWhenWindowGrows(t *testing.T) {
 	onset := 30*sec + 300*time.Millisecond
 	s, seq := slowedFrom(4, onset, 3*time.Millisecond)

@@ -197,7 +197,8 @@ func (d *Detector) evalDevice(ds *deviceState, now int64, snap *Snapshot) {
 		if f.dev != ds.dev {
 			continue
 		}
-		d.stepShift(ds, f, a, peerN50, peerT95, peerN, shiftedFiles, dst.BusyThroughput, dst.MeanSize, now)
+		others := func() (float64, int) { return d.othersN50(ds, devSet, a.slot) }
+		d.stepShift(ds, f, a, peerN50, peerT95, peerN, shiftedFiles, others, dst.BusyThroughput, dst.MeanSize, now)
 		d.stepExtent(ds, f, a, win, nShort, now)
 		d.stepStarved(ds, f, a, dst.BusyThroughput, now)
 	}
@@ -410,6 +411,35 @@ func (d *Detector) peerStats(ds *deviceState, devSet []sample, aggOf func(int32)
 	slices.Sort(sc.vals)
 	slices.Sort(sc.vals2)
 	return percentile(sc.vals, 0.5), percentile(sc.vals2, 0.95), len(sc.vals)
+}
+
+// othersN50 is the median normalised latency of the device's requests
+// other than slot's, shifted files' included, and their count: what a file
+// in a shift is compared with when no file is normal (every file slowed at
+// once is the device, not the file).
+func (d *Detector) othersN50(ds *deviceState, devSet []sample, slot int32) (float64, int) {
+	sc := &d.sc
+	sc.vals, sc.ws = sc.vals[:0], sc.ws[:0]
+	for i := range devSet {
+		s := &devSet[i]
+		if s.slot == slot {
+			continue
+		}
+		if cb := d.classRef(ds, s.class); cb != nil {
+			sc.vals = append(sc.vals, float64(s.lat)/cb.p50)
+			sc.ws = append(sc.ws, s.w())
+		}
+	}
+	if len(sc.vals) == 0 {
+		return 0, 0
+	}
+	if ws := weightsOf(sc.ws); ws != nil {
+		var q [1]float64
+		wquantiles(sc.vals, ws, []float64{0.5}, q[:], &sc.wbuf)
+		return q[0], len(sc.vals)
+	}
+	slices.Sort(sc.vals)
+	return percentile(sc.vals, 0.5), len(sc.vals)
 }
 
 // tailShifted reports whether a file's normalised p95 t95 moved with its

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-func (d *Detector) stepShift(ds *deviceState, f *fileState, a *fileAgg, peerN50, peerT95 float64, peerN, shiftedFiles int, devBT, devMeanSize float64, now int64) {
+func (d *Detector) stepShift(ds *deviceState, f *fileState, a *fileAgg, peerN50, peerT95 float64, peerN, shiftedFiles int, others func() (float64, int), devBT, devMeanSize float64, now int64) {
 	cfg := &d.cfg
 	switch {
 	case !a.inShort && f.shift.candidate():
@@ -36,6 +36,26 @@ func (d *Detector) stepShift(ds *deviceState, f *fileState, a *fileAgg, peerN50,
 	ref := &ds.base.classes[a.domClass]
 	ev := fmt.Sprintf("file %s: median %s = %.2fx and p95 %s = %.2fx the device's healthy baseline for %s requests (baseline median %s, p95 %s; %d requests)",
 		f.key, a.stats.P50, a.n50, a.stats.P95, a.t95, className(a.domClass), fmtDur(ref.p50), fmtDur(ref.p95), a.nl)
+	otherShifted := shiftedFiles
+	if a.shifted && a.inShort {
+		otherShifted--
+	}
+	saturated := ds.base.capacity > 0 && devBT >= cfg.StarvedDeviceSpare*ds.base.capacity
+	if f.shift.active && otherShifted > 0 && peerN < cfg.PeerMinSamples && !saturated {
+		// No file is normal: the others are slow too. A shift entered
+		// while they were normal ends once the file is no longer apart
+		// from them (the device slowed as a whole: its regimes say so).
+		// On a busy lab host the file stood at 1.4-2.8x its baseline for
+		// 10 s after its slowdown ended, the others at 0.9-1.1x its
+		// median; during the slowdown at 1.4-1.8x theirs. Not on a
+		// saturated device: there every request queues behind the
+		// bytes ahead of it, the file's and the others' alike (held
+		// below).
+		if on50, on := others(); on >= cfg.PeerMinSamples && a.n50 < cfg.PeerMult*on50 {
+			f.shift.step(belowExit, now, cfg, 0, ev+fmt.Sprintf("; no longer apart from the device's other requests (median %.2fx baseline, %d requests, %d other files slow too)", on50, on, otherShifted))
+			return
+		}
+	}
 	if !a.shifted {
 		f.shift.step(between, now, cfg, 0, ev)
 		return
