@@ -434,9 +434,10 @@ func probeStats(src probe.Source, attached bool, name func(probe.Dev) string, lo
 		})
 	}
 	ps.EventsLost = st.Lost.Total()
-	ps.ProgramRunTime = map[string]time.Duration{}
+	ps.ProgramRunTime, ps.ProgramMisses = map[string]time.Duration{}, map[string]uint64{}
 	for p, s := range st.Programs {
 		ps.ProgramRunTime[p] = s.RunTime
+		ps.ProgramMisses[p] = s.Misses
 	}
 	return ps
 }

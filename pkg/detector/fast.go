@@ -159,6 +159,10 @@ type fastTier struct {
 // requests during a device's stalls: median 1.53x, p95 6.26x).
 const fastTailCap = 2
 
+// ownQueueShare: a file that issued at least this share of the requests
+// the window holds that were issued into a deep queue queues behind its own.
+const ownQueueShare = 0.8
+
 // fastTiers are the fast path's file checks from FastMinSamples requests
 // at FastShiftMult to FastWideSamples at FastWideMult, with the counts
 // between doubling and their multiples on a straight line in log(n): the
@@ -189,6 +193,18 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 	}
 	per := map[int32][]sample{}
 	win, _ := d.collect(ds, now, now-int64(cfg.Window))
+	// Deep requests per file: a file that issued nearly all of those the
+	// window holds queues behind its own (ownQueue).
+	deep, deepAll := map[int32]int{}, 0
+	for i := range win {
+		if d.queuedBehind(ds, &win[i]) {
+			deepAll++
+			if win[i].slot != noSlot {
+				deep[win[i].slot]++
+			}
+		}
+	}
+	ownQueue := func(slot int32) bool { return float64(deep[slot]) >= ownQueueShare*float64(deepAll) }
 	for _, s := range win {
 		if s.slot == noSlot || d.files[s.slot].shift.candidate() {
 			continue
@@ -197,6 +213,19 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 		// evidence of extent starts (slow first reads of each extent of a
 		// fragmented file), not of a slower file.
 		if s.flags&flagPostJump != 0 {
+			continue
+		}
+		// A file whose request was issued into a queue deeper than
+		// depthCap, that queue its own (a window the tuner raised), waited
+		// for it, not for the file: it is judged on the
+		// requests it issued into a shallow one. A stream widened within a
+		// quarter second of its open (a file slowed before it was opened)
+		// has its first few dozen requests at the device's window and
+		// every later one deep: judged on its latest requests whatever
+		// their depth, a +8 ms file was never entered. A file whose deep
+		// queue is others' too keeps its deep requests, and the depth
+		// check below (the queue may be a contention's).
+		if d.queuedBehind(ds, &s) && ownQueue(s.slot) {
 			continue
 		}
 		// Older requests of a file are not its peers (they may predate its

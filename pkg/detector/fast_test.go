@@ -540,3 +540,31 @@ func TestFastPathEntersNoShiftForAStreamQueuedWithContenders(t *testing.T) {
 		assert.False(t, ok, "seed %d: Evaluate", seed)
 	}
 }
+
+// A file slowed before it was opened, alone on its device, whose window
+// the tuner raised a fraction of a second after its first reads: its first
+// few dozen requests were issued at the device's window, every later one
+// into its own deep queue. The fast path judges it on the shallow ones and
+// enters the shift; judged on its latest requests whatever their depth, a
+// +8 ms file was never entered (their depth said "queueing").
+func TestFastPathEntersALoneFileWhoseWindowWasRaisedAtOnce(t *testing.T) {
+	s := newSim(33, labBase, labBW)
+	warm := s.addSeq(128*kib, 2)
+	onset := 30 * sec
+	warm.stopAt = onset
+	slow := s.addSeq(128*kib, 2)
+	slow.startAt = onset
+	slowAfter(slow, onset, 8*time.Millisecond)
+	d := New(DefaultConfig())
+	tl := &timeline{}
+	s.run(d, onset, interval, tl.add)
+	entered := runFast(s, d, onset+100*time.Millisecond, tl)
+	require.Empty(t, entered, "too few requests yet")
+	// The tuner's step once the file has read about 32 requests.
+	s.run(d, onset+145*time.Millisecond, interval, tl.add)
+	slow.window = 16
+	entered = runFast(s, d, onset+2*sec, tl)
+	at, ok := entered[slow.file.String()]
+	require.True(t, ok, "the slowed file is entered: %v", entered)
+	assert.LessOrEqual(t, at-onset, 500*time.Millisecond)
+}

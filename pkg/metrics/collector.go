@@ -31,6 +31,7 @@ var (
 	descSample   = desc("probe_sample_every", "The probe streams 1 in this many of the device's samplable read requests (under 32 KiB, or not read for a file: direct I/O, metadata) to the detector (1: all); file reads of 32 KiB or more are all streamed; counts, bytes and the latency histogram include every request.", "device")
 	descLost     = desc("bpf_events_lost_total", "Probe events dropped because the ring buffer was full.")
 	descRunTime  = desc("bpf_run_seconds_total", "Kernel CPU time spent in each BPF program (needs kernel.bpf_stats_enabled=1).", "program")
+	descMissed   = desc("bpf_missed_runs_total", "Runs of each BPF program the kernel skipped because it was already running on that CPU: requests the probe did not count.", "program")
 	descAttached = desc("probe_attached", "1 when the BPF programs are loaded and attached.")
 	descDryRun   = desc("dry_run", "1 when the tuner only logs and exports what it would do.")
 	descTracked  = desc("detector_files_tracked", "Files the detector keeps state for (bounded by its MaxFiles; idle files age out).")
@@ -52,7 +53,7 @@ func NewCollector(src Sources) *Collector { return &Collector{src: src} }
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLatency, descBytes, descRequests, descRA, descRAOrig,
-		descRegime, descActions, descFiles, descSample, descLost, descRunTime, descAttached, descDryRun, descTunerErr, descRepeated, descControl, descTracked, descEvicted, descOpenWin} {
+		descRegime, descActions, descFiles, descSample, descLost, descRunTime, descMissed, descAttached, descDryRun, descTunerErr, descRepeated, descControl, descTracked, descEvicted, descOpenWin} {
 		ch <- d
 	}
 }
@@ -96,6 +97,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		sort.Strings(progs)
 		for _, p := range progs {
 			ch <- prometheus.MustNewConstMetric(descRunTime, prometheus.CounterValue, ps.ProgramRunTime[p].Seconds(), p)
+			ch <- prometheus.MustNewConstMetric(descMissed, prometheus.CounterValue, float64(ps.ProgramMisses[p]), p)
 		}
 	}
 

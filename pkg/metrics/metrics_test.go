@@ -41,6 +41,7 @@ func fakeSources() Sources {
 				}},
 				EventsLost:     7,
 				ProgramRunTime: map[string]time.Duration{"block_rq_complete": 1500 * time.Millisecond, "block_rq_issue": 250 * time.Millisecond},
+				ProgramMisses:  map[string]uint64{"block_rq_complete": 3},
 			}
 		},
 		Tuner: func() TunerStatus {
@@ -102,6 +103,10 @@ func TestCollectorExposition(t *testing.T) {
 # HELP readaheadd_bpf_events_lost_total Probe events dropped because the ring buffer was full.
 # TYPE readaheadd_bpf_events_lost_total counter
 readaheadd_bpf_events_lost_total 7
+# HELP readaheadd_bpf_missed_runs_total Runs of each BPF program the kernel skipped because it was already running on that CPU: requests the probe did not count.
+# TYPE readaheadd_bpf_missed_runs_total counter
+readaheadd_bpf_missed_runs_total{program="block_rq_complete"} 3
+readaheadd_bpf_missed_runs_total{program="block_rq_issue"} 0
 # HELP readaheadd_bpf_run_seconds_total Kernel CPU time spent in each BPF program (needs kernel.bpf_stats_enabled=1).
 # TYPE readaheadd_bpf_run_seconds_total counter
 readaheadd_bpf_run_seconds_total{program="block_rq_complete"} 1.5
@@ -139,7 +144,7 @@ readaheadd_regime_active{device="sda",regime="tail_inflation"} 0
 `
 	c := NewCollector(fakeSources())
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want),
-		"readaheadd_bpf_events_lost_total", "readaheadd_bpf_run_seconds_total",
+		"readaheadd_bpf_events_lost_total", "readaheadd_bpf_missed_runs_total", "readaheadd_bpf_run_seconds_total",
 		"readaheadd_files_adjusted", "readaheadd_read_ahead_kb", "readaheadd_read_ahead_original_kb",
 		"readaheadd_read_bytes_total", "readaheadd_read_latency_seconds", "readaheadd_read_requests_total",
 		"readaheadd_regime_active"))

@@ -42,6 +42,9 @@ type ProbeStats struct {
 	// ProgramRunTime is the kernel's accumulated run time per BPF program
 	// (kernel.bpf_stats_enabled=1), keyed by program name.
 	ProgramRunTime map[string]time.Duration
+	// ProgramMisses counts, per BPF program, the runs the kernel skipped
+	// because the program was already running on that CPU.
+	ProgramMisses map[string]uint64
 }
 
 // DeviceState is the tuner's view of one device.

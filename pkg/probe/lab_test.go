@@ -119,9 +119,7 @@ func residentBytes(t testing.TB, p string) uint64 {
 	defer unix.Munmap(m)
 	pg := os.Getpagesize()
 	vec := make([]byte, (len(m)+pg-1)/pg)
-	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
-		require.NoError(t, errno, "mincore %s", p)
-	}
+	mincore(t, m, vec)
 	var n uint64
 	for _, v := range vec {
 		if v&1 != 0 {
@@ -129,6 +127,14 @@ func residentBytes(t testing.TB, p string) uint64 {
 		}
 	}
 	return n
+}
+
+// mincore fills vec with the residency of m's pages (bit 0: cached).
+func mincore(t testing.TB, m, vec []byte) {
+	t.Helper()
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+		require.NoError(t, errno, "mincore")
+	}
 }
 
 // readAll reads p sequentially in a child process (so that its tgid differs

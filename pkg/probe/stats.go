@@ -102,6 +102,10 @@ func (l Lost) Total() uint64 {
 type ProgramStats struct {
 	Runs    uint64
 	RunTime time.Duration
+	// Misses: runs the kernel skipped because the program was already
+	// running on that CPU (a completion in an interrupt inside another
+	// one's run). What such a run would have counted is not counted.
+	Misses uint64
 }
 
 // PerRun returns the mean cost of one run, or 0 without runs.

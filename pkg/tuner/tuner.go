@@ -31,6 +31,19 @@ var errNoReaders = errors.New("no known reader holds the file open")
 // errOutOfScope: the readers' descriptors are outside the allow-paths.
 var errOutOfScope = errors.New("the file is outside the allow-paths")
 
+// pauseGaps: a reader paused when no event came for this many of its
+// usual gaps between events (and at least endedGap).
+const pauseGaps = 8
+
+// evTime is when a readahead event happened: the kernel's timestamp (its
+// delivery can come tens of milliseconds later), else now.
+func evTime(ev probe.ReadaheadEvent, now time.Duration) time.Duration {
+	if ev.Time > 0 && ev.Time < now {
+		return ev.Time
+	}
+	return now
+}
+
 type readerInfo struct {
 	lastSeen  time.Duration
 	raKB      int // the open file's window as the last event saw it
@@ -39,6 +52,15 @@ type readerInfo struct {
 	pending   bool
 	priorAt   time.Duration // when freshOpen last looked at this reader
 	firstSeen time.Duration
+	// pausedAt, resumedAt: its last pause of more than endedGap (a
+	// reader that finished the file, dropped its cache and opened it
+	// again): a rate over a span that holds it counts only the time it
+	// read (pauseIn).
+	pausedAt, resumedAt time.Duration
+	// evGap: the usual time between its events (smoothed), so that a
+	// reader whose events are that sparse anyway (one slow by its
+	// application) is not taken to pause between them.
+	evGap time.Duration
 }
 
 type devState struct {
@@ -270,13 +292,15 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 		// When the reader began: the kernel's timestamp of its first
 		// event (a stream's rate is measured from it, and its delivery
 		// can come tens of milliseconds later), else now.
-		first := now
-		if ev.Time > 0 && ev.Time < now {
-			first = ev.Time
-		}
-		r = &readerInfo{firstSeen: first}
+		r = &readerInfo{firstSeen: evTime(ev, now)}
 		rs[ev.Tgid] = r
 		t.nReaders++
+	} else if gap := now - r.lastSeen; r.evGap > 0 && gap > max(endedGap, pauseGaps*r.evGap) {
+		r.pausedAt, r.resumedAt = r.lastSeen, evTime(ev, now)
+	} else if r.evGap == 0 {
+		r.evGap = gap
+	} else {
+		r.evGap += (gap - r.evGap) / 4
 	}
 	r.lastSeen = now
 	r.raKB = int(ev.RaPages) * probe.PageSize / 1024

@@ -122,6 +122,7 @@ func TestSoak(t *testing.T) {
 		rssKB                  int
 		goroutines             float64
 		tracked, evicted, lost float64
+		missed                 float64
 		acts, undone, failed   float64
 		fileOpErrs             float64
 		kb                     int
@@ -130,7 +131,7 @@ func TestSoak(t *testing.T) {
 		m := d.metrics(t)
 		return sample{at: at, rssKB: rssKB(t, d.Pid()), goroutines: sum(m, `^go_goroutines$`),
 			tracked: sum(m, `^readaheadd_detector_files_tracked$`), evicted: sum(m, `^readaheadd_detector_files_evicted_total$`),
-			lost: sum(m, `^readaheadd_bpf_events_lost_total$`),
+			lost: sum(m, `^readaheadd_bpf_events_lost_total$`), missed: sum(m, `^readaheadd_bpf_missed_runs_total\{`),
 			acts: actionsTaken(m), undone: sum(m, `^readaheadd_actions_total\{.*result="undone"`),
 			failed: sum(m, `^readaheadd_actions_total\{.*result="failed"`), fileOpErrs: sum(m, `^readaheadd_tuner_errors_total\{kind="file_op"`),
 			kb: int(sum(m, `^readaheadd_read_ahead_kb\{device="`+l.Name+`"`))}
@@ -156,10 +157,10 @@ func TestSoak(t *testing.T) {
 	devBytes := int64(sectors1-sectors0) * 512
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "%6s %8s %10s %8s %8s %6s %8s %7s %7s %8s %6s\n", "t", "RSS MiB", "goroutines", "tracked", "evicted", "lost", "actions", "undone", "failed", "file_op", "ra_kb")
+	fmt.Fprintf(&b, "%6s %8s %10s %8s %8s %6s %6s %8s %7s %7s %8s %6s\n", "t", "RSS MiB", "goroutines", "tracked", "evicted", "lost", "missed", "actions", "undone", "failed", "file_op", "ra_kb")
 	for _, s := range samples {
-		fmt.Fprintf(&b, "%6s %8.1f %10.0f %8.0f %8.0f %6.0f %8.0f %7.0f %7.0f %8.0f %6d\n", s.at.Round(time.Second), float64(s.rssKB)/1024,
-			s.goroutines, s.tracked, s.evicted, s.lost, s.acts, s.undone, s.failed, s.fileOpErrs, s.kb)
+		fmt.Fprintf(&b, "%6s %8.1f %10.0f %8.0f %8.0f %6.0f %6.0f %8.0f %7.0f %7.0f %8.0f %6d\n", s.at.Round(time.Second), float64(s.rssKB)/1024,
+			s.goroutines, s.tracked, s.evicted, s.lost, s.missed, s.acts, s.undone, s.failed, s.fileOpErrs, s.kb)
 	}
 	mb := func(n int64) float64 { return float64(n) / 1e6 }
 	seqDev := devBytes - rndBytes.Load() - smallBytes.Load()
@@ -201,6 +202,7 @@ func TestSoak(t *testing.T) {
 	assert.Greater(t, smallCreated.Load(), int64(detectorMaxFiles), "more distinct files than the cap")
 	assert.Positive(t, created.Load())
 	assert.Positive(t, last.acts, "the daemon acted")
+	assert.Contains(t, d.metrics(t), `readaheadd_bpf_missed_runs_total{program="block_rq_complete"}`, "the kernel's skipped runs are exported")
 
 	assert.Equal(t, 0, d.stop(t))
 	assert.Equal(t, orig, readKB(t, l.Name), "device back at its original")
