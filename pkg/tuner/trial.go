@@ -297,11 +297,6 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 				ev += "; watched: " + m.rand.why
 			}
 		}
-		if l.trialFrom == l.base && m.ok && gain >= margin {
-			// The step paid more than any stream's start-up: the rate it
-			// left was the stream's, not its start's (shiftKeep).
-			l.baseM.young = false
-		}
 		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)
 		l.prev = l.cur
 		l.cur, l.trial, l.failures, l.keptAt, l.keptM = l.trial, 0, 0, now, m
