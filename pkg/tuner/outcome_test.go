@@ -959,14 +959,7 @@ func TestStepIsNotUndoneForAStreamThatEndedAsItBegan(t *testing.T) {
 // +19%.
 func TestStepJudgedAgainstAStreamsStartNeedsMoreThanItsStartUp(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = func(int) float64 { return 125e6 } // its start
-	_, st, acts := r.freshStream(t)
-	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)
-	r.tput = func(int) float64 { return 149e6 } // steady, at any window
-	r.clk.Advance(600 * time.Millisecond)
-	acts = append(acts, r.tn.Step(r.outcomeSnap(st))...)
-	acts = append(acts, r.runOutcome(1, st)...)
-	logActs(t, acts)
+	acts := r.afterStart(t, 125e6, nil, 149e6, nil) // its start, then steady
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
 	undone := filter(acts, KindFileWindowUndo, ResultUndone)
 	require.Len(t, undone, 1)
@@ -981,14 +974,7 @@ func TestStepJudgedAgainstAStreamsStartNeedsMoreThanItsStartUp(t *testing.T) {
 func TestStreamsStartIsNoSlowedBaseRate(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	r.capBPS = 149e6
-	r.tput = func(int) float64 { return 115e6 } // its start
-	_, st, acts := r.freshStream(t)
-	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)
-	r.tput = func(int) float64 { return 149e6 } // steady, at any window
-	r.clk.Advance(600 * time.Millisecond)
-	acts = append(acts, r.tn.Step(r.outcomeSnap(st))...)
-	acts = append(acts, r.runOutcome(1, st)...)
-	logActs(t, acts)
+	acts := r.afterStart(t, 115e6, nil, 149e6, nil) // its start, then steady
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
 	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1)
 	assert.Zero(t, r.tn.Status().Counts["outcome/shift_kept"])
@@ -1002,16 +988,8 @@ func TestStreamsStartIsNoSlowedBaseRate(t *testing.T) {
 // a slowdown that followed.
 func TestTailSeenOnlyInAStreamsStartKeepsNoStep(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = func(int) float64 { return 125e6 }                      // its start
-	r.p99 = func(int) time.Duration { return 12 * time.Millisecond } // 4x its p50
-	_, st, acts := r.freshStream(t)
-	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)
-	r.tput = func(int) float64 { return 149e6 } // steady, at any window
-	r.p99 = nil
-	r.clk.Advance(600 * time.Millisecond)
-	acts = append(acts, r.tn.Step(r.outcomeSnap(st))...)
-	acts = append(acts, r.runOutcome(1, st)...)
-	logActs(t, acts)
+	tail := func(int) time.Duration { return 12 * time.Millisecond } // 4x its p50
+	acts := r.afterStart(t, 125e6, tail, 149e6, nil)
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
 	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1)
 	assert.Zero(t, r.tn.Status().Counts["outcome/tail_kept"])
@@ -1021,18 +999,30 @@ func TestTailSeenOnlyInAStreamsStartKeepsNoStep(t *testing.T) {
 // recurs): the step that cost nothing is kept on it.
 func TestTailSeenAgainAfterAStepOnAStreamsStartKeepsIt(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = func(int) float64 { return 125e6 }
-	r.p99 = func(int) time.Duration { return 12 * time.Millisecond }
+	tail := func(int) time.Duration { return 12 * time.Millisecond }
+	acts := r.afterStart(t, 125e6, tail, 130e6, tail) // +4%: short of any margin
+	kept := filter(acts, KindFileWindow, ResultKept)
+	require.NotEmpty(t, kept)
+	assert.Contains(t, kept[0].Evidence, "kept without its margin: the stream's latency has a tail")
+}
+
+// afterStart opens a fresh stream read at its start's rate (start) and
+// p99 (startP99, nil for none), lets its first step be taken, then reads
+// at rate after (any window) with p99 afterP99 through the step's verdict:
+// the actions, the first step among them.
+func (r *rig) afterStart(t *testing.T, start float64, startP99 func(int) time.Duration, after float64, afterP99 func(int) time.Duration) []Action {
+	t.Helper()
+	r.tput = func(int) float64 { return start }
+	r.p99 = startP99
 	_, st, acts := r.freshStream(t)
 	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)
-	r.tput = func(int) float64 { return 130e6 } // +4%: short of any margin
+	r.tput = func(int) float64 { return after }
+	r.p99 = afterP99
 	r.clk.Advance(600 * time.Millisecond)
 	acts = append(acts, r.tn.Step(r.outcomeSnap(st))...)
 	acts = append(acts, r.runOutcome(1, st)...)
 	logActs(t, acts)
-	kept := filter(acts, KindFileWindow, ResultKept)
-	require.NotEmpty(t, kept)
-	assert.Contains(t, kept[0].Evidence, "kept without its margin: the stream's latency has a tail")
+	return acts
 }
 
 // twoReaders opens two block files under the allow-paths, blk_a by process

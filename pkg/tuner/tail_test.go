@@ -317,17 +317,7 @@ func TestTailSeenAfterAFailedTrialEndsTheBackoff(t *testing.T) {
 // not kept for a tail's sake (the healthy bench kept 512 KB so).
 func TestQueueSpreadAtTheDevicesBandwidthKeepsNoStep(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
-	var acts []Action
-	for i := 0; i < 12; i++ {
-		r.clk.Advance(time.Second)
-		now := r.clk.Now()
-		w := r.files.window[key]
-		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
-		acts = append(acts, r.tn.Step(streamSpan(key, now, w, 147.5e6, windowLat(w), 2*windowLat(w), 0.9))...)
-	}
-	logActs(t, acts)
+	key, acts := r.runSpreadModel(t, 12, func(w int) (float64, time.Duration) { return 147.5e6, 2 * windowLat(w) })
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial), "the stream was tried")
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept), "no step kept on a healthy stream at bandwidth")
 	assert.Zero(t, r.tn.Status().Counts["outcome/tail_kept"])
@@ -342,23 +332,33 @@ func TestQueueSpreadAtTheDevicesBandwidthKeepsNoStep(t *testing.T) {
 // back).
 func TestHealthySpreadBelowTheDevicesBandwidthKeepsNoStep(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
-	var acts []Action
-	for i := 0; i < 12; i++ {
-		r.clk.Advance(time.Second)
-		now := r.clk.Now()
-		w := r.files.window[key]
-		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
-		rate, p99 := 149e6, windowLat(w)*12/10
+	key, acts := r.runSpreadModel(t, 12, func(w int) (float64, time.Duration) {
 		if w <= 128 {
-			rate, p99 = 138e6, windowLat(w)*22/10
+			return 138e6, windowLat(w) * 22 / 10
 		}
-		acts = append(acts, r.tn.Step(streamSpan(key, now, w, rate, windowLat(w), p99, 0.9))...)
-	}
-	logActs(t, acts)
+		return 149e6, windowLat(w) * 12 / 10
+	})
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial), "the stream was tried")
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
 	assert.Zero(t, r.tn.Status().Counts["outcome/tail_kept"])
 	assert.Equal(t, 128, r.files.window[key])
+}
+
+// runSpreadModel opens blk_1 and steps n intervals of a stream whose rate
+// and p99 at window w are model(w) (its median windowLat(w)).
+func (r *rig) runSpreadModel(t *testing.T, n int, model func(w int) (float64, time.Duration)) (probe.FileKey, []Action) {
+	t.Helper()
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	var acts []Action
+	for i := 0; i < n; i++ {
+		r.clk.Advance(time.Second)
+		now := r.clk.Now()
+		w := r.files.window[key]
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
+		rate, p99 := model(w)
+		acts = append(acts, r.tn.Step(streamSpan(key, now, w, rate, windowLat(w), p99, 0.9))...)
+	}
+	logActs(t, acts)
+	return key, acts
 }
