@@ -61,6 +61,10 @@ const (
 	// room (a buffered random reader reads what it asks for): the goal's
 	// own 5%, since a margin below its reference would rule out any step.
 	randMeanBudgetUntrimmed = 1.05
+	// randMeanNear: a step's verdict whose random readers' mean is over
+	// its budget by no more than this (their p99 not far off) waits one
+	// more interval.
+	randMeanNear = 1.03
 	// randTailSevere: a p99 this many times the reference undoes a step
 	// at its verdict; below it the smoothed p99 decides (watchRandom).
 	randTailSevere = 1.6
