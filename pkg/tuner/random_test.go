@@ -654,11 +654,7 @@ func (r *rig) runBesideSplit(n int, st stream, rnd func(kb, i int) (float64, tim
 // 192 KB step that paid +27% was undone on one such interval, and a kept
 // one brought down, the stream left at 0.48-0.61 of the best static window.)
 func TestOneIntervalOfRandomP99AloneUndoesNothing(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = func(kb int) float64 { return slowedModel(min(kb, 288)) }
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
-	st := stream{key: key, tgid: 100, fill: 0.9}
+	r, key, st := slowedStreamRig(t)
 	calm := 900 * time.Microsecond
 	spike := func(at ...int) func(int, int) (float64, time.Duration, time.Duration) {
 		return func(_, i int) (float64, time.Duration, time.Duration) {
@@ -696,11 +692,7 @@ func TestOneIntervalOfRandomP99AloneUndoesNothing(t *testing.T) {
 // next, within budget, keeps it. (A +23% step was undone on "mean 1.7ms
 // against 0.90 x 1.89ms", and the stream settled 3.5 s after its onset.)
 func TestRandomMeanAtItsBudgetByAHairWaitsAnInterval(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = func(kb int) float64 { return slowedModel(min(kb, 288)) }
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
-	st := stream{key: key, tgid: 100, fill: 0.9}
+	r, key, st := slowedStreamRig(t)
 	acts := r.runBesideSplit(3, st, func(_, i int) (float64, time.Duration, time.Duration) {
 		if i == 2 { // the first step's verdict: mean 2% over its budget, 1.05 x 1.77 ms
 			return 600, 1787 * time.Microsecond, 1500 * time.Microsecond
@@ -713,4 +705,14 @@ func TestRandomMeanAtItsBudgetByAHairWaitsAnInterval(t *testing.T) {
 	}
 	assert.Positive(t, r.tn.Status().Counts["outcome/random_judged_later"])
 	assert.Greater(t, r.files.window[key], 128)
+}
+
+// slowedStreamRig is a rig with blk_1 open by process 100, read at the
+// slowed model's rate up to a knee at 288 KB.
+func slowedStreamRig(t *testing.T) (*rig, probe.FileKey, stream) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(kb int) float64 { return slowedModel(min(kb, 288)) }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	return r, key, stream{key: key, tgid: 100, fill: 0.9}
 }
