@@ -124,6 +124,13 @@ func (t *Tuner) randomCost(dev probe.Dev, except probe.FileKey) randCost {
 		c.max = max(c.max, r.svc.mean)
 		cm := float64(r.svc.mean) / (t.meanBudget(r) * float64(r.ref.svc.mean))
 		tr := float64(r.svc.tail) / float64(r.ref.svc.tail)
+		if !r.ref.clean && tr < randTailSevere {
+			// An estimated reference's p99 is one interval's, less an
+			// account of the windows' cost: too unsure to hold a stream
+			// to within 10% of it. Its mean still holds the reader's
+			// rate; its p99 counts only far off.
+			tr = min(tr, 1)
+		}
 		c.mean, c.tail = max(c.mean, cm), max(c.tail, tr)
 		if w := max(cm, tr/randTailBudget); w > worst {
 			worst = w
