@@ -250,3 +250,46 @@ func TestHealthyMixedTargetHoldsTheRandomReader(t *testing.T) {
 	assert.Equal(t, "NOT MET", v, "touches 0.90x the default's: %s", fig)
 	assert.Contains(t, FullConfig().Cases, Case{WMixed, RHealthy}, "the full matrix runs the healthy mixed device")
 }
+
+// A mixed-device row run several times is the median of its runs, figure by
+// figure (one run's stray p99 decides nothing), and the report lists each
+// run beside the default window's.
+func TestMixedRowsRunSeveralTimesAreMedians(t *testing.T) {
+	assert.Equal(t, 1, Config{MixedReps: 3}.reps(WSeq))
+	assert.Equal(t, 3, Config{MixedReps: 3}.reps(WMixed))
+	assert.Equal(t, 1, Config{}.reps(WMixed))
+
+	def := medianResult([]Result{
+		{Workload: WMixed, Regime: RPerm, Arm: "ra128", KB: 128, MBps: 74, RandTouchesPerSec: 550, RandP99ms: 7.6},
+		{Workload: WMixed, Regime: RPerm, Arm: "ra128", KB: 128, MBps: 72, RandTouchesPerSec: 530, RandP99ms: 4.3},
+		{Workload: WMixed, Regime: RPerm, Arm: "ra128", KB: 128, MBps: 73, RandTouchesPerSec: 560, RandP99ms: 2.9},
+	})
+	assert.InDelta(t, 73, def.MBps, 1e-9)
+	assert.InDelta(t, 4.3, def.RandP99ms, 1e-9, "the stray 7.6 ms run decides nothing")
+	assert.InDelta(t, 550, def.RandTouchesPerSec, 1e-9)
+	require.Len(t, def.Runs, 3)
+
+	r := &Report{Measure: 8}
+	r.add(def)
+	r.add(Result{Workload: WMixed, Regime: RPerm, Arm: "ra2048", KB: 2048, MBps: 98, RandTouchesPerSec: 25, RandP99ms: 49})
+	r.add(medianResult([]Result{
+		{Workload: WMixed, Regime: RPerm, Arm: "readaheadd", KB: 128, MBps: 100, RandTouchesPerSec: 600, RandP99ms: 3.0},
+		{Workload: WMixed, Regime: RPerm, Arm: "readaheadd", KB: 128, MBps: 104, RandTouchesPerSec: 640, RandP99ms: 6.0},
+		{Workload: WMixed, Regime: RPerm, Arm: "readaheadd", KB: 128, MBps: 90, RandTouchesPerSec: 580, RandP99ms: 4.0},
+	}))
+	r.Starts = []StartResult{medianStart([]StartResult{
+		{Workload: WMixed, Regime: RPerm, Start: SBeforeOpen, MBps: 95, RandTouchesPerSec: 600, RandP99ms: 4.4, DaemonLog: "a"},
+		{Workload: WMixed, Regime: RPerm, Start: SBeforeOpen, MBps: 99, RandTouchesPerSec: 610, RandP99ms: 4.6, DaemonLog: "b"},
+		{Workload: WMixed, Regime: RPerm, Start: SBeforeOpen, MBps: 97, RandTouchesPerSec: 590, RandP99ms: 7.0, DaemonLog: "c"},
+	})}
+	assert.Equal(t, "c", r.Starts[0].DaemonLog, "the log of the run of median throughput")
+	rows := r.StartRows()
+	require.Len(t, rows, 2)
+	assert.InDelta(t, 100, rows[0].MBps, 1e-9)
+	assert.InDelta(t, 4.0/4.3, rows[0].RandP99, 1e-9)
+	assert.Equal(t, "PASS", rows[0].Verdict)
+	assert.InDelta(t, 4.6/4.3, rows[1].RandP99, 1e-9)
+	md := r.Markdown(nil)
+	assert.Contains(t, md, "median of 3 runs")
+	assert.Contains(t, md, "- seq+mmap, permanent+1.5ms, slow-before-open: readaheadd 95.0 / 4.40, 99.0 / 4.60, 97.0 / 7.00; default 74.0 / 7.60, 72.0 / 4.30, 73.0 / 2.90")
+}

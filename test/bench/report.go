@@ -498,6 +498,9 @@ type StartRow struct {
 	Goal                 float64 // of the best static window's throughput
 	Verdict              string  // PASS, NOT MET or "not maskable"
 	Note                 string
+	// Runs, DefaultRuns: readaheadd's and the default window's figures
+	// per run when the row is the median of several.
+	Runs, DefaultRuns []RunFigures
 }
 
 // MainStart is the start condition of a workload's main readaheadd arm:
@@ -552,7 +555,8 @@ func (r *Report) StartRows() []StartRow {
 				}
 			}
 			ss = append([]StartResult{{Workload: k[0], Regime: k[1], Start: MainStart(k[0]), MBps: d.MBps,
-				FirstActionSec: first, DaemonRegimes: d.DaemonRegimes, RandP99ms: d.RandP99ms, RandTouchesPerSec: d.RandTouchesPerSec}}, ss...)
+				FirstActionSec: first, DaemonRegimes: d.DaemonRegimes, RandP99ms: d.RandP99ms, RandTouchesPerSec: d.RandTouchesPerSec,
+				Runs: d.Runs}}, ss...)
 		}
 		sort.SliceStable(ss, func(i, j int) bool {
 			return slices.Index(startOrder, ss[i].Start) < slices.Index(startOrder, ss[j].Start)
@@ -561,7 +565,7 @@ func (r *Report) StartRows() []StartRow {
 		for _, s := range ss {
 			row := StartRow{Workload: s.Workload, Regime: s.Regime, Start: s.Start, Best: o.Arm, BestMBps: o.MBps,
 				DefaultMBps: def.MBps, MBps: s.MBps, FirstActionSec: s.FirstActionSec, Regimes: s.DaemonRegimes,
-				Goal: StartGoal(s.Workload), Verdict: "not maskable", Note: s.Note}
+				Goal: StartGoal(s.Workload), Verdict: "not maskable", Note: s.Note, Runs: s.Runs, DefaultRuns: def.Runs}
 			met := s.MBps >= row.Goal*o.MBps
 			if s.Workload == WMixed {
 				// Beside the stream, the random reader keeps its service
@@ -615,5 +619,35 @@ func (r *Report) startsMarkdown() string {
 	if len(notes) > 0 {
 		b.WriteString("\n" + strings.Join(notes, "\n") + "\n")
 	}
+	b.WriteString(runsMarkdown(r.StartRows()))
 	return b.String()
+}
+
+// runsMarkdown lists each run of the rows that are medians of several: the
+// stream's MB/s and the random reader's p99, the default window's beside
+// readaheadd's, so that the spread the medians smooth is in sight.
+func runsMarkdown(rows []StartRow) string {
+	var b strings.Builder
+	for _, row := range rows {
+		if len(row.Runs) < 2 {
+			continue
+		}
+		if b.Len() == 0 {
+			fmt.Fprintf(&b, "\nRows with several runs are the median of %d runs, interleaved with the static arms'. Each run (stream MB/s, random p99 ms):\n\n", len(row.Runs))
+		}
+		fmt.Fprintf(&b, "- %s, %s, %s: readaheadd %s; default %s\n", row.Workload, row.Regime, row.Start, runList(row.Runs), runList(row.DefaultRuns))
+	}
+	return b.String()
+}
+
+func runList(rs []RunFigures) string {
+	var parts []string
+	for _, r := range rs {
+		p := fmt.Sprintf("%.1f", r.MBps)
+		if r.RandP99ms > 0 {
+			p += fmt.Sprintf(" / %.2f", r.RandP99ms)
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, ", ")
 }

@@ -51,6 +51,9 @@ type Result struct {
 	LatPreMs  []float64 `json:"lat_pre_ms,omitempty"`
 	LatPostMs []float64 `json:"lat_post_ms,omitempty"`
 	Note      string    `json:"note,omitempty"`
+	// Runs: each run's figures when the row is the median of several
+	// (Config.MixedReps).
+	Runs []RunFigures `json:"runs,omitempty"`
 }
 
 // EventAt is a regime change at T seconds since onset.
@@ -99,34 +102,50 @@ func runLabCases(ctx context.Context, cfg Config, work string, rep *Report) (err
 		return err
 	}
 	for _, c := range cfg.Cases {
-		for _, arm := range cfg.Arms() {
-			if err := ctx.Err(); err != nil {
-				return err
+		arms := cfg.Arms()
+		withStarts := (c.Workload == WSeq || c.Workload == WSendfile || c.Workload == WMixed) && c.Regime != RHealthy && c.Regime != RMixed
+		armRuns := make([][]Result, len(arms))
+		startRuns := make([][]StartResult, len(cfg.Starts))
+		// Several runs of a case interleave its rows, so that a spell of
+		// host noise falls on all of them alike.
+		for i := 0; i < cfg.reps(c.Workload); i++ {
+			for j, arm := range arms {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				cfg.Log.Info("run", "workload", c.Workload, "regime", c.Regime, "arm", arm.Name, "run", i+1)
+				r, err := e.runOne(ctx, c, arm)
+				if err != nil {
+					return fmt.Errorf("%s/%s/%s: %w", c.Workload, c.Regime, arm.Name, err)
+				}
+				cfg.Log.Info("result", "workload", c.Workload, "regime", c.Regime, "arm", arm.Name,
+					"mbps", fmt.Sprintf("%.1f", r.MBps), "p99_ms", fmt.Sprintf("%.2f", r.P99ms), "actions", len(r.Actions))
+				armRuns[j] = append(armRuns[j], r)
 			}
-			cfg.Log.Info("run", "workload", c.Workload, "regime", c.Regime, "arm", arm.Name)
-			r, err := e.runOne(ctx, c, arm)
-			if err != nil {
-				return fmt.Errorf("%s/%s/%s: %w", c.Workload, c.Regime, arm.Name, err)
+			if !withStarts {
+				continue
 			}
-			cfg.Log.Info("result", "workload", c.Workload, "regime", c.Regime, "arm", arm.Name,
-				"mbps", fmt.Sprintf("%.1f", r.MBps), "p99_ms", fmt.Sprintf("%.2f", r.P99ms), "actions", len(r.Actions))
-			rep.add(r)
+			for k, st := range cfg.Starts {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				cfg.Log.Info("run", "workload", c.Workload, "regime", c.Regime, "start", st, "run", i+1)
+				r, err := e.runStart(ctx, c, st)
+				if err != nil {
+					return fmt.Errorf("%s/%s/%s: %w", c.Workload, c.Regime, st, err)
+				}
+				cfg.Log.Info("result", "workload", c.Workload, "regime", c.Regime, "start", st,
+					"mbps", fmt.Sprintf("%.1f", r.MBps), "first_action_s", fmt.Sprintf("%.2f", r.FirstActionSec))
+				startRuns[k] = append(startRuns[k], r)
+			}
 		}
-		if (c.Workload != WSeq && c.Workload != WSendfile && c.Workload != WMixed) || c.Regime == RHealthy || c.Regime == RMixed {
-			continue
+		for _, rs := range armRuns {
+			rep.add(medianResult(rs))
 		}
-		for _, st := range cfg.Starts {
-			if err := ctx.Err(); err != nil {
-				return err
+		for _, ss := range startRuns {
+			if len(ss) > 0 {
+				rep.Starts = append(rep.Starts, medianStart(ss))
 			}
-			cfg.Log.Info("run", "workload", c.Workload, "regime", c.Regime, "start", st)
-			r, err := e.runStart(ctx, c, st)
-			if err != nil {
-				return fmt.Errorf("%s/%s/%s: %w", c.Workload, c.Regime, st, err)
-			}
-			cfg.Log.Info("result", "workload", c.Workload, "regime", c.Regime, "start", st,
-				"mbps", fmt.Sprintf("%.1f", r.MBps), "first_action_s", fmt.Sprintf("%.2f", r.FirstActionSec))
-			rep.Starts = append(rep.Starts, r)
 		}
 	}
 	return nil

@@ -54,6 +54,8 @@ type StartResult struct {
 	// Note says what else the run saw (the state an earlier run saved, the
 	// onset's time).
 	Note string `json:"note,omitempty"`
+	// Runs: each run's figures when the row is the median of several.
+	Runs []RunFigures `json:"runs,omitempty"`
 }
 
 // teachFor is how long the earlier run of SBeforeDaemonSaved reads the slow

@@ -27,6 +27,7 @@ func main() {
 	workload := flag.String("workload", "", "run only this workload's cases (seq, sendfile, seq+mmap), for a quick look; the report then holds only those")
 	regimes := flag.String("regimes", "", "comma-separated regimes: run only these cases")
 	starts := flag.Bool("starts", false, "also run readaheadd under the start conditions slow-before-open, slow-before-daemon and slow-before-daemon-saved (seq and sendfile cases)")
+	reps := flag.Int("mixed-reps", -1, "run each seq+mmap row this many times, interleaved, and report the medians (default: 3 with -full, 1 otherwise)")
 	flag.Parse()
 	if *from != "" {
 		b, err := os.ReadFile(*from)
@@ -95,6 +96,9 @@ func main() {
 	}
 	if *starts {
 		cfg.Starts = bench.Starts
+	}
+	if *reps >= 0 {
+		cfg.MixedReps = *reps
 	}
 	cfg.WorkDir = *work
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
