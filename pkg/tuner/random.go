@@ -218,14 +218,22 @@ func (t *Tuner) randomLimitKB(fd *fileDec) (int, string) {
 		// their budget (learnRandomSlope).
 		return minStepKB(w), "a small step shows what the stream's window costs the random readers on this device"
 	}
+	return budgetStep(kb, w), fmt.Sprintf("the random readers' budget allows %d KB", kb)
+}
+
+// budgetStep is the largest window on the grid a stream at w may try when
+// its random readers' budget allows kb: the grid window at or below kb, or
+// the smallest step worth a trial if it lies no more than a grid step above
+// kb. The budget is an estimate (a KB's cost is taken at its dearest until
+// a step shows it), and the step's verdict holds the readers to the budget
+// itself. (192 KB: the budget allows 230-237 KB, the step is 240; 240 KB:
+// the budget allows 274 KB, the step is 288.)
+func budgetStep(kb, w int) int {
 	lim := kb / randStepKB * randStepKB
-	if float64(kb) >= randMinStep*float64(w) {
-		// The smallest step worth a trial fits the budget; on the grid
-		// it may lie up to a grid step above the estimate (192 KB: the
-		// budget allows 230-237 KB, the step is 240).
-		lim = max(lim, minStepKB(w))
+	if m := minStepKB(w); m <= kb+randStepKB {
+		lim = max(lim, m)
 	}
-	return lim, fmt.Sprintf("the random readers' budget allows %d KB", kb)
+	return lim
 }
 
 // minStepKB is the smallest window step from w worth a trial beside random

@@ -764,3 +764,22 @@ func slowedStreamRig(t *testing.T) (*rig, probe.FileKey, stream) {
 	r.files.open(100, 7, p, key)
 	return r, key, stream{key: key, tgid: 100, fill: 0.9}
 }
+
+// A step beside random readers lies on their grid, at most a grid step
+// above what their budget allows (the budget is an estimate, and the step's
+// verdict holds them to it). On the lab, +3 ms, a stream at 240 KB whose
+// budget allowed 260-274 KB took no 288 KB step for the rest of its run and
+// read 0.88 of the best static window.
+func TestStepBesideRandomReadersLiesAtMostAGridStepAboveTheBudget(t *testing.T) {
+	for _, c := range []struct{ kb, w, want int }{
+		{274, 240, 288}, // the smallest step worth a trial, 14 KB above
+		{260, 240, 256}, // 288 is more than a grid step above: no step (256 < 1.2 x 240)
+		{230, 192, 240},
+		{225, 192, 240},
+		{222, 192, 208},
+		{400, 240, 400},
+		{409, 240, 400},
+	} {
+		assert.Equal(t, c.want, budgetStep(c.kb, c.w), "budget %d KB at %d KB", c.kb, c.w)
+	}
+}
