@@ -56,12 +56,24 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 		ds.CapacityBPS = d.CapacityBPS
 		t.dstats[d.Device] = ds
 	}
+	// Random readers in the recent requests: before the first Step (a
+	// daemon that has just started) the tuner's view holds none, and a
+	// step sized for a stream alone would be paid by them.
+	randomNow := map[probe.Dev]bool{}
+	for _, f := range recent.Files {
+		if t.readRandomly(f) {
+			randomNow[f.Device] = true
+		}
+	}
+	deferStep := func(fd *fileDec, dev probe.Dev) bool {
+		return t.deferBesideRandom(fd, dev, now, randomNow[dev])
+	}
 	start := func(key probe.FileKey, dev probe.Dev, kind detector.RegimeKind) {
 		if fd := t.files[key]; fd != nil {
 			if t.regimeTakesOver(fd) {
 				fd.regimes = append(fd.regimes, kind)
 				fd.lastNeeded = now
-				if !t.deferBesideRandom(fd, dev, now) {
+				if !deferStep(fd, dev) {
 					t.onRecent(key, recent, span, func() { t.driveFile(fd, true) })
 				}
 			}
@@ -77,7 +89,7 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 		t.files[key] = fd
 		fd.regimes = []detector.RegimeKind{kind}
 		fd.lastNeeded = now
-		if !t.deferBesideRandom(fd, dev, now) {
+		if !deferStep(fd, dev) {
 			t.driveFile(fd, true)
 		}
 	}

@@ -2,6 +2,7 @@ package tuner
 
 import (
 	"fmt"
+	"math/bits"
 	"time"
 
 	"github.com/readaheadd/readaheadd/pkg/probe"
@@ -95,7 +96,25 @@ const (
 	peerSlowMult = 1.5
 	// maxRandRefs bounds the references kept.
 	maxRandRefs = 4096
+	// watchSpan, watchOver: the watch of a kept window beside random
+	// readers brings it down when watchOver of the last watchSpan
+	// intervals went over their budget (watchRandom).
+	watchSpan = 5
+	watchOver = 3
+	// randMeanFar: a mean this many times its budget two intervals in a
+	// row brings a kept window down at once.
+	randMeanFar = 1.5
 )
+
+// watchPush records one interval, over or not, in a watch's history of the
+// last watchSpan intervals.
+func watchPush(h uint8, over bool) uint8 {
+	h <<= 1
+	if over {
+		h |= 1
+	}
+	return h & (1<<watchSpan - 1)
+}
 
 // randCost is what the random readers beside a stream get now against
 // their budgets.
@@ -269,10 +288,12 @@ func (t *Tuner) learnRandomSlope(d *devState, l *ladder, m measure) {
 // the device's window too (a slowed stream leaves them more of the
 // device), and their reference must be what they get in the new
 // conditions, which the requests since the onset show (FastOnset takes the
-// step then, refreshing the references on the recent requests). It
-// reports whether it did.
-func (t *Tuner) deferBesideRandom(fd *fileDec, dev probe.Dev, now time.Duration) bool {
-	if !t.randomBesideDev(dev, fd.key) || !t.untouched(fd.dev) {
+// step then, refreshing the references on the recent requests).
+// randomNow: the recent requests hold a random reader on dev, which the
+// tuner's view does not before its first Step (a daemon that has just
+// started). It reports whether it did.
+func (t *Tuner) deferBesideRandom(fd *fileDec, dev probe.Dev, now time.Duration, randomNow bool) bool {
+	if !randomNow && !t.randomBesideDev(dev, fd.key) || !t.untouched(fd.dev) {
 		return false
 	}
 	fd.deferUntil = now + t.cfg.Settle/freshSpanDiv
@@ -283,16 +304,19 @@ func (t *Tuner) deferBesideRandom(fd *fileDec, dev probe.Dev, now time.Duration)
 
 // watchRandom follows what a stream's kept window costs the random readers
 // beside it, interval by interval (m: the Step's measure): their p99
-// against its reference, smoothed over intervals (one interval's strays too
-// far either way to keep or undo a step on), and their mean. When the
-// smoothed p99 goes above its budget, or the mean is over its budget two
-// intervals in a row, the window comes down to the one kept before it, and
-// it or more is out of reach for BackoffMax. It reports whether it lowered
-// the window.
+// against its reference, smoothed over intervals, and their mean. The
+// window comes down to the one kept before it, and it or more is out of
+// reach for BackoffMax, when watchOver of the last watchSpan intervals had
+// the mean over its budget, or the p99 over its budget with the smoothed
+// p99 over it too. On this host one or two intervals in a row of a random
+// reader's p99 (and its mean with it) stray 2x and more with no window
+// raised at all (the default window's p99 per second on the lab: 3.5-7.1
+// ms within one run); a cost the window causes shows in most intervals. It
+// reports whether it lowered the window.
 func (t *Tuner) watchRandom(fd *fileDec, m measure) bool {
 	l := &fd.win
 	if m.rand.n == 0 || l.cur <= l.base {
-		l.tailWatch, l.meanOver, l.tailOver = 0, 0, 0
+		l.tailWatch, l.meanOver, l.meanFar, l.tailOver = 0, 0, 0, 0
 		return false
 	}
 	now := t.deps.Clock.Now()
@@ -304,25 +328,20 @@ func (t *Tuner) watchRandom(fd *fileDec, m measure) bool {
 		l.tailWatch = 1 // the step was sized to fit
 	}
 	l.tailWatch = (1-randTailAlpha)*l.tailWatch + randTailAlpha*m.rand.tail
-	if m.rand.mean > 1 {
-		l.meanOver++
-	} else {
-		l.meanOver = 0
-	}
-	if m.rand.tail > randTailBudget {
-		l.tailOver++
-	} else {
-		l.tailOver = 0
-	}
-	// The p99 counts when two intervals in a row went over its budget and
-	// the smoothed one is over it too (or both were far off), or at once
-	// when it is far off with the mean over its budget as well: one
-	// interval's p99 alone strays too far either way, and a single 1.6x
-	// interval, the mean well within budget, brought a kept 192 KB down on
-	// a stream that then read 0.61 of the best static window.
-	severe := m.rand.tail >= randTailSevere
-	tailOver := l.tailOver >= 2 && (l.tailWatch > randTailBudget || severe) || severe && m.rand.mean > 1
-	if !tailOver && l.meanOver < 2 {
+	l.meanOver = watchPush(l.meanOver, m.rand.mean > 1)
+	l.meanFar = watchPush(l.meanFar, m.rand.mean >= randMeanFar)
+	l.tailOver = watchPush(l.tailOver, m.rand.tail > randTailBudget)
+	tailOver := bits.OnesCount8(l.tailOver) >= watchOver && l.tailWatch > randTailBudget
+	// A mean far over its budget two intervals in a row is no stray (a
+	// stray second moves a mean 10-20%): a window raised before the
+	// reader was known, costing it a multiple of its reference.
+	meanFar := l.meanFar&3 == 3
+	// A reader beside it still reading around with the device's window
+	// (the window was raised before it was known: a prior's at a fresh
+	// open) pays for the window in full until its trim comes: far off in
+	// p99 and over in mean, once is enough.
+	exposed := m.rand.tail >= randTailSevere && m.rand.mean > 1 && t.untrimmedBeside(fd.dev.dev, fd.key)
+	if !tailOver && !meanFar && !exposed && bits.OnesCount8(l.meanOver) < watchOver {
 		return false
 	}
 	from, to := l.cur, max(l.prev, l.base)
@@ -330,7 +349,7 @@ func (t *Tuner) watchRandom(fd *fileDec, m measure) bool {
 		return false // tried again next interval
 	}
 	l.cur, l.movedAt, l.keptAt = to, now, now
-	l.prev, l.tailWatch, l.meanOver, l.tailOver = max(l.base, to*2/3/randStepKB*randStepKB), 0, 0, 0
+	l.prev, l.tailWatch, l.meanOver, l.meanFar, l.tailOver = max(l.base, to*2/3/randStepKB*randStepKB), 0, 0, 0, 0
 	if t.untrimmedBeside(fd.dev.dev, fd.key) {
 		// A reader beside it still reads around with the device's
 		// window (the window was raised before it was known: a prior's

@@ -67,14 +67,18 @@ type ladder struct {
 	// have taught what a step costs them).
 	limit   int
 	limitFn func() int
-	// prev: the value kept before cur; tailWatch, meanOver: the watch of
-	// what the value in force costs the random readers (random.go).
+	// prev: the value kept before cur; tailWatch, meanOver, meanFar,
+	// tailOver: the watch of what the value in force costs the random
+	// readers (random.go): the smoothed p99, and which of the last
+	// watchSpan intervals had the mean over budget, the mean far over
+	// it, the p99 over budget (a bit each, the latest lowest).
 	prev      int
 	ceil      int // no step to ceil or more before ceilUntil
 	ceilUntil time.Duration
 	tailWatch float64
-	meanOver  int
-	tailOver  int // intervals in a row whose p99 went over its budget
+	meanOver  uint8
+	meanFar   uint8
+	tailOver  uint8
 	watchAt   time.Duration
 	// randLater: the verdict was put off one interval on the random
 	// readers' p99 alone.
@@ -296,7 +300,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		}
 		if l.kind == KindFileWindow && m.rand.n > 0 {
 			// Beside random readers the watch starts afresh.
-			l.tailWatch, l.meanOver, l.tailOver = 0, 0, 0
+			l.tailWatch, l.meanOver, l.meanFar, l.tailOver = 0, 0, 0, 0
 			if m.rand.tail > randTailBudget {
 				ev += "; watched: " + m.rand.why
 			}
