@@ -293,3 +293,17 @@ func TestMixedRowsRunSeveralTimesAreMedians(t *testing.T) {
 	assert.Contains(t, md, "median of 3 runs")
 	assert.Contains(t, md, "- seq+mmap, permanent+1.5ms, slow-before-open: readaheadd 95.0 / 4.40, 99.0 / 4.60, 97.0 / 7.00; default 74.0 / 7.60, 72.0 / 4.30, 73.0 / 2.90")
 }
+
+// The random reader's p99 per second locates its tail in a run.
+func TestRandomP99PerSecond(t *testing.T) {
+	t0 := time.Now()
+	m := &mmapRandom{}
+	for i := 0; i < 100; i++ { // second 0: 1 ms each
+		m.ts, m.lat = append(m.ts, t0.Add(time.Duration(i)*5*time.Millisecond)), append(m.lat, time.Millisecond)
+	}
+	for i := 0; i < 100; i++ { // second 2: 4 ms each; second 1 empty
+		m.ts, m.lat = append(m.ts, t0.Add(2*time.Second+time.Duration(i)*5*time.Millisecond)), append(m.lat, 4*time.Millisecond)
+	}
+	assert.Equal(t, []float64{1, 0, 4}, m.p99PerSecond(t0))
+	assert.Equal(t, []float64{4}, m.p99PerSecond(t0.Add(2*time.Second)))
+}

@@ -182,6 +182,32 @@ func (m *mmapRandom) since(t time.Time) []time.Duration {
 	return out
 }
 
+// p99PerSecond is the p99 touch latency in each second from t on (the last
+// one partial), in ms: where in a run the random reader's tail came from.
+func (m *mmapRandom) p99PerSecond(t time.Time) []float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []float64
+	var sec []time.Duration
+	flush := func() {
+		sort.Slice(sec, func(i, j int) bool { return sec[i] < sec[j] })
+		out = append(out, ms(lab.Quantile(sec, 0.99)))
+		sec = sec[:0]
+	}
+	next := t.Add(time.Second)
+	for i := sort.Search(len(m.ts), func(i int) bool { return !m.ts[i].Before(t) }); i < len(m.ts); i++ {
+		for !m.ts[i].Before(next) {
+			flush()
+			next = next.Add(time.Second)
+		}
+		sec = append(sec, m.lat[i])
+	}
+	if len(sec) > 0 {
+		flush() // the last, partial second
+	}
+	return out
+}
+
 // devReadBytes is the bytes read from device dev (/sys/block/DEV/stat,
 // sectors read).
 func devReadBytes(dev string) (uint64, error) {

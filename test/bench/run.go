@@ -34,6 +34,8 @@ type Result struct {
 	RandP50ms, RandP99ms float64
 	RandTouchesPerSec    float64
 	RandMB               float64 // device bytes attributed to its file (probe)
+	// RandP99PerSec: its p99 touch latency in each second after onset (ms).
+	RandP99PerSec []float64 `json:"rand_p99_per_s_ms,omitempty"`
 
 	// Daemon arm only.
 	Actions       []ActionRecord `json:"actions,omitempty"`
@@ -378,6 +380,7 @@ func (e *labEnv) runOne(ctx context.Context, c Case, arm Arm) (res Result, err e
 	if rnd != nil {
 		lat := rnd.since(onset)
 		res.RandP50ms, res.RandP99ms = ms(lab.Quantile(lat, 0.5)), ms(lab.Quantile(lat, 0.99))
+		res.RandP99PerSec = rnd.p99PerSecond(onset)
 		res.RandTouchesPerSec = float64(len(lat)) / elapsed.Seconds()
 	}
 	if capt != nil {

@@ -48,6 +48,7 @@ type StartResult struct {
 	// measured period.
 	RandP99ms         float64        `json:"rand_p99_ms,omitempty"`
 	RandTouchesPerSec float64        `json:"rand_touches_per_s,omitempty"`
+	RandP99PerSec     []float64      `json:"rand_p99_per_s_ms,omitempty"`
 	DaemonRegimes     []string       `json:"daemon_regimes,omitempty"`
 	Actions           []ActionRecord `json:"actions,omitempty"`
 	DaemonLog         string         `json:"daemon_log,omitempty"`
@@ -225,6 +226,7 @@ func (e *labEnv) runStart(ctx context.Context, c Case, start string) (res StartR
 		}
 		lat := rnd.since(mStart)
 		res.RandP99ms = ms(lab.Quantile(lat, 0.99))
+		res.RandP99PerSec = rnd.p99PerSecond(mStart)
 		res.RandTouchesPerSec = float64(len(lat)) / elapsed.Seconds()
 	}
 	res.Actions = d.Actions(mStart)
