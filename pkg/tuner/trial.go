@@ -201,7 +201,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		// Steps are taken on interval ticks: the tick one Settle after the
 		// step may read the clock a little early, and must still judge it
 		// (otherwise every step would take two intervals).
-		if now-l.trialAt < t.cfg.Settle-t.cfg.Settle/10 && !t.keepsEarly(l, m, now) && !(t.endedJudge && m.ok) {
+		if now-l.trialAt < t.cfg.Settle-t.cfg.Settle/10 && !t.keepsEarly(d, l, m, now) && !(t.endedJudge && m.ok) {
 			return false
 		}
 		if !m.ok && now-l.trialAt < 4*t.cfg.Settle {

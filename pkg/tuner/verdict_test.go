@@ -64,3 +64,53 @@ func TestStepThatClearlyPaysIsKeptEarly(t *testing.T) {
 		})
 	}
 }
+
+// Beside a trimmed random reader, a step that clearly pays is kept early
+// too when the reader's recent mean is clearly within its budget; when it
+// is near its budget the step waits for its Step.
+func TestStepBesideARandomReaderIsKeptEarlyOnlyWellWithinItsBudget(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		trimmedMean time.Duration // 0: the lab model's
+		early       bool
+	}{
+		{"well within", 0, true},
+		{"near its budget", 1400 * time.Microsecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newLabRig(t)
+			if tc.trimmedMean > 0 {
+				l.model = func(rkb, skb int) (float64, time.Duration, time.Duration) {
+					if rkb > 16 {
+						return labRandom(rkb, skb)
+					}
+					return float64(time.Second) / float64(tc.trimmedMean), tc.trimmedMean, tc.trimmedMean * 14 / 10
+				}
+			}
+			var trials []Action
+			for i := 0; i < 6 && len(trials) == 0; i++ {
+				trials = filter(l.run(1), KindFileWindow, ResultTrial)
+			}
+			require.Len(t, trials, 1)
+			l.clk.Advance(500 * time.Millisecond)
+			keys, span := l.tn.TrialStreams()
+			require.Contains(t, keys, l.st.key)
+			s := l.snapshot()
+			f := span.Seconds()
+			for j := range s.Files {
+				s.Files[j].Bytes = uint64(float64(s.Files[j].Bytes) * f)
+				s.Files[j].Requests = max(uint64(float64(s.Files[j].Requests)*f), freshMinRequests)
+			}
+			s.Devices[0].Bytes = uint64(float64(s.Devices[0].Bytes) * f)
+			acts := l.tn.FastVerdict(s, span)
+			logActs(t, acts)
+			kept := filter(acts, KindFileWindow, ResultKept)
+			if !tc.early {
+				assert.Empty(t, kept)
+				return
+			}
+			require.Len(t, kept, 1, "kept on the recent requests, the random reader's among them")
+			assert.Equal(t, uint64(1), l.tn.Status().Counts["outcome/kept_early"])
+		})
+	}
+}
