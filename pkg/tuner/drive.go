@@ -122,7 +122,7 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		if fd.win.trial > fd.win.base && fd.win.limit > 0 {
 			// A step beside random readers: their read-around trim comes
 			// with it, not at the next Step (their budget counts on it).
-			t.startTrims(fd.dev)
+			t.startTrims(fd.dev, true)
 		}
 		if did || fd.win.trial != 0 {
 			return

@@ -347,12 +347,7 @@ func (t *Tuner) watchRandom(fd *fileDec, m measure) bool {
 	// stray second moves a mean 10-20%): a window raised before the
 	// reader was known, costing it a multiple of its reference.
 	meanFar := l.meanFar&3 == 3
-	// A reader beside it still reading around with the device's window
-	// (the window was raised before it was known: a prior's at a fresh
-	// open) pays for the window in full until its trim comes: far off in
-	// p99 and over in mean, once is enough.
-	exposed := m.rand.tail >= randTailSevere && m.rand.mean > 1 && t.untrimmedBeside(fd.dev.dev, fd.key)
-	if !tailOver && !meanFar && !exposed && bits.OnesCount8(l.meanOver) < watchOver {
+	if !tailOver && !meanFar && bits.OnesCount8(l.meanOver) < watchOver {
 		return false
 	}
 	from, to := l.cur, max(l.prev, l.base)

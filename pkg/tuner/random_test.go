@@ -572,7 +572,7 @@ func TestRandomReaderFirstSeenBesideARaisedWindowGetsAnEstimatedReference(t *tes
 // read 0.66 of it.)
 func TestEstimatedReferencesP99CountsOnlyFarOff(t *testing.T) {
 	l := newLabRig(t)
-	trimmedTail := 2.26
+	trimmedTail := 3.5
 	l.model = func(rkb, skb int) (float64, time.Duration, time.Duration) {
 		if rkb > 16 {
 			req, mean, _ := labRandom(rkb, skb)
@@ -596,7 +596,7 @@ func TestEstimatedReferencesP99CountsOnlyFarOff(t *testing.T) {
 	assert.GreaterOrEqual(t, l.files.window[l.st.key], 240)
 
 	// Far off, it does.
-	trimmedTail = 4
+	trimmedTail = 5
 	acts = l.run(4)
 	logActs(t, acts)
 	require.NotEmpty(t, filter(acts, KindFileWindowUndo, ResultUndone))
@@ -604,27 +604,31 @@ func TestEstimatedReferencesP99CountsOnlyFarOff(t *testing.T) {
 }
 
 // A window raised before the random reader beside it was known (a saved
-// prior given to a fresh open at start-up) that costs the reader, still
-// reading around with the device's window, more than its budget: it comes
-// down. What the window cost the untrimmed reader says nothing of what it
-// costs it trimmed, so no ceiling is left: the stream grows again, its
-// next step bringing the reader's trim, sized by the budget the trim
-// leaves.
-func TestPriorOverBudgetBesideAnUntrimmedReaderLeavesNoCeiling(t *testing.T) {
+// prior given to a fresh open at start-up) that costs the reader more than
+// its budget: the reader's trim comes at the first Step, and the window is
+// judged on the trimmed reader; still over budget, it comes down, and the
+// windows half way back are out of reach. The trim ends once no window is
+// raised for a while; the stream's next step brings it back with it (the
+// step's budget counts on it), even within trimScanEvery of the last search
+// for the reader's descriptors: without it the reader paid for each step in
+// full, every step was undone and the stream stayed at the device's window.
+func TestPriorOverBudgetBesideAReaderNotYetKnownComesDownAndGrowsAgain(t *testing.T) {
 	l := newLabRig(t)
 	l.pinBeforeFirstInterval(384)
 	acts := l.run(16)
 	logActs(t, acts)
+	trims := filter(acts, KindTrim, ResultTrial)
+	require.NotEmpty(t, trims)
 	down := filter(acts, KindFileWindowUndo, ResultUndone)
 	require.NotEmpty(t, down, "the window over the reader's budget comes down")
 	assert.Equal(t, 384, down[0].FromKB)
-	assert.Contains(t, down[0].Evidence, "untrimmed")
-	trims := filter(acts, KindTrim, ResultTrial)
-	require.NotEmpty(t, trims)
-	steps := filter(acts, KindFileWindow, ResultTrial)
-	require.NotEmpty(t, steps)
-	assert.Equal(t, steps[0].Time, trims[0].Time, "the trim comes with the next step")
-	assert.Zero(t, l.tn.files[l.st.key].win.ceil, "no ceiling from a cost measured untrimmed")
+	assert.Less(t, trims[0].Time, down[0].Time, "judged on the trimmed reader")
+	ended := filter(acts, KindTrimUndo, ResultUndone)
+	require.NotEmpty(t, ended, "the trim ends with no window raised")
+	steps := slices.DeleteFunc(filter(acts, KindFileWindow, ResultTrial), func(a Action) bool { return a.Time < ended[0].Time })
+	require.NotEmpty(t, steps, "the stream steps again")
+	assert.NotEmpty(t, slices.DeleteFunc(filter(acts, KindTrim, ResultTrial), func(a Action) bool { return a.Time != steps[0].Time }),
+		"the trim comes back with the stream's next step")
 	assert.Greater(t, l.files.window[l.st.key], 128, "the stream grows again, sized by the budget its trim leaves")
 	_, trueMean, _ := labRandom(128, 128)
 	mean, _ := l.service()

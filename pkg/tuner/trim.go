@@ -118,7 +118,7 @@ func (t *Tuner) trimAll() {
 	}
 	for _, d := range sortedDevs(t.devs) {
 		if helped[d] {
-			t.startTrims(d)
+			t.startTrims(d, false)
 		}
 	}
 }
@@ -136,8 +136,12 @@ func sortedDevs(m map[probe.Dev]*devState) []*devState {
 // trimmed yet: when the tuner raises a window there (trimAll, each Step),
 // and at once when a stream's step is taken beside them between Steps, so
 // that the step and the trim are in force together (the random readers'
-// budget counts on it, random.go).
-func (t *Tuner) startTrims(d *devState) {
+// budget counts on it, random.go). withStep: a step that counts on the trims
+// was just taken, and the descriptors are searched for whenever the last
+// search was (a trim ended when no window was raised for a while, and the
+// stream's next step came within trimScanEvery of its search: without the
+// trim, the reader paid for the step in full and every step was undone).
+func (t *Tuner) startTrims(d *devState, withStep bool) {
 	if t.cfg.DisableTrim || t.scope.Empty() || d == nil || !d.known {
 		return
 	}
@@ -153,7 +157,9 @@ func (t *Tuner) startTrims(d *devState) {
 		if off := t.trimOffs[k]; off != nil && now < off.until {
 			continue
 		}
-		if !t.scanDue(k, now) {
+		if withStep {
+			t.trimScanAt[k] = now
+		} else if !t.scanDue(k, now) {
 			continue
 		}
 		refs := t.trimRefs(k, d)
