@@ -581,12 +581,7 @@ func TestEstimatedReferencesP99CountsOnlyFarOff(t *testing.T) {
 		mean := 150*time.Microsecond + time.Duration(rkb)*6800*time.Nanosecond + time.Duration(skb)*3*time.Microsecond
 		return float64(time.Second) / float64(mean), mean, time.Duration(trimmedTail * float64(mean))
 	}
-	l.tput = func(kb int) float64 { return slowedModel(min(kb, 240)) }
-	l.pinBeforeFirstInterval(240)
-	acts := l.run(8)
-	logActs(t, acts)
-	ref := l.tn.randRefs[l.rkey]
-	require.False(t, ref.clean)
+	acts, ref := l.priorAt240(t)
 	_, _, p99 := l.random(16, 240)
 	require.Greater(t, float64(p99), randTailBudget*float64(ref.svc.tail), "the trimmed reader's p99 is over the estimate's budget")
 	require.Less(t, float64(p99), randTailSevere*float64(ref.svc.tail))
@@ -601,6 +596,19 @@ func TestEstimatedReferencesP99CountsOnlyFarOff(t *testing.T) {
 	logActs(t, acts)
 	require.NotEmpty(t, filter(acts, KindFileWindowUndo, ResultUndone))
 	assert.Less(t, l.files.window[l.st.key], 240)
+}
+
+// priorAt240 gives the rig's stream a 240 KB prior, its knee, before the
+// first interval, runs 8 intervals and returns their actions and the random
+// reader's reference, estimated.
+func (l *labRig) priorAt240(t *testing.T) ([]Action, *randRef) {
+	l.tput = func(kb int) float64 { return slowedModel(min(kb, 240)) }
+	l.pinBeforeFirstInterval(240)
+	acts := l.run(8)
+	logActs(t, acts)
+	ref := l.tn.randRefs[l.rkey]
+	require.False(t, ref.clean)
+	return acts, ref
 }
 
 // A window raised before the random reader beside it was known (a saved
@@ -882,12 +890,7 @@ func TestEstimatedReferenceCarriesItsOwnMargin(t *testing.T) {
 		mean := 150*time.Microsecond + time.Duration(rkb)*6800*time.Nanosecond + time.Duration(skb)*3700*time.Nanosecond
 		return float64(time.Second) / float64(mean), mean, mean * 14 / 10
 	}
-	l.tput = func(kb int) float64 { return slowedModel(min(kb, 240)) }
-	l.pinBeforeFirstInterval(240)
-	acts := l.run(8)
-	logActs(t, acts)
-	ref := l.tn.randRefs[l.rkey]
-	require.False(t, ref.clean)
+	acts, ref := l.priorAt240(t)
 	_, trueMean, _ := labRandom(128, 128)
 	_, mean, _ := l.random(16, 240)
 	require.Greater(t, float64(mean), randMeanBudget*float64(ref.svc.mean), "over a margin inside the estimate")

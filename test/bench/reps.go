@@ -48,6 +48,15 @@ func medianIndex(mbps []float64) int {
 	return idx[(len(idx)-1)/2]
 }
 
+// figures is one figure of each run.
+func figures[T any](runs []T, f func(T) float64) []float64 {
+	out := make([]float64, len(runs))
+	for i, r := range runs {
+		out[i] = f(r)
+	}
+	return out
+}
+
 // medianResult is one row from several runs of an arm: each figure the
 // median over the runs, the rest from the run of median throughput, and
 // every run's figures in Runs.
@@ -55,13 +64,7 @@ func medianResult(rs []Result) Result {
 	if len(rs) == 1 {
 		return rs[0]
 	}
-	pick := func(f func(Result) float64) []float64 {
-		out := make([]float64, len(rs))
-		for i, r := range rs {
-			out[i] = f(r)
-		}
-		return out
-	}
+	pick := func(f func(Result) float64) []float64 { return figures(rs, f) }
 	mbps := pick(func(r Result) float64 { return r.MBps })
 	out := rs[medianIndex(mbps)]
 	out.MBps = median(mbps)
@@ -85,13 +88,7 @@ func medianStart(ss []StartResult) StartResult {
 	if len(ss) == 1 {
 		return ss[0]
 	}
-	pick := func(f func(StartResult) float64) []float64 {
-		out := make([]float64, len(ss))
-		for i, s := range ss {
-			out[i] = f(s)
-		}
-		return out
-	}
+	pick := func(f func(StartResult) float64) []float64 { return figures(ss, f) }
 	mbps := pick(func(s StartResult) float64 { return s.MBps })
 	out := ss[medianIndex(mbps)]
 	out.MBps = median(mbps)
