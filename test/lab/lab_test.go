@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -95,9 +96,8 @@ func TestLabHealthyAndPermanent(t *testing.T) {
 	assert.GreaterOrEqual(t, healthy[128], 0.8*hBest, "healthy: default 128 KB within 20%% of the best")
 
 	// Block-layer latency of single 128 KB requests, one in flight (the
-	// thesis' method): the channel never queues, so any rise is the
+	// thesis' method, below): the channel never queues, so any rise is the
 	// regime's.
-	hLat := singleLatency(t, l, p)
 
 	for _, c := range []struct {
 		extra   time.Duration
@@ -113,10 +113,21 @@ func TestLabHealthyAndPermanent(t *testing.T) {
 		assert.Less(t, keep, c.maxKeep, "permanent +%s: default window must lose enough", c.extra)
 		assert.GreaterOrEqual(t, bv, 0.9*hBest, "permanent +%s: best static window recovers >= 90%% of healthy", c.extra)
 
-		sLat := singleLatency(t, l, p)
-		t.Logf("permanent +%s: block-layer median latency of single 128 KB reads %s healthy -> %s (+%s)", c.extra, hLat, sLat, sLat-hLat)
-		assert.InDelta(t, float64(c.extra), float64(sLat-hLat), 0.15*float64(c.extra),
-			"block-layer latency increase should match the injected +%s", c.extra)
+		// The rise, healthy and slowed measured back to back three times
+		// (the median of the three): on a shared host a single pair
+		// strays by a few hundred microseconds.
+		var rises []time.Duration
+		for i := 0; i < 3; i++ {
+			require.NoError(t, l.Clear())
+			base := singleLatency(t, l, p)
+			require.NoError(t, l.SetPermanent(c.extra, p))
+			sLat := singleLatency(t, l, p)
+			rises = append(rises, sLat-base)
+			t.Logf("permanent +%s: block-layer median latency of single 128 KB reads %s healthy -> %s (+%s)", c.extra, base, sLat, sLat-base)
+		}
+		slices.Sort(rises)
+		assert.InDelta(t, float64(c.extra), float64(rises[1]), 0.15*float64(c.extra),
+			"block-layer latency increase should match the injected +%s (rises %v)", c.extra, rises)
 	}
 	st, err := l.Stats()
 	require.NoError(t, err)
@@ -130,7 +141,9 @@ func TestLabHealthyAndPermanent(t *testing.T) {
 			assert.Equal(t, p, e.Label)
 		}
 	}
-	assert.Equal(t, 2, perms, "ground truth records both permanent regimes")
+	// Each of the two regimes is set for its sweep and for each of the
+	// three latency pairs.
+	assert.Equal(t, 2*(1+3), perms, "ground truth records every permanent regime set")
 }
 
 // singleLatency reads path with O_DIRECT in 128 KB requests, one at a
