@@ -110,6 +110,9 @@ const (
 	randMeanFar = 1.5
 )
 
+// resetWatch starts the watch of the value in force afresh.
+func (l *ladder) resetWatch() { l.tailWatch, l.meanOver, l.meanFar, l.tailOver = 0, 0, 0, 0 }
+
 // watchPush records one interval, over or not, in a watch's history of the
 // last watchSpan intervals.
 func watchPush(h uint8, over bool) uint8 {
@@ -327,7 +330,7 @@ func (t *Tuner) deferBesideRandom(fd *fileDec, dev probe.Dev, now time.Duration,
 func (t *Tuner) watchRandom(fd *fileDec, m measure) bool {
 	l := &fd.win
 	if m.rand.n == 0 || l.cur <= l.base {
-		l.tailWatch, l.meanOver, l.meanFar, l.tailOver = 0, 0, 0, 0
+		l.resetWatch()
 		return false
 	}
 	now := t.deps.Clock.Now()
@@ -355,7 +358,8 @@ func (t *Tuner) watchRandom(fd *fileDec, m measure) bool {
 		return false // tried again next interval
 	}
 	l.cur, l.movedAt, l.keptAt = to, now, now
-	l.prev, l.tailWatch, l.meanOver, l.meanFar, l.tailOver = max(l.base, to*2/3/randStepKB*randStepKB), 0, 0, 0, 0
+	l.prev = max(l.base, to*2/3/randStepKB*randStepKB)
+	l.resetWatch()
 	if t.untrimmedBeside(fd.dev.dev, fd.key) {
 		// A reader beside it still reads around with the device's
 		// window (the window was raised before it was known: a prior's

@@ -300,7 +300,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		}
 		if l.kind == KindFileWindow && m.rand.n > 0 {
 			// Beside random readers the watch starts afresh.
-			l.tailWatch, l.meanOver, l.meanFar, l.tailOver = 0, 0, 0, 0
+			l.resetWatch()
 			if m.rand.tail > randTailBudget {
 				ev += "; watched: " + m.rand.why
 			}
