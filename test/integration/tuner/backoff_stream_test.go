@@ -19,17 +19,17 @@ import (
 // back-off the kernel's own f_ra of the reader's open file (ra_pages and
 // the window it reads ahead with) is back at the device's 128 KB, not at
 // the trial's window. (On this device throughput is the same at any
-// window, so only the kernel's state can tell.)
+// window, so only the kernel's state can tell; newBandwidthBoundLab.)
 func TestBackOffReachesRunningStream(t *testing.T) {
 	needRoot(t)
 	it, err := fileras.Open()
 	require.NoError(t, err)
 	t.Cleanup(func() { it.Close() })
 
-	l := newLab(t)
-	// Never wraps within the test (noWrap checks): at about 150 MB/s,
-	// 1400 MB last about 9 s, the time for a trial, its undo and the
-	// comparison.
+	l := newBandwidthBoundLab(t)
+	// Never wraps within the test (noWrap checks): at about 80 MB/s,
+	// 1100 MB last about 14 s, more than a trial, its undo and the
+	// comparison take.
 	const targetMB = 1100
 	target, err := l.WriteFile("blk_stream", targetMB)
 	require.NoError(t, err)

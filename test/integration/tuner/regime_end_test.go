@@ -21,15 +21,12 @@ import (
 // window for 3 s, in which the detector sees the normal latency again.
 //
 // The premise is a healthy device whose bandwidth the device's window
-// reaches: there no larger window pays and none should stay. The lab runs
-// at 80 MB/s, not its default 150, because at 150 MB/s a host whose FUSE
-// round trip is slow leaves a 128 KB stream window-bound (121-131 of 148
-// MB/s), where keeping the larger window is right. The slowdown is +3 ms,
-// so the window binds clearly under it at that bandwidth.
+// reaches, where no larger window pays and none should stay
+// (newBandwidthBoundLab). The slowdown is +3 ms, so that the window binds
+// clearly under it at that device's bandwidth.
 func TestWindowUndoneAfterSlowdownEnds(t *testing.T) {
 	needRoot(t)
-	l := lab.New(t, lab.Options{SizeBytes: 2 << 30, Model: lab.Model{BandwidthMBps: 80}})
-	require.NoError(t, l.SetReadAheadKB(128))
+	l := newBandwidthBoundLab(t)
 	target, err := l.WriteFile("blk_target", 256)
 	require.NoError(t, err)
 	daemonBin(t)
