@@ -47,7 +47,7 @@ func (r *rig) openFresh(t *testing.T, name string, tgid uint32) probe.FileKey {
 // fresh open at a time trying the step above it, judged against what the
 // prior's window gave its streams.
 func TestPriorClimbsOneFreshOpenAtATime(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r := newRig(t, Config{FirstStepFactor: 4, DisablePrefetch: true}, nil)
 	p := climbReady(t, r)
 	r.tput = func(kb int) float64 { return min(float64(kb)*0.3e6, 400e6) } // 1024 KB pays over 512
 	k2 := r.openFresh(t, "blk_2", 200)
@@ -74,7 +74,7 @@ func TestPriorClimbsOneFreshOpenAtATime(t *testing.T) {
 // A climb that does not pay falls back to the prior's window, and the
 // prior holds it for BackoffMax.
 func TestPriorClimbThatDoesNotPayHoldsThePriorsWindow(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r := newRig(t, Config{FirstStepFactor: 4, DisablePrefetch: true}, nil)
 	p := climbReady(t, r)
 	k2 := r.openFresh(t, "blk_2", 200)
 	require.Equal(t, 1024, r.files.window[k2])
@@ -101,7 +101,7 @@ func TestPriorClimbThatDoesNotPayHoldsThePriorsWindow(t *testing.T) {
 // the device's window says the prior itself no longer pays: back to the
 // device's window, and the prior halves.
 func TestPriorClimbReadingAsAtTheDevicesWindowHalvesThePrior(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r := newRig(t, Config{FirstStepFactor: 4, DisablePrefetch: true}, nil)
 	p := climbReady(t, r)
 	r.tput = func(int) float64 { return 60e6 }
 	k2 := r.openFresh(t, "blk_2", 200)
@@ -135,7 +135,7 @@ func TestStreamFromAnOlderPriorDoesNotLowerIt(t *testing.T) {
 // A file whose decision was kept under an older prior, read again from its
 // head (a fresh open), catches up with its directory's prior.
 func TestFileDecisionCatchesUpWithItsDirectorysPrior(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r := newRig(t, Config{FirstStepFactor: 4, DisablePrefetch: true}, nil)
 	r.tput = kneeModel
 	p1, k1 := realFile(t, filepath.Join(r.dir, "data", "sub0"), "blk_1")
 	r.files.open(100, 7, p1, k1)

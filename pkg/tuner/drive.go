@@ -43,9 +43,9 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 	if fd.byRate {
 		// The learned capacity of a device slow from the start is its slow
 		// rate, so the Little's-law hint undershoots: a stream bound by its
-		// window starts at four times it (one trial, judged like any other;
-		// at bandwidth it does not pay and is undone).
-		fd.win.hint = max(fd.win.hint, outcomeFirstFactor*fd.win.base)
+		// window starts at FirstStepFactor times it (one trial, judged like
+		// any other; at bandwidth it does not pay and is undone).
+		fd.win.hint = max(fd.win.hint, t.cfg.FirstStepFactor*fd.win.base)
 	}
 	if m.ok {
 		// A stream with a tail waits on its slowest requests: the window

@@ -52,7 +52,7 @@ func (r *rig) readsUntil(st stream, since, d time.Duration) detector.Snapshot {
 // on those 450 ms as soon as it stops, before any Step: the step paid and
 // is kept (and the directory's prior learns it).
 func TestStepJudgedWhenItsStreamEnds(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r := newRig(t, Config{FirstStepFactor: 4, DisablePrefetch: true}, nil)
 	st, next, at := stepUnderTrial(t, r)
 	snap := r.readsUntil(st, at, 450*time.Millisecond)
 	snap.Now += 300 * time.Millisecond // the last request, then nothing

@@ -14,7 +14,7 @@ import (
 // reader stalled by page reclaim), is probed again at once, not after
 // BackoffMax: the step it held back pays now and is kept.
 func TestStaleKneeIsProbedAgain(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r := newRig(t, Config{FirstStepFactor: 4, DisablePrefetch: true}, nil)
 	stalled := false
 	r.tput = func(kb int) float64 {
 		if stalled {
@@ -43,7 +43,7 @@ func TestStaleKneeIsProbedAgain(t *testing.T) {
 // re-probe and its confirmation: the knee they find again is anchored at the
 // stream's new rate, so it is not stale a second time while that rate holds.
 func TestStaleKneeIsReprobedOnceWhenNothingPays(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true, BackoffMax: time.Minute}, nil)
+	r := newRig(t, Config{FirstStepFactor: 4, DisablePrefetch: true, BackoffMax: time.Minute}, nil)
 	slow := false
 	r.tput = func(kb int) float64 {
 		if slow {
@@ -74,7 +74,7 @@ func TestStaleKneeIsReprobedOnceWhenNothingPays(t *testing.T) {
 // A stream whose rate keeps falling re-anchors its knee at each re-probe;
 // the re-probes back off exponentially between themselves.
 func TestStaleKneeReprobesBackOff(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true, BackoffMax: 5 * time.Minute}, nil)
+	r := newRig(t, Config{FirstStepFactor: 4, DisablePrefetch: true, BackoffMax: 5 * time.Minute}, nil)
 	cap := 150e6
 	r.tput = func(kb int) float64 { return min(float64(kb)*0.6e6, cap) }
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")

@@ -30,9 +30,17 @@ const (
 // empty between bursts.
 const inflightFill = 0.4
 
-// outcomeFirstFactor: an outcome decision's first step is at least this
-// many times the device's window.
-const outcomeFirstFactor = 4
+// Config.FirstStepFactor (default 8): an outcome decision's first step is
+// at least this many times the device's window. Its Little's-law hint
+// (latency x capacity) undershoots where the capacity is not known (a
+// device slow from the start, or idle until the stream opened, has learned
+// the stream's slow rate as its capacity), and a window that just covers
+// the latency leaves the stream short of the bandwidth: its own requests
+// queue at the larger window, and the readahead's pipeline has gaps. On the
+// lab at +3 ms, 512 KB (4x) read 0.95 of the best static window and 1024
+// KB 0.985; the step from 512 to 1024 gains 4%, under any keep margin, so
+// a ladder that starts at 4x stops there. At the device's bandwidth no
+// first step pays and it is undone either way.
 
 // minBoundRequests: fewer requests in a window say too little.
 const minBoundRequests = 8
@@ -160,13 +168,15 @@ func (t *Tuner) outcomeDue(d *devState, k probe.FileKey) bool {
 	return t.tailDue(d, k)
 }
 
-// tailDue reports whether a file's requests show a tail now that needs a
-// larger window than the device's last outcome trial that did not pay
-// tried (a trial judged between stalls, before the stalls showed): new
-// evidence, which neither the device's nor the file's back-off holds up.
+// tailDue reports whether a file's requests show a tail now that the
+// device's last outcome trial that did not pay saw none of, or that needs a
+// larger window than that trial tried (a trial judged between stalls,
+// before the stalls showed): new evidence, which neither the device's nor
+// the file's back-off holds up. (A healthy trial at 1024 KB that did not
+// pay says nothing of a stall that began after it and needs about as much.)
 func (t *Tuner) tailDue(d *devState, k probe.FileKey) bool {
 	fs, ok := t.fstats[k]
-	return ok && t.tailNow(k) && t.tailNeedKB(k, fs.BusyThroughput) > d.outcomeFailKB
+	return ok && t.tailNow(k) && (!d.outcomeFailTail || t.tailNeedKB(k, fs.BusyThroughput) > d.outcomeFailKB)
 }
 
 // remember updates the memory and the device's outcome back-off after a
@@ -230,6 +240,7 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 			fd.dev.outcomeFailP50 = fd.win.before.p50
 		}
 		fd.dev.outcomeFailKB = fd.win.tried
+		fd.dev.outcomeFailTail = fd.win.beforeTail || t.tailNow(fd.key)
 		t.counts["outcome/not_paid"]++
 		if fd.prior != nil {
 			t.mem.decay(fd.prior, false)

@@ -98,7 +98,7 @@ func TestStepOnAStreamWithATailIsKeptWhenItCostsNothing(t *testing.T) {
 		t.Run(map[bool]string{true: "first interval stalled", false: "first interval between stalls"}[firstStalled], func(t *testing.T) {
 			r := newRig(t, Config{DisablePrefetch: true}, nil)
 			// The daemon's clock moves on while a Step runs.
-			tn, err := New(Config{DisablePrefetch: true, AllowPaths: []string{filepath.Join(r.dir, "data")}}, Deps{Sysfs: r.sys, Files: r.files, Clock: creepingClock{r.clk}, Store: r.store, Logger: quiet()})
+			tn, err := New(Config{FirstStepFactor: 4, DisablePrefetch: true, AllowPaths: []string{filepath.Join(r.dir, "data")}}, Deps{Sysfs: r.sys, Files: r.files, Clock: creepingClock{r.clk}, Store: r.store, Logger: quiet()})
 			require.NoError(t, err)
 			r.tn = tn
 			if !firstStalled {
@@ -195,7 +195,7 @@ func TestLatencySpreadOfTwoWindowsIsNoTail(t *testing.T) {
 // reads slower than the stall-free before; it is resized to the window the
 // tail needs and judged again, rather than undone.
 func TestStepTooSmallForTheTailIsResizedToIt(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r := newRig(t, Config{FirstStepFactor: 4, DisablePrefetch: true}, nil)
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p, key)
 	// Through a stall: what the window covers of 10 ms more on a share
@@ -289,7 +289,7 @@ func TestOneHiccupAtTheDevicesWindowIsNoTail(t *testing.T) {
 // device's outcome trials back off; a tail that shows afterwards and needs
 // more than that trial tried is new evidence: the next trial comes at once.
 func TestTailSeenAfterAFailedTrialEndsTheBackoff(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true, BackoffBase: 8 * time.Second}, nil)
+	r := newRig(t, Config{FirstStepFactor: 4, DisablePrefetch: true, BackoffBase: 8 * time.Second}, nil)
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p, key)
 	sm := stallModel{tail: true}

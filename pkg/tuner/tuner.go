@@ -86,6 +86,9 @@ type devState struct {
 	outcomeRetryAt time.Duration
 	outcomeFailP50 time.Duration // the stream's median latency at the last trial that did not pay
 	outcomeFailKB  int           // the window that trial tried
+	// outcomeFailTail: that trial's stream showed a tail (tail.go) before
+	// or at its verdict; a tail seen since, where it showed none, is new.
+	outcomeFailTail bool
 	// movedAt: when a window on the device last changed (the device's, a
 	// file's, a trim): a random reader's measure since is not its
 	// reference (random.go). trimAt: when a trim there last changed.

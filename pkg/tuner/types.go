@@ -25,6 +25,10 @@ type Config struct {
 	MaxKB int
 	// Growth multiplies the window at each escalation step (default 2).
 	Growth int
+	// FirstStepFactor: the first step of a stream found bound by its
+	// window, with no regime to size it, is at least this many times the
+	// device's window (default 8; policy.go).
+	FirstStepFactor int
 	// Margin is the relative busy-throughput gain an action must bring to
 	// be kept (default 0.10).
 	Margin float64
@@ -98,6 +102,7 @@ func (c Config) withDefaults() Config {
 	// from another (ReprobeHold from Settle).
 	orDefault(&c.MaxKB, 4096)
 	orDefault(&c.Growth, 2)
+	orDefault(&c.FirstStepFactor, 8)
 	orDefault(&c.Margin, 0.10)
 	orDefault(&c.DeviceMargin, 0.20)
 	orDefault(&c.Settle, time.Second)
