@@ -69,6 +69,28 @@ func TestTargetsVerdicts(t *testing.T) {
 	assert.Contains(t, md, "| ra1024 (oracle) |")
 }
 
+// A healthy row with a window kept: not met on a device at its bandwidth
+// at the default window; met where a static window reads clearly more
+// (the device's window binds the healthy stream, and the kept window pays).
+func TestHealthyKeptWindowIsMetOnlyWhereAStaticWindowPays(t *testing.T) {
+	verdict := func(best float64) string {
+		r := &Report{Measure: 5}
+		r.add(Result{Workload: WSeq, Regime: RHealthy, Arm: "ra128", KB: 128, MBps: 144})
+		r.add(Result{Workload: WSeq, Regime: RHealthy, Arm: "ra1024", KB: 1024, MBps: best})
+		r.add(Result{Workload: WSeq, Regime: RHealthy, Arm: "readaheadd", KB: 128, MBps: 149,
+			Actions: []ActionRecord{{Action: "file_window", Result: "trial"}, {Action: "file_window", Result: "kept"}}})
+		r.finish()
+		for _, tg := range r.Targets {
+			if tg.Name == "healthy, "+WSeq {
+				return tg.Verdict()
+			}
+		}
+		return ""
+	}
+	assert.Equal(t, "NOT MET", verdict(145), "the default's window reaches the bandwidth: nothing should be kept")
+	assert.Equal(t, "PASS", verdict(149.6), "a static window reads 1.04x: the kept window pays")
+}
+
 // TestBenchShort runs the reduced matrix (what `make bench-short` and CI
 // run) and prints its figures and targets. Targets that are not met are
 // printed as NOT MET, not failed: these machines are shared and noisy, and

@@ -261,7 +261,16 @@ func (r *Report) targets() []Target {
 		d, def := g.Daemon(), g.Default()
 		ratio := d.MBps / def.MBps
 		// A stream bound by its window gets a bounded trial whatever its
-		// history; on a healthy device none pays, so none is kept.
+		// history; on a device at its bandwidth none pays, so none is
+		// kept. Where a larger static window reads clearly more than the
+		// default in the same run (the lab at 150 MB/s reads 2-4% more
+		// from 256 KB up on some hosts), the device's window binds the
+		// stream even though nothing is slow, and a kept window that pays
+		// is the control doing its job, not a cost.
+		bound := false
+		if o := g.Oracle(); o != nil && o.MBps >= healthyBoundGain*def.MBps {
+			bound = true
+		}
 		trials, kept := 0, 0
 		for _, a := range d.Actions {
 			switch a.Result {
@@ -271,9 +280,12 @@ func (r *Report) targets() []Target {
 				kept++
 			}
 		}
-		t := Target{Name: "healthy, " + w, Goal: "readaheadd >= 0.99 x default throughput, no regime reported, no window kept (trials bounded)",
+		t := Target{Name: "healthy, " + w, Goal: fmt.Sprintf("readaheadd >= 0.99 x default throughput, no regime reported, no window kept unless a static window reads >= %.2f x the default (trials bounded)", healthyBoundGain),
 			Figure: fmt.Sprintf("readaheadd/default = %.3f; regimes %v; trials %d, kept %d (actions_total %.0f)", ratio, d.DaemonRegimes, trials, kept, d.ActionsTotal),
-			Met:    ratio >= 0.99 && len(d.DaemonRegimes) == 0 && kept == 0}
+			Met:    ratio >= 0.99 && len(d.DaemonRegimes) == 0 && (kept == 0 || bound)}
+		if o := g.Oracle(); kept > 0 && o != nil {
+			t.Figure += fmt.Sprintf("; best static %s %.3f x the default", o.Arm, o.MBps/def.MBps)
+		}
 		if w == WMixed {
 			// A full-speed stream beside an mmap random reader: nothing
 			// is slow, so the random reader must keep its service too.
@@ -341,6 +353,11 @@ func (r *Report) targets() []Target {
 	}
 	return ts
 }
+
+// healthyBoundGain: a healthy row whose best static window reads at least
+// this much more than the default has a device window that binds the
+// stream; a window kept there is allowed.
+const healthyBoundGain = 1.02
 
 func safeDiv(a, b float64) float64 {
 	if b == 0 {
