@@ -1148,22 +1148,7 @@ func TestStreamThatPausedInsideAnIntervalIsMeasuredOnWhatItRead(t *testing.T) {
 // its 150 MB/s device, at each static window (benchmark, 2026-11-26):
 // 4x the device's window reads 0.95 of the best, and the step from there
 // gains under 4%, less than any keep margin.
-func labPlus3ms(kb int) float64 {
-	switch {
-	case kb >= 4096:
-		return 149.4e6
-	case kb >= 2048:
-		return 148.6e6
-	case kb >= 1024:
-		return 147.2e6
-	case kb >= 512:
-		return 141.7e6
-	case kb >= 256:
-		return 96.4e6
-	default:
-		return 59.4e6
-	}
-}
+var labPlus3ms = rateSteps([]int{128, 256, 512, 1024, 2048, 4096}, []float64{59.4e6, 96.4e6, 141.7e6, 147.2e6, 148.6e6, 149.4e6})
 
 // A stream slow from its open on a device that has learned no capacity
 // but the stream's own (idle until the open, or slow since the daemon

@@ -15,22 +15,7 @@ import (
 // shiftedRate is a stream on a file 1.5 ms slower per request than its
 // device: the first step pays, the later ones gain 2-3% each (measured on
 // the lab: 75, 130, 134, 137, 140, 142 MB/s from 128 KB to 4 MB).
-func shiftedRate(kb int) float64 {
-	switch {
-	case kb >= 4096:
-		return 142e6
-	case kb >= 2048:
-		return 140e6
-	case kb >= 1024:
-		return 137e6
-	case kb >= 512:
-		return 134e6
-	case kb >= 256:
-		return 130e6
-	default:
-		return 75e6
-	}
-}
+var shiftedRate = rateSteps([]int{128, 256, 512, 1024, 2048, 4096}, []float64{75e6, 130e6, 134e6, 137e6, 140e6, 142e6})
 
 // runShifted steps n intervals of the stream at its window; shifted says
 // whether the detector reports the file's latency shift; rnd, if set,

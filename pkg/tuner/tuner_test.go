@@ -245,17 +245,23 @@ func filter(as []Action, kind ActionKind, res Result) []Action {
 	return out
 }
 
-func kneeModel(kb int) float64 {
-	switch {
-	case kb >= 1024:
-		return 155e6
-	case kb >= 512:
-		return 150e6
-	case kb >= 256:
-		return 100e6
+// rateSteps is a stream's rate at each window: the rate of the largest
+// window in kbs not above the window in force (rates[i] for kbs[i], kbs
+// ascending; below kbs[0] the first rate).
+func rateSteps(kbs []int, rates []float64) func(int) float64 {
+	return func(kb int) float64 {
+		r := rates[0]
+		for i, k := range kbs {
+			if kb >= k {
+				r = rates[i]
+			}
+		}
+		return r
 	}
-	return 60e6
 }
+
+// kneeModel: 60 MB/s at 128 KB, 100 at 256, 150 at 512, 155 from 1024.
+var kneeModel = rateSteps([]int{128, 256, 512, 1024}, []float64{60e6, 100e6, 150e6, 155e6})
 
 func TestEscalatesGeometricallyAndStopsAtTheKnee(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
