@@ -30,18 +30,6 @@ const (
 // empty between bursts.
 const inflightFill = 0.4
 
-// Config.FirstStepFactor (default 8): an outcome decision's first step is
-// at least this many times the device's window. Its Little's-law hint
-// (latency x capacity) undershoots where the capacity is not known (a
-// device slow from the start, or idle until the stream opened, has learned
-// the stream's slow rate as its capacity), and a window that just covers
-// the latency leaves the stream short of the bandwidth: its own requests
-// queue at the larger window, and the readahead's pipeline has gaps. On the
-// lab at +3 ms, 512 KB (4x) read 0.95 of the best static window and 1024
-// KB 0.985; the step from 512 to 1024 gains 4%, under any keep margin, so
-// a ladder that starts at 4x stops there. At the device's bandwidth no
-// first step pays and it is undone either way.
-
 // minBoundRequests: fewer requests in a window say too little.
 const minBoundRequests = 8
 
