@@ -267,10 +267,8 @@ func (r *Report) targets() []Target {
 		// from 256 KB up on some hosts), the device's window binds the
 		// stream even though nothing is slow, and a kept window that pays
 		// is the control doing its job, not a cost.
-		bound := false
-		if o := g.Oracle(); o != nil && o.MBps >= healthyBoundGain*def.MBps {
-			bound = true
-		}
+		o := g.Oracle()
+		bound := o != nil && o.MBps >= healthyBoundGain*def.MBps
 		trials, kept := 0, 0
 		for _, a := range d.Actions {
 			switch a.Result {
@@ -283,7 +281,7 @@ func (r *Report) targets() []Target {
 		t := Target{Name: "healthy, " + w, Goal: fmt.Sprintf("readaheadd >= 0.99 x default throughput, no regime reported, no window kept unless a static window reads >= %.2f x the default (trials bounded)", healthyBoundGain),
 			Figure: fmt.Sprintf("readaheadd/default = %.3f; regimes %v; trials %d, kept %d (actions_total %.0f)", ratio, d.DaemonRegimes, trials, kept, d.ActionsTotal),
 			Met:    ratio >= 0.99 && len(d.DaemonRegimes) == 0 && (kept == 0 || bound)}
-		if o := g.Oracle(); kept > 0 && o != nil {
+		if kept > 0 && o != nil {
 			t.Figure += fmt.Sprintf("; best static %s %.3f x the default", o.Arm, o.MBps/def.MBps)
 		}
 		if w == WMixed {

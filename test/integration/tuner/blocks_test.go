@@ -30,8 +30,7 @@ import (
 // (BackoffBase), three files' worth; ten leave the climb room after that.
 func TestPriorClimbsOverBlockFilesReadInUnderASecond(t *testing.T) {
 	needRoot(t)
-	l := lab.New(t, lab.Options{SizeBytes: 2 << 30, Model: lab.Model{Latency: 500 * time.Microsecond, BandwidthMBps: 400, Slots: 32}})
-	require.NoError(t, l.SetReadAheadKB(128))
+	l := newModelLab(t, lab.Model{Latency: 500 * time.Microsecond, BandwidthMBps: 400, Slots: 32})
 	dir := filepath.Join(l.Mount, "data", "subdir0")
 	require.NoError(t, os.MkdirAll(dir, 0o755))
 	var files []string

@@ -362,7 +362,14 @@ func needRoot(t *testing.T) {
 // devices keep the value a previous user left).
 func newLab(t *testing.T) *lab.Lab {
 	t.Helper()
-	l := lab.New(t, lab.Options{SizeBytes: 2 << 30})
+	return newModelLab(t, lab.Model{})
+}
+
+// newModelLab is a 2 GiB lab of device model m (zero fields take the
+// default model's) at the device's 128 KB window.
+func newModelLab(t *testing.T, m lab.Model) *lab.Lab {
+	t.Helper()
+	l := lab.New(t, lab.Options{SizeBytes: 2 << 30, Model: m})
 	require.NoError(t, l.SetReadAheadKB(128))
 	return l
 }
@@ -375,9 +382,7 @@ func newLab(t *testing.T) *lab.Lab {
 // window pays need a device where none does.
 func newBandwidthBoundLab(t *testing.T) *lab.Lab {
 	t.Helper()
-	l := lab.New(t, lab.Options{SizeBytes: 2 << 30, Model: lab.Model{BandwidthMBps: 80}})
-	require.NoError(t, l.SetReadAheadKB(128))
-	return l
+	return newModelLab(t, lab.Model{BandwidthMBps: 80})
 }
 
 // daemonBin builds cmd/readaheadd once per test binary run.
