@@ -79,6 +79,8 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 			}
 			if lim < int(randMinStep*float64(fd.win.cur)) {
 				t.log.Debug("tuner: no step beside random readers", "file", fd.key.String(), "window_kb", fd.win.cur, "why", why)
+			} else {
+				t.log.Debug("tuner: step beside random readers", "file", fd.key.String(), "window_kb", fd.win.cur, "limit_kb", lim, "why", why)
 			}
 			return max(lim, fd.win.cur)
 		}

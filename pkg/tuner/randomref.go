@@ -80,9 +80,13 @@ func (t *Tuner) observeRandom(now time.Duration) {
 				svc = t.untouchedEstimate(fs, svc)
 			}
 			t.randRefs[fs.Key] = &randRef{dev: fs.Device, svc: svc, seen: now, clean: clean}
+			t.log.Debug("tuner: random reader's reference", "file", fs.Key.String(), "clean", clean,
+				"mean", svc.mean, "p99", svc.tail, "request_kb", int(svc.size/1024))
 			continue
 		case clean && !ref.clean:
 			ref.svc, ref.clean = svc, true
+			t.log.Debug("tuner: random reader's reference", "file", fs.Key.String(), "clean", true,
+				"mean", svc.mean, "p99", svc.tail, "request_kb", int(svc.size/1024))
 		case clean:
 			ref.svc.mean = ewmaDur(ref.svc.mean, svc.mean, randRefAlpha)
 			ref.svc.tail = ewmaDur(ref.svc.tail, svc.tail, randTailAlpha)
@@ -102,8 +106,8 @@ func (t *Tuner) observeRandom(now time.Duration) {
 // interval, say) would get without them, by the same account steps are
 // sized by: each KB the raised windows keep queued beyond the device's
 // delays its requests by randSlack KB transfers at the device's capacity;
-// a trim it already has saves it the transfer of its read-around. That
-// account is of its mean.
+// a trim it already has saves it the transfer of the part of its
+// read-around it no longer reads. That account is of its mean.
 func (t *Tuner) untouchedEstimate(fs detector.FileStats, svc randService) randService {
 	d := t.devs[fs.Device]
 	capBPS := t.dstats[fs.Device].CapacityBPS
@@ -121,7 +125,12 @@ func (t *Tuner) untouchedEstimate(fs detector.FileStats, svc randService) randSe
 		}
 	}
 	if td := t.trims[fs.Key]; td != nil && td.from > td.kb {
-		excess -= float64(td.from-td.kb) * 1024
+		// Its trim saves it the transfer of its read-around on the
+		// requests the trim reached, which their mean size tells: a trim
+		// applied within the measure reached some of them only (a prior
+		// at start-up: 70 KB per request, and the whole 112 KB counted
+		// put the estimate 30% over what the default window gives it).
+		excess -= max(0, float64(td.from)*1024-svc.size)
 	}
 	less := time.Duration(excess * perByte * float64(time.Second))
 	svc.mean = max(svc.mean-less, svc.mean/4)
