@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/readaheadd/readaheadd/test/lab"
@@ -112,6 +113,21 @@ const (
 
 // Regimes lists every regime in report order.
 var Regimes = []string{RHealthy, RPerm, RPermSev, RTemporal, RIntrinsic, RContended, RMixed}
+
+// PermanentExtra is the added latency of a permanent regime named
+// "permanent+<Go duration>" (RPerm and RPermSev among them), ok if name is
+// one: other severities than the matrix's run under the same name scheme.
+func PermanentExtra(name string) (time.Duration, bool) {
+	rest, ok := strings.CutPrefix(name, "permanent+")
+	if !ok {
+		return 0, false
+	}
+	d, err := time.ParseDuration(rest)
+	if err != nil || d <= 0 || d > time.Second {
+		return 0, false
+	}
+	return d, true
+}
 
 // FullConfig is the matrix `make bench` runs.
 func FullConfig() Config {

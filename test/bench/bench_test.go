@@ -329,3 +329,20 @@ func TestRandomP99PerSecond(t *testing.T) {
 	assert.Equal(t, []float64{1, 0, 4}, m.p99PerSecond(t0))
 	assert.Equal(t, []float64{4}, m.p99PerSecond(t0.Add(2*time.Second)))
 }
+
+// Permanent slowdowns of any severity run under one name scheme; the
+// matrix's two are instances of it, and nothing else parses as one.
+func TestPermanentExtra(t *testing.T) {
+	for name, want := range map[string]time.Duration{
+		RPerm: 1500 * time.Microsecond, RPermSev: 3 * time.Millisecond,
+		"permanent+2ms": 2 * time.Millisecond, "permanent+800us": 800 * time.Microsecond,
+	} {
+		d, ok := PermanentExtra(name)
+		assert.True(t, ok, name)
+		assert.Equal(t, want, d, name)
+	}
+	for _, name := range []string{RHealthy, RTemporal, RIntrinsic, "permanent", "permanent+", "permanent+2", "permanent+-1ms", "permanent+5s"} {
+		_, ok := PermanentExtra(name)
+		assert.False(t, ok, name)
+	}
+}

@@ -73,6 +73,12 @@ func runHDFS(ctx context.Context, cfg Config, work string, rep *Report) (err err
 		{WHDFS, RPermSev, 3 * time.Millisecond, 1},
 		{WHDFSConc, RPermSev, 3 * time.Millisecond, n},
 	}
+	for _, r := range cfg.HDFSRegimes {
+		// Another severity than the matrix's: one client reads its block.
+		if extra, ok := PermanentExtra(r); ok && !slices.ContainsFunc(cases, func(hc hcase) bool { return hc.regime == r }) {
+			cases = append(cases, hcase{WHDFS, r, extra, 1})
+		}
+	}
 	for _, hc := range cases {
 		if len(cfg.HDFSRegimes) > 0 && !slices.Contains(cfg.HDFSRegimes, hc.regime) {
 			continue

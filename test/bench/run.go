@@ -179,6 +179,10 @@ func (e *labEnv) regime(ctx context.Context, name, file string, onset time.Time,
 	case RMixed:
 		return e.mixed(ctx, file, onset, ev)
 	}
+	if extra, ok := PermanentExtra(name); ok {
+		ev.add(onset, "permanent +"+extra.String())
+		return nil, l.SetPermanent(extra, file)
+	}
 	return nil, fmt.Errorf("unknown regime %q", name)
 }
 

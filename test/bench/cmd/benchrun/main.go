@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -25,7 +26,7 @@ func main() {
 	work := flag.String("work", "", "keep daemon logs here (default: a temporary directory)")
 	from := flag.String("from", "", "only re-render the report and plots from a results.json of an earlier run")
 	workload := flag.String("workload", "", "run only this workload's cases (seq, sendfile, seq+mmap), for a quick look; the report then holds only those")
-	regimes := flag.String("regimes", "", "comma-separated regimes: run only these cases")
+	regimes := flag.String("regimes", "", "comma-separated regimes: run only these cases; permanent+<duration> (permanent+2ms, say) runs a permanent slowdown of that severity")
 	starts := flag.Bool("starts", false, "also run readaheadd under the start conditions slow-before-open, slow-before-daemon and slow-before-daemon-saved (seq and sendfile cases)")
 	reps := flag.Int("mixed-reps", -1, "run each seq+mmap row this many times, interleaved, and report the medians (default: 3 with -full, 1 otherwise)")
 	flag.Parse()
@@ -83,6 +84,18 @@ func main() {
 		for _, c := range cfg.Cases {
 			if want[c.Regime] {
 				keep = append(keep, c)
+			}
+		}
+		// A permanent slowdown of another severity (permanent+2ms, say)
+		// runs in every workload the matrix runs permanent slowdowns in.
+		for r := range want {
+			if _, ok := bench.PermanentExtra(r); !ok || slices.ContainsFunc(keep, func(c bench.Case) bool { return c.Regime == r }) {
+				continue
+			}
+			for _, w := range []string{bench.WSeq, bench.WSendfile, bench.WMixed} {
+				if *workload == "" || *workload == w {
+					keep = append(keep, bench.Case{Workload: w, Regime: r})
+				}
 			}
 		}
 		if len(keep) == 0 && !cfg.HDFS {
