@@ -105,7 +105,7 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 	if escalate && fd.byRate && fd.win.cur == fd.win.base && fd.win.trial == 0 {
 		if !t.outcomeDue(fd.dev, fd.key) {
 			escalate = false // the device's outcome trials are backing off
-		} else if t.tailDue(fd.dev, fd.key) {
+		} else if t.outcomeEvidence(fd.dev, fd.key) {
 			fd.win.retryAt = 0 // new evidence: the file's own back-off ends too
 		}
 	}

@@ -1165,3 +1165,87 @@ func TestStreamSlowFromItsOpenIsSteppedPastThePipelinesGaps(t *testing.T) {
 	assert.GreaterOrEqual(t, r.files.window[key], 1024)
 	assert.GreaterOrEqual(t, labPlus3ms(r.files.window[key]), 0.98*labPlus3ms(4096), "the stream at the best static window's rate")
 }
+
+// A mild slowdown after a healthy spell moves a stream's rate more than its
+// median latency: the stream of the device's unpaid trials read 150 MB/s at
+// the device's window, and now reads 110 with its median 1.3x. Two
+// intervals of it are new evidence: the stream is tried at once, not after
+// the device's back-off. One interval's dip is not.
+func TestMildSlowdownAfterAHealthySpellIsTriedWithinTwoIntervals(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 150e6 }
+	p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p1, k1)
+	st := stream{key: k1, tgid: 100, fill: 0.9}
+	acts := r.runOutcome(24, st)
+	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 4, "healthy: trials undone, backing off 2, 4, 8, 16 s")
+	require.Greater(t, r.tn.devs[sdb].outcomeRetryAt, r.clk.Now()+8*time.Second, "backing off")
+
+	step := func(slow bool) []Action {
+		r.clk.Advance(time.Second)
+		s := r.outcomeSnap(st)
+		if slow {
+			s.Files[0].BusyThroughput, s.Files[0].P50 = 110e6, 3900*time.Microsecond
+		}
+		return r.tn.Step(s)
+	}
+	// A dip: one interval, then back at bandwidth.
+	assert.Empty(t, filter(step(true), KindFileWindow, ResultTrial), "one interval's dip")
+	assert.Empty(t, filter(step(false), KindFileWindow, ResultTrial))
+	assert.Empty(t, filter(step(true), KindFileWindow, ResultTrial), "a dip again, not the interval after the last")
+	assert.Empty(t, filter(step(false), KindFileWindow, ResultTrial))
+	// The slowdown: the second interval of it brings the trial.
+	r.tput = func(kb int) float64 { return min(float64(kb)*0.86e6, 150e6) }
+	assert.Empty(t, filter(step(true), KindFileWindow, ResultTrial))
+	trial := filter(step(true), KindFileWindow, ResultTrial)
+	require.Len(t, trial, 1, "tried in the second slow interval")
+	assert.Equal(t, k1, trial[0].File)
+	assert.Less(t, r.clk.Now(), r.tn.devs[sdb].outcomeRetryAt, "before the device's back-off ended")
+}
+
+// A stream mildly slowed from its open (+1 ms on the lab: 115 MB/s at the
+// device's window, 149 at a larger one) gains +30% on its first step,
+// judged against its start: under the start's margin, over the ordinary
+// one. The step is undone for one whole interval at the device's window
+// and taken again then, not after a back-off; the device's outcome trials
+// do not back off. A healthy stream's start gets the same second look once,
+// and its back-off after it.
+func TestMildlySlowStreamJudgedOnItsStartIsTriedAgainOnceMeasuredWhole(t *testing.T) {
+	for _, slowed := range []bool{true, false} {
+		r := newRig(t, Config{DisablePrefetch: true}, nil)
+		r.capBPS = 150e6
+		r.tput = func(kb int) float64 {
+			if kb <= 128 {
+				return 115e6
+			}
+			return 149e6
+		}
+		_, st, acts := r.freshStream(t)
+		require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)
+		if !slowed {
+			r.tput = func(int) float64 { return 149e6 } // its start read 115, its steady rate is the device's
+		}
+		acts = append(acts, r.runOutcome(8, st)...)
+		logActs(t, acts)
+		undone := filter(acts, KindFileWindowUndo, ResultUndone)
+		require.NotEmpty(t, undone)
+		assert.Contains(t, undone[0].Evidence, "tried again once it is measured whole")
+		trials := filter(acts, KindFileWindow, ResultTrial)
+		require.GreaterOrEqual(t, len(trials), 2)
+		assert.Equal(t, undone[0].Time+time.Second, trials[1].Time, "tried again after one interval")
+		if slowed {
+			kept := filter(acts, KindFileWindow, ResultKept)
+			require.NotEmpty(t, kept)
+			assert.Equal(t, trials[1].Time+time.Second, kept[0].Time)
+			assert.Zero(t, r.tn.devs[sdb].outcomeFails, "no unpaid trial on the device")
+			continue
+		}
+		assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
+		require.GreaterOrEqual(t, len(undone), 2)
+		assert.Contains(t, undone[1].Evidence, "backing off", "one second look, then the back-off")
+		if len(trials) > 2 {
+			assert.GreaterOrEqual(t, trials[2].Time, undone[1].Time+2*time.Second)
+		}
+		assert.NotZero(t, r.tn.devs[sdb].outcomeFails)
+	}
+}

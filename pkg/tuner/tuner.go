@@ -89,6 +89,11 @@ type devState struct {
 	// outcomeFailTail: that trial's stream showed a tail (tail.go) before
 	// or at its verdict; a tail seen since, where it showed none, is new.
 	outcomeFailTail bool
+	// outcomeFailTput: that trial's stream's throughput at the device's
+	// window. outcomeSlow: per file, the first and the last interval in
+	// which it read well below that since (outcomeDue).
+	outcomeFailTput float64
+	outcomeSlow     map[probe.FileKey][2]time.Duration
 	// movedAt: when a window on the device last changed (the device's, a
 	// file's, a trim): a random reader's measure since is not its
 	// reference (random.go). trimAt: when a trim there last changed.
