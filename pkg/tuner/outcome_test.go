@@ -1168,9 +1168,10 @@ func TestStreamSlowFromItsOpenIsSteppedPastThePipelinesGaps(t *testing.T) {
 
 // A mild slowdown after a healthy spell moves a stream's rate more than its
 // median latency: the stream of the device's unpaid trials read 150 MB/s at
-// the device's window, and now reads 110 with its median 1.3x. Two
-// intervals of it are new evidence: the stream is tried at once, not after
-// the device's back-off. One interval's dip is not.
+// the device's window, and now reads 110 with its median 1.3x. That is new
+// evidence: the stream is tried at once, not after the device's back-off.
+// A rate that fell at the same median is new evidence on its second
+// interval only; one interval's dip is not.
 func TestMildSlowdownAfterAHealthySpellIsTriedWithinTwoIntervals(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	r.tput = func(int) float64 { return 150e6 }
@@ -1181,25 +1182,39 @@ func TestMildSlowdownAfterAHealthySpellIsTriedWithinTwoIntervals(t *testing.T) {
 	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 4, "healthy: trials undone, backing off 2, 4, 8, 16 s")
 	require.Greater(t, r.tn.devs[sdb].outcomeRetryAt, r.clk.Now()+8*time.Second, "backing off")
 
-	step := func(slow bool) []Action {
+	step := func(slow bool, p50 time.Duration) []Action {
 		r.clk.Advance(time.Second)
 		s := r.outcomeSnap(st)
 		if slow {
-			s.Files[0].BusyThroughput, s.Files[0].P50 = 110e6, 3900*time.Microsecond
+			s.Files[0].BusyThroughput, s.Files[0].P50 = 110e6, p50
 		}
 		return r.tn.Step(s)
 	}
-	// A dip: one interval, then back at bandwidth.
-	assert.Empty(t, filter(step(true), KindFileWindow, ResultTrial), "one interval's dip")
-	assert.Empty(t, filter(step(false), KindFileWindow, ResultTrial))
-	assert.Empty(t, filter(step(true), KindFileWindow, ResultTrial), "a dip again, not the interval after the last")
-	assert.Empty(t, filter(step(false), KindFileWindow, ResultTrial))
-	// The slowdown: the second interval of it brings the trial.
+	same, risen := 3*time.Millisecond, 3900*time.Microsecond
+	// A dip at the same median: one interval, then back at bandwidth.
+	assert.Empty(t, filter(step(true, same), KindFileWindow, ResultTrial), "one interval's dip")
+	assert.Empty(t, filter(step(false, same), KindFileWindow, ResultTrial))
+	assert.Empty(t, filter(step(true, same), KindFileWindow, ResultTrial), "a dip again, not the interval after the last")
+	assert.Empty(t, filter(step(false, same), KindFileWindow, ResultTrial))
+	// Two intervals of it bring the trial.
 	r.tput = func(kb int) float64 { return min(float64(kb)*0.86e6, 150e6) }
-	assert.Empty(t, filter(step(true), KindFileWindow, ResultTrial))
-	trial := filter(step(true), KindFileWindow, ResultTrial)
+	assert.Empty(t, filter(step(true, same), KindFileWindow, ResultTrial))
+	trial := filter(step(true, same), KindFileWindow, ResultTrial)
 	require.Len(t, trial, 1, "tried in the second slow interval")
 	assert.Equal(t, k1, trial[0].File)
+	assert.Less(t, r.clk.Now(), r.tn.devs[sdb].outcomeRetryAt, "before the device's back-off ended")
+
+	// Another healthy spell, then the slowdown with its median risen: the
+	// first interval of it brings the trial.
+	r2 := newRig(t, Config{DisablePrefetch: true}, nil)
+	r2.tput = func(int) float64 { return 150e6 }
+	p2, k2 := realFile(t, filepath.Join(r2.dir, "data"), "blk_1")
+	r2.files.open(100, 7, p2, k2)
+	r, st = r2, stream{key: k2, tgid: 100, fill: 0.9}
+	require.Len(t, filter(r.runOutcome(24, st), KindFileWindowUndo, ResultUndone), 4)
+	r.tput = func(kb int) float64 { return min(float64(kb)*0.86e6, 150e6) }
+	trial = filter(step(true, risen), KindFileWindow, ResultTrial)
+	require.Len(t, trial, 1, "tried in the first slow interval")
 	assert.Less(t, r.clk.Now(), r.tn.devs[sdb].outcomeRetryAt, "before the device's back-off ended")
 }
 

@@ -142,8 +142,8 @@ func (t *Tuner) regimeTakesOver(fd *fileDec) bool {
 // outcomeDue reports whether a new outcome-driven decision may start on the
 // device now for a file: once the device's back-off has passed, or at once
 // when the file's median latency is half again what it was at the trial
-// that did not pay, or it has read well below that trial's stream for two
-// intervals (rateDropped), or its requests show a tail that needs a larger
+// that did not pay, or it has read well below that trial's stream
+// (rateDropped), or its requests show a tail that needs a larger
 // window than that trial tried (the conditions changed: a slowdown began
 // after a healthy spell, which must not wait out a healthy device's
 // back-off).
@@ -175,14 +175,23 @@ const outcomeRateDrop = 0.85
 // maxOutcomeSlow bounds the files followed by rateDropped per device.
 const maxOutcomeSlow = 256
 
+// outcomeP50Rise: a rate drop with the median this many times the failed
+// trial's stream's is the device's (Little's law: the window's bytes take
+// longer), and one interval of it is enough.
+const outcomeP50Rise = 1.2
+
 // rateDropped reports whether file k has read below outcomeRateDrop of the
-// device's last unpaid trial's stream in this interval and the one before:
-// two intervals, since one interval's dip (the host's, not the device's)
-// reads as low now and then on a healthy device.
+// device's last unpaid trial's stream in this interval with its median
+// risen outcomeP50Rise, or in this interval and the one before: one
+// interval's dip at the same latency (the host's, or its reader's) reads as
+// low now and then on a healthy device.
 func (t *Tuner) rateDropped(d *devState, k probe.FileKey, fs detector.FileStats) bool {
 	if d.outcomeFailTput <= 0 || fs.BusyThroughput <= 0 || fs.BusyThroughput >= outcomeRateDrop*d.outcomeFailTput {
 		delete(d.outcomeSlow, k)
 		return false
+	}
+	if d.outcomeFailP50 > 0 && float64(fs.P50) >= outcomeP50Rise*float64(d.outcomeFailP50) {
+		return true
 	}
 	now := t.snap.Now
 	s, seen := d.outcomeSlow[k]
