@@ -89,8 +89,11 @@ func main() {
 		// A permanent slowdown of another severity (permanent+2ms, say)
 		// runs in every workload the matrix runs permanent slowdowns in.
 		for r := range want {
-			if _, ok := bench.PermanentExtra(r); !ok || slices.ContainsFunc(keep, func(c bench.Case) bool { return c.Regime == r }) {
+			if _, ok := bench.PermanentExtra(r); !ok || *onlyHDFS || slices.ContainsFunc(keep, func(c bench.Case) bool { return c.Regime == r }) {
 				continue
+			}
+			if slices.ContainsFunc(bench.FullConfig().Cases, func(c bench.Case) bool { return c.Regime == r }) {
+				continue // a regime of the matrix: its cases are the matrix's
 			}
 			for _, w := range []string{bench.WSeq, bench.WSendfile, bench.WMixed} {
 				if *workload == "" || *workload == w {
