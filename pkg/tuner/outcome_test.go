@@ -1173,11 +1173,8 @@ func TestStreamSlowFromItsOpenIsSteppedPastThePipelinesGaps(t *testing.T) {
 // A rate that fell at the same median is new evidence on its second
 // interval only; one interval's dip is not.
 func TestMildSlowdownAfterAHealthySpellIsTriedWithinTwoIntervals(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = func(int) float64 { return 150e6 }
-	p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p1, k1)
-	st := stream{key: k1, tgid: 100, fill: 0.9}
+	r, st := steadyStream(t, 150e6)
+	k1 := st.key
 	acts := r.runOutcome(24, st)
 	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 4, "healthy: trials undone, backing off 2, 4, 8, 16 s")
 	require.Greater(t, r.tn.devs[sdb].outcomeRetryAt, r.clk.Now()+8*time.Second, "backing off")
@@ -1206,11 +1203,7 @@ func TestMildSlowdownAfterAHealthySpellIsTriedWithinTwoIntervals(t *testing.T) {
 
 	// Another healthy spell, then the slowdown with its median risen: the
 	// first interval of it brings the trial.
-	r2 := newRig(t, Config{DisablePrefetch: true}, nil)
-	r2.tput = func(int) float64 { return 150e6 }
-	p2, k2 := realFile(t, filepath.Join(r2.dir, "data"), "blk_1")
-	r2.files.open(100, 7, p2, k2)
-	r, st = r2, stream{key: k2, tgid: 100, fill: 0.9}
+	r, st = steadyStream(t, 150e6)
 	require.Len(t, filter(r.runOutcome(24, st), KindFileWindowUndo, ResultUndone), 4)
 	r.tput = func(kb int) float64 { return min(float64(kb)*0.86e6, 150e6) }
 	trial = filter(step(true, risen), KindFileWindow, ResultTrial)
@@ -1263,4 +1256,14 @@ func TestMildlySlowStreamJudgedOnItsStartIsTriedAgainOnceMeasuredWhole(t *testin
 		}
 		assert.NotZero(t, r.tn.devs[sdb].outcomeFails)
 	}
+}
+
+// steadyStream is a rig whose one stream, blk_1 read by process 100 on
+// descriptor 7, reads at rate whatever its window.
+func steadyStream(t *testing.T, rate float64) (*rig, stream) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return rate }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	return r, stream{key: key, tgid: 100, fill: 0.9}
 }
