@@ -169,7 +169,7 @@ func (t *Tuner) outcomeEvidence(d *devState, k probe.FileKey) bool {
 // the device's last unpaid trial read at the device's window is slowed
 // since. A mild slowdown moves the median latency less than the rate: +1 ms
 // on the lab took a 148 MB/s stream to 110 with its median only 1.3x, and
-// it waited out an 8 s back-off at 0.74 of the best static window.
+// it waited out an 8 s back-off at 0.78 of the best static window.
 const outcomeRateDrop = 0.85
 
 // maxOutcomeSlow bounds the files followed by rateDropped per device.

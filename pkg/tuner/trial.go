@@ -256,14 +256,11 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 				// window, not after a back-off (+1 ms on the lab: +30%
 				// against the start's 40%, and 2 s more at the default
 				// window cost the stream 5% of its read).
-				from := l.trial
-				if err := apply(l.cur); err != nil && !errors.Is(err, errNoReaders) {
-					act(undoOf(l.kind), from, l.cur, ResultFailed, ev+"; undo failed: "+err.Error())
-					return true
+				from, ok := takeBack(l, now, ev, apply, act)
+				if ok {
+					l.youngRetry, l.retryAt = true, now+t.cfg.Settle-t.cfg.Settle/10
+					act(undoOf(l.kind), from, l.cur, ResultUndone, ev+"; judged on the stream's start: tried again once it is measured whole")
 				}
-				l.trial, l.movedAt, l.youngRetry = 0, now, true
-				l.retryAt = now + t.cfg.Settle - t.cfg.Settle/10
-				act(undoOf(l.kind), from, l.cur, ResultUndone, ev+"; judged on the stream's start: tried again once it is measured whole")
 				return true
 			}
 			if !keep {
@@ -401,12 +398,8 @@ const othersMin = 0.1
 // undoStep takes back a step that did not pay: back-off if it was the
 // first, the knee if an earlier step had paid.
 func (t *Tuner) undoStep(l *ladder, now time.Duration, ev string, apply func(int) error, act func(ActionKind, int, int, Result, string)) bool {
-	from := l.trial
-	l.trial, l.movedAt = 0, now
-	if err := apply(l.cur); err != nil && !errors.Is(err, errNoReaders) {
-		// The step stays in force until an undo succeeds.
-		l.trial = from
-		act(undoOf(l.kind), from, l.cur, ResultFailed, ev+"; undo failed: "+err.Error())
+	from, ok := takeBack(l, now, ev, apply, act)
+	if !ok {
 		return true
 	}
 	if l.cur == l.base {
@@ -427,6 +420,20 @@ func (t *Tuner) undoStep(l *ladder, now time.Duration, ev string, apply func(int
 	}
 	act(undoOf(l.kind), from, l.cur, ResultUndone, ev)
 	return true
+}
+
+// takeBack puts the value in force before the step under trial back and
+// ends the trial; it returns the step's value and whether it could (the
+// step stays in force until an undo succeeds, reported as failed).
+func takeBack(l *ladder, now time.Duration, ev string, apply func(int) error, act func(ActionKind, int, int, Result, string)) (int, bool) {
+	from := l.trial
+	l.trial, l.movedAt = 0, now
+	if err := apply(l.cur); err != nil && !errors.Is(err, errNoReaders) {
+		l.trial = from
+		act(undoOf(l.kind), from, l.cur, ResultFailed, ev+"; undo failed: "+err.Error())
+		return from, false
+	}
+	return from, true
 }
 
 func (t *Tuner) backoff(failures int) time.Duration {
