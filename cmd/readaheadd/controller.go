@@ -189,8 +189,8 @@ func (p *pipeline) activeRegimes() []detector.Regime {
 // for strongly slowed files that have no regime yet (a block file the
 // DataNode has just opened), the tuner's first step on them, the first
 // outcome step on fresh streams bound by their window, a step on streams
-// that slowed since the last Step, and kept decisions on newly opened
-// descriptors.
+// that slowed since the last Step, read-around trims of random readers
+// beside a raised window, and kept decisions on newly opened descriptors.
 func (p *pipeline) ApplyPending() {
 	if snap := p.det.FastPath(p.clk.Now()); len(snap.Regimes) > 0 {
 		p.logRegimes(detector.Snapshot{Regimes: append(p.activeRegimes(), snap.Regimes...)})
@@ -219,6 +219,11 @@ func (p *pipeline) ApplyPending() {
 	// requests: one that clearly pays is kept now and the next one taken.
 	if keys, span := p.tun.TrialStreams(); len(keys) > 0 {
 		p.count(p.tun.FastVerdict(p.det.Recent(p.clk.Now(), span, keys), span))
+	}
+	// Random readers beside a window raised since the last Step (a prior
+	// given just after start-up): trimmed now, not at the next Step.
+	if keys, span := p.tun.TrimStreams(); len(keys) > 0 {
+		p.count(p.tun.FastTrim(p.det.Recent(p.clk.Now(), span, keys), span))
 	}
 	// Steps whose stream stopped reading (its file ended) are judged at
 	// once on its requests since the step: no Step would see them.

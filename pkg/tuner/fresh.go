@@ -33,11 +33,15 @@ func (t *Tuner) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Durat
 		return
 	}
 	// Only a stream: a read from the head of the file, or asynchronous
-	// readahead (a reader that hit the marker of its previous window).
-	// A page fault of a random mmap reader reads around its page, mid-file
-	// and synchronously: a larger window there is read amplification. A
-	// file the detector sees read randomly, or trimmed, is left alone too.
-	if !ev.Async && ev.Index != 0 {
+	// readahead that follows the reader's previous window (a stream the
+	// daemon meets mid-file, begun before it started). A page fault of a
+	// random mmap reader reads around its page, mid-file, with no event;
+	// when it lands on the marker a read-around left, the fault's
+	// asynchronous readahead is an event at a random place, after no window
+	// of its own: a larger window there is read amplification on every
+	// fault. A file the detector sees read randomly, or trimmed, is left
+	// alone too (before the first Step the detector has seen nothing).
+	if ev.Index != 0 && (!ev.Async || !r.follows) {
 		return
 	}
 	if fs, ok := t.fstats[key]; ok && t.readRandomly(fs) || t.trims[key] != nil {
@@ -129,6 +133,16 @@ func (t *Tuner) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Durat
 	t.counts["prior/applied"]++
 	t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: key, Path: fd.path, Kind: KindFileWindow, FromKB: from, ToKB: kb,
 		Result: ResultTrial, Evidence: why})
+}
+
+// followsStream reports whether ev, a reader's readahead event, is a
+// stream's next window after its event at page prev: ahead of it by no
+// more than two of the largest windows the event shows. A stream's
+// asynchronous readahead comes at the marker of the window before, a
+// window ahead; a random reader's lands anywhere in the file.
+func followsStream(prev uint64, ev probe.ReadaheadEvent) bool {
+	span := 2 * uint64(max(ev.Size, ev.RaPages, 32))
+	return ev.Index > prev && ev.Index-prev <= span
 }
 
 // judgePriorChecks ends the re-checks of priors whose stream has read at

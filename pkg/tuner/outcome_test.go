@@ -207,8 +207,11 @@ func TestPriorRecheckDropsThePriorWhenTheDeviceRecovered(t *testing.T) {
 	assert.Nil(t, r.tn.mem.dirPrior(k2.Dev, p2))
 }
 
-func TestPriorsSurviveARestart(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
+// restartedWithPrior learns a prior in data/sub0, stops the rig's tuner
+// (saving its state) and returns a new one on the same state directory,
+// as a daemon restarted, and the prior's window.
+func restartedWithPrior(t *testing.T, r *rig) (*Tuner, int) {
+	t.Helper()
 	r.tput = kneeModel
 	w := learnPrior(t, r, "blk_1")
 	require.NoError(t, r.tn.RestoreAll())
@@ -218,17 +221,51 @@ func TestPriorsSurviveARestart(t *testing.T) {
 
 	st, err := state.Open(filepath.Join(r.dir, "state"), state.Options{BootID: "b"})
 	require.NoError(t, err)
-	defer st.Close()
+	t.Cleanup(func() { st.Close() })
 	tn, err := New(Config{AllowPaths: []string{filepath.Join(r.dir, "data")}, DisablePrefetch: true},
 		Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: st, Logger: quiet()})
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = tn.RestoreAll() })
+	r.clk.Advance(time.Second) // the device's write rate limit
+	return tn, w
+}
+
+func TestPriorsSurviveARestart(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	tn, w := restartedWithPrior(t, r)
 	p2, k2 := realFile(t, filepath.Join(r.dir, "data", "sub0"), "blk_2")
 	r.files.open(300, 4, p2, k2)
 	tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 300, File: k2, Device: sdb, RaPages: 32})
 	// The prior's window itself: no climb before the restarted daemon
 	// knows the device's readers (random ones a climb would cost).
 	assert.Equal(t, w, r.files.window[k2], "the first open after the restart is served at once")
-	require.NoError(t, tn.RestoreAll())
+}
+
+// After a restart, before its first Step, the daemon knows no reader: a
+// stream it meets mid-file gets the prior at its next window, and a random
+// mmap reader in the same directory, whose faults now and then land on
+// the marker a read-around left (an asynchronous readahead at a random
+// place), gets nothing: a larger window is read on each of its faults.
+func TestPriorAfterARestartGoesToStreamsNotToARandomMmapReader(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	tn, w := restartedWithPrior(t, r)
+	dir := filepath.Join(r.dir, "data", "sub0")
+	pr, rnd := realFile(t, dir, "index")
+	r.files.open(200, 5, pr, rnd)
+	for _, idx := range []uint64{70000, 12345, 12345 + 200, 90001} {
+		tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 200, File: rnd, Device: sdb, Index: idx, Size: 32, AsyncSize: 8, RaPages: 32, ReqCount: 32, Async: true})
+		assert.Equal(t, 128, r.files.window[rnd], "marker hit at page %d", idx)
+	}
+
+	p2, k2 := realFile(t, dir, "blk_2")
+	r.files.open(300, 4, p2, k2)
+	tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 300, File: k2, Device: sdb, Index: 5000, Size: 32, AsyncSize: 32, RaPages: 32, ReqCount: 16, Async: true})
+	assert.Equal(t, 128, r.files.window[k2], "one event mid-file says nothing yet")
+	tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 300, File: k2, Device: sdb, Index: 5032, Size: 32, AsyncSize: 32, RaPages: 32, ReqCount: 16, Async: true})
+	assert.Equal(t, w, r.files.window[k2], "its next window: a stream")
+	acts := filter(tn.ApplyPending(), KindFileWindow, ResultTrial)
+	require.Len(t, acts, 1)
+	assert.Equal(t, k2, acts[0].File)
 }
 
 func TestUnusablePriorsFileIsIgnoredWithOneWarning(t *testing.T) {

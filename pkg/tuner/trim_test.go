@@ -259,3 +259,52 @@ func TestTrimBookkeepingIsBounded(t *testing.T) {
 	assert.Empty(t, m.tn.trimOffs)
 	assert.Empty(t, m.tn.trimScanAt)
 }
+
+// A daemon restarted with saved priors gives a fresh open its directory's
+// window before its first Step, when it has not yet seen the device's
+// random readers: an mmap reader beside it reads its faults' read-around
+// at the device's window until trimmed, and it is trimmed on the recent
+// requests a quarter Settle later, not at the first Step.
+func TestRandomReaderBesideAPriorGivenAtStartUpIsTrimmedBeforeTheFirstStep(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	tn, w := restartedWithPrior(t, r)
+
+	keys, _ := tn.TrimStreams()
+	assert.Empty(t, keys, "no window raised: nothing to look for")
+
+	rp, rnd := realFile(t, filepath.Join(r.dir, "data"), "index")
+	r.files.open(200, 9, rp, rnd)
+	p2, k2 := realFile(t, filepath.Join(r.dir, "data", "sub0"), "blk_2")
+	r.files.open(300, 4, p2, k2)
+	tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 300, File: k2, Device: sdb, RaPages: 32})
+	require.Equal(t, w, r.files.window[k2], "the prior, given before any Step")
+
+	r.clk.Advance(250 * time.Millisecond)
+	keys, span := tn.TrimStreams()
+	require.Equal(t, []probe.FileKey{k2}, keys, "the stream with the raised window names its device")
+	require.Equal(t, 250*time.Millisecond, span)
+	again, _ := tn.TrimStreams()
+	assert.Empty(t, again, "asked once a quarter Settle")
+
+	now := r.clk.Now()
+	recent := detector.Snapshot{Now: now, Devices: []detector.DeviceStats{{Device: sdb, BusyThroughput: 100e6}}}
+	recent.Files = append(recent.Files,
+		detector.FileStats{Key: k2, Device: sdb, Requests: 40, Bytes: 40 << 19, MeanSize: 512 << 10, BusyThroughput: 80e6,
+			Sequentiality: 1, LastSeen: now, P50: 3 * time.Millisecond},
+		// 120 faults a second, each reading the device's 128 KB window.
+		randomStats(rnd, now, 30, 2*time.Millisecond, 4*time.Millisecond, 128<<10))
+	acts := tn.FastTrim(recent, span)
+	logActs(t, acts)
+	trims := trimActs(acts, rnd)
+	require.Len(t, trims, 1, "trimmed between Steps")
+	assert.Equal(t, KindTrim, trims[0].Kind)
+	assert.Equal(t, ResultTrial, trims[0].Result)
+	assert.Equal(t, 16, r.files.window[rnd])
+	assert.Equal(t, w, r.files.window[k2], "the stream keeps its prior")
+
+	// A second look finds it trimmed: nothing more.
+	r.clk.Advance(250 * time.Millisecond)
+	keys, span = tn.TrimStreams()
+	require.NotEmpty(t, keys)
+	assert.Empty(t, tn.FastTrim(recent, span))
+}

@@ -61,6 +61,12 @@ type readerInfo struct {
 	// reader whose events are that sparse anyway (one slow by its
 	// application) is not taken to pause between them.
 	evGap time.Duration
+	// lastIndex: the page index of its last event (indexed: there was
+	// one); follows: the current event is a stream's next window after it
+	// (followsStream).
+	lastIndex uint64
+	indexed   bool
+	follows   bool
 }
 
 type devState struct {
@@ -196,6 +202,9 @@ type Tuner struct {
 	// steps under trial; earlyKeep: FastVerdict is judging (verdict.go).
 	verdictAt time.Duration
 	earlyKeep bool
+	// trimAskAt: when TrimStreams last asked for the recent requests of
+	// devices with a window raised (fasttrim.go).
+	trimAskAt time.Duration
 	// endedJudge: EndedVerdict is judging steps whose stream stopped
 	// (ended.go).
 	endedJudge bool
@@ -312,6 +321,8 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 	}
 	r.lastSeen = now
 	r.raKB = int(ev.RaPages) * probe.PageSize / 1024
+	r.follows = r.indexed && followsStream(r.lastIndex, ev)
+	r.lastIndex, r.indexed = ev.Index, true
 	// Actions taken from the event path are returned by the next
 	// ApplyPending or Step.
 	saved := t.out

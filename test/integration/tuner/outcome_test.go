@@ -146,3 +146,66 @@ func checkLag(t *testing.T, a actionEntry) {
 	t.Logf("first readahead event to pin: %v", lag)
 	assert.Less(t, lag, 100*time.Millisecond)
 }
+
+// TestRandomReaderBesideARestartPriorIsTrimmedAtOnce: a daemon restarted
+// with saved priors gives a fresh open its directory's window on its first
+// readahead event, before it has seen the device's random readers. An mmap
+// random reader already running in the same directory gets no prior of its
+// own, and reads its faults' read-around at the device's window beside the
+// stream until trimmed; it is trimmed on the recent
+// requests within 400 ms of the prior, not at the next interval's
+// Step (the restarted daemon is healthy after its first Step, so the next
+// one comes about a second after the fresh open).
+func TestRandomReaderBesideARestartPriorIsTrimmedAtOnce(t *testing.T) {
+	needRoot(t)
+	l := newLab(t)
+	var files []string
+	for _, n := range []string{"blk_a", "blk_b"} {
+		p, err := l.WriteFile(n, 128)
+		require.NoError(t, err)
+		files = append(files, p)
+	}
+	index, err := l.WriteFile("index", 256)
+	require.NoError(t, err)
+	daemonBin(t)
+	require.NoError(t, l.SetPermanent(severe, files...))
+
+	// A first run learns the directory's prior on a stream slowed before
+	// it started, and saves it at shutdown.
+	stateDir := filepath.Join(t.TempDir(), "state")
+	d := runDaemon(t, l, stateDir)
+	readFor(t, files[0], 6*time.Second)
+	require.Equal(t, 0, d.signal(t, syscall.SIGTERM), d.logs.String())
+	_, err = os.Stat(filepath.Join(stateDir, "priors.json"))
+	require.NoError(t, err, "priors saved at shutdown")
+
+	// The random reader runs before the restart.
+	rnd := startChild(t, "random", index)
+	rnd.goRead(t)
+	time.Sleep(time.Second)
+	d = runDaemon(t, l, stateDir)
+	readFor(t, files[1], 3*time.Second)
+	prior, ok := firstAction(t, d, files[1], time.Second)
+	require.True(t, ok, "no prior given to the fresh open after the restart:\n%s", d.logs.String())
+	require.Contains(t, prior.Evidence, "prior")
+	var st syscall.Stat_t
+	require.NoError(t, syscall.Stat(index, &st))
+	var trim *actionEntry
+	for _, a := range d.actions() {
+		if a.Target != index && !strings.HasSuffix(a.Target, fmt.Sprintf("/%d", st.Ino)) {
+			continue
+		}
+		// Its faults' asynchronous readahead (a marker a read-around
+		// left) is no stream's: the prior is not for it.
+		assert.NotEqual(t, "file_window", a.Action, "the random reader was given a window: %s %d->%d (%s)", a.Action, a.FromKB, a.ToKB, a.Evidence)
+		if a.Action == "file_trim" && trim == nil {
+			trim = &a
+		}
+	}
+	require.NotNil(t, trim, "the random reader beside the prior was not trimmed:\n%s", d.logs.String())
+	after := trim.Time.Sub(prior.Time)
+	t.Logf("prior %d->%d KB; random reader trimmed %d->%d KB %v after it (%s)", prior.FromKB, prior.ToKB, trim.FromKB, trim.ToKB,
+		after.Round(time.Millisecond), trim.Evidence)
+	assert.Less(t, after, 400*time.Millisecond, "trimmed beside the prior before the next Step")
+	require.Equal(t, 0, d.signal(t, syscall.SIGTERM), d.logs.String())
+}
