@@ -167,6 +167,7 @@ func (t *Tuner) startTrims(d *devState, withStep bool) {
 			t.log.Debug("tuner: read-around trim: no descriptor of the random reader found in scope", "file", k.String(), "readers", len(t.readers[k]))
 			continue
 		}
+		t.referAtTrim(fs)
 		td := &trimDec{key: k, dev: d, path: refs[0].Path, refs: refs, kb: t.cfg.TrimKB, from: d.cur, beforeP: fs.P50, lastNeed: now}
 		ev := fmt.Sprintf("read-around trim: random reads (sequential %.0f%%) averaging %.0f KB per request, median %v, while the device serves a raised window; the readers' open files get %d KB",
 			100*fs.Sequentiality, fs.MeanSize/1024, fs.P50.Round(10*time.Microsecond), t.cfg.TrimKB)

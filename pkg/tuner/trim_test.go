@@ -279,7 +279,7 @@ func TestRandomReaderBesideAPriorGivenAtStartUpIsTrimmedBeforeTheFirstStep(t *te
 	tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 300, File: k2, Device: sdb, RaPages: 32})
 	require.Equal(t, w, r.files.window[k2], "the prior, given before any Step")
 
-	r.clk.Advance(250 * time.Millisecond)
+	r.clk.Advance(100 * time.Millisecond) // the daemon's next tick
 	keys, span := tn.TrimStreams()
 	require.Equal(t, []probe.FileKey{k2}, keys, "the stream with the raised window names its device")
 	require.Equal(t, 250*time.Millisecond, span)
@@ -287,7 +287,7 @@ func TestRandomReaderBesideAPriorGivenAtStartUpIsTrimmedBeforeTheFirstStep(t *te
 	assert.Empty(t, again, "asked once a quarter Settle")
 
 	now := r.clk.Now()
-	recent := detector.Snapshot{Now: now, Devices: []detector.DeviceStats{{Device: sdb, BusyThroughput: 100e6}}}
+	recent := detector.Snapshot{Now: now, Devices: []detector.DeviceStats{{Device: sdb, BusyThroughput: 100e6, CapacityBPS: 400e6}}}
 	recent.Files = append(recent.Files,
 		detector.FileStats{Key: k2, Device: sdb, Requests: 40, Bytes: 40 << 19, MeanSize: 512 << 10, BusyThroughput: 80e6,
 			Sequentiality: 1, LastSeen: now, P50: 3 * time.Millisecond},
@@ -301,6 +301,18 @@ func TestRandomReaderBesideAPriorGivenAtStartUpIsTrimmedBeforeTheFirstStep(t *te
 	assert.Equal(t, ResultTrial, trims[0].Result)
 	assert.Equal(t, 16, r.files.window[rnd])
 	assert.Equal(t, w, r.files.window[k2], "the stream keeps its prior")
+	// Its reference is what it read around at the device's window, less
+	// the prior's cost for the 100 ms of the 250 ms span it was in force:
+	// 2 ms - 0.4 x (w-128) KB x 1.25 at 400 MB/s (0.85 ms at 1024 KB,
+	// against 0.5 ms, the floor, counted over the whole span). Referred
+	// to its trimmed requests at the next Step instead, the account of the
+	// trim's saving put it at a third of what the window gave it.
+	ref := tn.randRefs[rnd]
+	require.NotNil(t, ref, "referred to before its trim")
+	assert.Equal(t, float64(128<<10), ref.svc.size)
+	assert.False(t, ref.clean)
+	want := 2e-3 - 0.4*float64(w-128)*1024*1.25/400e6
+	assert.InDelta(t, want*1e3, ref.svc.mean.Seconds()*1e3, 0.01)
 
 	// A second look finds it trimmed: nothing more.
 	r.clk.Advance(250 * time.Millisecond)
