@@ -19,9 +19,10 @@ import (
 // trimmed at once, judged at a Step like any other trim.
 
 // TrimStreams returns, at most every Settle/onsetEvery, the files with a
-// window raised and one file read on each device raised device-wide (detector.Recent then holds
-// every file read there) and the span to look back over; nothing when no
-// window is raised or trims are off.
+// window raised and one file read on each device raised device-wide
+// (detector.Recent then holds every file read on their devices), and the
+// span to look back over; nothing when no window is raised or trims are
+// off.
 func (t *Tuner) TrimStreams() ([]probe.FileKey, time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
