@@ -278,3 +278,37 @@ func TestOnsetDuringAPrefetchTrialEndsItAndSteps(t *testing.T) {
 	assert.Greater(t, trials[0].ToKB, kneeKB)
 	assert.Zero(t, r.tn.files[key].pf.trial)
 }
+
+// A mild slowdown a moment after a Step (+1 ms on the lab: 150 -> 115 MB/s,
+// the median 1.3x, under the strong rule's 0.7 and 1.5x) is stepped on the
+// second check running that shows it, half an interval after it began,
+// not at the next Steps; a rate that fell as far at the same latency (the
+// reader's, not the device's) is not, however long it lasts.
+func TestMildSlowdownBetweenStepsIsSteppedOnTheSecondCheck(t *testing.T) {
+	r, st := healthyBackedOff(t)
+	r.tput = func(kb int) float64 { return min(float64(kb)*0.9e6, 150e6) } // 115 MB/s at 128 KB
+	acts := r.onsetTick(250*time.Millisecond, 3900*time.Microsecond, st)
+	assert.Empty(t, filter(acts, KindFileWindow, ResultTrial), "one check: not yet")
+	acts = r.onsetTick(250*time.Millisecond, 3900*time.Microsecond, st)
+	logActs(t, acts)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trials, 1, "the second check running: a step")
+	assert.Greater(t, trials[0].ToKB, 128)
+	assert.Equal(t, uint64(1), r.tn.Status().Counts["outcome/onset"])
+
+	// The same drop with the latency unchanged (3 ms, the Step's): the
+	// reader's, on every check.
+	r, st = healthyBackedOff(t)
+	r.tput = func(kb int) float64 { return 115e6 }
+	for i := 0; i < 3; i++ {
+		acts = r.onsetTick(250*time.Millisecond, 3*time.Millisecond, st)
+		assert.Empty(t, filter(acts, KindFileWindow, ResultTrial), "check %d", i)
+	}
+	// A mild check, then one that is not: the next mild one starts over.
+	r.tput = func(kb int) float64 { return min(float64(kb)*0.9e6, 150e6) }
+	assert.Empty(t, filter(r.onsetTick(250*time.Millisecond, 3900*time.Microsecond, st), KindFileWindow, ResultTrial))
+	r.tput = func(int) float64 { return 150e6 }
+	assert.Empty(t, filter(r.onsetTick(250*time.Millisecond, 3*time.Millisecond, st), KindFileWindow, ResultTrial))
+	r.tput = func(kb int) float64 { return min(float64(kb)*0.9e6, 150e6) }
+	assert.Empty(t, filter(r.onsetTick(250*time.Millisecond, 3900*time.Microsecond, st), KindFileWindow, ResultTrial))
+}

@@ -198,6 +198,9 @@ type Tuner struct {
 	// onsetAt: when OnsetStreams last asked for the streams' recent
 	// requests (onset.go).
 	onsetAt time.Duration
+	// onsetMild: streams whose last check between Steps found them
+	// mildly slower, and when (onset.go).
+	onsetMild map[probe.FileKey]time.Duration
 	// verdictAt: when TrialStreams last asked for the recent requests of
 	// steps under trial; earlyKeep: FastVerdict is judging (verdict.go).
 	verdictAt time.Duration
@@ -251,6 +254,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 		logged:     map[string]time.Duration{},
 		mem:        newMemory(),
 		fresh:      map[probe.FileKey]time.Duration{},
+		onsetMild:  map[probe.FileKey]time.Duration{},
 		scopeOf:    map[probe.FileKey]scopeVerdict{},
 		lowering:   map[probe.FileKey]int{},
 	}
