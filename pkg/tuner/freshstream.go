@@ -70,31 +70,11 @@ func (t *Tuner) FreshStreams() ([]probe.FileKey, time.Duration) {
 	// A slow stream (a few hundred requests a second, as under
 	// contention) has too few requests in the last Settle/4 to judge: it
 	// is judged on as much of its life as it has had, up to 3/4 Settle.
-	// One whose readahead events alone fill the last Settle/4 twice over
-	// with requests is judged on those: a slowdown that began since its
-	// open (HDFS reads a block in under two seconds) is then not averaged
-	// with its reads from before, which on the lab at +1 ms held a block's
-	// step until the block's Step, 1.4 s after the onset.
-	short := t.cfg.Settle / freshSpanDiv
-	span := short
+	span := t.cfg.Settle / freshSpanDiv
 	for _, k := range keys {
-		if !t.eventsFill(k, short, now) {
-			span = max(span, min(now-t.fresh[k], 3*t.cfg.Settle/4))
-		}
+		span = max(span, min(now-t.fresh[k], 3*t.cfg.Settle/4))
 	}
 	return keys, span
-}
-
-// eventsFill reports whether a reader of k reading now has its readahead
-// events come often enough that span holds twice freshMinRequests of
-// them (each event is at least one request).
-func (t *Tuner) eventsFill(k probe.FileKey, span, now time.Duration) bool {
-	for _, r := range t.readers[k] {
-		if r.evGap > 0 && now-r.lastSeen <= span && 2*freshMinRequests*r.evGap <= span {
-			return true
-		}
-	}
-	return false
 }
 
 // RecentSpan is the span of recent requests a step taken between Steps

@@ -697,7 +697,7 @@ func TestPriorIsConfirmedByAStreamReadingAsItsNeighboursDid(t *testing.T) {
 
 // A slow stream has too few requests in the last Settle/4 to be judged: the
 // span offered grows with the age of the oldest fresh stream, up to 3/4
-// Settle; unless its readahead events alone fill the short span.
+// Settle.
 func TestFreshStreamSpanGrowsWithItsAge(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
@@ -711,23 +711,6 @@ func TestFreshStreamSpanGrowsWithItsAge(t *testing.T) {
 		spans = append(spans, span)
 	}
 	assert.Equal(t, []time.Duration{250 * time.Millisecond, 600 * time.Millisecond, 750 * time.Millisecond}, spans)
-
-	// A stream whose readahead events come every 2 ms (at least 125
-	// requests in 250 ms) is judged on its last 250 ms at any age.
-	p2, k2 := realFile(t, filepath.Join(r.dir, "data"), "blk_2")
-	r.files.open(200, 8, p2, k2)
-	delete(r.tn.fresh, key)
-	spans = nil
-	for i := 0; i < 450; i++ {
-		r.clk.Advance(2 * time.Millisecond)
-		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 200, File: k2, Device: sdb, Index: uint64(32 * i), Size: 32, RaPages: 32, Async: i > 0})
-		if i == 100 || i == 300 || i == 449 {
-			keys, span := r.tn.FreshStreams()
-			require.Equal(t, []probe.FileKey{k2}, keys)
-			spans = append(spans, span)
-		}
-	}
-	assert.Equal(t, []time.Duration{250 * time.Millisecond, 250 * time.Millisecond, 250 * time.Millisecond}, spans)
 }
 
 // A regime entered on a stream whose outcome decision holds a kept window
