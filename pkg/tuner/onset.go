@@ -86,8 +86,10 @@ func (t *Tuner) OnsetStreams() ([]probe.FileKey, time.Duration) {
 		}
 	}
 	for k, fd := range t.files {
-		if fd.deferUntil != 0 && !slices.Contains(keys, k) {
-			keys = append(keys, k) // a first step put off beside random readers
+		if (fd.deferUntil != 0 || fd.win.youngUndoneAt != 0) && !slices.Contains(keys, k) {
+			// A first step put off beside random readers, or undone to
+			// be measured whole (retryYoung).
+			keys = append(keys, k)
 		}
 	}
 	slices.SortFunc(keys, compareKeys)
@@ -146,6 +148,7 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 	}
 	now := t.deps.Clock.Now()
 	t.stepDeferred(snap, span, now)
+	t.retryYoung(snap, span, now)
 	type cand struct {
 		key  probe.FileKey
 		step float64 // bytes/s at the last Step
@@ -258,6 +261,51 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		}
 	}
 	return t.out
+}
+
+// retryYoung takes again, on the recent requests (snap, over span), the
+// first steps undone because they were judged against a stream's start
+// (trial.go): once a quarter interval has measured the stream whole at the
+// device's window, not at the next Step. A block HDFS reads in two seconds
+// at +1 ms spent one of them at the default window waiting for that Step
+// (0.87 of the best static window).
+func (t *Tuner) retryYoung(snap detector.Snapshot, span time.Duration, now time.Duration) {
+	var due []*fileDec
+	for _, k := range sortedKeys(t.files) {
+		fd := t.files[k]
+		l := &fd.win
+		if l.youngUndoneAt == 0 {
+			continue
+		}
+		if l.trial != 0 || l.cur != l.base || now-l.youngUndoneAt >= t.cfg.Settle {
+			l.youngUndoneAt = 0 // taken again, or the Step's to take
+			continue
+		}
+		if now-l.youngUndoneAt >= span {
+			due = append(due, fd)
+		}
+	}
+	if len(due) == 0 {
+		return
+	}
+	defer t.useView(snap, span)()
+	for _, fd := range due {
+		f, ok := t.fstats[fd.key]
+		if !ok || f.Requests < onsetMinRequests {
+			continue // not read enough in the span: the next check or Step
+		}
+		fd.win.youngUndoneAt = 0
+		if ok, why := t.windowBound(f, snap.Now); !ok {
+			t.log.Debug("tuner: step undone on a stream's start not taken again: not bound by its window", "file", fd.key.String(), "why", why)
+			continue
+		}
+		fd.win.retryAt, fd.win.lastM = 0, measure{}
+		n := len(t.out)
+		t.driveFile(fd, true)
+		if len(t.out) > n && fd.win.trial != 0 {
+			t.counts["outcome/young_retry"]++
+		}
+	}
 }
 
 // stepDeferred takes the first steps put off beside random readers

@@ -312,3 +312,42 @@ func TestMildSlowdownBetweenStepsIsSteppedOnTheSecondCheck(t *testing.T) {
 	r.tput = func(kb int) float64 { return min(float64(kb)*0.9e6, 150e6) }
 	assert.Empty(t, filter(r.onsetTick(250*time.Millisecond, 3900*time.Microsecond, st), KindFileWindow, ResultTrial))
 }
+
+// A first step undone because it paid only the ordinary margin against the
+// stream's start is taken again on the recent requests once a quarter
+// interval has measured the stream whole at the device's window, not at
+// the next Step; judged by the Step one Settle after it.
+func TestStepUndoneOnAStreamsStartIsTakenAgainAQuarterIntervalLater(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.capBPS = 150e6
+	r.tput = func(kb int) float64 {
+		if kb <= 128 {
+			return 115e6
+		}
+		return 149e6
+	}
+	_, st, acts := r.freshStream(t)
+	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)
+	var undoneAt time.Duration
+	for i := 0; i < 3 && undoneAt == 0; i++ {
+		for _, a := range filter(r.runOutcome(1, st), KindFileWindowUndo, ResultUndone) {
+			require.Contains(t, a.Evidence, "tried again once it is measured whole")
+			undoneAt = a.Time
+		}
+	}
+	require.NotZero(t, undoneAt, "the first step was not undone as judged on the stream's start")
+	require.Equal(t, 128, r.files.window[st.key])
+
+	// 100 ms later: too little measured at the device's window.
+	assert.Empty(t, filter(r.onsetTick(100*time.Millisecond, 2100*time.Microsecond, st), KindFileWindow, ResultTrial))
+	acts = r.onsetTick(250*time.Millisecond, 2100*time.Microsecond, st)
+	logActs(t, acts)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trials, 1, "taken again at the check a quarter interval after the undo")
+	assert.Equal(t, undoneAt+350*time.Millisecond, trials[0].Time)
+	assert.Equal(t, uint64(1), r.tn.Status().Counts["outcome/young_retry"])
+	// Judged by the Step one Settle later: kept.
+	acts = r.runOutcome(1, st)
+	logActs(t, acts)
+	assert.NotEmpty(t, filter(acts, KindFileWindow, ResultKept))
+}

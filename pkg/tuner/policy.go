@@ -41,11 +41,17 @@ const minBoundRequests = 8
 func (t *Tuner) windowKB(k probe.FileKey) (int, bool) {
 	now := t.deps.Clock.Now()
 	w, whole := 0, false
+	// Whole: read since before the span the tuner's view covers (a
+	// Settle, or the recent span of a check between Steps), by half again.
+	span := t.cfg.Settle
+	if t.measSpan > 0 {
+		span = t.measSpan
+	}
 	for _, r := range t.readers[k] {
 		if now-r.lastSeen <= 2*t.cfg.Settle && r.raKB > w {
 			w = r.raKB
 		}
-		if now-r.firstSeen >= t.cfg.Settle+t.cfg.Settle/2 {
+		if now-r.firstSeen >= span+span/2 {
 			whole = true
 		}
 	}

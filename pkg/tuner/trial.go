@@ -101,6 +101,10 @@ type ladder struct {
 	// stream is measured whole, with no back-off (policy.go counts it as
 	// no unpaid trial).
 	youngRetry bool
+	// youngUndoneAt: when that step was undone, until it is taken again
+	// (onset.go takes it between Steps once a quarter interval has
+	// measured the stream whole at the device's window).
+	youngUndoneAt time.Duration
 	// judged: the measure the last verdict was taken on.
 	judged  measure
 	lastM   measure
@@ -258,7 +262,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 				// window cost the stream 5% of its read).
 				from, ok := takeBack(l, now, ev, apply, act)
 				if ok {
-					l.youngRetry, l.retryAt = true, now+t.cfg.Settle-t.cfg.Settle/10
+					l.youngRetry, l.retryAt, l.youngUndoneAt = true, now+t.cfg.Settle-t.cfg.Settle/10, now
 					act(undoOf(l.kind), from, l.cur, ResultUndone, ev+"; judged on the stream's start: tried again once it is measured whole")
 				}
 				return true
