@@ -74,7 +74,7 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 				fd.regimes = append(fd.regimes, kind)
 				fd.lastNeeded = now
 				if !deferStep(fd, dev) {
-					t.onRecent(key, recent, span, func() { t.driveFile(fd, true) })
+					t.onRecent(key, recent, span, func() { t.driveJustIn(fd) })
 				}
 			}
 			return
@@ -90,7 +90,7 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 		fd.regimes = []detector.RegimeKind{kind}
 		fd.lastNeeded = now
 		if !deferStep(fd, dev) {
-			t.driveFile(fd, true)
+			t.driveJustIn(fd)
 		}
 	}
 	for _, r := range snap.Regimes {
@@ -111,6 +111,13 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 		}
 	}
 	return t.out
+}
+
+// driveJustIn drives fd for a regime the fast path entered a moment ago.
+func (t *Tuner) driveJustIn(fd *fileDec) {
+	fd.regimeJustIn = true
+	defer func() { fd.regimeJustIn = false }()
+	t.driveFile(fd, true)
 }
 
 // onRecent runs f with the tuner's view switched to recent (over span) if

@@ -88,8 +88,12 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 	}
 	// A decision no regime started skips this: a device slow from the start
 	// learned its slow rate (then each kept step's) as its capacity, and
-	// only the trial tells.
-	if capBPS := t.dstats[fd.dev.dev].CapacityBPS; escalate && m.ok && capBPS > 0 && m.tput >= t.cfg.CapacityFrac*capBPS && !fd.byRate {
+	// only the trial tells. So does a regime the fast path entered a moment
+	// ago: its last requests are slow, and a measure over a span mostly
+	// before them reads the rate the file had (real HDFS at +3 ms: "at the
+	// device's capacity" 60 ms after the onset, and the block waited 1.3 s
+	// for its Step at the default window).
+	if capBPS := t.dstats[fd.dev.dev].CapacityBPS; escalate && m.ok && capBPS > 0 && m.tput >= t.cfg.CapacityFrac*capBPS && !fd.byRate && !fd.regimeJustIn {
 		// The file already reads at (nearly) the device's capacity: a
 		// further window step or prefetch has nothing left to gain and
 		// costs a trial interval to learn that. Judge a trial, take none.

@@ -876,6 +876,25 @@ func TestFastPathRegimeGetsItsLittlesLawStepAtOnce(t *testing.T) {
 	assert.Equal(t, 1024, kept[0].ToKB)
 }
 
+// The fast path enters a regime on a file's last requests, a moment after
+// the onset: measured over a span mostly before it, the file still reads
+// at the device's capacity. Its step is taken all the same.
+func TestFastPathRegimeRightAfterTheOnsetIsNotHeldAtCapacity(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_7")
+	r.reader(100, 7, p, key)
+	r.clk.Advance(300 * time.Millisecond)
+	fast := detector.Snapshot{Now: r.clk.Now(),
+		Devices: []detector.DeviceStats{{Device: sdb, CapacityBPS: 150e6}},
+		Files: []detector.FileStats{{Key: key, Device: sdb, BusyThroughput: 146e6, Sequentiality: 1, LastSeen: r.clk.Now(),
+			P50: 1700 * time.Microsecond, P95: 4400 * time.Microsecond}},
+		Regimes: []detector.Regime{{Kind: detector.FileLatencyShift, Device: sdb, File: key, Evidence: "fast path: test"}}}
+	trials := filter(r.tn.Fast(fast), KindFileWindow, ResultTrial)
+	require.Len(t, trials, 1, "the step, not held at capacity")
+	assert.Greater(t, trials[0].ToKB, 128)
+}
+
 func TestDeviceWideStepNeedsTheLargerMargin(t *testing.T) {
 	r := newRig(t, Config{}, nil)
 	mk := func() detector.Snapshot {
