@@ -111,7 +111,15 @@ func (t *Tuner) onsetCandidate(k probe.FileKey, fs detector.FileStats) bool {
 		return false
 	}
 	if first, fresh := t.fresh[k]; fresh && t.deps.Clock.Now()-first <= t.cfg.Settle {
-		return false // FastOutcome's
+		// FastOutcome's, unless the last Step saw it read at least a
+		// quarter interval with no step of its own since: a slowdown that
+		// began after that is this check's (FastOutcome judges a fresh
+		// stream on as much of its life as it has had, which averages the
+		// onset away; HDFS reads a block in two seconds).
+		fd := t.files[k]
+		if t.snap.Now-first < t.cfg.Settle/onsetEvery || fd != nil && (fd.win.trial != 0 || fd.win.movedAt > first) {
+			return false
+		}
 	}
 	// A step under trial is no bar: an onset in its span spoils its
 	// verdict (FastOnset ends it unjudged). On a stream at its knee a
@@ -120,6 +128,17 @@ func (t *Tuner) onsetCandidate(k probe.FileKey, fs detector.FileStats) bool {
 		return false
 	}
 	return true
+}
+
+// readSince is when the file's stream began reading without a break: its
+// open (HDFS opens a block file afresh for each read, in the same
+// process), or its readers' first read or last resumption.
+func (t *Tuner) readSince(k probe.FileKey) time.Duration {
+	since := max(t.fresh[k], t.firstRead(k))
+	for _, r := range t.readers[k] {
+		since = max(since, r.resumedAt)
+	}
+	return since
 }
 
 // abandonTrial ends a step under trial that an onset fell in, unjudged:
@@ -160,6 +179,11 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 			continue
 		}
 		stepRate := float64(last.Bytes) / t.cfg.Settle.Seconds()
+		if first := t.readSince(f.Key); first > t.snap.Now-t.cfg.Settle && last.BusyThroughput > 0 {
+			// Read for part of the Step's interval only: its rate while
+			// it read (a window-bound stream is busy all along).
+			stepRate = last.BusyThroughput
+		}
 		slower := slowerNow(last, f)
 		refP50 := last.P50
 		if fd := t.files[f.Key]; fd != nil && (fd.win.trial != 0 || fd.win.movedAt != 0 && now-fd.win.movedAt < t.cfg.Settle) {

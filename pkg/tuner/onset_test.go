@@ -351,3 +351,29 @@ func TestStepUndoneOnAStreamsStartIsTakenAgainAQuarterIntervalLater(t *testing.T
 	logActs(t, acts)
 	assert.NotEmpty(t, filter(acts, KindFileWindow, ResultKept))
 }
+
+// HDFS opens a block file afresh for each read: a block read at the
+// device's bandwidth when a Step sees it, 0.4 s after its open, slows
+// mildly a moment later. Still a fresh stream (FastOutcome judges it on
+// all of its life, which averages the onset away), it is checked like any
+// stream the Step saw, against its rate while it read (the Step's interval
+// holds only 0.4 s of it), and stepped on the second check.
+func TestFreshBlockSlowedAfterAStepIsSteppedBetweenSteps(t *testing.T) {
+	r, st := healthyBackedOff(t)
+	r.clk.Advance(3 * time.Second) // the reader's pause between two blocks
+	r.tn.devs[sdb].outcomeRetryAt = r.clk.Now() + 8*time.Second
+	r.tn.files[st.key].win.retryAt = r.clk.Now() + 8*time.Second
+	r.tn.FreshStreams() // the daemon's ticks: the first read's entry is long gone
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: st.tgid, File: st.key, Device: sdb, RaPages: 32})
+	r.clk.Advance(400 * time.Millisecond)
+	s := r.outcomeSnap(st)
+	s.Files[0].Bytes = uint64(0.4 * 150e6) // read for 0.4 s of the interval
+	s.Devices[0].CapacityBPS = 150e6
+	assert.Empty(t, filter(r.tn.Step(s), KindFileWindow, ResultTrial), "healthy, backed off")
+	r.tput = func(kb int) float64 { return min(float64(kb)*0.9e6, 150e6) } // 115 MB/s at 128 KB
+	assert.Empty(t, filter(r.onsetTick(250*time.Millisecond, 3900*time.Microsecond, st), KindFileWindow, ResultTrial))
+	acts := r.onsetTick(250*time.Millisecond, 3900*time.Microsecond, st)
+	logActs(t, acts)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.Len(t, trials, 1, "stepped 0.9 s after its open, a fresh stream")
+}
