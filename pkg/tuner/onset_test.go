@@ -318,14 +318,7 @@ func TestMildSlowdownBetweenStepsIsSteppedOnTheSecondCheck(t *testing.T) {
 // interval has measured the stream whole at the device's window, not at
 // the next Step; judged by the Step one Settle after it.
 func TestStepUndoneOnAStreamsStartIsTakenAgainAQuarterIntervalLater(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.capBPS = 150e6
-	r.tput = func(kb int) float64 {
-		if kb <= 128 {
-			return 115e6
-		}
-		return 149e6
-	}
+	r := mildFromOpen(t)
 	_, st, acts := r.freshStream(t)
 	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1)
 	var undoneAt time.Duration

@@ -849,18 +849,26 @@ func TestNoFurtherStepOrPrefetchOnceAtTheDevicesCapacity(t *testing.T) {
 	assert.Equal(t, 512, r.files.window[key])
 }
 
-func TestFastPathRegimeGetsItsLittlesLawStepAtOnce(t *testing.T) {
+// fastPathRegime is a rig with one open file (kneeModel) and what
+// detector.FastPath returns between Steps for it freshly slowed: busy
+// throughput busy, median p50 and p95 p95, on a 150 MB/s device.
+func fastPathRegime(t *testing.T, busy float64, p50, p95 time.Duration) (*rig, probe.FileKey, detector.Snapshot) {
+	t.Helper()
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	r.tput = kneeModel
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_7")
 	r.reader(100, 7, p, key)
 	r.clk.Advance(300 * time.Millisecond)
-	// Between Steps: what detector.FastPath returns for a freshly slowed file.
 	fast := detector.Snapshot{Now: r.clk.Now(),
 		Devices: []detector.DeviceStats{{Device: sdb, CapacityBPS: 150e6}},
-		Files: []detector.FileStats{{Key: key, Device: sdb, BusyThroughput: 45e6, Sequentiality: 1, LastSeen: r.clk.Now(),
-			P50: 4200 * time.Microsecond, P95: 5900 * time.Microsecond}},
+		Files: []detector.FileStats{{Key: key, Device: sdb, BusyThroughput: busy, Sequentiality: 1, LastSeen: r.clk.Now(),
+			P50: p50, P95: p95}},
 		Regimes: []detector.Regime{{Kind: detector.FileLatencyShift, Device: sdb, File: key, Evidence: "fast path: test"}}}
+	return r, key, fast
+}
+
+func TestFastPathRegimeGetsItsLittlesLawStepAtOnce(t *testing.T) {
+	r, key, fast := fastPathRegime(t, 45e6, 4200*time.Microsecond, 5900*time.Microsecond)
 	acts := r.tn.Fast(fast)
 	trials := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1)
@@ -880,16 +888,7 @@ func TestFastPathRegimeGetsItsLittlesLawStepAtOnce(t *testing.T) {
 // the onset: measured over a span mostly before it, the file still reads
 // at the device's capacity. Its step is taken all the same.
 func TestFastPathRegimeRightAfterTheOnsetIsNotHeldAtCapacity(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = kneeModel
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_7")
-	r.reader(100, 7, p, key)
-	r.clk.Advance(300 * time.Millisecond)
-	fast := detector.Snapshot{Now: r.clk.Now(),
-		Devices: []detector.DeviceStats{{Device: sdb, CapacityBPS: 150e6}},
-		Files: []detector.FileStats{{Key: key, Device: sdb, BusyThroughput: 146e6, Sequentiality: 1, LastSeen: r.clk.Now(),
-			P50: 1700 * time.Microsecond, P95: 4400 * time.Microsecond}},
-		Regimes: []detector.Regime{{Kind: detector.FileLatencyShift, Device: sdb, File: key, Evidence: "fast path: test"}}}
+	r, _, fast := fastPathRegime(t, 146e6, 1700*time.Microsecond, 4400*time.Microsecond)
 	trials := filter(r.tn.Fast(fast), KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1, "the step, not held at capacity")
 	assert.Greater(t, trials[0].ToKB, 128)
