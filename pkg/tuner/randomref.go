@@ -73,15 +73,7 @@ func (t *Tuner) observeRandom(now time.Duration) {
 		ref := t.randRefs[fs.Key]
 		switch {
 		case ref == nil:
-			if len(t.randRefs) >= maxRandRefs {
-				continue
-			}
-			if !clean {
-				svc = t.untouchedEstimate(fs, svc)
-			}
-			t.randRefs[fs.Key] = &randRef{dev: fs.Device, svc: svc, seen: now, clean: clean}
-			t.log.Debug("tuner: random reader's reference", "file", fs.Key.String(), "clean", clean,
-				"mean", svc.mean, "p99", svc.tail, "request_kb", int(svc.size/1024))
+			t.addRandRef(fs, svc, clean, now, "tuner: random reader's reference")
 			continue
 		case clean && !ref.clean:
 			ref.svc, ref.clean = svc, true
@@ -164,21 +156,26 @@ func (t *Tuner) untouchedEstimate(fs detector.FileStats, svc randService) randSe
 // the default window gives it, and held the stream beside it at the
 // default window.
 func (t *Tuner) referAtTrim(fs detector.FileStats) {
-	if t.randRefs[fs.Key] != nil || len(t.randRefs) >= maxRandRefs {
+	if t.randRefs[fs.Key] != nil {
 		return
 	}
-	svc, ok := serviceOf(fs)
-	if !ok {
+	if svc, ok := serviceOf(fs); ok {
+		t.addRandRef(fs, svc, t.untouched(t.devs[fs.Device]), t.deps.Clock.Now(), "tuner: random reader's reference, before its trim")
+	}
+}
+
+// addRandRef gives a random reader with no reference one from svc: as
+// measured where nothing readaheadd does is in force on its device
+// (clean), else estimated without the raised windows (untouchedEstimate).
+func (t *Tuner) addRandRef(fs detector.FileStats, svc randService, clean bool, now time.Duration, msg string) {
+	if len(t.randRefs) >= maxRandRefs {
 		return
 	}
-	d := t.devs[fs.Device]
-	clean := t.untouched(d)
 	if !clean {
 		svc = t.untouchedEstimate(fs, svc)
 	}
-	t.randRefs[fs.Key] = &randRef{dev: fs.Device, svc: svc, seen: t.deps.Clock.Now(), clean: clean}
-	t.log.Debug("tuner: random reader's reference, before its trim", "file", fs.Key.String(), "clean", clean,
-		"mean", svc.mean, "p99", svc.tail, "request_kb", int(svc.size/1024))
+	t.randRefs[fs.Key] = &randRef{dev: fs.Device, svc: svc, seen: now, clean: clean}
+	t.log.Debug(msg, "file", fs.Key.String(), "clean", clean, "mean", svc.mean, "p99", svc.tail, "request_kb", int(svc.size/1024))
 }
 
 func ewmaDur(old, x time.Duration, alpha float64) time.Duration {
