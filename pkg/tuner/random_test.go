@@ -928,3 +928,28 @@ func TestEstimatedReferenceCountsTheTrimOnTheRequestsItReached(t *testing.T) {
 		assert.InDelta(t, float64(trueMean), float64(est.mean), 0.1*float64(trueMean), "%d KB per request", sizeKB)
 	}
 }
+
+// A random reader whose p99 is its wait behind the stream's queue: its
+// trim shortens its own transfers, and so its mean, but not its p99, which
+// grows a KB's transfer for each KB of the stream's window (the lab at
+// +3 ms: 2.6 ms at the default window, 3.3 ms beside 240 KB trimmed). The
+// mean leaves the stream room to step on; the p99, over its budget beside
+// the first step, holds every further step back.
+func TestNoStepBesideARandomReaderWhoseP99IsOverBudgetNow(t *testing.T) {
+	l := newLabRig(t)
+	l.model = func(rkb, skb int) (float64, time.Duration, time.Duration) {
+		req, mean, _ := labRandom(rkb, skb)
+		_, _, p99 := labRandom(128, 128)
+		return req, mean, p99 + time.Duration(max(0, skb-128))*6800*time.Nanosecond
+	}
+	_, refP99 := l.service()
+	acts := l.run(12)
+	logActs(t, acts)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.NotEmpty(t, trials, "the first step is sized by the mean")
+	for _, a := range trials {
+		assert.LessOrEqual(t, a.ToKB, 192, "no step from a window beside which the reader's p99 is over budget")
+	}
+	_, p99 := l.service()
+	assert.Less(t, float64(p99), 1.2*float64(refP99))
+}
