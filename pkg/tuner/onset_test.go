@@ -370,3 +370,94 @@ func TestFreshBlockSlowedAfterAStepIsSteppedBetweenSteps(t *testing.T) {
 	trials := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1, "stepped 0.9 s after its open, a fresh stream")
 }
+
+// Two streams share a device at its bandwidth. One slows and is stepped
+// between Steps; a quarter interval later the other reads at half its rate
+// with its requests twice as long, waiting behind the first one's larger
+// window: that is the step's doing, not a slowdown of its own, and it is
+// not stepped for it. The same fall with no step beside it is.
+func TestStreamSlowedByAPeersStepIsNotSteppedForIt(t *testing.T) {
+	for _, peerStep := range []bool{true, false} {
+		r := newRig(t, Config{DisablePrefetch: true}, nil)
+		r.tput = func(int) float64 { return 75e6 }
+		p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+		p2, k2 := realFile(t, filepath.Join(r.dir, "data"), "blk_2")
+		r.files.open(100, 7, p1, k1)
+		r.files.open(100, 8, p2, k2)
+		s1, s2 := stream{key: k1, tgid: 100, fill: 0.9}, stream{key: k2, tgid: 100, fill: 0.9}
+		logActs(t, r.runOutcome(12, s1, s2))
+		require.Equal(t, 128, r.files.window[k1])
+		require.Equal(t, 128, r.files.window[k2])
+		if peerStep {
+			// The first stream slows: 16 ms per request, 20 MB/s.
+			r.tput = func(int) float64 { return 20e6 }
+			acts := r.onsetTick(300*time.Millisecond, 16*time.Millisecond, s1)
+			logActs(t, acts)
+			require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1, "the slowed stream is stepped")
+		} else {
+			r.clk.Advance(300 * time.Millisecond)
+		}
+		// The second one, a quarter interval later: 30 MB/s at 6 ms (the
+		// first, under trial at its larger window, reads 120).
+		r.tput = func(kb int) float64 {
+			if kb > 128 {
+				return 120e6
+			}
+			return 30e6
+		}
+		r.clk.Advance(250 * time.Millisecond)
+		keys, span := r.tn.OnsetStreams()
+		require.Contains(t, keys, k2)
+		snap := r.recentSnap(span, s1, s2)
+		snap.Files[1].P50, snap.Files[1].P95, snap.Files[1].P99 = 6*time.Millisecond, 6*time.Millisecond, 6*time.Millisecond
+		snap.Devices[0].CapacityBPS = 150e6
+		acts := filter(r.tn.FastOnset(snap, span), KindFileWindow, ResultTrial)
+		logActs(t, acts)
+		if peerStep {
+			for _, a := range acts {
+				assert.NotEqual(t, k2, a.File, "its fall is its peer's step's doing")
+			}
+			assert.Equal(t, 128, r.files.window[k2])
+		} else {
+			require.Len(t, acts, 1, "a fall of its own is stepped")
+			assert.Equal(t, k2, acts[0].File)
+		}
+	}
+}
+
+// The same at a Step: two streams share a device at its bandwidth, their
+// healthy trials undone and the device's outcome trials backing off. One
+// reads far below the unpaid trials' stream with its median risen while
+// the other has a step under trial: the new evidence that ends the back-off
+// is not read into that interval. The same interval with no step beside it
+// brings the trial.
+func TestRateDropUnderAPeersTrialIsNoEvidence(t *testing.T) {
+	for _, peerStep := range []bool{true, false} {
+		r := newRig(t, Config{DisablePrefetch: true}, nil)
+		r.tput = func(int) float64 { return 75e6 }
+		p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+		p2, k2 := realFile(t, filepath.Join(r.dir, "data"), "blk_2")
+		r.files.open(100, 7, p1, k1)
+		r.files.open(100, 8, p2, k2)
+		s1, s2 := stream{key: k1, tgid: 100, fill: 0.9}, stream{key: k2, tgid: 100, fill: 0.9}
+		r.runOutcome(24, s1, s2)
+		require.Greater(t, r.tn.devs[sdb].outcomeRetryAt, r.clk.Now()+4*time.Second, "backing off")
+		if peerStep {
+			r.tn.mu.Lock()
+			fd := r.tn.newOutcomeDec(k2, r.tn.device(sdb), r.clk.Now())
+			fd.win.trial, fd.win.trialFrom, fd.win.trialAt, fd.win.movedAt = 1024, 128, r.clk.Now(), r.clk.Now()
+			fd.win.before = measure{ok: true, tput: 75e6, rate: 75e6, p50: 3 * time.Millisecond}
+			r.tn.mu.Unlock()
+		}
+		r.clk.Advance(time.Second)
+		s := r.outcomeSnap(s1, s2)
+		s.Files[0].BusyThroughput, s.Files[0].P50 = 40e6, 4*time.Millisecond
+		acts := r.tn.Step(s)
+		logActs(t, acts)
+		var tried bool
+		for _, a := range filter(acts, KindFileWindow, ResultTrial) {
+			tried = tried || a.File == k1
+		}
+		assert.Equal(t, !peerStep, tried, "peer step %v", peerStep)
+	}
+}

@@ -190,9 +190,12 @@ const outcomeP50Rise = 1.2
 // device's last unpaid trial's stream in this interval with its median
 // risen outcomeP50Rise, or in this interval and the one before: one
 // interval's dip at the same latency (the host's, or its reader's) reads as
-// low now and then on a healthy device.
+// low now and then on a healthy device. Not in an interval where another
+// stream on the device had a step under trial (peerStepIn): its larger
+// window may have taken the share.
 func (t *Tuner) rateDropped(d *devState, k probe.FileKey, fs detector.FileStats) bool {
-	if d.outcomeFailTput <= 0 || fs.BusyThroughput <= 0 || fs.BusyThroughput >= outcomeRateDrop*d.outcomeFailTput {
+	if d.outcomeFailTput <= 0 || fs.BusyThroughput <= 0 || fs.BusyThroughput >= outcomeRateDrop*d.outcomeFailTput ||
+		t.peerStepIn(t.snap.Files, fs, t.deps.Clock.Now(), t.cfg.Settle) {
 		delete(d.outcomeSlow, k)
 		return false
 	}
