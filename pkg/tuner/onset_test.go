@@ -371,6 +371,21 @@ func TestFreshBlockSlowedAfterAStepIsSteppedBetweenSteps(t *testing.T) {
 	require.Len(t, trials, 1, "stepped 0.9 s after its open, a fresh stream")
 }
 
+// sharedDevice is two window-bound streams reading 75 MB/s each from one
+// device at its bandwidth, run n intervals (their healthy trials undone).
+func sharedDevice(t *testing.T, n int) (*rig, stream, stream) {
+	t.Helper()
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = func(int) float64 { return 75e6 }
+	p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	p2, k2 := realFile(t, filepath.Join(r.dir, "data"), "blk_2")
+	r.files.open(100, 7, p1, k1)
+	r.files.open(100, 8, p2, k2)
+	s1, s2 := stream{key: k1, tgid: 100, fill: 0.9}, stream{key: k2, tgid: 100, fill: 0.9}
+	logActs(t, r.runOutcome(n, s1, s2))
+	return r, s1, s2
+}
+
 // Two streams share a device at its bandwidth. One slows and is stepped
 // between Steps; a quarter interval later the other reads at half its rate
 // with its requests twice as long, waiting behind the first one's larger
@@ -378,14 +393,8 @@ func TestFreshBlockSlowedAfterAStepIsSteppedBetweenSteps(t *testing.T) {
 // not stepped for it. The same fall with no step beside it is.
 func TestStreamSlowedByAPeersStepIsNotSteppedForIt(t *testing.T) {
 	for _, peerStep := range []bool{true, false} {
-		r := newRig(t, Config{DisablePrefetch: true}, nil)
-		r.tput = func(int) float64 { return 75e6 }
-		p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-		p2, k2 := realFile(t, filepath.Join(r.dir, "data"), "blk_2")
-		r.files.open(100, 7, p1, k1)
-		r.files.open(100, 8, p2, k2)
-		s1, s2 := stream{key: k1, tgid: 100, fill: 0.9}, stream{key: k2, tgid: 100, fill: 0.9}
-		logActs(t, r.runOutcome(12, s1, s2))
+		r, s1, s2 := sharedDevice(t, 12)
+		k1, k2 := s1.key, s2.key
 		require.Equal(t, 128, r.files.window[k1])
 		require.Equal(t, 128, r.files.window[k2])
 		if peerStep {
@@ -433,14 +442,8 @@ func TestStreamSlowedByAPeersStepIsNotSteppedForIt(t *testing.T) {
 // brings the trial.
 func TestRateDropUnderAPeersTrialIsNoEvidence(t *testing.T) {
 	for _, peerStep := range []bool{true, false} {
-		r := newRig(t, Config{DisablePrefetch: true}, nil)
-		r.tput = func(int) float64 { return 75e6 }
-		p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-		p2, k2 := realFile(t, filepath.Join(r.dir, "data"), "blk_2")
-		r.files.open(100, 7, p1, k1)
-		r.files.open(100, 8, p2, k2)
-		s1, s2 := stream{key: k1, tgid: 100, fill: 0.9}, stream{key: k2, tgid: 100, fill: 0.9}
-		r.runOutcome(24, s1, s2)
+		r, s1, s2 := sharedDevice(t, 24)
+		k1, k2 := s1.key, s2.key
 		require.Greater(t, r.tn.devs[sdb].outcomeRetryAt, r.clk.Now()+4*time.Second, "backing off")
 		if peerStep {
 			r.tn.mu.Lock()
