@@ -152,12 +152,16 @@ func (t *Tuner) readSince(k probe.FileKey) time.Duration {
 // 31 ms median, which read as its onset, and its own step starved a third
 // in turn. A small file read beside it (a block's checksums) takes no share.
 func (t *Tuner) peerStepIn(files []detector.FileStats, f detector.FileStats, now, span time.Duration) bool {
-	for _, p := range files {
-		if p.Key == f.Key || p.Device != f.Device || float64(p.Bytes) < peerShareMin*float64(f.Bytes) {
+	// The decisions are few beside the files; a moving one is rarer still.
+	for key, fd := range t.files {
+		if key == f.Key || fd.dev == nil || fd.dev.dev != f.Device ||
+			fd.win.trial == 0 && (fd.win.movedAt == 0 || now-fd.win.movedAt >= span) {
 			continue
 		}
-		if fd := t.files[p.Key]; fd != nil && (fd.win.trial != 0 || fd.win.movedAt != 0 && now-fd.win.movedAt < span) {
-			return true
+		for _, p := range files {
+			if p.Key == key && float64(p.Bytes) >= peerShareMin*float64(f.Bytes) {
+				return true
+			}
 		}
 	}
 	return false
