@@ -95,6 +95,10 @@ const (
 	// high, since the reference is what the reader gets in the conditions
 	// of the moment (a stream that slows leaves it more of the device).
 	randRefAlpha = 0.6
+	// justNowShare: windows raised within this last share of a measure
+	// delayed too few of a random reader's requests in it for its service
+	// there to be an estimate (raisedJustNow).
+	justNowShare = 0.1
 	// peerSlowMult: a stream whose median request latency is this many
 	// times its random peers' is slowed by its file, not by the queue.
 	peerSlowMult = 1.5
