@@ -99,6 +99,9 @@ const (
 	// delayed too few of a random reader's requests in it for its service
 	// there to be an estimate (raisedJustNow).
 	justNowShare = 0.1
+	// refTailMinRequests: a reference's p99 is sure over this many
+	// requests at least (its second largest or further in).
+	refTailMinRequests = 200
 	// peerSlowMult: a stream whose median request latency is this many
 	// times its random peers' is slowed by its file, not by the queue.
 	peerSlowMult = 1.5
@@ -154,11 +157,12 @@ func (t *Tuner) randomCost(dev probe.Dev, except probe.FileKey) randCost {
 		c.max = max(c.max, r.svc.mean)
 		cm := float64(r.svc.mean) / (t.meanBudget(r) * float64(r.ref.svc.mean))
 		tr := float64(r.svc.tail) / float64(r.ref.svc.tail)
-		if !r.ref.clean && tr < randTailSevere {
+		if !r.ref.tailSure && tr < randTailSevere {
 			// An estimated reference's p99 is one interval's, less an
-			// account of the windows' cost: too unsure to hold a stream
-			// to within 10% of it. Its mean still holds the reader's
-			// rate; its p99 counts only far off.
+			// account of the windows' cost, and one measured over a few
+			// dozen requests is their largest or so: too unsure to hold
+			// a stream to within 10% of it. Its mean still holds the
+			// reader's rate; its p99 counts only far off.
 			tr = min(tr, 1)
 		}
 		c.mean, c.tail = max(c.mean, cm), max(c.tail, tr)

@@ -958,21 +958,26 @@ func TestNoStepBesideARandomReaderWhoseP99IsOverBudgetNow(t *testing.T) {
 // state, a fresh stream's first outcome step gives it its directory's
 // window, and the random readers beside it are searched for a few
 // milliseconds later, in the same tick) has the requests of its measure
-// from before the prior: its reference is measured, not estimated, and its
-// p99 holds the stream as a measured one does. The stream steps past the
-// prior on the budget the reader's trim leaves its mean; the reader's p99,
-// over 1.1x its reference interval after interval, brings the window back.
-// (On the lab at +3 ms with saved state, such a reference read p99 2.7 ms
-// against the default window's 2.6, and the stream, held to it only from
-// 1.6x, kept 352 KB with the reader's p99 1.25x the default window's.)
+// from before the prior: its reference is measured, not estimated. Its
+// mean holds the stream to the budget of a measured one. Its p99 does too
+// when the requests are enough: the stream steps past the prior on the
+// budget the reader's trim leaves its mean, and the reader's p99, over
+// 1.1x its reference interval after interval, brings the window back (on
+// the lab at +3 ms with saved state, a stream held to such a p99 only from
+// 1.6x kept 352 KB with the reader's p99 1.25x the default window's). Over
+// a few dozen requests their p99 is their largest or so, and counts only
+// far off.
 func TestReaderReferredAsAPriorGoesInIsMeasuredNotEstimated(t *testing.T) {
 	for _, c := range []struct {
 		name     string
 		priorAgo time.Duration // before the search for random readers
+		share    float64       // of a second's requests in its measure
 		clean    bool
+		sure     bool
 	}{
-		{"prior given in the same tick", 3 * time.Millisecond, true},
-		{"prior given 100 ms before", 100 * time.Millisecond, false},
+		{"prior given in the same tick", 3 * time.Millisecond, 0.25, true, true},
+		{"prior given in the same tick, a few dozen requests", 3 * time.Millisecond, 0.06, true, false},
+		{"prior given 100 ms before", 100 * time.Millisecond, 0.25, false, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			l := newLabRig(t)
@@ -999,23 +1004,32 @@ func TestReaderReferredAsAPriorGoesInIsMeasuredNotEstimated(t *testing.T) {
 			now := l.clk.Now()
 			req, mean, p99 := l.random(128, 128)
 			recent := detector.Snapshot{Now: now, Devices: []detector.DeviceStats{{Device: sdb, BusyThroughput: 100e6, CapacityBPS: 150e6}},
-				Files: []detector.FileStats{randomStats(l.rkey, now, req/4, mean, p99, 128<<10)}}
+				Files: []detector.FileStats{randomStats(l.rkey, now, c.share*req, mean, p99, 128<<10)}}
 			acts := l.tn.FastTrim(recent, span)
 			require.NotEmpty(t, filter(acts, KindTrim, ResultTrial))
 			ref := l.tn.randRefs[l.rkey]
 			require.NotNil(t, ref)
 			require.Equal(t, c.clean, ref.clean)
+			require.Equal(t, c.sure, ref.tailSure)
 			if !c.clean {
 				return
 			}
 			assert.Equal(t, refP99, ref.svc.tail)
+			assert.Equal(t, mean, ref.svc.mean)
 
 			acts = append(acts, l.run(20)...)
 			logActs(t, acts)
 			require.NotEmpty(t, slices.DeleteFunc(filter(acts, KindFileWindow, ResultTrial), func(a Action) bool { return a.ToKB <= 240 }),
 				"the stream steps past the prior")
-			require.NotEmpty(t, filter(acts, KindFileWindowUndo, ResultUndone), "a window over the reader's p99 budget comes down")
 			_, p99 = l.service()
+			if !c.sure {
+				assert.Greater(t, float64(p99), randTailBudget*float64(refP99), "held to it only far off")
+				for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
+					assert.NotContains(t, a.Evidence, "over budget")
+				}
+				return
+			}
+			require.NotEmpty(t, filter(acts, KindFileWindowUndo, ResultUndone), "a window over the reader's p99 budget comes down")
 			assert.LessOrEqual(t, float64(p99), randTailBudget*float64(refP99), "at %d KB", l.files.window[l.st.key])
 			assert.GreaterOrEqual(t, l.files.window[l.st.key], 240)
 		})

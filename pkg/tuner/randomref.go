@@ -26,6 +26,9 @@ type randRef struct {
 	// device (a reader first seen beside a raised window is referred to
 	// what it got then, until the device is clean again).
 	clean bool
+	// tailSure: its p99 is a measure the reader's p99 can be held to
+	// within 10% of: clean, and over enough requests (refTailMinRequests).
+	tailSure bool
 }
 
 // serviceOf is a random reader's service in fs, ok if it has enough
@@ -75,8 +78,8 @@ func (t *Tuner) observeRandom(now time.Duration) {
 		case ref == nil:
 			t.addRandRef(fs, svc, clean, now, "tuner: random reader's reference")
 			continue
-		case clean && !ref.clean:
-			ref.svc, ref.clean = svc, true
+		case clean && (!ref.clean || !ref.tailSure):
+			ref.svc, ref.clean, ref.tailSure = svc, true, true
 			t.log.Debug("tuner: random reader's reference", "file", fs.Key.String(), "clean", true,
 				"mean", svc.mean, "p99", svc.tail, "request_kb", int(svc.size/1024))
 		case clean:
@@ -171,16 +174,24 @@ func (t *Tuner) addRandRef(fs detector.FileStats, svc randService, clean bool, n
 	if len(t.randRefs) >= maxRandRefs {
 		return
 	}
+	tailSure := clean
 	if !clean && t.raisedJustNow(fs.Device, fs.Key) {
 		// Its requests came before the windows in force now: what it
-		// gets at the device's window, measured.
-		clean = true
+		// gets at the device's window, measured. Its p99 too when they
+		// are enough: at start-up, with a saved prior given 120 ms after
+		// the daemon started, they are 70-80, and their p99 is their
+		// largest or so (on the lab at +3 ms: 1.74 and 4.08 ms where the
+		// default window gives 2.6; held to 1.1x the first, a 288 KB prior
+		// came down to the device's window and the stream read 0.90 of
+		// the best static window).
+		clean, tailSure = true, svc.requests >= refTailMinRequests
 	}
 	if !clean {
 		svc = t.untouchedEstimate(fs, svc)
 	}
-	t.randRefs[fs.Key] = &randRef{dev: fs.Device, svc: svc, seen: now, clean: clean}
-	t.log.Debug(msg, "file", fs.Key.String(), "clean", clean, "mean", svc.mean, "p99", svc.tail, "request_kb", int(svc.size/1024))
+	t.randRefs[fs.Key] = &randRef{dev: fs.Device, svc: svc, seen: now, clean: clean, tailSure: tailSure}
+	t.log.Debug(msg, "file", fs.Key.String(), "clean", clean, "p99_sure", tailSure, "mean", svc.mean, "p99", svc.tail,
+		"requests", svc.requests, "request_kb", int(svc.size/1024))
 }
 
 // raisedJustNow reports whether what readaheadd does on dev, though in
@@ -253,6 +264,6 @@ func (t *Tuner) refreshRandom(d *devState) {
 		r.ref.svc.mean = r.svc.mean
 		// A quarter interval's p99 is a few requests: half way only.
 		r.ref.svc.tail = ewmaDur(r.ref.svc.tail, r.svc.tail, 0.5)
-		r.ref.clean = true
+		r.ref.clean, r.ref.tailSure = true, true
 	}
 }
