@@ -69,6 +69,12 @@ type Config struct {
 	// MixedReps: how many times each seq+mmap row runs (interleaved);
 	// the row is the median of its runs (0 or 1: once).
 	MixedReps int
+	// RandomReopen: the mixed rows' random reader closes and re-opens its
+	// file at every eviction, as a service that opens its index per
+	// request batch does: each new descriptor starts with the device's
+	// window, and a trim of the descriptors open before reaches none of
+	// it.
+	RandomReopen bool
 	// HDFS runs the real-HDFS cases (needs Java 17 and Maven).
 	HDFS bool
 	// HDFSReaders is the number of concurrent HDFS clients in the

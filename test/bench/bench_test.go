@@ -316,6 +316,28 @@ func TestMixedRowsRunSeveralTimesAreMedians(t *testing.T) {
 	assert.Contains(t, md, "- seq+mmap, permanent+1.5ms, slow-before-open: readaheadd 95.0 / 4.40, 99.0 / 4.60, 97.0 / 7.00; default 74.0 / 7.60, 72.0 / 4.30, 73.0 / 2.90")
 }
 
+// A random reader set to re-open its file does so at every eviction, on a
+// new descriptor, and the report says the rows ran with it.
+func TestRandomReaderReopensItsFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "random.dat")
+	require.NoError(t, os.WriteFile(path, make([]byte, 1<<20), 0o644))
+	m, err := openMmapRandom(path)
+	require.NoError(t, err)
+	defer m.Close()
+	m.reopen = true
+	first := m.f
+	ctx, cancel := context.WithTimeout(context.Background(), evictEvery*5/2)
+	defer cancel()
+	require.NoError(t, m.run(ctx, 1))
+	assert.GreaterOrEqual(t, m.reopens, 1)
+	assert.NotSame(t, first, m.f)
+	assert.NotEmpty(t, m.since(time.Time{}), "it touched pages through the new mapping")
+
+	r := &Report{RandomReopen: true}
+	assert.Contains(t, r.Markdown(nil), "random reader re-opens its file every 250ms")
+	assert.NotContains(t, (&Report{}).Markdown(nil), "re-opens")
+}
+
 // The random reader's p99 per second locates its tail in a run.
 func TestRandomP99PerSecond(t *testing.T) {
 	t0 := time.Now()

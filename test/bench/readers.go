@@ -99,6 +99,10 @@ func (s *seqStream) run(ctx context.Context) error {
 type mmapRandom struct {
 	f    *os.File
 	data []byte
+	// reopen: at every eviction the file is closed and opened again (a
+	// new descriptor, with the device's window), not only mapped again.
+	reopen  bool
+	reopens int // how many times it did (read after run returns)
 	// sink keeps the page touch: a load whose value is never used is
 	// removed by the compiler, and then nothing faults.
 	sink atomic.Uint64
@@ -152,6 +156,15 @@ func (m *mmapRandom) run(ctx context.Context, seed uint64) error {
 			m.data = nil
 			if err := unix.Fadvise(int(m.f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
 				return err
+			}
+			if m.reopen {
+				f, err := os.Open(m.f.Name())
+				if err != nil {
+					return fmt.Errorf("open again: %w", err)
+				}
+				m.f.Close()
+				m.f = f
+				m.reopens++
 			}
 			data, err := unix.Mmap(int(m.f.Fd()), 0, int(pages*4096), unix.PROT_READ, unix.MAP_SHARED)
 			if err != nil {

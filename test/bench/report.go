@@ -13,22 +13,25 @@ import (
 
 // Report is one run of the matrix.
 type Report struct {
-	Date     time.Time `json:"date"`
-	Machine  string    `json:"machine"`
-	Commit   string    `json:"commit"`
-	Device   string    `json:"device"`
-	Short    bool      `json:"short"`
-	FileMB   int       `json:"file_mb"`
-	Measure  float64   `json:"measure_s"`
-	StaticKB []int     `json:"static_kb"`
-	Results  []Result  `json:"results"`
-	Targets  []Target  `json:"targets"`
+	Date    time.Time `json:"date"`
+	Machine string    `json:"machine"`
+	Commit  string    `json:"commit"`
+	Device  string    `json:"device"`
+	Short   bool      `json:"short"`
+	// RandomReopen: the mixed rows' random reader re-opened its file at
+	// every eviction (Config.RandomReopen).
+	RandomReopen bool     `json:"random_reopen,omitempty"`
+	FileMB       int      `json:"file_mb"`
+	Measure      float64  `json:"measure_s"`
+	StaticKB     []int    `json:"static_kb"`
+	Results      []Result `json:"results"`
+	Targets      []Target `json:"targets"`
 	// Starts: the readaheadd arm under start conditions other than onset.
 	Starts []StartResult `json:"starts,omitempty"`
 }
 
 func newReport(cfg Config) *Report {
-	r := &Report{Date: time.Now().UTC(), FileMB: cfg.FileMB, Measure: cfg.Measure.Seconds(), StaticKB: cfg.StaticKB}
+	r := &Report{Date: time.Now().UTC(), FileMB: cfg.FileMB, Measure: cfg.Measure.Seconds(), StaticKB: cfg.StaticKB, RandomReopen: cfg.RandomReopen}
 	host, _ := os.Hostname()
 	kern, _ := os.ReadFile("/proc/sys/kernel/osrelease")
 	r.Machine = fmt.Sprintf("%s, Linux %s, %d CPUs, %s", host, strings.TrimSpace(string(kern)), runtime.NumCPU(), memTotal())
@@ -377,6 +380,9 @@ func (r *Report) Markdown(plots []string) string {
 	form := "full (`make bench`)"
 	if r.Short {
 		form = "short (`make bench-short`)"
+	}
+	if r.RandomReopen {
+		form += "; the mixed rows' random reader re-opens its file every " + evictEvery.String() + " (`-random-reopen`)"
 	}
 	fmt.Fprintf(&b, "# readaheadd benchmark results\n\n")
 	fmt.Fprintf(&b, "- Date: %s\n- Machine: %s\n- Commit: %s\n- Device: %s\n- Form: %s; %d MB files; %.0f s measured after each onset; static windows %v KB\n\n",

@@ -301,6 +301,7 @@ func (e *labEnv) runOne(ctx context.Context, c Case, arm Arm) (res Result, err e
 		if rnd, err = openMmapRandom(e.rnd); err != nil {
 			return res, err
 		}
+		rnd.reopen = e.cfg.RandomReopen
 		defer rnd.Close()
 	}
 	var rndIno uint64

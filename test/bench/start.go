@@ -119,6 +119,7 @@ func (e *labEnv) runStart(ctx context.Context, c Case, start string) (res StartR
 		if rnd, err = openMmapRandom(e.rnd); err != nil {
 			return res, err
 		}
+		rnd.reopen = e.cfg.RandomReopen
 		defer rnd.Close()
 		wgR.Add(1)
 		go func() {

@@ -29,6 +29,7 @@ func main() {
 	regimes := flag.String("regimes", "", "comma-separated regimes: run only these cases; permanent+<duration> (permanent+2ms, say) runs a permanent slowdown of that severity")
 	starts := flag.Bool("starts", false, "also run readaheadd under the start conditions slow-before-open, slow-before-daemon and slow-before-daemon-saved (seq and sendfile cases)")
 	reps := flag.Int("mixed-reps", -1, "run each seq+mmap row this many times, interleaved, and report the medians (default: 3 with -full, 1 otherwise)")
+	reopen := flag.Bool("random-reopen", false, "the seq+mmap rows' random reader closes and re-opens its file at every eviction (every 250 ms), as a service that opens its index per batch")
 	flag.Parse()
 	if *from != "" {
 		b, err := os.ReadFile(*from)
@@ -56,6 +57,7 @@ func main() {
 	if hdfs.Enabled() {
 		cfg.HDFS = true
 	}
+	cfg.RandomReopen = *reopen
 	if *noHDFS {
 		cfg.HDFS = false
 	}
