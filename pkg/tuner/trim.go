@@ -196,35 +196,35 @@ func (t *Tuner) startTrims(d *devState, withStep bool) {
 
 // retrim reaches descriptors opened on a kept trim's file after the trim
 // (a reader that re-opens its file gets the device's window): its
-// requests grow back to read-around size.
+// requests grow back to read-around size. Every descriptor open on the
+// file now is trimmed again, not only those of a process and number not
+// seen before: a reader that closes its file and opens it again mostly
+// gets the same number back, on an open file with the device's window.
+// The trim's descriptors are those open now: a reader that re-opens its
+// file would otherwise add one to them at each search, for ever.
 func (t *Tuner) retrim(td *trimDec) {
 	now := t.deps.Clock.Now()
 	fs, ok := t.fstats[td.key]
 	if !ok || !t.readRandomly(fs) || !readAroundSized(fs, td.kb) || !t.scanDue(td.key, now) {
 		return
 	}
-	var fresh []FileRef
-	for _, r := range t.trimRefs(td.key, td.dev) {
-		if !slices.ContainsFunc(td.refs, func(o FileRef) bool { return o.Tgid == r.Tgid && o.FD == r.FD }) {
-			fresh = append(fresh, r)
-		}
-	}
-	if len(fresh) == 0 {
+	open := t.trimRefs(td.key, td.dev)
+	if len(open) == 0 {
 		return
 	}
-	n, err := t.lowerFiles(td.dev, td.kb, fresh, true)
+	n, err := t.lowerFiles(td.dev, td.kb, open, true)
 	if errors.Is(err, errRateLimited) {
 		delete(t.trimScanAt, td.key)
 		return
 	}
-	res, ev := ResultApplied, fmt.Sprintf("read-around trim: %d descriptor(s) opened on the trimmed file since, reading %.0f KB per request again", n, fs.MeanSize/1024)
+	res, ev := ResultApplied, fmt.Sprintf("read-around trim: the trimmed file read %.0f KB per request again (descriptors opened since); its %d open descriptor(s) trimmed again", fs.MeanSize/1024, n)
 	a := Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindTrim, FromKB: td.dev.cur, ToKB: td.kb, Result: res, Evidence: ev}
 	if err != nil {
 		a.Result, a.Evidence = ResultFailed, ev+": "+err.Error()
 		t.emitFailed(a, err)
 		return
 	}
-	td.refs = append(td.refs, fresh...)
+	td.refs = open
 	td.dev.trimAt = now
 	t.fails.ok(td.key, KindTrim)
 	t.emit(a)

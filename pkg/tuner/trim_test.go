@@ -202,9 +202,44 @@ func TestTrimReachesADescriptorOpenedLater(t *testing.T) {
 	}
 	require.Len(t, applied, 1, "the new descriptor is found within the scan period")
 	assert.Equal(t, 16, applied[0].ToKB)
-	assert.Contains(t, applied[0].Evidence, "1 descriptor(s)")
+	assert.Contains(t, applied[0].Evidence, "2 open descriptor(s)")
 	assert.Equal(t, 16, m.files.window[m.rnd])
 	assert.Empty(t, trimActs(m.run(40), m.rnd), "nothing more while the requests stay small")
+}
+
+// A reader that closes its file and opens it again mostly gets the same
+// descriptor number back, on a new open file with the device's window: it
+// is trimmed again all the same. And a reader that does so again and again
+// leaves the trim holding the descriptors open now, not one more per
+// search.
+func TestTrimReachesAReopenedDescriptorOfTheSameNumber(t *testing.T) {
+	m := newMmapRig(t, Config{})
+	m.run(31)
+	require.Equal(t, 16, m.files.window[m.rnd])
+	p := m.files.fds[200][0].Path
+	for i := 0; i < 5; i++ {
+		// Closed and opened again: the same number, the device's window
+		// (one descriptor of a new number open beside it at times).
+		m.files.fds[200] = nil
+		m.files.open(200, 9, p, m.rnd)
+		if i%2 == 1 {
+			m.files.open(200, 10+i, p, m.rnd)
+		}
+		m.files.window[m.rnd] = 128
+		var applied []Action
+		for _, a := range trimActs(m.run(31), m.rnd) {
+			if a.Result == ResultApplied {
+				applied = append(applied, a)
+			}
+		}
+		require.Len(t, applied, 1, "re-open %d: trimmed again within the scan period", i)
+		assert.Equal(t, 16, m.files.window[m.rnd])
+		m.tn.mu.Lock()
+		td := m.tn.trims[m.rnd]
+		require.NotNil(t, td)
+		assert.Len(t, td.refs, len(m.files.fds[200]), "the trim holds the descriptors open now")
+		m.tn.mu.Unlock()
+	}
 }
 
 func TestTrimEndsAtShutdownAndWhenTheReaderGoes(t *testing.T) {
