@@ -13,21 +13,21 @@ import (
 
 // Report is one run of the matrix.
 type Report struct {
-	Date    time.Time `json:"date"`
-	Machine string    `json:"machine"`
-	Commit  string    `json:"commit"`
-	Device  string    `json:"device"`
-	Short   bool      `json:"short"`
-	// RandomReopen: the mixed rows' random reader re-opened its file at
-	// every eviction (Config.RandomReopen).
-	RandomReopen bool     `json:"random_reopen,omitempty"`
-	FileMB       int      `json:"file_mb"`
-	Measure      float64  `json:"measure_s"`
-	StaticKB     []int    `json:"static_kb"`
-	Results      []Result `json:"results"`
-	Targets      []Target `json:"targets"`
+	Date     time.Time `json:"date"`
+	Machine  string    `json:"machine"`
+	Commit   string    `json:"commit"`
+	Device   string    `json:"device"`
+	Short    bool      `json:"short"`
+	FileMB   int       `json:"file_mb"`
+	Measure  float64   `json:"measure_s"`
+	StaticKB []int     `json:"static_kb"`
+	Results  []Result  `json:"results"`
+	Targets  []Target  `json:"targets"`
 	// Starts: the readaheadd arm under start conditions other than onset.
 	Starts []StartResult `json:"starts,omitempty"`
+	// RandomReopen: the mixed rows' random reader re-opened its file at
+	// every eviction (Config.RandomReopen).
+	RandomReopen bool `json:"random_reopen,omitempty"`
 }
 
 func newReport(cfg Config) *Report {
