@@ -32,12 +32,12 @@ func (t *Tuner) TrimStreams() ([]probe.FileKey, time.Duration) {
 	}
 	var keys []probe.FileKey
 	for _, fd := range t.files {
-		if fd.win.inForce() > fd.win.base || fd.win.dryAt > fd.win.base {
+		if fd.win.raised() {
 			keys = append(keys, fd.key)
 		}
 	}
 	for _, d := range t.devs {
-		if d.cur == d.orig && !(d.winActive && d.win.dryAt > d.orig) {
+		if !d.raisedWide() {
 			continue
 		}
 		// A device-wide raise: any file read there names the device.

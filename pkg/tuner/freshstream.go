@@ -102,6 +102,15 @@ func (t *Tuner) useView(snap detector.Snapshot, span time.Duration) (restore fun
 	return func() { t.fstats, t.dstats, t.snap, t.measSpan = savedF, savedD, savedSnap, 0 }
 }
 
+// viewSpan is the span the tuner's view covers: a Settle, or the recent
+// span of a check between Steps (useView).
+func (t *Tuner) viewSpan() time.Duration {
+	if t.measSpan > 0 {
+		return t.measSpan
+	}
+	return t.cfg.Settle
+}
+
 // newOutcomeDec records a decision judged by the stream's rate, for a
 // stream bound by its window with no regime, at the device's window.
 func (t *Tuner) newOutcomeDec(k probe.FileKey, d *devState, now time.Duration) *fileDec {

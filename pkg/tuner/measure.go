@@ -20,10 +20,7 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 	}
 	// The detector's window is the tuner's Settle (the daemon sets both to
 	// its interval), or the recent span of a fresh stream's first step.
-	span := t.cfg.Settle.Seconds()
-	if t.measSpan > 0 {
-		span = t.measSpan.Seconds()
-	}
+	span := t.viewSpan().Seconds()
 	// A stream that stopped reading inside the span (its reader reached
 	// the end of its file, or closed it) read for only part of it: over
 	// the whole span its rate would understate what it got. A 256 MB

@@ -43,10 +43,7 @@ func (t *Tuner) windowKB(k probe.FileKey) (int, bool) {
 	w, whole := 0, false
 	// Whole: read since before the span the tuner's view covers (a
 	// Settle, or the recent span of a check between Steps), by half again.
-	span := t.cfg.Settle
-	if t.measSpan > 0 {
-		span = t.measSpan
-	}
+	span := t.viewSpan()
 	for _, r := range t.readers[k] {
 		if now-r.lastSeen <= 2*t.cfg.Settle && r.raKB > w {
 			w = r.raKB

@@ -50,15 +50,7 @@ func (t *Tuner) untouched(d *devState) bool {
 	if d == nil {
 		return true
 	}
-	if t.helping(d) || t.deps.Clock.Now()-d.movedAt < t.cfg.Settle && d.movedAt != 0 {
-		return false
-	}
-	for _, td := range t.trims {
-		if td.dev == d {
-			return false
-		}
-	}
-	return true
+	return !t.helping(d) && (d.movedAt == 0 || t.deps.Clock.Now()-d.movedAt >= t.cfg.Settle) && !t.trimmedOn(d)
 }
 
 // observeRandom learns the references of the random readers in the Step's
@@ -113,11 +105,7 @@ func (t *Tuner) untouchedEstimate(fs detector.FileStats, svc randService) randSe
 		return svc
 	}
 	perByte := randSlack / capBPS
-	span := t.cfg.Settle
-	if t.measSpan > 0 {
-		span = t.measSpan
-	}
-	now := t.deps.Clock.Now()
+	span, now := t.viewSpan(), t.deps.Clock.Now()
 	var excess float64 // bytes
 	for _, fd := range t.files {
 		if fd.dev == d && fd.key != fs.Key && fd.win.inForce() > fd.win.base {
@@ -207,19 +195,10 @@ func (t *Tuner) addRandRef(fs detector.FileStats, svc randService, clean bool, n
 // stream stepped past the prior to 352 KB with the reader's p99 1.25x.
 func (t *Tuner) raisedJustNow(dev probe.Dev, except probe.FileKey) bool {
 	d := t.devs[dev]
-	if d == nil || d.cur != d.orig || d.winActive && d.win.dryAt > d.orig {
+	if d == nil || d.raisedWide() || t.trimmedOn(d) {
 		return false
 	}
-	for _, td := range t.trims {
-		if td.dev == d {
-			return false
-		}
-	}
-	span := t.cfg.Settle
-	if t.measSpan > 0 {
-		span = t.measSpan
-	}
-	now := t.deps.Clock.Now()
+	span, now := t.viewSpan(), t.deps.Clock.Now()
 	recent := func(at time.Duration) bool { return at != 0 && now-at < time.Duration(justNowShare*float64(span)) }
 	within := func(at time.Duration) bool { return at != 0 && now-at < span }
 	if within(d.movedAt) && !recent(d.movedAt) {
@@ -230,7 +209,7 @@ func (t *Tuner) raisedJustNow(dev probe.Dev, except probe.FileKey) bool {
 		if fd.dev != d || fd.key == except {
 			continue
 		}
-		switch up := fd.win.inForce() > fd.win.base || fd.win.dryAt > fd.win.base; {
+		switch up := fd.win.raised(); {
 		case up && !recent(fd.win.movedAt):
 			return false
 		case up:

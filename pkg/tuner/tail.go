@@ -203,10 +203,7 @@ func (t *Tuner) tailKeep(file probe.FileKey, l *ladder, m measure) (string, bool
 // the one the requests came from: a Settle, or the recent view a check
 // between Steps looks at (a change 0.6 s before a 250 ms view is not in it).
 func (t *Tuner) windowMoved(k probe.FileKey, dev probe.Dev, now time.Duration) bool {
-	span := t.cfg.Settle
-	if t.measSpan > 0 {
-		span = t.measSpan
-	}
+	span := t.viewSpan()
 	span -= span / 10
 	within := func(at time.Duration) bool { return at != 0 && now-at < span }
 	fd := t.files[k]

@@ -65,11 +65,31 @@ type trimOff struct {
 // helping reports whether the tuner has a window raised on the device:
 // its own (device-wide) or an open file's (in dry-run mode: would have).
 func (t *Tuner) helping(d *devState) bool {
-	if d.cur != d.orig || (d.winActive && d.win.dryAt > d.orig) {
+	if d.raisedWide() {
 		return true
 	}
 	for _, fd := range t.files {
-		if fd.dev == d && (fd.win.inForce() > fd.win.base || fd.win.dryAt > fd.win.base) {
+		if fd.dev == d && fd.win.raised() {
+			return true
+		}
+	}
+	return false
+}
+
+// raisedWide reports whether the device's own window is raised (in dry-run
+// mode: would be).
+func (d *devState) raisedWide() bool {
+	return d.cur != d.orig || d.winActive && d.win.dryAt > d.orig
+}
+
+// raised reports whether a file's window is raised (in dry-run mode:
+// would be).
+func (l *ladder) raised() bool { return l.inForce() > l.base || l.dryAt > l.base }
+
+// trimmedOn reports whether a read-around trim is in force on d.
+func (t *Tuner) trimmedOn(d *devState) bool {
+	for _, td := range t.trims {
+		if td.dev == d {
 			return true
 		}
 	}
