@@ -210,7 +210,8 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		// Steps are taken on interval ticks: the tick one Settle after the
 		// step may read the clock a little early, and must still judge it
 		// (otherwise every step would take two intervals).
-		if now-l.trialAt < t.cfg.Settle-t.cfg.Settle/10 && !t.keepsEarly(d, l, m, now) && !(t.endedJudge && m.ok) {
+		early := now-l.trialAt < t.cfg.Settle-t.cfg.Settle/10
+		if early && !t.keepsEarly(d, l, m, now) && !(t.endedJudge && m.ok) {
 			return false
 		}
 		if !m.ok && now-l.trialAt < 4*t.cfg.Settle {
@@ -291,9 +292,10 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		if l.kind == KindFileWindow && l.limit > 0 {
 			t.learnRandomSlope(d, l, m)
 		}
-		// A p99 over its budget, short of far off: the step's cost if the
+		// A p99 over its budget, short of far off, over a whole interval
+		// (a quarter's is a handful of requests): the step's cost if the
 		// next interval shows it again (below).
-		tailOver := l.kind == KindFileWindow && m.rand.n > 0 && m.rand.tail > randTailBudget
+		tailOver := l.kind == KindFileWindow && !early && m.rand.n > 0 && m.rand.tail > randTailBudget
 		if l.kind == KindFileWindow && (m.rand.over() || tailOver) && !l.randLater &&
 			(m.rand.mean <= 1 || m.rand.mean <= randMeanNear && m.rand.tail < randTailSevere) {
 			// Their p99 alone, in one interval: on this host one

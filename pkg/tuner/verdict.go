@@ -39,7 +39,8 @@ const (
 // Settle, the measure's span holds only its window, and the measure says it
 // pays by earlyKeepGain with nothing lost elsewhere.
 func (t *Tuner) keepsEarly(d *devState, l *ladder, m measure, now time.Duration) bool {
-	if !t.earlyKeep || l.kind != KindFileWindow || now-l.trialAt < t.cfg.Settle/2 || now-l.movedAt < t.measSpan {
+	// A verdict put off (randLater) waits for a whole interval.
+	if !t.earlyKeep || l.kind != KindFileWindow || l.randLater || now-l.trialAt < t.cfg.Settle/2 || now-l.movedAt < t.measSpan {
 		return false
 	}
 	b := l.before
