@@ -30,6 +30,7 @@ func main() {
 	starts := flag.Bool("starts", false, "also run readaheadd under the start conditions slow-before-open, slow-before-daemon and slow-before-daemon-saved (seq and sendfile cases)")
 	reps := flag.Int("mixed-reps", -1, "run each seq+mmap row this many times, interleaved, and report the medians (default: 3 with -full, 1 otherwise)")
 	reopen := flag.Bool("random-reopen", false, "the seq+mmap rows' random reader closes and re-opens its file at every eviction (every 250 ms), as a service that opens its index per batch")
+	measure := flag.Duration("measure", 0, "how long readers read after each onset (default: 8s with -full, 5s otherwise): a longer one shows what a kept window does after the first seconds")
 	flag.Parse()
 	if *from != "" {
 		b, err := os.ReadFile(*from)
@@ -58,6 +59,9 @@ func main() {
 		cfg.HDFS = true
 	}
 	cfg.RandomReopen = *reopen
+	if *measure > 0 {
+		cfg.Measure = *measure
+	}
 	if *noHDFS {
 		cfg.HDFS = false
 	}
