@@ -322,8 +322,14 @@ func (t *Tuner) judgeTrim(td *trimDec) {
 		why := fmt.Sprintf("its reads turned sequential (%.0f%%): the read-around was being used", 100*fs.Sequentiality)
 		if notReadAround {
 			// Buffered random reads of that size: the window never
-			// shaped them.
+			// shaped them. Or the trimmed descriptors are closed: a
+			// reader that opens the file again (a service opening its
+			// index per batch of lookups) reads around with the
+			// device's window on every new one.
 			why = fmt.Sprintf("its requests still average %.0f KB: they are the reads it asks for, not read-around", fs.MeanSize/1024)
+			if t.trimmedClosed(td) {
+				why = fmt.Sprintf("its requests still average %.0f KB, and every descriptor it trimmed is closed: the reader opens the file again, and each new descriptor reads around with the device's window", fs.MeanSize/1024)
+			}
 		}
 		off := t.trimOffs[td.key]
 		if off == nil {
@@ -341,6 +347,25 @@ func (t *Tuner) judgeTrim(td *trimDec) {
 	t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindTrim, FromKB: td.from, ToKB: td.kb, Result: ResultKept,
 		Evidence: fmt.Sprintf("read-around trim: reads still random (sequential %.0f%%), %.0f KB per request, median %v -> %v",
 			100*fs.Sequentiality, fs.MeanSize/1024, td.beforeP.Round(10*time.Microsecond), fs.P50.Round(10*time.Microsecond))})
+}
+
+// trimmedClosed reports whether every descriptor td trimmed is closed (or
+// its process gone).
+func (t *Tuner) trimmedClosed(td *trimDec) bool {
+	if td.dry || len(td.refs) == 0 {
+		return false
+	}
+	for _, ref := range td.refs {
+		h, err := t.deps.Files.Dup(ref)
+		if err == nil {
+			h.Close()
+			return false
+		}
+		if !errors.Is(err, ErrFDGone) && !errors.Is(err, ErrProcessGone) {
+			return false
+		}
+	}
+	return true
 }
 
 // endTrim gives the trimmed open files the device's window again.

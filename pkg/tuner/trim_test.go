@@ -166,6 +166,25 @@ func TestTrimUndoneWhenItDoesNotPay(t *testing.T) {
 	assert.NotEmpty(t, trimActs(m.run(40), m.rnd), "tried again after the back-off")
 }
 
+// A reader that closes its trimmed descriptor and opens the file again
+// reads around with the device's window on the new one: the trim's
+// verdict says so, not that its reads are the ones it asks for.
+func TestTrimUndoneOnAReaderThatReopensSaysSo(t *testing.T) {
+	m := newMmapRig(t, Config{})
+	m.files.closedFDs = true
+	require.NotEmpty(t, trimActs(m.run(1), m.rnd))
+	require.Equal(t, 16, m.files.window[m.rnd])
+	p := m.files.fds[200][0].Path
+	m.files.closeFD(200, 9)
+	m.files.open(200, 10, p, m.rnd)
+	m.files.window[m.rnd] = 128 // the new descriptor has the device's window
+	rnd := trimActs(m.run(1), m.rnd)
+	require.Len(t, rnd, 1)
+	assert.Equal(t, KindTrimUndo, rnd[0].Kind)
+	assert.Contains(t, rnd[0].Evidence, "every descriptor it trimmed is closed")
+	assert.NotContains(t, rnd[0].Evidence, "the reads it asks for")
+}
+
 func TestTrimUndoneForBufferedRandomReads(t *testing.T) {
 	m := newMmapRig(t, Config{})
 	// 128 KB random read() calls: the window does not shape them.

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -90,6 +91,10 @@ type fakeFiles struct {
 	dups   int
 	closed int
 	scans  int
+
+	// closedFDs: Dup fails on a descriptor no longer open (closeFD); off,
+	// every descriptor once found stays reachable.
+	closedFDs bool
 }
 
 func newFakeFiles(sys *fakeSys) *fakeFiles {
@@ -123,9 +128,17 @@ func (f *fakeFiles) FindAll(key probe.FileKey) ([]FileRef, error) {
 	return out, nil
 }
 
+// closeFD closes a reader's descriptor.
+func (f *fakeFiles) closeFD(tgid uint32, fd int) {
+	f.fds[tgid] = slices.DeleteFunc(f.fds[tgid], func(r FileRef) bool { return r.FD == fd })
+}
+
 func (f *fakeFiles) Dup(ref FileRef) (Handle, error) {
 	if f.gone[ref.Tgid] {
 		return nil, ErrProcessGone
+	}
+	if f.closedFDs && !slices.ContainsFunc(f.fds[ref.Tgid], func(r FileRef) bool { return r.FD == ref.FD && r.Key == ref.Key }) {
+		return nil, ErrFDGone
 	}
 	f.dups++
 	return &fakeHandle{f: f, ref: ref}, nil
