@@ -331,7 +331,12 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 			return t.undoStep(l, now, ev+"; over budget: "+m.rand.why, apply, act)
 		}
 		if l.kind == KindFileWindow && m.rand.n > 0 {
-			l.resetWatch() // beside random readers the watch starts afresh
+			// Beside random readers the watch starts afresh. (A p99 over
+			// budget here is an early keep's quarter interval.)
+			l.resetWatch()
+			if m.rand.tail > randTailBudget {
+				ev += "; watched: " + m.rand.why
+			}
 		}
 		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)
 		l.prev = l.cur
