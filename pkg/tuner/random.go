@@ -102,6 +102,9 @@ const (
 	// refTailMinRequests: a reference's p99 is sure over this many
 	// requests at least (its second largest or further in).
 	refTailMinRequests = 200
+	// refreshTailRequests: the recent requests whose p99 replaces a random
+	// reader's p99 reference outright at a refresh (refreshTailWeight).
+	refreshTailRequests = 100
 	// peerSlowMult: a stream whose median request latency is this many
 	// times its random peers' is slowed by its file, not by the queue.
 	peerSlowMult = 1.5

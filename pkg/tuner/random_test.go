@@ -421,8 +421,22 @@ func TestFastPathStepBesideARandomReaderWaitsForItsNewService(t *testing.T) {
 	require.NotEmpty(t, filter(acts, KindTrim, ResultTrial), "the trim with the step")
 	after := l.tn.randRefs[l.rkey].svc
 	assert.Less(t, after.mean, before.mean, "the reference is what the reader gets since the slowdown began")
-	assert.Less(t, after.tail, before.tail)
+	require.GreaterOrEqual(t, rs.Requests, uint64(refreshTailRequests))
+	assert.Equal(t, rs.P99, after.tail,
+		"its p99 over enough requests since the slowdown is its reference, not a blend with the one from before it")
 	assert.Equal(t, uint64(1), l.tn.Status().Counts["outcome/deferred"])
+}
+
+// A refresh over few recent requests moves a random reader's p99 reference
+// only by their share of refreshTailRequests: a p99 over a few dozen is
+// their largest.
+func TestRefreshTailWeight(t *testing.T) {
+	for _, c := range []struct {
+		n    uint64
+		want float64
+	}{{0, 0}, {25, 0.25}, {50, 0.5}, {refreshTailRequests, 1}, {400, 1}} {
+		assert.InDelta(t, c.want, refreshTailWeight(c.n), 1e-9, "%d requests", c.n)
+	}
 }
 
 // A device-wide tail beside a random mmap reader: no device-wide window

@@ -336,6 +336,8 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 			l.resetWatch()
 			if m.rand.tail > randTailBudget {
 				ev += "; watched: " + m.rand.why
+			} else {
+				ev += "; within budget: " + m.rand.why
 			}
 		}
 		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)

@@ -124,8 +124,10 @@ func TestStepBesideARandomReaderIsKeptEarlyOnlyWellWithinItsBudget(t *testing.T)
 				return
 			}
 			require.Len(t, kept, 1, "kept on the recent requests, the random reader's among them")
-			if tc.tailX > 0 {
+			if tc.tailX > randTailBudget {
 				assert.Contains(t, kept[0].Evidence, "watched:", "the p99 over budget is named: the watch follows it")
+			} else {
+				assert.Contains(t, kept[0].Evidence, "within budget: the random reader", "what the reader got against its reference is named")
 			}
 			assert.Equal(t, uint64(1), l.tn.Status().Counts["outcome/kept_early"])
 		})
