@@ -105,6 +105,9 @@ const (
 	// refreshTailRequests: the recent requests whose p99 replaces a random
 	// reader's p99 reference outright at a refresh (refreshTailWeight).
 	refreshTailRequests = 100
+	// tailEstFloor: the account of the raised windows (tailAtDefault)
+	// lowers a random reader's p99 reference by this share at most.
+	tailEstFloor = 0.75
 	// peerSlowMult: a stream whose median request latency is this many
 	// times its random peers' is slowed by its file, not by the queue.
 	peerSlowMult = 1.5
@@ -159,8 +162,9 @@ func (t *Tuner) randomCost(dev probe.Dev, except probe.FileKey) randCost {
 		c.n++
 		c.max = max(c.max, r.svc.mean)
 		cm := float64(r.svc.mean) / (t.meanBudget(r) * float64(r.ref.svc.mean))
-		tr := float64(r.svc.tail) / float64(r.ref.svc.tail)
-		if !r.ref.tailSure && tr < randTailSevere {
+		refTail, sure, estimated := t.tailRef(r)
+		tr := float64(r.svc.tail) / float64(refTail)
+		if !sure && tr < randTailSevere {
 			// An estimated reference's p99 is one interval's, less an
 			// account of the windows' cost, and one measured over a few
 			// dozen requests is their largest or so: too unsure to hold
@@ -173,7 +177,11 @@ func (t *Tuner) randomCost(dev probe.Dev, except probe.FileKey) randCost {
 			worst = w
 			c.why = fmt.Sprintf("the random reader %s beside it: mean %v p99 %v against its reference %v / %v (budget %.2fx / %.2fx)",
 				r.key, r.svc.mean.Round(10*time.Microsecond), r.svc.tail.Round(10*time.Microsecond),
-				r.ref.svc.mean.Round(10*time.Microsecond), r.ref.svc.tail.Round(10*time.Microsecond), t.meanBudget(r), randTailBudget)
+				r.ref.svc.mean.Round(10*time.Microsecond), refTail.Round(10*time.Microsecond), t.meanBudget(r), randTailBudget)
+			if estimated {
+				c.why += fmt.Sprintf(", its p99 the device's window's by the account of the windows raised beside it (measured %v)",
+					r.ref.svc.tail.Round(10*time.Microsecond))
+			}
 		}
 	}
 	return c
@@ -234,7 +242,7 @@ func (t *Tuner) randomLimitKB(fd *fileDec) (int, string) {
 		if !r.ok {
 			continue // too few requests now to measure; its reference stands for it
 		}
-		if w := fd.win.inForce(); w > fd.win.base && r.svc.tail > time.Duration(randTailBudget*float64(r.ref.svc.tail)) {
+		if refTail, _, _ := t.tailRef(r); fd.win.inForce() > fd.win.base && r.svc.tail > time.Duration(randTailBudget*float64(refTail)) {
 			// Its p99 is over budget already beside the raised window: no
 			// step further. The steps are sized by its mean, which its
 			// trim lowers far more than its p99 (the wait behind the
@@ -245,7 +253,7 @@ func (t *Tuner) randomLimitKB(fd *fileDec) (int, string) {
 			// watch does that, over several intervals): any reference,
 			// an estimated one too, may hold a step back.
 			return 0, fmt.Sprintf("the random reader %s beside it is over its p99 budget now: %v against %.2fx its reference %v",
-				r.key, r.svc.tail.Round(10*time.Microsecond), randTailBudget, r.ref.svc.tail.Round(10*time.Microsecond))
+				r.key, r.svc.tail.Round(10*time.Microsecond), randTailBudget, refTail.Round(10*time.Microsecond))
 		}
 		// Sized by the mean: steady from one interval to the next (the
 		// p99 is watched over several, watchRandom).

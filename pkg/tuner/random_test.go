@@ -1092,3 +1092,45 @@ func TestReaderReferredAsAPriorGoesInIsMeasuredNotEstimated(t *testing.T) {
 		})
 	}
 }
+
+// A random reader whose reference was learned in seconds of the default
+// window's high mode (its p99 2.6 ms there, where its requests wait behind
+// two of the stream's transfers; 1.9 ms in most seconds) is held to what
+// the account of the raised windows says the default window gives it now
+// (tailAtDefault): the stream's window stops where the reader's p99 is
+// within 1.1x of that, not of the high second. Each KB of the stream's
+// window costs the reader's p99 a KB's transfer (the lab's one channel),
+// and its mean about half that.
+func TestRandomReaderHeldToTheDefaultWindowsP99ByTheAccount(t *testing.T) {
+	const kbCost = 6830 * time.Nanosecond // a KB at 150 MB/s
+	physics := func(rkb, skb int) time.Duration {
+		return 150*time.Microsecond + time.Duration(rkb+skb)*kbCost
+	}
+	l := newLabRig(t)
+	l.tput = func(kb int) float64 { return min(float64(kb)*0.47e6, 140e6) }
+	l.model = func(rkb, skb int) (float64, time.Duration, time.Duration) {
+		mean := 150*time.Microsecond + time.Duration(rkb)*kbCost + time.Duration(skb)*3420*time.Nanosecond
+		req := float64(time.Second) / float64(mean)
+		if rkb == 128 && skb == 128 {
+			return req, mean, 2600 * time.Microsecond // the reference's seconds
+		}
+		return req, mean, physics(rkb, skb)
+	}
+	acts := l.run(16)
+	logActs(t, acts)
+	ref := l.tn.randRefs[l.rkey]
+	require.NotNil(t, ref)
+	require.Equal(t, 2600*time.Microsecond, ref.svc.tail, "its reference is the high second's")
+	w := l.files.window[l.st.key]
+	def := physics(128, 128)
+	assert.Greater(t, w, 192, "the stream still grows")
+	assert.LessOrEqual(t, float64(physics(l.files.window[l.rkey], w)), randTailBudget*float64(def),
+		"the reader's p99 at %d KB against the default window's %v", w, def)
+	assert.Less(t, float64(physics(16, w+randStepKB)), randTailBudget*float64(ref.svc.tail),
+		"its measured reference alone would let the stream grow further")
+	var named bool
+	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
+		named = named || strings.Contains(a.Evidence, "by the account of the windows raised beside it")
+	}
+	assert.True(t, named, "the undo says its p99 reference is the account's")
+}
