@@ -106,7 +106,8 @@ const (
 	// reader's p99 reference outright at a refresh (refreshTailWeight).
 	refreshTailRequests = 100
 	// tailEstFloor: the account of the raised windows (tailAtDefault)
-	// lowers a random reader's p99 reference by this share at most.
+	// puts what the device's window gives a random reader at this share
+	// of its reference at least (of its p99 now, its reference's not sure).
 	tailEstFloor = 0.75
 	// peerSlowMult: a stream whose median request latency is this many
 	// times its random peers' is slowed by its file, not by the queue.

@@ -1134,3 +1134,55 @@ func TestRandomReaderHeldToTheDefaultWindowsP99ByTheAccount(t *testing.T) {
 	}
 	assert.True(t, named, "the undo says its p99 reference is the account's")
 }
+
+// A random reader referred to a few dozen requests as a saved prior went
+// in (its p99 their largest: not sure, so counted only far off) is held by
+// the account of the raised windows at a KB's transfer, before any step
+// has shown what a KB costs it: the prior comes down to where the reader's
+// p99 is within 1.1x of what the device's window gives it.
+func TestUnsureReferenceIsHeldByTheAccountOfThePrior(t *testing.T) {
+	const kbCost = 6830 * time.Nanosecond // a KB at 150 MB/s
+	physics := func(rkb, skb int) time.Duration {
+		return 150*time.Microsecond + time.Duration(rkb+skb)*kbCost
+	}
+	l := newLabRig(t)
+	l.tput = func(kb int) float64 { return min(float64(kb)*0.47e6, 140e6) }
+	l.model = func(rkb, skb int) (float64, time.Duration, time.Duration) {
+		mean := 150*time.Microsecond + time.Duration(rkb)*kbCost + time.Duration(skb)*3420*time.Nanosecond
+		return float64(time.Second) / float64(mean), mean, physics(rkb, skb)
+	}
+	l.clk.Advance(time.Second)
+	l.files.window[l.st.key] = 288
+	l.tn.mu.Lock()
+	fd := l.tn.newOutcomeDec(l.st.key, l.tn.device(sdb), l.clk.Now())
+	fd.win.cur, fd.win.keptAt, fd.win.movedAt = 288, l.clk.Now(), l.clk.Now()
+	l.tn.mu.Unlock()
+	l.clk.Advance(3 * time.Millisecond)
+	keys, span := l.tn.TrimStreams()
+	require.NotEmpty(t, keys)
+	// A few dozen requests, nearly all from before the prior; their
+	// largest is a stray 3.3 ms.
+	now := l.clk.Now()
+	req, mean, _ := l.random(128, 128)
+	recent := detector.Snapshot{Now: now, Devices: []detector.DeviceStats{{Device: sdb, BusyThroughput: 100e6, CapacityBPS: 150e6}},
+		Files: []detector.FileStats{randomStats(l.rkey, now, 0.06*req, mean, 3300*time.Microsecond, 128<<10)}}
+	acts := l.tn.FastTrim(recent, span)
+	require.NotEmpty(t, filter(acts, KindTrim, ResultTrial))
+	ref := l.tn.randRefs[l.rkey]
+	require.NotNil(t, ref)
+	require.False(t, ref.tailSure)
+
+	acts = append(acts, l.run(12)...)
+	logActs(t, acts)
+	w := l.files.window[l.st.key]
+	def := physics(128, 128)
+	assert.Less(t, w, 288, "the prior comes down")
+	assert.GreaterOrEqual(t, w, 192)
+	assert.LessOrEqual(t, float64(physics(l.files.window[l.rkey], w)), randTailBudget*float64(def),
+		"the reader's p99 at %d KB against the default window's %v", w, def)
+	var named bool
+	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
+		named = named || strings.Contains(a.Evidence, "by the account of the windows raised beside it")
+	}
+	assert.True(t, named, "the undo says its p99 reference is the account's")
+}

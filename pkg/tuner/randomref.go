@@ -168,17 +168,26 @@ func (t *Tuner) trimSaving(key probe.FileKey, size float64) float64 {
 // untrimmed 1.8-1.9, or 2.5-2.6 in seconds when two of the stream's
 // transfers queue together). Where a KB costs less (many channels), the
 // steps judged on the device show it: a KB is taken at twice what it
-// cost the readers' mean, at most its transfer. It needs that cost
-// learned (randSlope), enough recent requests for their p99
-// (refreshTailRequests) and no device-wide window raised (that one
-// enlarges the reader's own requests too); ok is false otherwise.
+// cost the readers' mean, at most its transfer. Until a step has shown
+// it, the account stands only for a reference whose p99 is not sure (a
+// few dozen requests before a prior went in, their largest: 2.07-3.28 ms
+// where the default window gives the reader 2.0-2.5), at a KB's transfer:
+// without it such a reference counts only 1.6x off, and a saved prior
+// held the reader at 1.28x the default window's p99 at +2.5 ms. It needs
+// enough recent requests for their p99 (refreshTailRequests) and no
+// device-wide window raised (that one enlarges the reader's own requests
+// too); ok is false otherwise.
 func (t *Tuner) tailAtDefault(r randObs) (time.Duration, bool) {
 	d := t.devs[r.fs.Device]
 	capBPS := t.capacity(r.fs.Device)
-	if !r.ok || r.svc.requests < refreshTailRequests || d == nil || d.randSlope <= 0 || d.raisedWide() || capBPS <= 0 {
+	if !r.ok || r.ref == nil || r.svc.requests < refreshTailRequests || d == nil || d.raisedWide() || capBPS <= 0 ||
+		d.randSlope <= 0 && r.ref.tailSure {
 		return 0, false
 	}
-	perByte := min(1/capBPS, 2*d.randSlope)
+	perByte := 1 / capBPS
+	if d.randSlope > 0 {
+		perByte = min(perByte, 2*d.randSlope)
+	}
 	more := t.raisedExcess(d, r.key)*perByte - t.trimSaving(r.key, r.svc.size)/capBPS
 	return r.svc.tail - time.Duration(more*float64(time.Second)), true
 }
@@ -186,7 +195,14 @@ func (t *Tuner) tailAtDefault(r randObs) (time.Duration, bool) {
 // tailRef is the p99 a random reader is held to: its reference, or what
 // the account of the raised windows says the device's window would give
 // it now (tailAtDefault) where that is lower, though never below
-// tailEstFloor of its reference. A reference's p99 is one draw of a
+// tailEstFloor of its reference (of its p99 now where the reference's is
+// not sure: a stray 3.3 ms of a few dozen requests put the floor over
+// what the account said). So the account makes a reader's p99 read at
+// most 1.33x what its reference says: where it errs (a device whose queue
+// costs the reader less than a transfer per KB, a reader whose own p99
+// the trim shortens more than its transfer), it holds a step back through
+// the verdict's second interval and the watch, never at once (far off is
+// 1.6x). A reference's p99 is one draw of a
 // bimodal figure: at the default window the benchmark's reader reads 1.9
 // ms in most seconds and 2.5-2.6 ms in some, and a reference learned in
 // such seconds held the stream to 1.1x of 2.5-2.6 ms, where the default
@@ -198,7 +214,11 @@ func (t *Tuner) tailAtDefault(r randObs) (time.Duration, bool) {
 func (t *Tuner) tailRef(r randObs) (tail time.Duration, sure, estimated bool) {
 	tail, sure = r.ref.svc.tail, r.ref.tailSure
 	if est, ok := t.tailAtDefault(r); ok {
-		est = max(est, time.Duration(tailEstFloor*float64(tail)))
+		floor := tail
+		if !sure {
+			floor = r.svc.tail
+		}
+		est = max(est, time.Duration(tailEstFloor*float64(floor)))
 		if est < tail {
 			return est, true, true
 		}
