@@ -73,6 +73,17 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 			if t.regimeTakesOver(fd) {
 				fd.regimes = append(fd.regimes, kind)
 				fd.lastNeeded = now
+				if l := &fd.win; l.trial == 0 && l.movedAt != 0 && now-l.movedAt < t.cfg.Settle/freshSpanDiv {
+					// Its window moved a moment ago (a step undone): the
+					// recent requests hold the old one's, and a step
+					// measured against them looks as if it did not pay (on
+					// the lab a 176 KB step taken 90 ms after the undo of
+					// 192 read +7% against a rate of 82.9 MB/s, where the
+					// stream reads 68 at 128 KB, and was backed off). The
+					// check a quarter interval on (retryYoung) or the next
+					// Step takes it.
+					return
+				}
 				if !deferStep(fd, dev) {
 					t.onRecent(key, recent, span, func() { t.driveJustIn(fd) })
 				}
