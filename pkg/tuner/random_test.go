@@ -415,6 +415,7 @@ func TestFastPathStepBesideARandomReaderWaitsForItsNewService(t *testing.T) {
 	rs := &recent.Files[1]
 	rs.BusyThroughput *= 1.25
 	rs.P95, rs.P99 = rs.P95*8/10, rs.P99*8/10
+	rs.Requests = 150 // a quarter interval's
 	acts := l.tn.FastOnset(recent, span)
 	logActs(t, acts)
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
@@ -424,6 +425,7 @@ func TestFastPathStepBesideARandomReaderWaitsForItsNewService(t *testing.T) {
 	require.GreaterOrEqual(t, rs.Requests, uint64(refreshTailRequests))
 	assert.Equal(t, rs.P99, after.tail,
 		"its p99 over enough requests since the slowdown is its reference, not a blend with the one from before it")
+	assert.False(t, l.tn.randRefs[l.rkey].tailSure, "a quarter interval's p99 is not sure: the account stands for it")
 	assert.Equal(t, uint64(1), l.tn.Status().Counts["outcome/deferred"])
 }
 

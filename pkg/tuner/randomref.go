@@ -336,7 +336,11 @@ func (t *Tuner) refreshRandom(d *devState) {
 		}
 		r.ref.svc.mean = r.svc.mean
 		r.ref.svc.tail = ewmaDur(r.ref.svc.tail, r.svc.tail, refreshTailWeight(r.svc.requests))
-		r.ref.clean, r.ref.tailSure = true, true
+		// Sure over refTailMinRequests only: a quarter interval's p99 is
+		// one draw of a bimodal figure (1.81 or 2.48 ms at +3 ms, where
+		// the default window gives the reader 2.6 over most seconds), and
+		// the account of the raised windows stands for it (tailRef).
+		r.ref.clean, r.ref.tailSure = true, r.svc.requests >= refTailMinRequests
 		t.log.Debug("tuner: random reader's reference in the conditions of the moment", "file", r.key.String(),
 			"mean", r.ref.svc.mean, "p99", r.ref.svc.tail, "p99_now", r.svc.tail, "requests", r.svc.requests)
 	}
