@@ -143,6 +143,17 @@ func (l *labRig) pinBeforeFirstInterval(kb int) {
 	fd.win.cur, fd.win.keptAt = kb, l.clk.Now()
 }
 
+// priorGivenAfterASecond gives the stream a kept window of kb a second
+// into the rig's life, before any Step (a saved prior at a fresh open).
+func (l *labRig) priorGivenAfterASecond(kb int) {
+	l.clk.Advance(time.Second)
+	l.files.window[l.st.key] = kb
+	l.tn.mu.Lock()
+	defer l.tn.mu.Unlock()
+	fd := l.tn.newOutcomeDec(l.st.key, l.tn.device(sdb), l.clk.Now())
+	fd.win.cur, fd.win.keptAt, fd.win.movedAt = kb, l.clk.Now(), l.clk.Now()
+}
+
 func (l *labRig) run(n int) []Action {
 	return l.rig.run(n, l.snapshot)
 }
@@ -1048,12 +1059,7 @@ func TestReaderReferredAsAPriorGoesInIsMeasuredNotEstimated(t *testing.T) {
 				mean := 150*time.Microsecond + time.Duration(rkb)*6800*time.Nanosecond + time.Duration(skb)*time.Microsecond
 				return float64(time.Second) / float64(mean), mean, refP99 + time.Duration(max(0, skb-128))*2*time.Microsecond
 			}
-			l.clk.Advance(time.Second)
-			l.files.window[l.st.key] = 240
-			l.tn.mu.Lock()
-			fd := l.tn.newOutcomeDec(l.st.key, l.tn.device(sdb), l.clk.Now())
-			fd.win.cur, fd.win.keptAt, fd.win.movedAt = 240, l.clk.Now(), l.clk.Now()
-			l.tn.mu.Unlock()
+			l.priorGivenAfterASecond(240)
 
 			l.clk.Advance(c.priorAgo)
 			keys, span := l.tn.TrimStreams()
@@ -1091,6 +1097,33 @@ func TestReaderReferredAsAPriorGoesInIsMeasuredNotEstimated(t *testing.T) {
 	}
 }
 
+// channelKB is a KB's transfer at the lab's 150 MB/s channel.
+const channelKB = 6830 * time.Nanosecond
+
+// channelTail is a random reader's p99 on one transfer channel: its own
+// request's transfer and the stream's window queued ahead of it (the
+// lab's, measured by make bench-frontier within 5%).
+func channelTail(rkb, skb int) time.Duration {
+	return 150*time.Microsecond + time.Duration(rkb+skb)*channelKB
+}
+
+// newChannelRig is a lab rig whose random reader's p99 is channelTail and
+// whose mean grows by half a KB's transfer per KB of the stream's window;
+// at128 is its p99 with both at 128 KB, if not zero.
+func newChannelRig(t *testing.T, at128 time.Duration) *labRig {
+	l := newLabRig(t)
+	l.tput = func(kb int) float64 { return min(float64(kb)*0.47e6, 140e6) }
+	l.model = func(rkb, skb int) (float64, time.Duration, time.Duration) {
+		mean := 150*time.Microsecond + time.Duration(rkb)*channelKB + time.Duration(skb)*3420*time.Nanosecond
+		req := float64(time.Second) / float64(mean)
+		if at128 > 0 && rkb == 128 && skb == 128 {
+			return req, mean, at128
+		}
+		return req, mean, channelTail(rkb, skb)
+	}
+	return l
+}
+
 // A random reader whose reference was learned in seconds of the default
 // window's high mode (its p99 2.6 ms there, where its requests wait behind
 // two of the stream's transfers; 1.9 ms in most seconds) is held to what
@@ -1100,20 +1133,8 @@ func TestReaderReferredAsAPriorGoesInIsMeasuredNotEstimated(t *testing.T) {
 // window costs the reader's p99 a KB's transfer (the lab's one channel),
 // and its mean about half that.
 func TestRandomReaderHeldToTheDefaultWindowsP99ByTheAccount(t *testing.T) {
-	const kbCost = 6830 * time.Nanosecond // a KB at 150 MB/s
-	physics := func(rkb, skb int) time.Duration {
-		return 150*time.Microsecond + time.Duration(rkb+skb)*kbCost
-	}
-	l := newLabRig(t)
-	l.tput = func(kb int) float64 { return min(float64(kb)*0.47e6, 140e6) }
-	l.model = func(rkb, skb int) (float64, time.Duration, time.Duration) {
-		mean := 150*time.Microsecond + time.Duration(rkb)*kbCost + time.Duration(skb)*3420*time.Nanosecond
-		req := float64(time.Second) / float64(mean)
-		if rkb == 128 && skb == 128 {
-			return req, mean, 2600 * time.Microsecond // the reference's seconds
-		}
-		return req, mean, physics(rkb, skb)
-	}
+	l := newChannelRig(t, 2600*time.Microsecond) // the reference's seconds
+	physics := channelTail
 	acts := l.run(16)
 	logActs(t, acts)
 	ref := l.tn.randRefs[l.rkey]
@@ -1149,22 +1170,9 @@ func TestUnsureReferenceIsHeldByTheAccountOfThePrior(t *testing.T) {
 }
 
 func unsureReferenceHeldByTheAccount(t *testing.T, fewP99 time.Duration) {
-	const kbCost = 6830 * time.Nanosecond // a KB at 150 MB/s
-	physics := func(rkb, skb int) time.Duration {
-		return 150*time.Microsecond + time.Duration(rkb+skb)*kbCost
-	}
-	l := newLabRig(t)
-	l.tput = func(kb int) float64 { return min(float64(kb)*0.47e6, 140e6) }
-	l.model = func(rkb, skb int) (float64, time.Duration, time.Duration) {
-		mean := 150*time.Microsecond + time.Duration(rkb)*kbCost + time.Duration(skb)*3420*time.Nanosecond
-		return float64(time.Second) / float64(mean), mean, physics(rkb, skb)
-	}
-	l.clk.Advance(time.Second)
-	l.files.window[l.st.key] = 288
-	l.tn.mu.Lock()
-	fd := l.tn.newOutcomeDec(l.st.key, l.tn.device(sdb), l.clk.Now())
-	fd.win.cur, fd.win.keptAt, fd.win.movedAt = 288, l.clk.Now(), l.clk.Now()
-	l.tn.mu.Unlock()
+	l := newChannelRig(t, 0)
+	physics := channelTail
+	l.priorGivenAfterASecond(288)
 	l.clk.Advance(3 * time.Millisecond)
 	keys, span := l.tn.TrimStreams()
 	require.NotEmpty(t, keys)

@@ -194,23 +194,21 @@ func (t *Tuner) tailAtDefault(r randObs) (time.Duration, bool) {
 
 // tailRef is the p99 a random reader is held to: its reference, or what
 // the account of the raised windows says the device's window would give
-// it now (tailAtDefault) where that is lower or the reference's p99 is
-// not sure, though never below
-// tailEstFloor of its reference (of its p99 now where the reference's is
-// not sure: a stray 3.3 ms of a few dozen requests put the floor over
-// what the account said). So the account makes a reader's p99 read at
-// most 1.33x what its reference says: where it errs (a device whose queue
-// costs the reader less than a transfer per KB, a reader whose own p99
-// the trim shortens more than its transfer), it holds a step back through
-// the verdict's second interval and the watch, never at once (far off is
-// 1.6x). A reference's p99 is one draw of a
-// bimodal figure: at the default window the benchmark's reader reads 1.9
-// ms in most seconds and 2.5-2.6 ms in some, and a reference learned in
-// such seconds held the stream to 1.1x of 2.5-2.6 ms, where the default
-// window gave the reader 2.03-2.10 ms over the run (p99 1.25-1.4x at +2.5
-// ms). The account errs low where the stream's transfers cost the reader
-// less than their transfer time (a device with many channels): the stream
-// is then held nearer the device's window, never below it. It reports
+// it now (tailAtDefault) where that is lower or the reference's p99 is not
+// sure, though never below tailEstFloor of its reference (of its p99 now
+// where the reference's is not sure: a stray 3.3 ms of a few dozen
+// requests put the floor over what the account said). A reference's p99
+// is one draw of a bimodal figure: at the default window the benchmark's
+// reader reads 1.9 ms in most seconds and 2.5-2.6 ms in some, and a
+// reference learned in such seconds held the stream to 1.1x of 2.5-2.6
+// ms, where the default window gave the reader 2.03-2.10 ms over the run
+// (p99 1.25-1.4x at +2.5 ms). The account errs low where the stream's
+// transfers cost the reader less than their transfer time (a device with
+// many channels), or where a trim shortens the reader's own p99 more than
+// its transfer: the stream is then held nearer the device's window, never
+// below it, and by the floor the reader's p99 reads at most 1.33x what its
+// reference says, which holds a step back through the verdict's second
+// interval and the watch, never at once (far off is 1.6x). It reports
 // whether the p99 is sure, and whether it is the account's.
 func (t *Tuner) tailRef(r randObs) (tail time.Duration, sure, estimated bool) {
 	tail, sure = r.ref.svc.tail, r.ref.tailSure
