@@ -222,10 +222,7 @@ func (t *Tuner) randomLimitKB(fd *fileDec) (int, string) {
 	if len(rs) == 0 {
 		return -1, ""
 	}
-	capBPS := t.dstats[fd.dev.dev].CapacityBPS
-	if capBPS <= 0 {
-		capBPS = t.dstats[fd.dev.dev].BusyThroughput
-	}
+	capBPS := t.capacity(fd.dev.dev)
 	if capBPS <= 0 {
 		return 0, "the device's capacity is not known yet"
 	}
@@ -250,7 +247,8 @@ func (t *Tuner) randomLimitKB(fd *fileDec) (int, string) {
 		if !r.ok {
 			continue // too few requests now to measure; its reference stands for it
 		}
-		if refTail, _, _ := t.tailRef(r); fd.win.inForce() > fd.win.base && r.svc.tail > time.Duration(randTailBudget*float64(refTail)) {
+		refTail, tailSure, _ := t.tailRef(r)
+		if fd.win.inForce() > fd.win.base && r.svc.tail > time.Duration(randTailBudget*float64(refTail)) {
 			// Its p99 is over budget already beside the raised window: no
 			// step further. The steps are sized by its mean, which its
 			// trim lowers far more than its p99 (the wait behind the
@@ -267,16 +265,18 @@ func (t *Tuner) randomLimitKB(fd *fileDec) (int, string) {
 		// p99 is watched over several, watchRandom).
 		cur := r.svc.mean
 		trimmed = trimmed || t.trims[r.key] != nil
+		spared := 0.0 // bytes per request its coming trim spares it
 		if t.trims[r.key] == nil && !t.cfg.DisableTrim && readAroundSized(r.fs, t.cfg.TrimKB) && t.trimOffs[r.key] == nil {
 			// Its trim comes with the step: each request reads TrimKB
 			// instead of its read-around window.
-			less := time.Duration((r.svc.size - float64(t.cfg.TrimKB*1024)) * randSlack / capBPS * float64(time.Second))
+			spared = max(0, r.svc.size-float64(t.cfg.TrimKB*1024))
+			less := time.Duration(spared * randSlack / capBPS * float64(time.Second))
 			cur = max(cur-less, cur/4)
 			trimComes = true
 		}
 		room = min(room, time.Duration(float64(r.ref.svc.mean)*t.meanBudget(r))-cur)
-		if kb, ok := t.tailLimitKB(fd, r, trimComes && t.trims[r.key] == nil); ok {
-			tailKB = min(tailKB, kb)
+		if tailSure && r.svc.requests >= refreshTailRequests {
+			tailKB = min(tailKB, t.tailLimitKB(fd, r, refTail, spared, capBPS))
 		}
 	}
 	if room <= 0 {
@@ -319,35 +319,18 @@ func budgetStep(kb, w int) int {
 }
 
 // tailLimitKB is the largest window fd's stream may hold by what random
-// reader r's p99 may still take, where its p99 has a sure figure to be
-// held to (tailRef, over refreshTailRequests or more now): each KB the
-// stream adds delays its worst requests as the account of the raised
-// windows counts it (a KB's transfer, or twice what a KB cost the readers'
-// mean where steps showed less), and a trim that comes with the step
-// spares them their own transfer beyond TrimKB. Sized by the mean alone,
-// a stream on the lab at +2.5 ms stepped from 272 to 336 KB with the
-// reader's p99 at 2.7 ms against 2.0, a second at 1.3x its budget that
-// its verdict undid but the run's p99 kept.
-func (t *Tuner) tailLimitKB(fd *fileDec, r randObs, trimComes bool) (int, bool) {
-	d := fd.dev
-	capBPS := t.capacity(fd.dev.dev)
-	if !r.ok || r.ref == nil || r.svc.requests < refreshTailRequests || capBPS <= 0 {
-		return 0, false
-	}
-	refTail, sure, _ := t.tailRef(r)
-	if !sure {
-		return 0, false
-	}
-	perByte := 1 / capBPS
-	if d.randSlope > 0 {
-		perByte = min(perByte, 2*d.randSlope)
-	}
-	cur := r.svc.tail
-	if trimComes {
-		cur -= time.Duration(max(0, r.svc.size-float64(t.cfg.TrimKB*1024)) / capBPS * float64(time.Second))
-	}
+// reader r's p99 may still take against refTail, a sure figure to hold it
+// to (tailRef, over refreshTailRequests or more now): each KB the stream
+// adds delays its worst requests as the account of the raised windows
+// counts it (tailPerByte), and a trim that comes with the step spares
+// them the transfer of spared bytes each. Sized by the mean alone, a
+// stream on the lab at +2.5 ms stepped from 272 to 336 KB with the
+// reader's p99 at 2.7 ms against 2.0, a second at 1.3x its budget that its
+// verdict undid but the run's p99 kept.
+func (t *Tuner) tailLimitKB(fd *fileDec, r randObs, refTail time.Duration, spared, capBPS float64) int {
+	cur := r.svc.tail - time.Duration(spared/capBPS*float64(time.Second))
 	room := time.Duration(randTailBudget*float64(refTail)) - cur
-	return fd.win.inForce() + int(room.Seconds()/perByte/1024), true
+	return fd.win.inForce() + int(room.Seconds()/tailPerByte(fd.dev, capBPS)/1024)
 }
 
 // minStepKB is the smallest window step from w worth a trial beside random

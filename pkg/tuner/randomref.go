@@ -184,12 +184,18 @@ func (t *Tuner) tailAtDefault(r randObs) (time.Duration, bool) {
 		d.randSlope <= 0 && r.ref.tailSure {
 		return 0, false
 	}
-	perByte := 1 / capBPS
-	if d.randSlope > 0 {
-		perByte = min(perByte, 2*d.randSlope)
-	}
-	more := t.raisedExcess(d, r.key)*perByte - t.trimSaving(r.key, r.svc.size)/capBPS
+	more := t.raisedExcess(d, r.key)*tailPerByte(d, capBPS) - t.trimSaving(r.key, r.svc.size)/capBPS
 	return r.svc.tail - time.Duration(more*float64(time.Second)), true
+}
+
+// tailPerByte is what a byte the stream keeps queued costs a random
+// reader's p99 on d, in seconds: its transfer at the device's capacity,
+// or twice what a byte cost the readers' mean where steps showed less.
+func tailPerByte(d *devState, capBPS float64) float64 {
+	if d.randSlope > 0 {
+		return min(1/capBPS, 2*d.randSlope)
+	}
+	return 1 / capBPS
 }
 
 // tailRef is the p99 a random reader is held to: its reference, or what
