@@ -93,7 +93,13 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 	// before them reads the rate the file had (real HDFS at +3 ms: "at the
 	// device's capacity" 60 ms after the onset, and the block waited 1.3 s
 	// for its Step at the default window).
-	if capBPS := t.dstats[fd.dev.dev].CapacityBPS; escalate && m.ok && capBPS > 0 && m.tput >= t.cfg.CapacityFrac*capBPS && !fd.byRate && !fd.regimeJustIn {
+	capFrac := t.cfg.CapacityFrac
+	if !t.randomReaderBeside(fd) {
+		// A step that takes a lone stream to the capacity pays at half the
+		// margin (marginFor): it is tried up to where that half is left.
+		capFrac = max(capFrac, 1/(1+t.cfg.Margin/2))
+	}
+	if capBPS := t.dstats[fd.dev.dev].CapacityBPS; escalate && m.ok && capBPS > 0 && m.tput >= capFrac*capBPS && !fd.byRate && !fd.regimeJustIn {
 		// The file already reads at (nearly) the device's capacity: a
 		// further window step or prefetch has nothing left to gain and
 		// costs a trial interval to learn that. Judge a trial, take none.

@@ -9,6 +9,7 @@ package tuner
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -92,6 +93,9 @@ type ladder struct {
 	// step under trial, when, and at which value.
 	steadyBefore bool
 	steadyTput   float64
+	// beforeHigh: the higher of those two intervals' throughput (the
+	// before-measure's alone otherwise): a gain over it is no dip's.
+	beforeHigh float64
 	// youngBefore: the step's before-measure took in the stream's start
 	// (youngMargin); beforeAt: when that measure was taken.
 	youngBefore bool
@@ -226,14 +230,15 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		if m.ok && b.tput > 0 {
 			gain = m.tput/b.tput - 1
 		}
-		margin := t.cfg.Margin
-		if l.kind == KindDeviceWindow {
-			margin = t.cfg.DeviceMargin
-		}
+		margin, atCap := t.marginFor(l, d, file, m)
+		ordinary := margin
 		if l.youngBefore && margin < youngMargin {
 			margin = youngMargin
 		}
 		ev := fmt.Sprintf("%s; before %s, after %s (%+.0f%%, keep margin %+.0f%%)", why, b, m, gain*100, margin*100)
+		if atCap && margin == ordinary {
+			ev += fmt.Sprintf(" (half the margin: the stream alone reads at the device's capacity, %.1f MB/s)", t.dstats[d.dev].CapacityBPS/1e6)
+		}
 		if m.ok && gain < margin && !t.endedJudge { // a stream that ended reads no more to resize or wait for
 			if next := t.tailResize(file, l, m, max); next > 0 {
 				// The step's span stalled, the span before it did not, and
@@ -255,7 +260,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 			if !keep {
 				why, keep = t.shiftKeep(file, l, m)
 			}
-			if !keep && l.youngBefore && m.ok && l.cur == l.base && gain >= t.cfg.Margin && l.kind != KindDeviceWindow {
+			if !keep && l.youngBefore && m.ok && l.cur == l.base && gain >= ordinary && l.kind != KindDeviceWindow {
 				// The ordinary margin paid, the start's did not: the step
 				// is taken again after one whole interval at the device's
 				// window, not after a back-off (+1 ms on the lab: +30%
@@ -377,11 +382,12 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		act(l.kind, l.cur, next, ResultFailed, fmt.Sprintf("%s; %v; retry in %v", ev, err, t.backoff(l.failures)))
 		return true
 	}
-	l.steadyTput = 0
+	l.steadyTput, l.beforeHigh = 0, m.tput
 	if l.steadyBefore && prevM.ok && !prevM.young && prevVal == l.cur && now-prevAt <= 2*t.cfg.Settle {
 		// (Not a measure of the stream's start: its start-up is no part
 		// of its steady rate.)
 		l.steadyTput = (prevM.tput + m.tput) / 2
+		l.beforeHigh = math.Max(prevM.tput, m.tput)
 		ev = fmt.Sprintf("%s; judged against %.1f MB/s (this and the last interval's mean)", ev, l.steadyTput/1e6)
 	}
 	l.trial, l.trialFrom, l.trialAt, l.before, l.movedAt, l.beforeAt = next, l.cur, now, m, now, now
@@ -407,6 +413,40 @@ const devLossMax = 0.05
 // (+80% at +1.5 ms, +450% at +8 ms); a milder one is stepped again once it
 // is measured whole.
 const youngMargin = 0.4
+
+// capacityReach: a stream reading at least this share of its device's
+// learned capacity reads at the device's bandwidth (a healthy lab stream
+// reads 149.5-149.9 MB/s of 149.9).
+const capacityReach = 0.97
+
+// marginFor is the gain a step must bring, measured on a whole stream,
+// and whether it was halved: a file window step that took a stream with no
+// random reader beside it to the device's capacity pays at half the margin,
+// over the better of the intervals it was judged against (a dip in one is
+// no slowdown). Such a gain is no stray: the stream reads what the device gives, and a
+// phase of noise cannot lift a reading past that ceiling. And the slowdown
+// it masks can be that small: extent starts on the lab cost a stream at
+// the device's window 8-9% (137 MB/s against 150 at any window from 512 KB),
+// under a 10% margin for ever. Beside a random reader every step must pay
+// in full: the reader pays for it.
+func (t *Tuner) marginFor(l *ladder, d *devState, file probe.FileKey, m measure) (float64, bool) {
+	if l.kind == KindDeviceWindow {
+		return t.cfg.DeviceMargin, false
+	}
+	half := t.cfg.Margin / 2
+	if l.kind == KindFileWindow && t.loneAtCapacity(d, file, m) && l.beforeHigh > 0 && m.tput >= (1+half)*l.beforeHigh {
+		return half, true
+	}
+	return t.cfg.Margin, false
+}
+
+// loneAtCapacity reports whether a stream with no random reader beside it
+// reads (m) at its device's capacity.
+func (t *Tuner) loneAtCapacity(d *devState, file probe.FileKey, m measure) bool {
+	capBPS := t.dstats[d.dev].CapacityBPS
+	fd := t.files[file]
+	return m.ok && capBPS > 0 && m.tput >= capacityReach*capBPS && fd != nil && !t.randomReaderBeside(fd)
+}
 
 // othersMin: the device's other readers count for a step's verdict once
 // they read at least this share of its bytes.

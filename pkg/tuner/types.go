@@ -76,7 +76,10 @@ type Config struct {
 	MinSequentiality float64
 	// CapacityFrac: once a file's busy throughput is at least this share of
 	// its device's learned capacity (detector.DeviceStats.CapacityBPS), no
-	// further window step or prefetch is tried for it (default 0.9).
+	// further window step or prefetch is tried for it (default 0.9). A
+	// stream with no random reader beside it is tried up to 1/(1+Margin/2)
+	// of the capacity if that is more: a step that takes it to the
+	// capacity pays at half the margin.
 	CapacityFrac float64
 	// ReprobeAfter: a file window kept this long is dropped back to the
 	// device's window for ReprobeHold to learn whether its regime is over
