@@ -543,13 +543,19 @@ func StartGoal(workload string) float64 {
 	return 0.95
 }
 
+// maskableGain: a row is maskable when the best static window reads at
+// least this many times the default: a gain well above the static arms'
+// spread from run to run (under 1% on the lab), such as extent starts'
+// 9%.
+const maskableGain = 1.05
+
 // startOrder is the report order of start conditions.
 var startOrder = []string{SOnset, SBeforeOpen, SBeforeDaemon, SBeforeDaemonSaved}
 
 // StartRows returns the start-condition table: for every (workload,
 // regime) with start results, in run order, its main readaheadd arm and
 // each start result, by start condition. A row is maskable when the best
-// static window reads >= 1.1x the default.
+// static window reads at least maskableGain x the default.
 func (r *Report) StartRows() []StartRow {
 	var keys [][2]string
 	byKey := map[[2]string][]StartResult{}
@@ -595,7 +601,7 @@ func (r *Report) StartRows() []StartRow {
 				row.RandP99 = safeDiv(s.RandP99ms, def.RandP99ms)
 				met = met && row.RandTouches >= 0.95 && row.RandP99 > 0 && row.RandP99 <= 1.10
 			}
-			if o.MBps >= 1.1*def.MBps {
+			if o.MBps >= maskableGain*def.MBps {
 				row.Verdict = "NOT MET"
 				if met {
 					row.Verdict = "PASS"
@@ -616,7 +622,7 @@ func (r *Report) startsMarkdown() string {
 	b.WriteString("\n## Start conditions\n\n" +
 		"Static windows measured once per (workload, regime) in its main case; readaheadd's figure is over the measured period from the open " +
 		"(slow-before-open) or the daemon's start (the others); for HDFS it is the client's whole read of the block, which starts after the daemon's start. " +
-		"A row is maskable when the best static window reads >= 1.1x the default. Goal: >= 0.95 x best for read(2) and sendfile, >= 0.90 for HDFS; " +
+		"A row is maskable when the best static window reads >= 1.05x the default. Goal: >= 0.95 x best for read(2) and sendfile, >= 0.90 for HDFS; " +
 		"seq+mmap: the stream >= 0.90 x best while the random reader beside it keeps >= 0.95 x its touches/s and <= 1.10 x its p99 under the default window.\n\n" +
 		"| Workload | Regime | Start | best static | MB/s | default MB/s | readaheadd MB/s | x best | x default | random touches x default | random p99 x default | first action s | regimes reported | verdict (goal x best) |\n" +
 		"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
