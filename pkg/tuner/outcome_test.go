@@ -1293,6 +1293,24 @@ func TestMilderSlowdownWithItsMedianRisenIsTriedInItsSecondInterval(t *testing.T
 		kept := filter(acts, KindFileWindow, ResultKept)
 		require.NotEmpty(t, kept)
 		assert.Contains(t, kept[0].Evidence, "half the margin")
+		// Its re-probe, a minute on, finds it reading 8% slower at the
+		// device's window: more than half the margin, so the window
+		// still pays and comes back.
+		acts = nil
+		for i := 0; i < 75; i++ {
+			r.clk.Advance(time.Second)
+			s := r.outcomeSnap(st)
+			if r.files.window[st.key] <= 128 {
+				s.Files[0].P50 = p50
+			}
+			acts = append(acts, r.tn.Step(s)...)
+		}
+		logActs(t, acts)
+		require.NotEmpty(t, filter(acts, KindFileWindowUndo, ResultTrial), "a re-probe")
+		back := filter(acts, KindFileWindow, ResultKept)
+		require.NotEmpty(t, back, "the kept window is back")
+		assert.Contains(t, back[len(back)-1].Evidence, "re-probe")
+		assert.Greater(t, r.files.window[st.key], 128)
 	}
 }
 

@@ -325,7 +325,11 @@ func (t *Tuner) stillPays(fd *fileDec) bool {
 	if !m.ok || l.keptM.tput <= 0 {
 		return true // nothing to judge by: keep the window, probe again later
 	}
-	return m.tput*(1+t.cfg.Margin) < l.keptM.tput
+	margin := t.cfg.Margin
+	if t.loneAtCapacity(fd.dev, fd.key, l.keptM) {
+		margin /= 2 // what a step to the capacity pays (marginFor)
+	}
+	return m.tput*(1+margin) < l.keptM.tput
 }
 
 // streamShareMin: when at least this share of a contended device's bytes
