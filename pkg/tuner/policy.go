@@ -183,22 +183,30 @@ const maxOutcomeSlow = 256
 // longer), and one interval of it is enough.
 const outcomeP50Rise = 1.2
 
+// outcomeP50Nudge: a milder drop counts with the median this many times
+// the failed trial's stream's. A window-bound stream's rate falls as its
+// latency rises (+0.7 ms on the lab: 149 MB/s to 136, the median 1.71 ms
+// to 1.85, 1.08x); a dip of the host's or the reader's leaves the median
+// where it was (a steady stream's moves by under 1% from interval to
+// interval).
+const outcomeP50Nudge = 1.05
+
 // rateDropped reports whether file k has read below outcomeRateDrop of the
 // device's last unpaid trial's stream in this interval with its median
 // risen outcomeP50Rise, or in this interval and the one before: one
 // interval's dip at the same latency (the host's, or its reader's) reads as
 // low now and then on a healthy device. A milder drop counts with its
-// median risen, in two intervals running: below what a step to the
-// device's capacity pays (half the margin, marginFor), the stream has
-// that much to win back (+0.7 ms on the lab: 149 MB/s to 138, the median
-// 1.4x; the device's trials, backed off on the healthy stream, held it
-// there to the end of the run). Not in an interval where another stream on
+// median nudged up (outcomeP50Nudge), in two intervals running: below what
+// a step to the device's capacity pays (half the margin, marginFor), the
+// stream has that much to win back (+0.7 ms on the lab: the device's
+// trials, backed off on the healthy stream, held it at 0.91 of the best
+// static window to the end of the run). Not in an interval where another stream on
 // the device had a step under trial (peerStepIn): its larger window may
 // have taken the share.
 func (t *Tuner) rateDropped(d *devState, k probe.FileKey, fs detector.FileStats) bool {
 	risen := d.outcomeFailP50 > 0 && float64(fs.P50) >= outcomeP50Rise*float64(d.outcomeFailP50)
 	drop, mild := outcomeRateDrop, false
-	if risen && fs.BusyThroughput >= drop*d.outcomeFailTput {
+	if fs.BusyThroughput >= drop*d.outcomeFailTput && d.outcomeFailP50 > 0 && float64(fs.P50) >= outcomeP50Nudge*float64(d.outcomeFailP50) {
 		drop, mild = 1/(1+t.cfg.Margin/2), true
 	}
 	if d.outcomeFailTput <= 0 || fs.BusyThroughput <= 0 || fs.BusyThroughput >= drop*d.outcomeFailTput ||
