@@ -99,7 +99,7 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		// margin (marginFor): it is tried up to where that half is left.
 		capFrac = max(capFrac, 1/(1+t.cfg.Margin/2))
 	}
-	if capBPS := t.dstats[fd.dev.dev].CapacityBPS; escalate && m.ok && capBPS > 0 && m.tput >= capFrac*capBPS && !fd.byRate && !fd.regimeJustIn {
+	if capBPS := t.dstats[fd.dev.dev].CapacityBPS; escalate && m.ok && capBPS > 0 && m.tput >= capFrac*capBPS && (!fd.byRate || fd.win.capKept) && !fd.regimeJustIn {
 		// The file already reads at (nearly) the device's capacity: a
 		// further window step or prefetch has nothing left to gain and
 		// costs a trial interval to learn that. Judge a trial, take none.

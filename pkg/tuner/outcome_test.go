@@ -1293,6 +1293,14 @@ func TestMilderSlowdownWithItsMedianRisenIsTriedInItsSecondInterval(t *testing.T
 		kept := filter(acts, KindFileWindow, ResultKept)
 		require.NotEmpty(t, kept)
 		assert.Contains(t, kept[0].Evidence, "half the margin")
+		// At the device's capacity: no step past it, no prefetch.
+		for i := 0; i < 5; i++ {
+			r.clk.Advance(time.Second)
+			acts = append(acts, r.tn.Step(r.outcomeSnap(st))...)
+		}
+		for _, a := range acts {
+			assert.LessOrEqual(t, a.ToKB, 1024, "no step past the capacity: %s", a.Evidence)
+		}
 		// Its re-probe, a minute on, finds it reading 8% slower at the
 		// device's window: more than half the margin, so the window
 		// still pays and comes back.

@@ -96,6 +96,10 @@ type ladder struct {
 	// beforeHigh: the higher of those two intervals' throughput (the
 	// before-measure's alone otherwise): a gain over it is no dip's.
 	beforeHigh float64
+	// capKept: the last step was kept on half the margin (marginFor): it
+	// took the stream to the device's capacity, so the capacity holds
+	// further steps even for a decision judged by rate.
+	capKept bool
 	// youngBefore: the step's before-measure took in the stream's start
 	// (youngMargin); beforeAt: when that measure was taken.
 	youngBefore bool
@@ -349,10 +353,18 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		l.prev = l.cur
 		l.cur, l.trial, l.failures, l.keptAt, l.keptM = l.trial, 0, 0, now, m
 		l.staleN = 0
+		did = true
+		// A step kept on half the margin took the stream to the device's
+		// capacity: no next step is left to gain (each undone one is a
+		// break in the stream's readahead; on the lab the stream tried
+		// 2048 KB twice and a prefetch after such a 1024 KB step).
+		l.capKept = atCap && gain < t.cfg.Margin
+		if l.capKept {
+			return did
+		}
 		// The next step follows at once, measured against this one: a
 		// slowed reader regains its throughput one interval per step,
 		// not two.
-		did = true
 	}
 	if !escalate || now < l.retryAt {
 		return did
