@@ -53,11 +53,12 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		fd.win.hint = max(fd.win.hint, t.tailNeedKB(fd.key, m.tput))
 	}
 	fd.win.limit, fd.win.limitFn = 0, nil
-	if fd.win.knee && fd.win.kneeRandom && !t.randomReaderBeside(fd) {
+	beside := t.randomReaderBeside(fd)
+	if fd.win.knee && fd.win.kneeRandom && !beside {
 		// The random readers whose budget set the knee are gone.
 		fd.win.knee, fd.win.kneeRandom, fd.win.retryAt, fd.win.failures = false, false, 0, 0
 	}
-	if t.randomReaderBeside(fd) {
+	if beside {
 		// Each window of transfers queued for the stream is waiting time
 		// for the random reader's faults: grow in small steps, each within
 		// their budget and paying its margin, rather than straight to the
@@ -94,7 +95,7 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 	// device's capacity" 60 ms after the onset, and the block waited 1.3 s
 	// for its Step at the default window).
 	capFrac := t.cfg.CapacityFrac
-	if !t.randomReaderBeside(fd) {
+	if !beside {
 		// A step that takes a lone stream to the capacity pays at half the
 		// margin (marginFor): it is tried up to where that half is left.
 		capFrac = max(capFrac, 1/(1+t.cfg.Margin/2))
