@@ -60,15 +60,21 @@ func streamSpan(key probe.FileKey, now time.Duration, w int, rate float64, p50, 
 		Devices: []detector.DeviceStats{{Device: sdb, Bytes: b, BusyThroughput: rate, CapacityBPS: 150e6}}}
 }
 
+// tickStream advances the clock a second and reports blk_1's reader (tgid
+// 100) reading key at its window now: the interval's end and that window.
+func (r *rig) tickStream(key probe.FileKey) (time.Duration, int) {
+	r.clk.Advance(time.Second)
+	w := r.files.window[key]
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
+	return r.clk.Now(), w
+}
+
 // runStalls steps n intervals of a stream under sm, stalled in odd seconds
 // (stalled reports the phase of each interval), with other files optional.
 func (r *rig) runStalls(n int, sm stallModel, key probe.FileKey, extra ...detector.FileStats) []Action {
 	var all []Action
 	for i := 0; i < n; i++ {
-		r.clk.Advance(time.Second)
-		now := r.clk.Now()
-		w := r.files.window[key]
-		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
+		now, w := r.tickStream(key)
 		stalled := int(now/time.Second)%2 == 1
 		rate, p50, p99 := sm.stats(w, stalled)
 		s := streamSpan(key, now, w, rate, p50, p99, 0.9)
@@ -203,10 +209,7 @@ func TestStepTooSmallForTheTailIsResizedToIt(t *testing.T) {
 	stalled := func(kb int) float64 { return min(148e6, 20e6*float64(kb)/128) }
 	var acts []Action
 	for i := 0; i < 10; i++ {
-		r.clk.Advance(time.Second)
-		now := r.clk.Now()
-		w := r.files.window[key]
-		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
+		now, w := r.tickStream(key)
 		rate, p99 := 148e6, windowLat(w)*11/10
 		if i > 0 { // half of every span after the first stalls
 			rate, p99 = (148e6+stalled(w))/2, windowLat(w)+10*time.Millisecond
@@ -232,10 +235,7 @@ func TestStepTooSmallForTheTailIsResizedToIt(t *testing.T) {
 func (r *rig) runSpread(n int, key probe.FileKey, odd int, tenths time.Duration) []Action {
 	var acts []Action
 	for i := 0; i < n; i++ {
-		r.clk.Advance(time.Second)
-		now := r.clk.Now()
-		w := r.files.window[key]
-		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
+		now, w := r.tickStream(key)
 		p99 := windowLat(w) * 11 / 10
 		if i == odd {
 			p99 = windowLat(w) * tenths / 10
@@ -294,10 +294,7 @@ func TestTailSeenAfterAFailedTrialEndsTheBackoff(t *testing.T) {
 	r.files.open(100, 7, p, key)
 	sm := stallModel{tail: true}
 	step := func(stalled bool) []Action {
-		r.clk.Advance(time.Second)
-		now := r.clk.Now()
-		w := r.files.window[key]
-		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
+		now, w := r.tickStream(key)
 		rate, p50, p99 := sm.stats(w, stalled)
 		return r.tn.Step(streamSpan(key, now, w, rate, p50, p99, 0.9))
 	}
@@ -382,10 +379,7 @@ func TestMildRegimeOnALoneStreamAtNinetyPercentIsTried(t *testing.T) {
 	r.files.open(100, 7, p, key)
 	var acts []Action
 	for i := 0; i < 14; i++ {
-		r.clk.Advance(time.Second)
-		now := r.clk.Now()
-		w := r.files.window[key]
-		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
+		now, w := r.tickStream(key)
 		rate := 149.5e6
 		if i >= 4 && w <= 128 {
 			rate = 137e6
@@ -411,10 +405,7 @@ func (r *rig) runSpreadModel(t *testing.T, n int, model func(w int) (float64, ti
 	r.files.open(100, 7, p, key)
 	var acts []Action
 	for i := 0; i < n; i++ {
-		r.clk.Advance(time.Second)
-		now := r.clk.Now()
-		w := r.files.window[key]
-		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: uint32(w / 4)})
+		now, w := r.tickStream(key)
 		rate, p99 := model(w)
 		s := streamSpan(key, now, w, rate, windowLat(w), p99, 0.9)
 		for _, f := range extra {
