@@ -98,7 +98,7 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 	if !beside {
 		// A step that takes a lone stream to the capacity pays at half the
 		// margin (marginFor): it is tried up to where that half is left.
-		capFrac = max(capFrac, 1/(1+t.cfg.Margin/2))
+		capFrac = max(capFrac, t.shortOfCapacity())
 	}
 	if capBPS := t.dstats[fd.dev.dev].CapacityBPS; escalate && m.ok && capBPS > 0 && m.tput >= capFrac*capBPS && (!fd.byRate || fd.win.capKept) && !fd.regimeJustIn {
 		// The file already reads at (nearly) the device's capacity: a

@@ -200,14 +200,14 @@ const outcomeP50Nudge = 1.05
 // a step to the device's capacity pays (half the margin, marginFor), the
 // stream has that much to win back (+0.7 ms on the lab: the device's
 // trials, backed off on the healthy stream, held it at 0.91 of the best
-// static window to the end of the run). Not in an interval where another stream on
-// the device had a step under trial (peerStepIn): its larger window may
-// have taken the share.
+// static window to the end of the run). Not in an interval where another
+// stream on the device had a step under trial (peerStepIn): its larger
+// window may have taken the share.
 func (t *Tuner) rateDropped(d *devState, k probe.FileKey, fs detector.FileStats) bool {
 	risen := d.outcomeFailP50 > 0 && float64(fs.P50) >= outcomeP50Rise*float64(d.outcomeFailP50)
 	drop, mild := outcomeRateDrop, false
 	if fs.BusyThroughput >= drop*d.outcomeFailTput && d.outcomeFailP50 > 0 && float64(fs.P50) >= outcomeP50Nudge*float64(d.outcomeFailP50) {
-		drop, mild = 1/(1+t.cfg.Margin/2), true
+		drop, mild = t.shortOfCapacity(), true
 	}
 	if d.outcomeFailTput <= 0 || fs.BusyThroughput <= 0 || fs.BusyThroughput >= drop*d.outcomeFailTput ||
 		t.peerStepIn(t.snap.Files, fs, t.deps.Clock.Now(), t.cfg.Settle) {
@@ -335,7 +335,7 @@ func (t *Tuner) stillPays(fd *fileDec) bool {
 	}
 	margin := t.cfg.Margin
 	if t.loneAtCapacity(fd.dev, fd.key, l.keptM) {
-		margin /= 2 // what a step to the capacity pays (marginFor)
+		margin = t.halfMargin() // what a step to the capacity pays (marginFor)
 	}
 	return m.tput*(1+margin) < l.keptM.tput
 }

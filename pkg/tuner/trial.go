@@ -435,22 +435,30 @@ const capacityReach = 0.97
 // and whether it was halved: a file window step that took a stream with no
 // random reader beside it to the device's capacity pays at half the margin,
 // over the better of the intervals it was judged against (a dip in one is
-// no slowdown). Such a gain is no stray: the stream reads what the device gives, and a
-// phase of noise cannot lift a reading past that ceiling. And the slowdown
-// it masks can be that small: extent starts on the lab cost a stream at
-// the device's window 8-9% (137 MB/s against 150 at any window from 512 KB),
-// under a 10% margin for ever. Beside a random reader every step must pay
+// no slowdown). Such a gain is no stray: the stream reads what the device
+// gives, and a phase of noise cannot lift a reading past that ceiling. And
+// the slowdown it masks can be that small: extent starts on the lab cost a
+// stream at the device's window 8-9% (137 MB/s against 150 at any window
+// from 512 KB), under a 10% margin for ever. Beside a random reader every step must pay
 // in full: the reader pays for it.
 func (t *Tuner) marginFor(l *ladder, d *devState, file probe.FileKey, m measure) (float64, bool) {
 	if l.kind == KindDeviceWindow {
 		return t.cfg.DeviceMargin, false
 	}
-	half := t.cfg.Margin / 2
+	half := t.halfMargin()
 	if l.kind == KindFileWindow && t.loneAtCapacity(d, file, m) && l.beforeHigh > 0 && m.tput >= (1+half)*l.beforeHigh {
 		return half, true
 	}
 	return t.cfg.Margin, false
 }
+
+// halfMargin is what a step that takes a lone stream to the device's
+// capacity must gain (marginFor).
+func (t *Tuner) halfMargin() float64 { return t.cfg.Margin / 2 }
+
+// shortOfCapacity is the share of the device's capacity below which a
+// lone stream still has half the margin to gain.
+func (t *Tuner) shortOfCapacity() float64 { return 1 / (1 + t.halfMargin()) }
 
 // loneAtCapacity reports whether a stream with no random reader beside it
 // reads (m) at its device's capacity.
