@@ -132,8 +132,8 @@ func TestProbeAttributesReadsOnLoopDevice(t *testing.T) {
 	dst := st.Devices[l.Dev]
 	devRead := (readSectors(t, l.Loop) - sectors0) * 512
 	t.Logf("the device's own count (/sys/block/*/stat): %s read", fmtMB(devRead))
-	t.Logf("the kernel's count: %d requests, %s, %d streamed; lost %+v; a %s, b %s", dst.Requests, fmtMB(dst.Bytes), dst.Sampled, st.Lost,
-		fmtMB(st.Files[keyA].Bytes), fmtMB(st.Files[keyB].Bytes))
+	t.Logf("the kernel's count: %d requests, %s, %d streamed; lost %+v; a %s, b %s; runs skipped by the kernel's recursion check %d", dst.Requests, fmtMB(dst.Bytes), dst.Sampled, st.Lost,
+		fmtMB(st.Files[keyA].Bytes), fmtMB(st.Files[keyB].Bytes), st.Programs["block_rq_complete"].Misses)
 	byFile := map[FileKey]uint64{}
 	var total, direct uint64
 	pinned := 0
@@ -174,13 +174,14 @@ func TestProbeAttributesReadsOnLoopDevice(t *testing.T) {
 		t.Logf("left in the page cache by drop_caches: a %s, b %s", fmtMB(cachedA), fmtMB(cachedB))
 	}
 	// The device's own count (/sys/block/*/stat; the filesystem's
-	// metadata reads are a few KB) against the records. About one run in
-	// thirty the probe sees neither a record nor a kernel-side count of a
-	// few of the device's requests (192 MB read, 187 counted: five of
-	// about 170, on the first or second file read). That known gap is
-	// allowed up to missedMax and logged; what the probe saw must be
-	// attributed exactly, and what the device did not read (the page
-	// cache's) is no attribution's to miss.
+	// metadata reads are a few KB) against the records. Now and then the
+	// kernel runs no BPF program at all for a few completions: ftrace's
+	// own event records them, every BPF program on the tracepoint misses
+	// the same ones, and no recursion miss is counted (docs/probe.md,
+	// "Known gap"). About one run in thirty on a quiet host, 1-10 MB of
+	// 192. That gap is allowed up to missedMax and logged; what the probe
+	// saw must be attributed exactly, and what the device did not read
+	// (the page cache's) is no attribution's to miss.
 	const missedMax = 0.03
 	missed := max(float64(devRead)-float64(total), 0)
 	if missed > 0 {
