@@ -213,7 +213,7 @@ func TestProbeAttributesReadsOnLoopDevice(t *testing.T) {
 	// own event records them, every BPF program on the tracepoint misses
 	// the same ones, and no recursion miss is counted (docs/probe.md). In
 	// about one run in thirty on a quiet host, 1-10 MB of 192. That gap is
-	// allowed up to missedMax (over two runs, above) and logged; what the
+	// allowed up to missedMax (in the last of at most two runs, above) and logged; what the
 	// probe saw must be attributed exactly, and what the device did not
 	// read (the page cache's) is no attribution's to miss.
 	missed := max(float64(devRead)-float64(total), 0)
