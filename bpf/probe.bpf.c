@@ -86,7 +86,8 @@ struct rec {
 struct ra_event {
 	u8 type; /* EVENT_READAHEAD */
 	u8 async;
-	u8 _pad0[2];
+	u8 around; /* 1: an mmap read-around on a watched trimmed file (page_cache_ra_order) */
+	u8 _pad0;
 	u32 tgid;
 	u32 dev; /* whole disk of the file's filesystem, 0 if none */
 	u32 file_dev;
@@ -253,6 +254,27 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 4 << 20); /* resized by the loader */
 } events SEC(".maps");
+
+/* Files under a read-around trim, written by user space: an mmap
+ * read-around on one of them by an open file whose window is above the
+ * trim (ra_pages) is a descriptor the trim has not reached (the reader
+ * opened the file again since), and is reported at once. last_ns bounds
+ * the reports to one per AROUND_GAP_NS per file: the faults of one
+ * descriptor come faster than user space can trim it. */
+struct around_val {
+	u32 ra_pages;
+	u32 _pad;
+	u64 last_ns;
+};
+
+#define AROUND_GAP_NS (10 * 1000 * 1000ULL)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct file_key);
+	__type(value, struct around_val);
+} around SEC(".maps");
 
 /* Types exported to Go by bpf2go. */
 const struct rec *unused_rec __attribute__((unused));
@@ -804,8 +826,8 @@ static __always_inline int readahead(struct inode *inode, unsigned long index,
 	}
 	e->type = EVENT_READAHEAD;
 	e->async = async;
-	e->_pad0[0] = 0;
-	e->_pad0[1] = 0;
+	e->around = 0;
+	e->_pad0 = 0;
 	e->tgid = bpf_get_current_pid_tgid() >> 32;
 	e->dev = dev;
 	e->file_dev = sb->s_dev;
@@ -847,4 +869,61 @@ int BPF_PROG(page_cache_async_ra, struct inode *inode, unsigned long index,
 	     struct file_ra_state *ra, unsigned long req_count)
 {
 	return readahead(inode, index, ra, req_count, 1);
+}
+
+/*
+ * mmap read-around (do_sync_mmap_readahead: a fault reads the window around
+ * the faulting page) runs page_cache_ra_order without the sync/async
+ * tracepoints above. Buffered readahead runs it too, after those. Only
+ * files in `around` are looked at, and only a window above their trim is
+ * reported: the first instructions are one hash lookup.
+ */
+SEC("tp_btf/page_cache_ra_order")
+int BPF_PROG(page_cache_ra_order, struct inode *inode, unsigned long index,
+	     struct file_ra_state *ra)
+{
+	if (!inode || !ra)
+		return 0;
+	struct super_block *sb = inode->i_sb;
+	struct file_key k = {};
+	k.dev = sb->s_dev;
+	k.ino = inode->i_ino;
+	struct around_val *v = bpf_map_lookup_elem(&around, &k);
+	if (!v || ra->ra_pages <= v->ra_pages)
+		return 0;
+	u64 now = bpf_ktime_get_ns();
+	if (now - v->last_ns < AROUND_GAP_NS)
+		return 0;
+	v->last_ns = now; /* racy across CPUs: at worst two reports */
+
+	struct ra_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_lost(LOST_RA_RINGBUF);
+		return 0;
+	}
+	u32 dev = 0;
+	struct block_device *bdev = sb->s_bdev;
+	if (bdev) {
+		struct gendisk *disk = bdev->bd_disk;
+		if (disk)
+			dev = MKDEV(disk->major, disk->first_minor);
+	}
+	e->type = EVENT_READAHEAD;
+	e->async = 0;
+	e->around = 1;
+	e->_pad0 = 0;
+	e->tgid = bpf_get_current_pid_tgid() >> 32;
+	e->dev = dev;
+	e->file_dev = k.dev;
+	e->ino = k.ino;
+	e->index = index;
+	e->time_ns = now;
+	e->req_count = 0;
+	e->size = ra->size;
+	e->async_size = ra->async_size;
+	e->ra_pages = ra->ra_pages;
+	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	/* The trim is due now: the reader faults again within milliseconds. */
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+	return 0;
 }

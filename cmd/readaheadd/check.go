@@ -130,6 +130,8 @@ func (c *checker) run() error {
 	for _, pc := range rep.Programs {
 		if pc.Attached && pc.Err == nil {
 			c.report(true, true, "BPF program %s loads and attaches (%s)", pc.Name, pc.Attach)
+		} else if pc.Optional {
+			c.report(false, false, "BPF program %s (%s), optional: %v; random mmap readers that re-open their files keep the device's window on each new descriptor until the next search for them", pc.Name, pc.Attach, pc.Err)
 		} else {
 			c.report(false, true, "BPF program %s (%s): loaded=%v attached=%v: %v", pc.Name, pc.Attach, pc.Loaded, pc.Attached, pc.Err)
 		}

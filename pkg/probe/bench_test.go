@@ -212,7 +212,7 @@ func TestBenchProbeCost(t *testing.T) {
 			cDone.Close()
 			fmt.Printf("probe cost: round %d, %s (512 MB in %.2f s):\n", r+1, v.name, elapsed.Seconds())
 			detach()
-			for _, name := range []string{ProgBlockRqIssue, ProgBlockRqComplete, ProgBlockRqRequeue, ProgPageCacheSyncRa, ProgPageCacheAsyncRa} {
+			for _, name := range []string{ProgBlockRqIssue, ProgBlockRqComplete, ProgBlockRqRequeue, ProgPageCacheSyncRa, ProgPageCacheAsyncRa, ProgPageCacheRaOrder} {
 				if s := stats[name]; s != nil && s.RunCount > 0 {
 					fmt.Printf("probe cost:   %-26s %8d runs %6.0f ns/run\n", name, s.RunCount, perRun(s))
 				}

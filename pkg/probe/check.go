@@ -15,6 +15,9 @@ type ProgramCheck struct {
 	Loaded   bool
 	Attached bool
 	Err      error // why not, wrapping ErrPermission/ErrTracepointMissing where it applies
+	// Optional: the probe runs without this program, losing only what it
+	// adds (page_cache_ra_order: the read-around of files a trim watches).
+	Optional bool
 }
 
 // CheckReport is the outcome of Check.
@@ -23,13 +26,13 @@ type CheckReport struct {
 	Programs []ProgramCheck
 }
 
-// OK reports whether every program loaded and attached.
+// OK reports whether every program the probe needs loaded and attached.
 func (r CheckReport) OK() bool {
 	if r.BTF != nil || len(r.Programs) == 0 {
 		return false
 	}
 	for _, p := range r.Programs {
-		if !p.Attached {
+		if !p.Attached && !p.Optional {
 			return false
 		}
 	}
@@ -59,7 +62,12 @@ func Check() CheckReport {
 	sort.Strings(names)
 	for _, name := range names {
 		ps := spec.Programs[name]
-		pc := ProgramCheck{Name: name, Attach: ps.SectionName}
+		pc := ProgramCheck{Name: name, Attach: ps.SectionName, Optional: name == ProgPageCacheRaOrder}
+		if pc.Optional && !hasTracepoint(name) {
+			pc.Err = fmt.Errorf("%w: %w", ErrTracepointMissing, ErrNoReadAround)
+			rep.Programs = append(rep.Programs, pc)
+			continue
+		}
 		one := spec.Copy()
 		for n := range one.Programs {
 			if n != name {

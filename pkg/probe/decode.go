@@ -57,17 +57,18 @@ func decodeReadahead(b []byte) (ReadaheadEvent, error) {
 		comm = comm[:i]
 	}
 	return ReadaheadEvent{
-		Async:     b[1] != 0,
-		Tgid:      le.Uint32(b[4:]),
-		Device:    Dev(le.Uint32(b[8:])),
-		File:      FileKey{Dev: Dev(le.Uint32(b[12:])), Ino: le.Uint64(b[16:])},
-		Index:     le.Uint64(b[24:]),
-		Time:      time.Duration(le.Uint64(b[32:])),
-		ReqCount:  le.Uint32(b[40:]),
-		Size:      le.Uint32(b[44:]),
-		AsyncSize: le.Uint32(b[48:]),
-		RaPages:   le.Uint32(b[52:]),
-		Comm:      string(comm),
+		Async:      b[1] != 0,
+		ReadAround: b[2] != 0,
+		Tgid:       le.Uint32(b[4:]),
+		Device:     Dev(le.Uint32(b[8:])),
+		File:       FileKey{Dev: Dev(le.Uint32(b[12:])), Ino: le.Uint64(b[16:])},
+		Index:      le.Uint64(b[24:]),
+		Time:       time.Duration(le.Uint64(b[32:])),
+		ReqCount:   le.Uint32(b[40:]),
+		Size:       le.Uint32(b[44:]),
+		AsyncSize:  le.Uint32(b[48:]),
+		RaPages:    le.Uint32(b[52:]),
+		Comm:       string(comm),
 	}, nil
 }
 

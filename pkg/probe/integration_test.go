@@ -274,12 +274,33 @@ func TestCheckReportsEveryProgram(t *testing.T) {
 	needRoot(t, "loads BPF programs")
 	rep := Check()
 	require.NoError(t, rep.BTF)
-	require.Len(t, rep.Programs, 3) // block_rq_complete and the two readahead programs
+	// block_rq_complete, the two readahead programs and the optional
+	// read-around one.
+	require.Len(t, rep.Programs, 4)
 	for _, p := range rep.Programs {
+		if p.Name == ProgPageCacheRaOrder {
+			assert.True(t, p.Optional)
+			if !hasTracepoint(p.Name) {
+				assert.ErrorIs(t, p.Err, ErrTracepointMissing)
+				continue
+			}
+		}
 		assert.True(t, p.Attached, "%s (%s): %v", p.Name, p.Attach, p.Err)
 		assert.NoError(t, p.Err)
 	}
 	assert.True(t, rep.OK())
+}
+
+// A kernel without the read-around tracepoint still runs the probe: its
+// program is optional, and OK says so.
+func TestCheckOKWithoutOptionalProgram(t *testing.T) {
+	rep := CheckReport{Programs: []ProgramCheck{
+		{Name: ProgBlockRqComplete, Attached: true},
+		{Name: ProgPageCacheRaOrder, Optional: true, Err: ErrNoReadAround},
+	}}
+	assert.True(t, rep.OK())
+	rep.Programs[0].Attached = false
+	assert.False(t, rep.OK(), "a required program that does not attach fails the check")
 }
 
 func TestLoadWithoutPrivilegeSaysWhatToDo(t *testing.T) {

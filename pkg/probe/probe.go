@@ -108,6 +108,10 @@ type Probe struct {
 
 	sysfs string // root of sysfs, for the kernel's in-flight counts
 
+	// around: the read-around program is attached (the kernel has
+	// page_cache_ra_order's tracepoint).
+	around bool
+
 	mu        sync.Mutex
 	closed    bool
 	undecoded atomic.Uint64
@@ -182,7 +186,26 @@ func (c Config) spec() (*ebpf.CollectionSpec, error) {
 	if err := c.configure(spec); err != nil {
 		return nil, err
 	}
+	if !hasTracepoint(ProgPageCacheRaOrder) {
+		// The read-around program is optional. A tp_btf program is bound
+		// to its tracepoint when it is loaded, and the generated objects
+		// load every program: on a kernel without this one it is bound to
+		// page_cache_async_ra, whose first three arguments are the same,
+		// and never attached.
+		spec.Programs[ProgPageCacheRaOrder].AttachTo = ProgPageCacheAsyncRa
+	}
 	return spec, nil
+}
+
+// hasTracepoint reports whether the running kernel has the BTF tracepoint
+// name (its btf_trace_ typedef).
+func hasTracepoint(name string) bool {
+	ks, err := btf.LoadKernelSpec()
+	if err != nil {
+		return false
+	}
+	_, err = ks.AnyTypeByName("btf_trace_" + name)
+	return err == nil
 }
 
 // configure sets cfg's constants and sizes in spec (the embedded object, or
@@ -292,7 +315,7 @@ func Load(cfg Config) (*Probe, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Probe{cfg: cfg, sysfs: "/sys", sampler: map[uint32]*slotSampler{}}
+	p := &Probe{cfg: cfg, sysfs: "/sys", sampler: map[uint32]*slotSampler{}, around: hasTracepoint(ProgPageCacheRaOrder)}
 	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
 		return nil, classify("load BPF programs", err)
 	}
@@ -349,11 +372,48 @@ type attachment struct {
 }
 
 func (p *Probe) attachments() []attachment {
-	return []attachment{
+	as := []attachment{
 		{ProgBlockRqComplete, p.objs.BlockRqComplete},
 		{ProgPageCacheSyncRa, p.objs.PageCacheSyncRa},
 		{ProgPageCacheAsyncRa, p.objs.PageCacheAsyncRa},
 	}
+	if p.around {
+		as = append(as, attachment{ProgPageCacheRaOrder, p.objs.PageCacheRaOrder})
+	}
+	return as
+}
+
+// ErrNoReadAround: the kernel has no page_cache_ra_order tracepoint
+// (before Linux 6.10), so WatchReadAround cannot report read-arounds.
+var ErrNoReadAround = errors.New("the kernel has no page_cache_ra_order tracepoint (Linux 6.10 or later): mmap read-arounds are not reported")
+
+// MaxReadAroundFiles bounds the files WatchReadAround watches at once.
+const MaxReadAroundFiles = 1024
+
+// WatchReadAround asks for a ReadaheadEvent with ReadAround set when an
+// mmap fault on file reads around with a window above kb: an open file
+// the caller has not given its window yet. At most one per file every
+// 10 ms. Watching a file again replaces its kb.
+func (p *Probe) WatchReadAround(file FileKey, kb int) error {
+	if !p.around {
+		return ErrNoReadAround
+	}
+	k := probeFileKey{Dev: uint32(file.Dev), Ino: file.Ino}
+	v := probeAroundVal{RaPages: uint32(max(kb, 0) * 1024 / PageSize)}
+	if err := p.objs.Around.Update(&k, &v, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("watch read-arounds of %s: %w (at most %d files)", file, err, MaxReadAroundFiles)
+	}
+	return nil
+}
+
+// UnwatchReadAround ends WatchReadAround on file; a file not watched is
+// no error.
+func (p *Probe) UnwatchReadAround(file FileKey) error {
+	k := probeFileKey{Dev: uint32(file.Dev), Ino: file.Ino}
+	if err := p.objs.Around.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("stop watching read-arounds of %s: %w", file, err)
+	}
+	return nil
 }
 
 // Run implements Source: it delivers records until ctx is done, then

@@ -13,6 +13,13 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type probeAroundVal struct {
+	_       structs.HostLayout
+	RaPages uint32
+	Pad     uint32
+	LastNs  uint64
+}
+
 type probeDevSlot struct {
 	_   structs.HostLayout
 	Dev uint64
@@ -67,7 +74,8 @@ type probeRaEvent struct {
 	_         structs.HostLayout
 	Type      uint8
 	Async     uint8
-	Pad0      [2]uint8
+	Around    uint8
+	Pad0      uint8
 	Tgid      uint32
 	Dev       uint32
 	FileDev   uint32
@@ -103,6 +111,7 @@ type probeRec struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	probeMapAround            = "around"
 	probeMapDevslots          = "devslots"
 	probeMapDevstats          = "devstats"
 	probeMapEvents            = "events"
@@ -112,6 +121,7 @@ const (
 	probeMapSampling          = "sampling"
 	probeProgBlockRqComplete  = "block_rq_complete"
 	probeProgPageCacheAsyncRa = "page_cache_async_ra"
+	probeProgPageCacheRaOrder = "page_cache_ra_order"
 	probeProgPageCacheSyncRa  = "page_cache_sync_ra"
 	probeVarBioPinnedMask     = "bio_pinned_mask"
 	probeVarCpuKnown          = "cpu_known"
@@ -170,6 +180,7 @@ type probeSpecs struct {
 type probeProgramSpecs struct {
 	BlockRqComplete  *ebpf.ProgramSpec `ebpf:"block_rq_complete"`
 	PageCacheAsyncRa *ebpf.ProgramSpec `ebpf:"page_cache_async_ra"`
+	PageCacheRaOrder *ebpf.ProgramSpec `ebpf:"page_cache_ra_order"`
 	PageCacheSyncRa  *ebpf.ProgramSpec `ebpf:"page_cache_sync_ra"`
 }
 
@@ -177,6 +188,7 @@ type probeProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type probeMapSpecs struct {
+	Around    *ebpf.MapSpec `ebpf:"around"`
 	Devslots  *ebpf.MapSpec `ebpf:"devslots"`
 	Devstats  *ebpf.MapSpec `ebpf:"devstats"`
 	Events    *ebpf.MapSpec `ebpf:"events"`
@@ -223,6 +235,7 @@ func (o *probeObjects) Close() error {
 //
 // It can be passed to loadProbeObjects or ebpf.CollectionSpec.LoadAndAssign.
 type probeMaps struct {
+	Around    *ebpf.Map `ebpf:"around"`
 	Devslots  *ebpf.Map `ebpf:"devslots"`
 	Devstats  *ebpf.Map `ebpf:"devstats"`
 	Events    *ebpf.Map `ebpf:"events"`
@@ -234,6 +247,7 @@ type probeMaps struct {
 
 func (m *probeMaps) Close() error {
 	return _ProbeClose(
+		m.Around,
 		m.Devslots,
 		m.Devstats,
 		m.Events,
@@ -267,6 +281,7 @@ type probeVariables struct {
 type probePrograms struct {
 	BlockRqComplete  *ebpf.Program `ebpf:"block_rq_complete"`
 	PageCacheAsyncRa *ebpf.Program `ebpf:"page_cache_async_ra"`
+	PageCacheRaOrder *ebpf.Program `ebpf:"page_cache_ra_order"`
 	PageCacheSyncRa  *ebpf.Program `ebpf:"page_cache_sync_ra"`
 }
 
@@ -274,6 +289,7 @@ func (p *probePrograms) Close() error {
 	return _ProbeClose(
 		p.BlockRqComplete,
 		p.PageCacheAsyncRa,
+		p.PageCacheRaOrder,
 		p.PageCacheSyncRa,
 	)
 }

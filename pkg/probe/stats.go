@@ -117,7 +117,9 @@ func (p ProgramStats) PerRun() time.Duration {
 }
 
 // Program names, as reported in Stats.Programs and Check. The probe runs
-// block_rq_complete and the two readahead programs; block_rq_issue and
+// block_rq_complete, the two readahead programs and, where the kernel has
+// its tracepoint (Linux 6.10 and later), page_cache_ra_order for the
+// read-around of watched files; block_rq_issue and
 // block_rq_requeue name the tracepoints of earlier builds (and of the
 // benchmarks' empty programs).
 const (
@@ -126,6 +128,7 @@ const (
 	ProgBlockRqRequeue   = "block_rq_requeue"
 	ProgPageCacheSyncRa  = "page_cache_sync_ra"
 	ProgPageCacheAsyncRa = "page_cache_async_ra"
+	ProgPageCacheRaOrder = "page_cache_ra_order"
 )
 
 // Stats is a snapshot of the kernel-side aggregates.

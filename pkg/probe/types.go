@@ -143,6 +143,11 @@ type ReadaheadEvent struct {
 	AsyncSize uint32
 	RaPages   uint32 // the open file's maximum window (from read_ahead_kb at open or fadvise)
 	Async     bool   // page_cache_async_ra (a hit on the marked page) rather than sync
+	// ReadAround: an mmap fault read around its page with this window, on
+	// a file WatchReadAround named, by an open file whose window (RaPages)
+	// is above the one asked for. Not a stream's readahead: Index is the
+	// first page read around, ReqCount 0.
+	ReadAround bool
 }
 
 // PageSize is the page size the readahead tracepoints count in.

@@ -455,7 +455,7 @@ func startDaemon(bin, name, work string) (*daemon, error) {
 		}
 		// The kernel keeps 15 characters of a program's name.
 		for _, n := range []string{probe.ProgBlockRqIssue, probe.ProgBlockRqComplete, probe.ProgBlockRqRequeue,
-			probe.ProgPageCacheSyncRa, probe.ProgPageCacheAsyncRa} {
+			probe.ProgPageCacheSyncRa, probe.ProgPageCacheAsyncRa, probe.ProgPageCacheRaOrder} {
 			if info.Name != "" && strings.HasPrefix(n, info.Name) {
 				d.progIDs = append(d.progIDs, next)
 				d.progNames[next] = n
