@@ -26,6 +26,7 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 	"github.com/readaheadd/readaheadd/pkg/sdnotify"
 	"github.com/readaheadd/readaheadd/pkg/state"
+	"github.com/readaheadd/readaheadd/pkg/tuner"
 )
 
 // runEnv is what `run` touches outside the process; tests replace parts.
@@ -122,6 +123,9 @@ type controlDeps struct {
 	log   *slog.Logger
 	names func(probe.Dev) string
 	ra    *fileras.Iter // nil: the kernel's per-file state is not readable
+	// around: the probe's reports of read-arounds on trimmed files (nil
+	// when the probe has none).
+	around tuner.ReadAroundWatch
 }
 
 // controller is the probe -> detector -> tuner loop behind one seam: it is
@@ -229,7 +233,11 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 		}
 	}
 
-	ctl, err := env.newControl(controlDeps{cfg: v, sys: env.sys, clk: env.clk, store: store, log: log, names: devName, ra: ra})
+	deps := controlDeps{cfg: v, sys: env.sys, clk: env.clk, store: store, log: log, names: devName, ra: ra}
+	if w, ok := src.(tuner.ReadAroundWatch); ok {
+		deps.around = w
+	}
+	ctl, err := env.newControl(deps)
 	if err != nil {
 		return err
 	}

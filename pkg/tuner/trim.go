@@ -55,6 +55,11 @@ type trimDec struct {
 	beforeP95 time.Duration
 	lastNeed  time.Duration
 	dry       bool
+	// watched: the probe reports read-arounds of descriptors opened on
+	// the file since (trimopen.go); opened is what the event path did
+	// per process.
+	watched bool
+	opened  map[uint32]openedMark
 }
 
 type trimOff struct {
@@ -122,10 +127,12 @@ func (t *Tuner) trimAll() {
 		if helped[td.dev] {
 			td.lastNeed = now
 		}
+		pruneOpened(td, now)
 		switch {
 		case t.files[k] != nil:
 			// A decision of the file's own sets its window now.
 			delete(t.trims, k)
+			t.unwatchAround(td)
 		case td.trialAt != 0 && now-td.trialAt >= t.cfg.Settle:
 			// Judged on its own requests, whether or not a window is
 			// still raised beside it.
@@ -188,7 +195,7 @@ func (t *Tuner) startTrims(d *devState, withStep bool) {
 			continue
 		}
 		t.referAtTrim(fs)
-		td := &trimDec{key: k, dev: d, path: refs[0].Path, refs: refs, kb: t.cfg.TrimKB, from: d.cur, beforeP: fs.P50, lastNeed: now}
+		td := &trimDec{key: k, dev: d, path: refs[0].Path, refs: refs, kb: t.cfg.TrimKB, from: d.cur, beforeP: fs.P50, lastNeed: now, opened: map[uint32]openedMark{}}
 		ev := fmt.Sprintf("read-around trim: random reads (sequential %.0f%%) averaging %.0f KB per request, median %v, while the device serves a raised window; the readers' open files get %d KB",
 			100*fs.Sequentiality, fs.MeanSize/1024, fs.P50.Round(10*time.Microsecond), t.cfg.TrimKB)
 		if t.cfg.DryRun {
@@ -209,6 +216,7 @@ func (t *Tuner) startTrims(d *devState, withStep bool) {
 		td.trialAt = now
 		t.trims[k] = td
 		d.trimAt = now
+		t.watchAround(td)
 		t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: td.path, Kind: KindTrim, FromKB: td.from, ToKB: td.kb, Result: ResultTrial,
 			Evidence: fmt.Sprintf("%s (%d descriptors)", ev, n)})
 	}
@@ -373,6 +381,7 @@ func (t *Tuner) endTrim(td *trimDec, why string) {
 	now := t.deps.Clock.Now()
 	delete(t.trims, td.key)
 	td.dev.trimAt = now
+	t.unwatchAround(td)
 	if td.dry {
 		t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindTrimUndo, FromKB: td.kb, ToKB: td.dev.cur, Result: ResultDryRun, Evidence: why})
 		return

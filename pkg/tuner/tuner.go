@@ -78,8 +78,12 @@ type devState struct {
 	dirty   bool // the last write back failed: retry
 	tokens  float64
 	tokenAt time.Duration
-	pfBytes float64 // prefetch budget left
-	pfAt    time.Duration
+	// openedTokens: the budget of trims of descriptors opened on trimmed
+	// files (trimopen.go), refilled since openedAt.
+	openedTokens float64
+	openedAt     time.Duration
+	pfBytes      float64 // prefetch budget left
+	pfAt         time.Duration
 
 	win        ladder // device-wide window
 	winActive  bool
@@ -295,6 +299,12 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 	defer t.mu.Unlock()
 	if t.closing {
 		return // shutting down: everything is being put back
+	}
+	if ev.ReadAround {
+		// An mmap fault on a trimmed file, not a stream's readahead: its
+		// reader is no stream reader, and its file no fresh open.
+		t.trimOpened(ev, now)
+		return
 	}
 	rs := t.readers[ev.File]
 	if rs == nil {

@@ -189,6 +189,8 @@ type rig struct {
 	// capBPS, if set, is the device's capacity in outcomeSnap (else what
 	// the device read).
 	capBPS float64
+	// around, if set before New (mutate), is the tuner's ReadAroundWatch.
+	around *fakeAround
 }
 
 func quiet() *slog.Logger {
@@ -213,7 +215,11 @@ func newRig(t *testing.T, cfg Config, mutate func(*rig)) *rig {
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })
 	r.store = st
-	r.tn, err = New(cfg, Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: st, Logger: quiet()})
+	deps := Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: st, Logger: quiet()}
+	if r.around != nil {
+		deps.Around = r.around
+	}
+	r.tn, err = New(cfg, deps)
 	require.NoError(t, err)
 	return r
 }

@@ -193,6 +193,10 @@ type Deps struct {
 	// window; without it a lowering only sets ra_pages, which such a
 	// reader ignores (lower.go).
 	States RAStates
+	// Around reports read-arounds of trimmed files by descriptors opened
+	// since the trim (the probe in production); nil: those are found by
+	// the periodic search only (trimopen.go).
+	Around ReadAroundWatch
 	Clock  clock.Clock
 	Store  *state.Store // may be nil only in dry-run mode
 	Logger *slog.Logger
