@@ -81,7 +81,7 @@ func childMain(spec string) int {
 	if st, err := f.Stat(); err == nil {
 		size = st.Size()
 	}
-	if mode == "random" {
+	if mode == "random" || mode == "reopen" {
 		st, err := f.Stat()
 		if err != nil {
 			fmt.Println("error", err)
@@ -181,6 +181,30 @@ func childMain(spec string) int {
 			if time.Since(lastDrop) > 500*time.Millisecond {
 				_ = unix.Madvise(data, unix.MADV_DONTNEED)
 				_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+				lastDrop = time.Now()
+			}
+		case "reopen":
+			// A service that opens its index per batch of lookups: the
+			// random touches of "random", on a new open file (the
+			// device's window) every 250 ms.
+			for i := 0; i < 16; i++ {
+				sink ^= data[rng.Int64N(int64(len(data)/4096))*4096]
+			}
+			touchSink.Store(uint32(sink))
+			mu.Lock()
+			count += 16
+			mu.Unlock()
+			if time.Since(lastDrop) > 250*time.Millisecond {
+				_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+				_ = unix.Munmap(data)
+				f.Close()
+				if f, err = os.Open(path); err == nil {
+					data, err = unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
+				}
+				if err != nil {
+					fmt.Println("error re-open", err)
+					return 1
+				}
 				lastDrop = time.Now()
 			}
 		}
