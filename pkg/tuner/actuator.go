@@ -170,6 +170,18 @@ func (t *Tuner) lowerFiles(d *devState, kb int, refs []FileRef, limit bool) (int
 // pinExact is pin without the clamp to the device's original: a
 // read-around trim pins below it.
 func (t *Tuner) pinExact(d *devState, kb int, refs []FileRef, limit bool) (int, error) {
+	return t.pinWith(d, kb, refs, limit, false)
+}
+
+// trimOpenedFiles is lowerFiles for descriptors just opened by a random
+// reader on a trimmed file (trimopen.go): without a break (LowerReq.NoBreak).
+func (t *Tuner) trimOpenedFiles(d *devState, kb int, refs []FileRef) (int, error) {
+	t.counts["actuator/lower"]++
+	return t.pinWith(d, kb, refs, false, true)
+}
+
+// pinWith is pinExact; noBreak: see LowerReq.NoBreak.
+func (t *Tuner) pinWith(d *devState, kb int, refs []FileRef, limit, noBreak bool) (int, error) {
 	if len(refs) == 0 {
 		return 0, errNoReaders
 	}
@@ -212,7 +224,7 @@ func (t *Tuner) pinExact(d *devState, kb int, refs []FileRef, limit bool) (int, 
 	}
 	d.movedAt = t.deps.Clock.Now()
 	if t.lower != nil {
-		return t.lowerPin(d, kb, hs, hrefs, errs, &set, &clear)
+		return t.lowerPin(d, kb, hs, hrefs, errs, &set, &clear, noBreak)
 	}
 	if raise {
 		if err := t.writeDevice(d, kb); err != nil {
@@ -251,7 +263,7 @@ func (t *Tuner) pinExact(d *devState, kb int, refs []FileRef, limit bool) (int, 
 // lowerPin is pinExact's window change through the Lowerer: a file whose
 // kernel window is above kb gets a break first, so the change reaches a
 // stream on asynchronous readahead (lower.go).
-func (t *Tuner) lowerPin(d *devState, kb int, hs []Handle, hrefs []FileRef, errs []error, set, clear *[]state.Pin) (int, error) {
+func (t *Tuner) lowerPin(d *devState, kb int, hs []Handle, hrefs []FileRef, errs []error, set, clear *[]state.Pin, noBreak bool) (int, error) {
 	if err := t.record(d); err != nil {
 		return 0, fmt.Errorf("record original of %s before writing it: %w", d.name, err)
 	}
@@ -273,7 +285,7 @@ func (t *Tuner) lowerPin(d *devState, kb int, hs []Handle, hrefs []FileRef, errs
 			}
 		}
 	}()
-	st, err := t.lower.Lower(LowerReq{Device: d.name, DeviceKB: d.cur, KB: kb, Files: fs, During: t.unlocked})
+	st, err := t.lower.Lower(LowerReq{Device: d.name, DeviceKB: d.cur, KB: kb, Files: fs, During: t.unlocked, NoBreak: noBreak})
 	if errors.Is(err, ErrDeviceNotBack) {
 		d.dirty = true
 		t.log.Error("tuner: could not put read_ahead_kb back after changing a file window; retrying next interval",

@@ -142,6 +142,12 @@ type LowerReq struct {
 	// tuner releases its lock around it, so that its event path serves
 	// fresh opens while a reader leaves its window).
 	During func(wait func())
+	// NoBreak sets the window without a break whatever the files' state:
+	// for random readers just opened, whose next fault reads around from
+	// ra_pages afresh, and whose reader never reads past a window (mmap
+	// faults leave prev_pos alone), so a break would last IdleHold, a poll
+	// every Poll, for nothing.
+	NoBreak bool
 }
 
 // LowerStats is what a Lower cost.
@@ -169,7 +175,7 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 	states, known := l.own(req.Files)
 	for i, f := range req.Files {
 		s, ok := states[i]
-		if known && ok && s.Size <= kbPages {
+		if req.NoBreak || known && ok && s.Size <= kbPages {
 			plain = append(plain, f)
 			continue
 		}

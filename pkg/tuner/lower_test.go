@@ -200,6 +200,20 @@ func TestLowerNeedsNoBreakBelowTheWindow(t *testing.T) {
 	assert.Zero(t, st.Broken)
 }
 
+// NoBreak (a random reader's descriptor just opened): set at once, however
+// large its window state.
+func TestLowerWithoutBreak(t *testing.T) {
+	k, l := newKernel()
+	k.rate = 0
+	f := k.streaming(3, 1024)
+	st, err := l.Lower(LowerReq{Device: "sdb", DeviceKB: 128, KB: 16, Files: []LowerFile{f}, NoBreak: true})
+	require.NoError(t, err)
+	assert.Equal(t, []int{16, 128}, k.writes, "a plain raise-pin-restore, no break through 0")
+	assert.Zero(t, st.Broken)
+	assert.Zero(t, st.Hold)
+	assert.EqualValues(t, 4, k.files[3].raPages)
+}
+
 func TestLowerIdleReaderIsNotLeftAtZero(t *testing.T) {
 	k, l := newKernel()
 	k.rate = 0

@@ -120,7 +120,7 @@ func (t *Tuner) trimOpened(ev probe.ReadaheadEvent, now time.Duration) {
 		td.opened[ev.Tgid] = openedMark{at: m.at, until: now + time.Second/openedPerSec}
 		return
 	}
-	n, err := t.lowerFiles(td.dev, td.kb, refs, false)
+	n, err := t.trimOpenedFiles(td.dev, td.kb, refs)
 	if err != nil {
 		t.counts["trim/opened_missed"]++
 		t.log.Debug("tuner: could not trim a descriptor opened on a trimmed file", "pid", ev.Tgid, "file", ev.File.String(), "err", err)
