@@ -803,19 +803,23 @@ int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_b
 	return 0;
 }
 
+/* The whole disk holding a filesystem, 0 if it has no block device. */
+static __always_inline u32 sb_disk(struct super_block *sb)
+{
+	struct block_device *bdev = sb->s_bdev;
+	if (!bdev)
+		return 0;
+	struct gendisk *disk = bdev->bd_disk;
+	return disk ? MKDEV(disk->major, disk->first_minor) : 0;
+}
+
 static __always_inline int readahead(struct inode *inode, unsigned long index,
 				     struct file_ra_state *ra, unsigned long req_count, u8 async)
 {
 	if (!inode)
 		return 0;
 	struct super_block *sb = inode->i_sb;
-	u32 dev = 0;
-	struct block_device *bdev = sb->s_bdev;
-	if (bdev) {
-		struct gendisk *disk = bdev->bd_disk;
-		if (disk)
-			dev = MKDEV(disk->major, disk->first_minor);
-	}
+	u32 dev = sb_disk(sb);
 	if (n_filter_devs && !watched(dev))
 		return 0;
 
@@ -901,19 +905,12 @@ int BPF_PROG(page_cache_ra_order, struct inode *inode, unsigned long index,
 		count_lost(LOST_RA_RINGBUF);
 		return 0;
 	}
-	u32 dev = 0;
-	struct block_device *bdev = sb->s_bdev;
-	if (bdev) {
-		struct gendisk *disk = bdev->bd_disk;
-		if (disk)
-			dev = MKDEV(disk->major, disk->first_minor);
-	}
 	e->type = EVENT_READAHEAD;
 	e->async = 0;
 	e->around = 1;
 	e->_pad0 = 0;
 	e->tgid = bpf_get_current_pid_tgid() >> 32;
-	e->dev = dev;
+	e->dev = sb_disk(sb);
 	e->file_dev = k.dev;
 	e->ino = k.ino;
 	e->index = index;

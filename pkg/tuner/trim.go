@@ -364,16 +364,22 @@ func (t *Tuner) trimmedClosed(td *trimDec) bool {
 		return false
 	}
 	for _, ref := range td.refs {
-		h, err := t.deps.Files.Dup(ref)
-		if err == nil {
-			h.Close()
-			return false
-		}
-		if !errors.Is(err, ErrFDGone) && !errors.Is(err, ErrProcessGone) {
+		if !t.closed(ref) {
 			return false
 		}
 	}
 	return true
+}
+
+// closed reports whether ref is known closed (or its process gone); a
+// descriptor that cannot be taken for another reason may still be open.
+func (t *Tuner) closed(ref FileRef) bool {
+	h, err := t.deps.Files.Dup(ref)
+	if err == nil {
+		h.Close()
+		return false
+	}
+	return errors.Is(err, ErrFDGone) || errors.Is(err, ErrProcessGone)
 }
 
 // endTrim gives the trimmed open files the device's window again.
@@ -415,16 +421,27 @@ const scansPerSec = 2
 // takeScan takes one whole-system scan from the budget (burst
 // scansPerSec).
 func (t *Tuner) takeScan() bool {
-	now := t.deps.Clock.Now()
-	if t.scanAt == 0 {
-		t.scanTokens = scansPerSec
+	return t.scans.take(t.deps.Clock.Now(), scansPerSec, scansPerSec)
+}
+
+// bucket is a token bucket, full at its first take.
+type bucket struct {
+	tokens float64
+	at     time.Duration
+	used   bool
+}
+
+// take takes one token, refilled at rate per second up to burst.
+func (b *bucket) take(now time.Duration, rate, burst float64) bool {
+	if !b.used {
+		b.tokens, b.used = burst, true
 	} else {
-		t.scanTokens = min(scansPerSec, t.scanTokens+(now-t.scanAt).Seconds()*scansPerSec)
+		b.tokens = min(burst, b.tokens+(now-b.at).Seconds()*rate)
 	}
-	t.scanAt = now
-	if t.scanTokens < 1 {
+	b.at = now
+	if b.tokens < 1 {
 		return false
 	}
-	t.scanTokens--
+	b.tokens--
 	return true
 }

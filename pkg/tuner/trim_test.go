@@ -24,9 +24,12 @@ type mmapRig struct {
 	rndPresent bool
 }
 
-func newMmapRig(t *testing.T, cfg Config) *mmapRig {
+func newMmapRig(t *testing.T, cfg Config) *mmapRig { return newMmapRigWith(t, cfg, nil) }
+
+// newMmapRigWith is newMmapRig with mutate applied to the rig before New.
+func newMmapRigWith(t *testing.T, cfg Config, mutate func(*rig)) *mmapRig {
 	cfg.DisablePrefetch = true
-	m := &mmapRig{rig: newRig(t, cfg, nil), slowed: true, rndSeq: 0.02, rndPresent: true}
+	m := &mmapRig{rig: newRig(t, cfg, mutate), slowed: true, rndSeq: 0.02, rndPresent: true}
 	m.tput = slowedModel
 	var p string
 	p, m.seq = realFile(t, filepath.Join(m.dir, "data"), "blk_1")

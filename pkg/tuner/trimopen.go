@@ -1,7 +1,6 @@
 package tuner
 
 import (
-	"errors"
 	"time"
 
 	"github.com/readaheadd/readaheadd/pkg/probe"
@@ -112,7 +111,7 @@ func (t *Tuner) trimOpened(ev probe.ReadaheadEvent, now time.Duration) {
 		td.opened[ev.Tgid] = openedMark{at: m.at, until: now + openedQuiet}
 		return
 	}
-	if !takeOpened(td.dev, now) {
+	if !td.dev.opened.take(now, openedPerSec, openedBurst) {
 		// The next report (the kernel sends one per 10 ms while the
 		// descriptor reads around) can take the next token.
 		t.counts["trim/opened_missed"]++
@@ -142,21 +141,6 @@ func (t *Tuner) trimOpened(ev probe.ReadaheadEvent, now time.Duration) {
 	t.keepRefs(td, refs)
 }
 
-// takeOpened takes one trim of an opened descriptor from d's budget.
-func takeOpened(d *devState, now time.Duration) bool {
-	if d.openedAt == 0 {
-		d.openedTokens = openedBurst
-	} else {
-		d.openedTokens = min(openedBurst, d.openedTokens+(now-d.openedAt).Seconds()*openedPerSec)
-	}
-	d.openedAt = now
-	if d.openedTokens < 1 {
-		return false
-	}
-	d.openedTokens--
-	return true
-}
-
 // keepRefs adds refs to the descriptors td gives back at its end, one per
 // process and number, within openedMaxRefs.
 func (t *Tuner) keepRefs(td *trimDec, refs []FileRef) {
@@ -177,14 +161,9 @@ func (t *Tuner) keepRefs(td *trimDec, refs []FileRef) {
 	}
 	open := td.refs[:0]
 	for _, r := range td.refs {
-		h, err := t.deps.Files.Dup(r)
-		if err != nil && (errors.Is(err, ErrFDGone) || errors.Is(err, ErrProcessGone)) {
-			continue
+		if !t.closed(r) {
+			open = append(open, r)
 		}
-		if err == nil {
-			h.Close()
-		}
-		open = append(open, r)
 	}
 	td.refs = open
 	if len(td.refs) > openedMaxRefs {

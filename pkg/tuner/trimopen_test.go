@@ -2,7 +2,6 @@ package tuner
 
 import (
 	"errors"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -33,17 +32,8 @@ func (f *fakeAround) UnwatchReadAround(k probe.FileKey) error {
 
 // newWatchedMmapRig is newMmapRig with the probe's read-around reports.
 func newWatchedMmapRig(t *testing.T, cfg Config) (*mmapRig, *fakeAround) {
-	cfg.DisablePrefetch = true
 	fa := &fakeAround{watched: map[probe.FileKey]int{}}
-	m := &mmapRig{rig: newRig(t, cfg, func(r *rig) { r.around = fa }), slowed: true, rndSeq: 0.02, rndPresent: true}
-	m.tput = slowedModel
-	var p string
-	p, m.seq = realFile(t, filepath.Join(m.dir, "data"), "blk_1")
-	m.reader(100, 7, p, m.seq)
-	p, m.rnd = realFile(t, filepath.Join(m.dir, "data"), "index")
-	m.files.open(200, 9, p, m.rnd)
-	m.rndP50 = func(kb int) time.Duration { return time.Millisecond + time.Duration(kb)*7*time.Microsecond }
-	return m, fa
+	return newMmapRigWith(t, cfg, func(r *rig) { r.around = fa }), fa
 }
 
 // around reports a read-around of the random file by tgid with window kb,
@@ -180,4 +170,34 @@ func TestTrimEndUnwatches(t *testing.T) {
 	m.tn.mu.Unlock()
 	assert.False(t, trimmed)
 	assert.Empty(t, fa.watched, "an ended trim is not watched")
+}
+
+// Trims of opened descriptors have a budget of their own per device: a
+// burst of openedBurst, then openedPerSec a second; a report over it
+// waits for the next token, and the other actions' sysfs budget is not
+// touched.
+func TestTrimOpenedBudget(t *testing.T) {
+	m, _ := newWatchedMmapRig(t, Config{})
+	m.run(1)
+	p := m.files.fds[200][0].Path
+	m.tn.mu.Lock()
+	tokens := m.tn.devs[sdb].tokens
+	m.tn.mu.Unlock()
+	for tgid := uint32(300); tgid < 306; tgid++ {
+		m.files.open(tgid, 5, p, m.rnd)
+		m.around(tgid, 128)
+	}
+	st := m.tn.Status()
+	assert.Equal(t, uint64(openedBurst), st.Counts["trim/opened"])
+	assert.Equal(t, uint64(6-openedBurst), st.Counts["trim/opened_missed"])
+	m.tn.mu.Lock()
+	assert.Equal(t, tokens, m.tn.devs[sdb].tokens, "the sysfs budget of the other actions is untouched")
+	m.tn.mu.Unlock()
+	// Within a token's time nothing more; after it, the next report is served.
+	m.clk.Advance(time.Second / openedPerSec / 2)
+	m.around(304, 128)
+	assert.Equal(t, uint64(openedBurst), m.tn.Status().Counts["trim/opened"])
+	m.clk.Advance(time.Second / openedPerSec)
+	m.around(304, 128)
+	assert.Equal(t, uint64(openedBurst+1), m.tn.Status().Counts["trim/opened"])
 }

@@ -78,12 +78,11 @@ type devState struct {
 	dirty   bool // the last write back failed: retry
 	tokens  float64
 	tokenAt time.Duration
-	// openedTokens: the budget of trims of descriptors opened on trimmed
-	// files (trimopen.go), refilled since openedAt.
-	openedTokens float64
-	openedAt     time.Duration
-	pfBytes      float64 // prefetch budget left
-	pfAt         time.Duration
+	// opened: the budget of trims of descriptors opened on trimmed files
+	// (trimopen.go).
+	opened  bucket
+	pfBytes float64 // prefetch budget left
+	pfAt    time.Duration
 
 	win        ladder // device-wide window
 	winActive  bool
@@ -188,8 +187,7 @@ type Tuner struct {
 	// readable (Deps.States); nil otherwise.
 	lower *Lowerer
 	// Global budget of whole-system descriptor scans (trim.go).
-	scanTokens float64
-	scanAt     time.Duration
+	scans bucket
 	// Memory of windows that paid (memory.go, fresh.go) and its file.
 	mem           *memory
 	priorsPath    string

@@ -127,6 +127,17 @@ func childMain(spec string) int {
 	rng := rand.New(rand.NewPCG(uint64(os.Getpid()), 7))
 	lastDrop := time.Now()
 	var sink byte
+	// touch16 reads one byte of 16 random pages of the mapping.
+	touch16 := func() {
+		for i := 0; i < 16; i++ {
+			sink ^= data[rng.Int64N(int64(len(data)/4096))*4096]
+		}
+		// Publish the loads, or the compiler drops them and nothing faults.
+		touchSink.Store(uint32(sink))
+		mu.Lock()
+		count += 16
+		mu.Unlock()
+	}
 	for {
 		select {
 		case <-stop:
@@ -167,14 +178,7 @@ func childMain(spec string) int {
 				lastDrop = time.Now()
 			}
 		case "random":
-			for i := 0; i < 16; i++ {
-				sink ^= data[rng.Int64N(int64(len(data)/4096))*4096]
-			}
-			// Publish the loads, or the compiler drops them and nothing faults.
-			touchSink.Store(uint32(sink))
-			mu.Lock()
-			count += 16
-			mu.Unlock()
+			touch16()
 			// Keep every touch a miss, so bytes per touch is the size of
 			// the read around each fault.
 			// Mapped pages stay cached: unmap them first.
@@ -187,13 +191,7 @@ func childMain(spec string) int {
 			// A service that opens its index per batch of lookups: the
 			// random touches of "random", on a new open file (the
 			// device's window) every 250 ms.
-			for i := 0; i < 16; i++ {
-				sink ^= data[rng.Int64N(int64(len(data)/4096))*4096]
-			}
-			touchSink.Store(uint32(sink))
-			mu.Lock()
-			count += 16
-			mu.Unlock()
+			touch16()
 			if time.Since(lastDrop) > 250*time.Millisecond {
 				_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
 				_ = unix.Munmap(data)
