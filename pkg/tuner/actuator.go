@@ -174,7 +174,8 @@ func (t *Tuner) pinExact(d *devState, kb int, refs []FileRef, limit bool) (int, 
 }
 
 // trimOpenedFiles is lowerFiles for descriptors just opened by a random
-// reader on a trimmed file (trimopen.go): without a break (LowerReq.NoBreak).
+// reader on a trimmed file (trimopen.go): without a break (LowerReq.NoBreak),
+// so the tuner's lock is held throughout.
 func (t *Tuner) trimOpenedFiles(d *devState, kb int, refs []FileRef) (int, error) {
 	t.counts["actuator/lower"]++
 	return t.pinWith(d, kb, refs, false, true)

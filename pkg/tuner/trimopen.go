@@ -126,18 +126,11 @@ func (t *Tuner) trimOpened(ev probe.ReadaheadEvent, now time.Duration) {
 		td.opened[ev.Tgid] = openedMark{at: m.at, until: now + openedQuiet}
 		return
 	}
-	if t.trims[ev.File] != td {
-		// The trim ended while the window was being set (a break waits
-		// with the lock released): these descriptors get the device's
-		// window back like the trim's others.
-		if _, err := t.raiseFiles(td.dev, td.dev.cur, refs, false); err != nil {
-			t.log.Debug("tuner: could not give a descriptor trimmed as its trim ended the device's window", "pid", ev.Tgid, "file", ev.File.String(), "err", err)
-		}
-		return
-	}
 	t.counts["trim/opened"] += uint64(n)
 	td.opened[ev.Tgid] = openedMark{at: now, until: now}
-	td.dev.trimAt = now
+	// Not a change of the trim (the device's trimAt): the reader's
+	// requests keep the size the trim gave them, its new open file
+	// trimmed within milliseconds of its first fault.
 	t.keepRefs(td, refs)
 }
 

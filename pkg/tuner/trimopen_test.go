@@ -62,6 +62,9 @@ func TestTrimReachesEachReopenedDescriptorFromItsFirstReadAround(t *testing.T) {
 	require.Len(t, acts, 1)
 	require.Equal(t, ResultTrial, acts[0].Result)
 	assert.Equal(t, map[probe.FileKey]int{m.rnd: 16}, fa.watched, "the trimmed file is watched at the trim's window")
+	m.tn.mu.Lock()
+	trimAt := m.tn.devs[sdb].trimAt
+	m.tn.mu.Unlock()
 
 	for i := range 3 {
 		fd := 10 + i
@@ -77,6 +80,9 @@ func TestTrimReachesEachReopenedDescriptorFromItsFirstReadAround(t *testing.T) {
 	}
 	st := m.tn.Status()
 	assert.Equal(t, uint64(3), st.Counts["trim/opened"])
+	m.tn.mu.Lock()
+	assert.Equal(t, trimAt, m.tn.devs[sdb].trimAt, "keeping the reader's requests trimmed is no change of its trim")
+	m.tn.mu.Unlock()
 
 	// Judged on requests that stayed small: kept.
 	rnd := trimActs(m.run(1), m.rnd)
