@@ -145,4 +145,4 @@ bench-blocks: labfs build
 # BPF ns per request (kernel.bpf_stats_enabled, restored), the daemon's CPU
 # share and RSS, and events lost. See docs/probe.md.
 bench-iops: build
-	READAHEADD_BENCH=1 READAHEADD_BIN=$(CURDIR)/$(BIN)/readaheadd $(GOTEST) -count=1 -timeout 10m -v -run '^TestIOPSCost$$' ./test/probecost/
+	READAHEADD_BENCH=1 READAHEADD_BIN=$(CURDIR)/$(BIN)/readaheadd $(GOTEST) -count=1 -timeout 60m -v -run '^TestIOPSCost$$' ./test/probecost/

@@ -692,6 +692,14 @@ func (b block) offDrift() float64 {
 	return math.Abs(b.offAfter.iops/b.offBefore.iops - 1)
 }
 
+// afterBefore is the off segment after the arm over the one before it.
+// Averaged over an arm's turns it is 1 unless leaving the arm (a daemon's
+// exit, its programs' and maps' teardown) slows the segment after it: that
+// would lift the arm's ratio by about half the shortfall.
+func (b block) afterBefore() float64 {
+	return b.offAfter.iops / b.offBefore.iops
+}
+
 // blocks returns arm a's turns in time order.
 func blocks(segs []segment, a string) []block {
 	var out []block
@@ -809,6 +817,21 @@ func report(t *testing.T, results map[string][]segment, costs map[string]map[str
 			}
 			b.WriteString("\n")
 		}
+		b.WriteString("off segment after each arm over the one before it (mean [95% CI]; 1 unless leaving the arm slows the next segment):")
+		for _, a := range []string{armOn, armEmpty, armBefore} {
+			bs := blocks(segs, a)
+			if len(bs) == 0 {
+				continue
+			}
+			var ab []float64
+			for _, bl := range bs {
+				ab = append(ab, bl.afterBefore())
+			}
+			m := mean(ab)
+			half := tQuantile975(len(ab)-1) * stdev(ab) / math.Sqrt(float64(len(ab)))
+			fmt.Fprintf(&b, " %s %.4f [%.4f-%.4f];", a, m, m-half, m+half)
+		}
+		b.WriteString("\n")
 		b.WriteString("ratio of each turn in time order (* off segments differ by more than the stable bound):\n")
 		for _, a := range []string{armOn, armEmpty, armBefore} {
 			bs := blocks(segs, a)
