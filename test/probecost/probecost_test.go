@@ -689,7 +689,7 @@ func (b block) ratio() float64 {
 // offDrift is how much the off segments around the arm differ: a host
 // whose other load changed in the middle of the block.
 func (b block) offDrift() float64 {
-	return math.Abs(b.offAfter.iops/b.offBefore.iops - 1)
+	return math.Abs(b.afterBefore() - 1)
 }
 
 // afterBefore is the off segment after the arm over the one before it.
@@ -721,6 +721,12 @@ func stdev(xs []float64) float64 {
 		ss += (x - m) * (x - m)
 	}
 	return math.Sqrt(ss / float64(len(xs)-1))
+}
+
+// meanCI is xs's mean and the half-width of its 95% confidence interval
+// (Student's t).
+func meanCI(xs []float64) (m, half float64) {
+	return mean(xs), tQuantile975(len(xs)-1) * stdev(xs) / math.Sqrt(float64(len(xs)))
 }
 
 // tQuantile975 is Student's t at 0.975 for df degrees of freedom.
@@ -761,9 +767,8 @@ func report(t *testing.T, results map[string][]segment, costs map[string]map[str
 		if len(rs) == 0 {
 			return fmt.Sprintf("%5d %7s %7s %7s %7s %15s", 0, "", "", "", "", "")
 		}
-		m, sd := mean(rs), stdev(rs)
-		half := tQuantile975(len(rs)-1) * sd / math.Sqrt(float64(len(rs)))
-		return fmt.Sprintf("%5d %7.4f %7.4f %7.4f %7.4f %7.4f-%-7.4f", len(rs), m, median(rs), sd, minOf(rs), m-half, m+half)
+		m, half := meanCI(rs)
+		return fmt.Sprintf("%5d %7.4f %7.4f %7.4f %7.4f %7.4f-%-7.4f", len(rs), m, median(rs), stdev(rs), minOf(rs), m-half, m+half)
 	}
 	for _, n := range names {
 		segs := results[n]
@@ -827,8 +832,7 @@ func report(t *testing.T, results map[string][]segment, costs map[string]map[str
 			for _, bl := range bs {
 				ab = append(ab, bl.afterBefore())
 			}
-			m := mean(ab)
-			half := tQuantile975(len(ab)-1) * stdev(ab) / math.Sqrt(float64(len(ab)))
+			m, half := meanCI(ab)
 			fmt.Fprintf(&b, " %s %.4f [%.4f-%.4f];", a, m, m-half, m+half)
 		}
 		b.WriteString("\n")
