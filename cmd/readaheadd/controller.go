@@ -261,9 +261,8 @@ func (p *pipeline) TunerStatus() metrics.TunerStatus {
 	ts := metrics.TunerStatus{DryRun: st.DryRun, Errors: map[string]uint64{
 		metrics.ErrFileOp: st.FileOpFailures, metrics.ErrOutOfScope: st.OutOfScope, metrics.ErrRateLimited: st.RateLimited,
 	}, Control: map[string]uint64{}}
-	for _, k := range metrics.ControlEvents {
-		// The tuner counts "outcome/paid"; the label is "outcome_paid".
-		ts.Control[k] = st.Counts[strings.Replace(k, "_", "/", 1)]
+	for e, n := range st.Events {
+		ts.Control[e.String()] = n
 	}
 	ts.Repeated = st.Repeated
 	for _, d := range st.Devices {

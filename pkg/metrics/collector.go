@@ -9,6 +9,7 @@ import (
 
 	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/tuner"
 )
 
 // Namespace prefixes every metric name.
@@ -38,7 +39,7 @@ var (
 	descEvicted  = desc("detector_files_evicted_total", "Files whose detector state was dropped: idle too long, or the oldest when the table was full.")
 	descRepeated = desc("repeated_failures_total", "Failed per-file actions not logged because the same failure (file, action, cause) was logged once before; they are retried with back-off. Causes: out_of_scope, process_gone, fd_gone, permission, other.", "cause")
 	descOpenWin  = desc("open_file_windows", "Open regular files on the device by the readahead window the kernel holds for them (their ra_pages, read with a BPF iterator over every process's open files), whoever set it; window_kb is rounded up to a power of two, \"+Inf\" above 16384.", "device", "window_kb")
-	descControl  = desc("tuner_control_total", "Events of the tuner's control core: outcome_paid and outcome_not_paid (trials of a larger window for a stream bound by its window, no regime needed), outcome_fresh (first steps of streams opened within the last interval, judged on their recent requests), outcome_onset (steps taken between intervals for streams whose recent requests slowed since the last one), outcome_judged_later (verdicts put off one interval: the step's span stalled, the span before it did not), outcome_tail_kept (steps kept without their margin because the stream's latency has a tail its former window could not cover and the step cost nothing), outcome_shift_kept (steps kept without their margin on a file slower than its device while the window still limits it and the step cost nothing), outcome_knee_stale (knees probed again before their back-off: the stream reads well below its rate when the knee was found, at the same window), outcome_onset_in_trial (trials ended unjudged because the stream slowed during them, the onset's own step following at once), outcome_kept_early (steps kept on their recent requests half an interval after they were taken, because they clearly paid; the next step follows at once), outcome_deferred (first steps beside random readers taken a quarter interval after a slowdown began, once their service in the new conditions is known), outcome_kept_ended (steps kept when their stream stopped reading, its file ended, judged on what it read since the step), outcome_ended_unjudged (steps ended with no knee because their stream stopped too soon after them to judge them), prior_applied (a fresh open given the window that paid in its directory), prior_recheck, prior_confirmed, prior_dropped, prior_climb (a fresh open given the step above its directory's prior, to learn whether the prior should climb), prior_caught_up (a file's kept window raised to its directory's prior at a new stream), actuator_lower (per-file windows lowered), readers_dropped (readers table full), trim_scan_deferred (whole-system descriptor scans over budget), trim_opened (descriptors opened on a trimmed file given the trim at their first read-around, reported by the probe), trim_opened_missed (such reports that found no descriptor to trim, or came over the budget of such trims).", "event")
+	descControl  = desc("tuner_control_total", "Events of the tuner's control core by name; docs/metrics.md says what each means (from the tuner's one list of events).", "event")
 	descTunerErr = desc("tuner_errors_total", "Tuner operations that did not happen: file_op (a reader's descriptor could not be taken or advised: process exited, file closed or deleted), out_of_scope (a descriptor outside the allow-paths was refused), rate_limited (a sysfs write deferred).", "kind")
 )
 
@@ -120,8 +121,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		for _, k := range FailureCauses {
 			ch <- prometheus.MustNewConstMetric(descRepeated, prometheus.CounterValue, float64(ts.Repeated[k]), k)
 		}
-		for _, k := range ControlEvents {
-			ch <- prometheus.MustNewConstMetric(descControl, prometheus.CounterValue, float64(ts.Control[k]), k)
+		for _, e := range tuner.Events() {
+			ch <- prometheus.MustNewConstMetric(descControl, prometheus.CounterValue, float64(ts.Control[e.String()]), e.String())
 		}
 		for _, d := range ts.Devices {
 			devices = append(devices, d.Name)

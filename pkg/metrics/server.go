@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/tuner"
 )
 
 // Bounds of /debug/files.
@@ -45,6 +46,9 @@ type Status struct {
 	Devices       []DeviceStatus `json:"devices"`
 	Regimes       []RegimeStatus `json:"regimes"`
 	RecentActions []Action       `json:"recent_actions"`
+	// ControlEvents counts the tuner's control events by name, every name
+	// of tuner.Events() present (zero until it happens).
+	ControlEvents map[string]uint64 `json:"control_events,omitempty"`
 	// OpenFileWindows: open files per device by the window in force (the
 	// kernel's own per-file state), sorted by device and window.
 	OpenFileWindows []OpenWindows `json:"open_file_windows,omitempty"`
@@ -226,6 +230,10 @@ func (s *Server) BuildStatus() Status {
 		}
 		if ts.Recent != nil {
 			st.RecentActions = ts.Recent
+		}
+		st.ControlEvents = map[string]uint64{}
+		for _, e := range tuner.Events() {
+			st.ControlEvents[e.String()] = ts.Control[e.String()]
 		}
 	}
 	if s.src.Probe != nil {

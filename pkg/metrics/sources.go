@@ -107,21 +107,10 @@ type TunerStatus struct {
 	Devices  []DeviceState
 	Actions  []ActionCount
 	Recent   []Action // newest last, bounded by the tuner
-	// Control counts the control core's own events by name (ControlEvents);
+	// Control counts the control core's own events by name (tuner.Events);
 	// missing names are zero.
 	Control map[string]uint64
 }
-
-// ControlEvents are the names of readaheadd_tuner_control_total: outcome
-// trials that paid or not, first steps of fresh streams, steps kept on a
-// stream's latency tail, knees probed again (the stream's rate fell at its
-// window), priors applied to fresh opens, re-checked,
-// confirmed and dropped, windows lowered, readers not tracked (table full),
-// whole-system scans deferred (budget), descriptors opened on trimmed
-// files trimmed from the probe's read-around reports, and reports that
-// found none to trim.
-var ControlEvents = []string{"outcome_paid", "outcome_not_paid", "outcome_fresh", "outcome_onset", "outcome_judged_later", "outcome_tail_kept", "outcome_shift_kept", "outcome_knee_stale", "outcome_onset_in_trial", "outcome_kept_early", "outcome_deferred", "outcome_kept_ended", "outcome_ended_unjudged",
-	"prior_applied", "prior_recheck", "prior_confirmed", "prior_dropped", "prior_climb", "prior_caught_up", "actuator_lower", "readers_dropped", "trim_scan_deferred", "trim_opened", "trim_opened_missed"}
 
 // Sources are read at scrape and request time. A nil function means the
 // part is not running; its metrics are then absent rather than zero.

@@ -163,7 +163,7 @@ func (t *Tuner) raiseFiles(d *devState, kb int, refs []FileRef, limit bool) (int
 // this kernel a plain pin of the lower value does not lower a stream
 // already on asynchronous readahead (lower.go).
 func (t *Tuner) lowerFiles(d *devState, kb int, refs []FileRef, limit bool) (int, error) {
-	t.counts["actuator/lower"]++
+	t.count(EvActuatorLower)
 	return t.pinExact(d, kb, refs, limit)
 }
 
@@ -177,7 +177,7 @@ func (t *Tuner) pinExact(d *devState, kb int, refs []FileRef, limit bool) (int, 
 // reader on a trimmed file (trimopen.go): without a break (LowerReq.NoBreak),
 // so the tuner's lock is held throughout.
 func (t *Tuner) trimOpenedFiles(d *devState, kb int, refs []FileRef) (int, error) {
-	t.counts["actuator/lower"]++
+	t.count(EvActuatorLower)
 	return t.pinWith(d, kb, refs, false, true)
 }
 

@@ -102,7 +102,7 @@ func (t *Tuner) endUnjudged(fd *fileDec, read time.Duration) {
 	if err := t.pinFile(fd, l.cur, nil, true); err != nil && !errors.Is(err, errNoReaders) {
 		t.log.Debug("tuner: ended step not taken back", "file", fd.key.String(), "err", err)
 	}
-	t.counts["outcome/ended_unjudged"]++
+	t.count(EvEndedUnjudged)
 	if fd.climbFrom > 0 {
 		t.mem.unclimb(fd.prior, fd.key) // no knee: the next open climbs again
 		fd.climbFrom = 0
@@ -117,7 +117,7 @@ func (t *Tuner) endUnjudged(fd *fileDec, read time.Duration) {
 // device's other files: they are not judged here). No next step is taken:
 // the stream has stopped.
 func (t *Tuner) EndedVerdict(ts TrialSpan, snap detector.Snapshot) []Action {
-	return t.judgeOn(snap, ts.Span, &t.endedJudge, false, "outcome/kept_ended", func(f detector.FileStats, fd *fileDec) bool {
+	return t.judgeOn(snap, ts.Span, &t.endedJudge, false, EvKeptEnded, func(f detector.FileStats, fd *fileDec) bool {
 		return f.Key == ts.Key && fd.pf.trial == 0
 	})
 }

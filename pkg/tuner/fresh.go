@@ -69,7 +69,7 @@ func (t *Tuner) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Durat
 		// Re-check: this stream reads at the device's window for one
 		// Settle; judgePriorChecks compares it with the prior's streams.
 		p.checking, p.checkStart = key, now
-		t.counts["prior/recheck"]++
+		t.count(EvPriorRecheck)
 		return
 	}
 	kb = t.clamp(d, kb)
@@ -125,12 +125,12 @@ func (t *Tuner) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Durat
 		fd.climbFrom, from = climbFrom, climbFrom
 		fd.win.cur, fd.win.trialFrom, fd.win.keptAt = climbFrom, climbFrom, now
 		fd.win.before = measure{ok: true, tput: p.keptBPS, rate: p.keptBPS}
-		t.counts["prior/climb"]++
+		t.count(EvPriorClimb)
 		why = fmt.Sprintf("prior climbs: %d KB paid for %d recent stream(s) in this directory (%.1f -> %.1f MB/s); this one tries %d KB, given to %d descriptor(s) %v after the file's first readahead event",
 			p.window, p.streams, p.baseBPS/1e6, p.keptBPS/1e6, kb, n, lag.Round(100*time.Microsecond))
 	}
 	t.files[key] = fd
-	t.counts["prior/applied"]++
+	t.count(EvPriorApplied)
 	t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: key, Path: fd.path, Kind: KindFileWindow, FromKB: from, ToKB: kb,
 		Result: ResultTrial, Evidence: why})
 }
@@ -166,7 +166,7 @@ func (t *Tuner) judgePriorChecks(now time.Duration) {
 		}
 		p.checking = probe.FileKey{}
 		if m.rate >= p.keptBPS/(1+t.cfg.Margin) {
-			t.counts["prior/dropped"]++
+			t.count(EvPriorDropped)
 			t.log.Info("tuner: a stream read as fast at the device's window as the prior's window made its neighbours; prior dropped",
 				"device", p.device, "window_kb", p.window, "rate_mbps", m.rate/1e6, "prior_kept_mbps", p.keptBPS/1e6)
 			t.mem.decay(p, true)
@@ -175,7 +175,7 @@ func (t *Tuner) judgePriorChecks(now time.Duration) {
 		}
 		p.checkEvery = min(2*p.checkEvery, t.cfg.BackoffMax)
 		p.checkAt = now + p.checkEvery
-		t.counts["prior/confirmed"]++
+		t.count(EvPriorConfirmed)
 	}
 }
 
@@ -257,7 +257,7 @@ func (t *Tuner) catchUp(fd *fileDec, now time.Duration) {
 	}
 	from := l.cur
 	l.prev, l.cur, l.keptAt, l.movedAt = l.cur, kb, now, now
-	t.counts["prior/caught_up"]++
+	t.count(EvPriorCaughtUp)
 	t.log.Debug("tuner: a file's kept window raised to its directory's prior", "file", fd.key.String(), "path", fd.path,
 		"from_kb", from, "to_kb", kb)
 }

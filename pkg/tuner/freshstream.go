@@ -177,7 +177,7 @@ func (t *Tuner) FastOutcome(snap detector.Snapshot, span time.Duration) []Action
 				delete(t.files, f.Key)
 			}
 		} else if fd.win.trial != 0 {
-			t.counts["outcome/fresh"]++
+			t.count(EvFresh)
 		}
 	}
 	return t.out

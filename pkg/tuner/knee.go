@@ -51,5 +51,5 @@ func (t *Tuner) kneeStale(fd *fileDec, m measure) {
 	l.knee, l.retryAt, l.failures = false, 0, 0
 	l.staleAt = now
 	l.staleN++
-	t.counts["outcome/knee_stale"]++
+	t.count(EvKneeStale)
 }

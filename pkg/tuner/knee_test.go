@@ -29,12 +29,12 @@ func TestStaleKneeIsProbedAgain(t *testing.T) {
 	logActs(t, acts)
 	knee := r.files.window[key]
 	require.Equal(t, 512, knee, "the first step (sized by Little's law) is the knee")
-	require.Zero(t, r.tn.Status().Counts["outcome/knee_stale"])
+	require.Zero(t, r.tn.Status().Events[EvKneeStale])
 
 	stalled = true
 	acts = r.runOutcome(8, st)
 	logActs(t, acts)
-	assert.Equal(t, uint64(1), r.tn.Status().Counts["outcome/knee_stale"])
+	assert.Equal(t, uint64(1), r.tn.Status().Events[EvKneeStale])
 	assert.NotEmpty(t, filter(acts, KindFileWindow, ResultKept), "the step past the old knee pays now")
 	assert.Greater(t, r.files.window[key], knee)
 }
@@ -61,7 +61,7 @@ func TestStaleKneeIsReprobedOnceWhenNothingPays(t *testing.T) {
 	slow = true
 	acts := r.runOutcome(120, st)
 	logActs(t, acts)
-	assert.Equal(t, uint64(1), r.tn.Status().Counts["outcome/knee_stale"])
+	assert.Equal(t, uint64(1), r.tn.Status().Events[EvKneeStale])
 	// The re-probe, its confirmation BackoffBase later, then one probe per
 	// BackoffMax.
 	assert.LessOrEqual(t, len(filter(acts, KindFileWindow, ResultTrial)), 4)
@@ -87,7 +87,7 @@ func TestStaleKneeReprobesBackOff(t *testing.T) {
 	for i := 0; i < 120; i++ {
 		cap *= 0.97 // 3% less each second: no window mends it
 		r.runOutcome(1, st)
-		if n := r.tn.Status().Counts["outcome/knee_stale"]; n != last {
+		if n := r.tn.Status().Events[EvKneeStale]; n != last {
 			staleAt, last = append(staleAt, r.clk.Now()), n
 		}
 	}
@@ -119,7 +119,7 @@ func TestRandomLossKneeIsNeverStale(t *testing.T) {
 	stalled = true
 	acts := r.runBeside(20, st, severeAbove256)
 	logActs(t, acts)
-	assert.Zero(t, r.tn.Status().Counts["outcome/knee_stale"])
+	assert.Zero(t, r.tn.Status().Events[EvKneeStale])
 	for _, a := range filter(acts, KindFileWindow, ResultTrial) {
 		assert.LessOrEqual(t, a.ToKB, 192, "no step past the random reader's knee")
 	}

@@ -182,7 +182,7 @@ func (t *Tuner) abandonTrial(fd *fileDec, l *ladder, now time.Duration) {
 	l.trial, l.movedAt = 0, now
 	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: undoOf(l.kind),
 		FromKB: from, ToKB: l.cur, Result: ResultUndone, Evidence: "the stream slowed during the trial: ended unjudged, a step for the new conditions follows"})
-	t.counts["outcome/onset_in_trial"]++
+	t.count(EvOnsetInTrial)
 }
 
 // FastOnset takes a step for the streams of OnsetStreams whose recent rate
@@ -315,7 +315,7 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 				delete(t.files, c.key) // nothing done: the Step decides, as it would have
 			}
 		} else if fd.win.trial != 0 || fd.pf.trial != 0 {
-			t.counts["outcome/onset"]++
+			t.count(EvOnset)
 		}
 	}
 	return t.out
@@ -361,7 +361,7 @@ func (t *Tuner) retryYoung(snap detector.Snapshot, span time.Duration, now time.
 		n := len(t.out)
 		t.driveFile(fd, true)
 		if len(t.out) > n && fd.win.trial != 0 {
-			t.counts["outcome/young_retry"]++
+			t.count(EvYoungRetry)
 		}
 	}
 }
@@ -390,7 +390,7 @@ func (t *Tuner) stepDeferred(snap detector.Snapshot, span time.Duration, now tim
 		n := len(t.out)
 		t.driveFile(fd, true)
 		if len(t.out) > n {
-			t.counts["outcome/deferred"]++
+			t.count(EvDeferred)
 		}
 	}
 }

@@ -85,7 +85,7 @@ func TestStreamSlowedBetweenStepsIsSteppedAtOnce(t *testing.T) {
 	trials := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1, "a step between Steps")
 	assert.GreaterOrEqual(t, trials[0].ToKB, 2048, "sized by Little's law (16 ms at 150 MB/s)")
-	assert.Equal(t, uint64(1), r.tn.Status().Counts["outcome/onset"])
+	assert.Equal(t, uint64(1), r.tn.Status().Events[EvOnset])
 	// The Step 0.7 s later leaves it under trial; the one after judges it.
 	r.clk.Advance(700 * time.Millisecond)
 	s := r.outcomeSnap(st)
@@ -164,7 +164,7 @@ func TestRateFallingWithAnUndoneStepIsNoOnset(t *testing.T) {
 	acts := r.tn.FastOnset(s, span)
 	logActs(t, acts)
 	assert.Empty(t, filter(acts, KindFileWindow, ResultTrial), "no step: the stream reads as it did at 192 KB")
-	assert.Zero(t, r.tn.Status().Counts["outcome/onset"])
+	assert.Zero(t, r.tn.Status().Events[EvOnset])
 }
 
 // A stream whose rate fell with its latency unchanged is limited by its
@@ -243,7 +243,7 @@ func TestOnsetDuringAWindowTrialEndsItAndSteps(t *testing.T) {
 	require.Len(t, trials, 1, "the onset's step")
 	assert.GreaterOrEqual(t, trials[0].ToKB, 2048, "sized by Little's law (16 ms at 150 MB/s)")
 	assert.Equal(t, trials[0].ToKB, r.files.window[key])
-	assert.Equal(t, uint64(1), r.tn.Status().Counts["outcome/onset_in_trial"])
+	assert.Equal(t, uint64(1), r.tn.Status().Events[EvOnsetInTrial])
 	// No back-off was learned from the spoiled trial.
 	fd := r.tn.files[key]
 	require.NotNil(t, fd)
@@ -294,7 +294,7 @@ func TestMildSlowdownBetweenStepsIsSteppedOnTheSecondCheck(t *testing.T) {
 	trials := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1, "the second check running: a step")
 	assert.Greater(t, trials[0].ToKB, 128)
-	assert.Equal(t, uint64(1), r.tn.Status().Counts["outcome/onset"])
+	assert.Equal(t, uint64(1), r.tn.Status().Events[EvOnset])
 
 	// The same drop with the latency unchanged (3 ms, the Step's): the
 	// reader's, on every check.
@@ -347,7 +347,7 @@ func TestStepUndoneOnAStreamsStartIsTakenAgainAQuarterIntervalLater(t *testing.T
 	trials := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1, "taken again at the check a quarter interval after the undo")
 	assert.Equal(t, undoneAt+350*time.Millisecond, trials[0].Time)
-	assert.Equal(t, uint64(1), r.tn.Status().Counts["outcome/young_retry"])
+	assert.Equal(t, uint64(1), r.tn.Status().Events[EvYoungRetry])
 	// Judged by the Step one Settle later: kept.
 	acts = r.runOutcome(1, st)
 	logActs(t, acts)

@@ -110,8 +110,8 @@ func TestHealthyStreamAtBandwidthTrialsAreRareAndBounded(t *testing.T) {
 	assert.GreaterOrEqual(t, len(trials), 2)
 	assert.Equal(t, 128, r.files.window[k1])
 	assert.Equal(t, 128, r.sys.get("sdb"))
-	assert.NotZero(t, r.tn.Status().Counts["outcome/not_paid"])
-	assert.Equal(t, uint64(len(trials)), r.tn.Status().Counts["actuator/lower"], "every undo went through the one lowering method")
+	assert.NotZero(t, r.tn.Status().Events[EvNotPaid])
+	assert.Equal(t, uint64(len(trials)), r.tn.Status().Events[EvActuatorLower], "every undo went through the one lowering method")
 }
 
 func TestStepThatCostsTheDeviceIsNotKept(t *testing.T) {
@@ -168,7 +168,7 @@ func TestFreshOpenGetsThePriorOnItsFirstReadaheadEvent(t *testing.T) {
 	acts = r.runOutcome(1, stream{key: k2, tgid: 200, fill: 0.9})
 	logActs(t, acts)
 	require.Len(t, filter(acts, KindFileWindow, ResultKept), 1)
-	assert.Equal(t, 1, int(r.tn.Status().Counts["prior/applied"]))
+	assert.Equal(t, 1, int(r.tn.Status().Events[EvPriorApplied]))
 }
 
 func TestPriorThatDoesNotPayIsUndoneAndDecays(t *testing.T) {
@@ -203,7 +203,7 @@ func TestPriorRecheckDropsThePriorWhenTheDeviceRecovered(t *testing.T) {
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 200, File: k2, Device: sdb, RaPages: 32})
 	assert.Equal(t, 128, r.files.window[k2], "the re-check reads at the device's window")
 	r.runOutcome(2, stream{key: k2, tgid: 200, fill: 0.9})
-	assert.Equal(t, uint64(1), r.tn.Status().Counts["prior/dropped"])
+	assert.Equal(t, uint64(1), r.tn.Status().Events[EvPriorDropped])
 	assert.Nil(t, r.tn.mem.dirPrior(k2.Dev, p2))
 }
 
@@ -305,7 +305,7 @@ func TestReadersTableIsBounded(t *testing.T) {
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 1, File: probe.FileKey{Dev: sdb, Ino: 1}, Device: sdb, RaPages: 32})
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 2, File: probe.FileKey{Dev: sdb, Ino: 2}, Device: sdb, RaPages: 32})
 	assert.Equal(t, MaxReaders, r.tn.nReaders)
-	assert.Equal(t, uint64(1), r.tn.Status().Counts["readers/dropped"])
+	assert.Equal(t, uint64(1), r.tn.Status().Events[EvReadersDropped])
 	assert.Len(t, r.tn.readers, 1)
 }
 
@@ -550,7 +550,7 @@ func TestFreshStreamSlowFromItsStartIsSteppedOnItsRecentRequests(t *testing.T) {
 	acts = r.runOutcome(1, st)
 	logActs(t, acts)
 	require.Len(t, filter(acts, KindFileWindow, ResultKept), 1)
-	assert.Equal(t, uint64(1), r.tn.Status().Counts["outcome/fresh"])
+	assert.Equal(t, uint64(1), r.tn.Status().Events[EvFresh])
 }
 
 func TestFreshStreamsOnAHealthyDeviceAreBoundedByTheBackoff(t *testing.T) {
@@ -575,7 +575,7 @@ func TestFreshStreamsOnAHealthyDeviceAreBoundedByTheBackoff(t *testing.T) {
 		}
 		r.files.window[key] = 128
 	}
-	assert.Zero(t, r.tn.Status().Counts["outcome/paid"])
+	assert.Zero(t, r.tn.Status().Events[EvPaid])
 	assert.GreaterOrEqual(t, trials, 2)
 	// The device's back-off (2, 4, 8 ... 60 s) holds the fresh streams' steps
 	// as it holds Step's: 2 minutes see few.
@@ -1014,7 +1014,7 @@ func TestStreamsStartIsNoSlowedBaseRate(t *testing.T) {
 	acts := r.afterStart(t, 115e6, nil, 149e6, nil) // its start, then steady
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
 	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1)
-	assert.Zero(t, r.tn.Status().Counts["outcome/shift_kept"])
+	assert.Zero(t, r.tn.Status().Events[EvShiftKept])
 }
 
 // A stream's start may also show a tail (its open, its first synchronous
@@ -1029,7 +1029,7 @@ func TestTailSeenOnlyInAStreamsStartKeepsNoStep(t *testing.T) {
 	acts := r.afterStart(t, 125e6, tail, 149e6, nil)
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
 	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1)
-	assert.Zero(t, r.tn.Status().Counts["outcome/tail_kept"])
+	assert.Zero(t, r.tn.Status().Events[EvTailKept])
 }
 
 // The same start whose tail shows again after the step (a stall that

@@ -298,7 +298,7 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 	case l.cur > l.base:
 		if fd.byRate {
 			fd.dev.outcomeFails, fd.dev.outcomeRetryAt = 0, 0
-			t.counts["outcome/paid"]++
+			t.count(EvPaid)
 		}
 	case fd.byRate:
 		fd.dev.outcomeFails++
@@ -312,7 +312,7 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 			fd.dev.outcomeFailTput = fd.win.before.tput
 		}
 		fd.dev.outcomeSlow = nil
-		t.counts["outcome/not_paid"]++
+		t.count(EvNotPaid)
 		if fd.prior != nil {
 			t.mem.decay(fd.prior, false)
 			t.mem.forgetFile(fd.key)

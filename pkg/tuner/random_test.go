@@ -437,7 +437,7 @@ func TestFastPathStepBesideARandomReaderWaitsForItsNewService(t *testing.T) {
 	assert.Equal(t, rs.P99, after.tail,
 		"its p99 over enough requests since the slowdown is its reference, not a blend with the one from before it")
 	assert.False(t, l.tn.randRefs[l.rkey].tailSure, "a quarter interval's p99 is not sure: the account stands for it")
-	assert.Equal(t, uint64(1), l.tn.Status().Counts["outcome/deferred"])
+	assert.Equal(t, uint64(1), l.tn.Status().Events[EvDeferred])
 }
 
 // A refresh over few recent requests moves a random reader's p99 reference
@@ -756,7 +756,7 @@ func TestOneIntervalOfRandomP99AloneUndoesNothing(t *testing.T) {
 	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
 		assert.NotContains(t, a.Evidence, "over budget", "no step undone on one interval's p99")
 	}
-	assert.Positive(t, r.tn.Status().Counts["outcome/random_judged_later"])
+	assert.Positive(t, r.tn.Status().Events[EvRandomJudgedLater])
 	require.Equal(t, 288, r.files.window[key], "the stream reached its knee")
 
 	acts = r.runBesideSplit(4, st, spike(2)) // one spike on the kept window
@@ -796,7 +796,7 @@ func TestRandomP99OverBudgetTwoIntervalsRunningUndoesTheStep(t *testing.T) {
 	undone := filter(acts, KindFileWindowUndo, ResultUndone)
 	require.NotEmpty(t, undone, "the step is undone")
 	assert.Contains(t, undone[0].Evidence, "over budget: the random reader", "at its verdict, not by the watch")
-	assert.Positive(t, r.tn.Status().Counts["outcome/random_judged_later"], "after one interval more")
+	assert.Positive(t, r.tn.Status().Events[EvRandomJudgedLater], "after one interval more")
 	assert.Equal(t, 192, r.files.window[key])
 
 	// One interval over, the next within: the step is kept.
@@ -833,7 +833,7 @@ func TestRandomMeanAtItsBudgetByAHairWaitsAnInterval(t *testing.T) {
 	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
 		assert.NotContains(t, a.Evidence, "over budget", "not undone on one interval's hair")
 	}
-	assert.Positive(t, r.tn.Status().Counts["outcome/random_judged_later"])
+	assert.Positive(t, r.tn.Status().Events[EvRandomJudgedLater])
 	assert.Greater(t, r.files.window[key], 128)
 }
 

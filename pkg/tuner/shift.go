@@ -57,7 +57,7 @@ func (t *Tuner) shiftKeep(file probe.FileKey, l *ladder, m measure) (string, boo
 	if inflightKB <= l.trialFrom {
 		return "", false
 	}
-	t.counts["outcome/shift_kept"]++
+	t.count(EvShiftKept)
 	return fmt.Sprintf("kept without its margin: %s and the step cost it nothing; it keeps about %d KB in flight (p50 %v), more than the %d KB it left",
 		slowed, inflightKB, m.p50.Round(100*time.Microsecond), l.trialFrom), true
 }

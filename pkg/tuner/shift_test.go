@@ -59,7 +59,7 @@ func TestStepOnAShiftedFileIsKeptWhenItCostsNothing(t *testing.T) {
 	logActs(t, acts)
 	// Up to the device's capacity (90% of its 150 MB/s).
 	assert.GreaterOrEqual(t, r.files.window[key], 1024)
-	assert.Positive(t, r.tn.Status().Counts["outcome/shift_kept"])
+	assert.Positive(t, r.tn.Status().Events[EvShiftKept])
 	assert.Empty(t, filter(acts, KindFileWindowUndo, ResultUndone))
 }
 
@@ -78,7 +78,7 @@ func TestStepOnASlowedStreamIsKeptWithoutTheShiftRegime(t *testing.T) {
 	acts := r.runShifted(10, key, false, nil)
 	logActs(t, acts)
 	assert.GreaterOrEqual(t, r.files.window[key], 1024)
-	assert.Positive(t, r.tn.Status().Counts["outcome/shift_kept"])
+	assert.Positive(t, r.tn.Status().Events[EvShiftKept])
 }
 
 // A healthy stream, at the device's bandwidth at its window already, whose
@@ -97,7 +97,7 @@ func TestStepOnAHealthyStreamMustPayItsMargin(t *testing.T) {
 	logActs(t, acts)
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
 	assert.Equal(t, 128, r.files.window[key])
-	assert.Zero(t, r.tn.Status().Counts["outcome/shift_kept"])
+	assert.Zero(t, r.tn.Status().Events[EvShiftKept])
 }
 
 // A step that cost the stream something is not kept on a shifted file
@@ -125,7 +125,7 @@ func TestShiftedFileStepsStillAnswerToTheirCosts(t *testing.T) {
 		logActs(t, acts)
 		require.NotEmpty(t, filter(acts, KindFileWindowUndo, ResultUndone))
 		assert.Equal(t, 512, r.files.window[key])
-		assert.Zero(t, r.tn.Status().Counts["outcome/shift_kept"])
+		assert.Zero(t, r.tn.Status().Events[EvShiftKept])
 	})
 	t.Run("a random reader beside it", func(t *testing.T) {
 		r := newRig(t, Config{DisablePrefetch: true, MaxKB: 4096}, nil)
@@ -142,6 +142,6 @@ func TestShiftedFileStepsStillAnswerToTheirCosts(t *testing.T) {
 		assert.NotEmpty(t, filter(acts, KindFileWindowUndo, ResultUndone))
 		assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
 		assert.Equal(t, 128, r.files.window[key])
-		assert.Zero(t, r.tn.Status().Counts["outcome/shift_kept"])
+		assert.Zero(t, r.tn.Status().Events[EvShiftKept])
 	})
 }

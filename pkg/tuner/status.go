@@ -45,6 +45,10 @@ func (t *Tuner) Status() Status {
 	for k, v := range t.counts {
 		st.Counts[k] = v
 	}
+	st.Events = make(map[Event]uint64, numEvents)
+	for e, v := range t.events {
+		st.Events[Event(e)] = v
+	}
 	st.Recent = append([]Action(nil), t.recent...)
 	for _, d := range t.devs {
 		if !d.known {

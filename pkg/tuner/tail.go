@@ -188,7 +188,7 @@ func (t *Tuner) tailKeep(file probe.FileKey, l *ladder, m measure) (string, bool
 	if !held && !atCap {
 		return "", false
 	}
-	t.counts["outcome/tail_kept"]++
+	t.count(EvTailKept)
 	return fmt.Sprintf("kept without its margin: the stream's latency has a tail (p99 %v at p50 %v) that needs about %d KB, more than the %d KB it left, and the step cost it nothing",
 		s.p99.Round(100*time.Microsecond), s.p50.Round(100*time.Microsecond), need, l.trialFrom), true
 }
@@ -254,7 +254,7 @@ func (t *Tuner) tailResize(file probe.FileKey, l *ladder, m measure, maxKB int) 
 		return 0
 	}
 	l.later++
-	t.counts["outcome/judged_later"]++
+	t.count(EvJudgedLater)
 	return next
 }
 
@@ -274,6 +274,6 @@ func (t *Tuner) judgeLater(file probe.FileKey, l *ladder) bool {
 		return false
 	}
 	l.later++
-	t.counts["outcome/judged_later"]++
+	t.count(EvJudgedLater)
 	return true
 }

@@ -141,7 +141,7 @@ func TestStepOnASteadyStreamMustPayItsMargin(t *testing.T) {
 	r.files.open(100, 7, p, key)
 	acts := r.runStalls(12, stallModel{tail: false}, key)
 	logActs(t, acts)
-	assert.Zero(t, r.tn.Status().Counts["outcome/tail_kept"])
+	assert.Zero(t, r.tn.Status().Events[EvTailKept])
 	for _, a := range filter(acts, KindFileWindow, ResultKept) {
 		assert.NotContains(t, a.Evidence, "tail", "every kept step paid its margin")
 	}
@@ -157,7 +157,7 @@ func TestNoTailKeepBesideARandomReader(t *testing.T) {
 		Bytes: 200 * 16 << 10, MeanSize: 16 << 10, Sequentiality: 0.01, P50: time.Millisecond}
 	acts := r.runStalls(12, stallModel{tail: true}, key, random)
 	logActs(t, acts)
-	assert.Zero(t, r.tn.Status().Counts["outcome/tail_kept"])
+	assert.Zero(t, r.tn.Status().Events[EvTailKept])
 }
 
 // A span of requests that mixes two windows is no tail: a reader that
@@ -192,7 +192,7 @@ func TestLatencySpreadOfTwoWindowsIsNoTail(t *testing.T) {
 	logActs(t, acts)
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial), "the stream was tried")
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept), "no step kept on a healthy stream at bandwidth")
-	assert.Zero(t, r.tn.Status().Counts["outcome/tail_kept"])
+	assert.Zero(t, r.tn.Status().Events[EvTailKept])
 }
 
 // Spans that are never free of stalls (a period the detector's interval
@@ -271,7 +271,7 @@ func TestOneHiccupAtTheDevicesWindowIsNoTail(t *testing.T) {
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
 	assert.NotEmpty(t, filter(acts, KindFileWindowUndo, ResultUndone))
-	assert.Zero(t, r.tn.Status().Counts["outcome/tail_kept"])
+	assert.Zero(t, r.tn.Status().Events[EvTailKept])
 	assert.Equal(t, 128, r.files.window[key])
 
 	// The same spread stands at tailStrongBase and more for a stall: a
@@ -317,7 +317,7 @@ func TestQueueSpreadAtTheDevicesBandwidthKeepsNoStep(t *testing.T) {
 	key, acts := r.runSpreadModel(t, 12, func(w int) (float64, time.Duration) { return 147.5e6, 2 * windowLat(w) })
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial), "the stream was tried")
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept), "no step kept on a healthy stream at bandwidth")
-	assert.Zero(t, r.tn.Status().Counts["outcome/tail_kept"])
+	assert.Zero(t, r.tn.Status().Events[EvTailKept])
 	assert.Equal(t, 128, r.files.window[key])
 }
 
@@ -337,7 +337,7 @@ func TestHealthySpreadBelowTheDevicesBandwidthKeepsNoStep(t *testing.T) {
 	})
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial), "the stream was tried")
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
-	assert.Zero(t, r.tn.Status().Counts["outcome/tail_kept"])
+	assert.Zero(t, r.tn.Status().Events[EvTailKept])
 	assert.Equal(t, 128, r.files.window[key])
 }
 
@@ -359,7 +359,7 @@ func TestLoneStreamTakenToTheDevicesCapacityIsKeptAtHalfTheMargin(t *testing.T) 
 	kept := filter(acts, KindFileWindow, ResultKept)
 	require.NotEmpty(t, kept, "the step to the device's capacity is kept")
 	assert.Contains(t, kept[0].Evidence, "half the margin: the stream alone reads at the device's capacity")
-	assert.Zero(t, r.tn.Status().Counts["outcome/tail_kept"])
+	assert.Zero(t, r.tn.Status().Events[EvTailKept])
 	assert.Greater(t, r.files.window[key], 128)
 
 	r = newRig(t, Config{DisablePrefetch: true}, nil)

@@ -317,7 +317,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 			// 1.89ms", and the stream settled 3.5 s after its onset. The
 			// next interval judges it.
 			l.randLater = true
-			t.counts["outcome/random_judged_later"]++
+			t.count(EvRandomJudgedLater)
 			return did
 		}
 		if l.kind == KindFileWindow && (m.rand.over() || tailOver && l.randLater) {

@@ -289,7 +289,7 @@ func (t *Tuner) trimRefs(k probe.FileKey, d *devState) []FileRef {
 	} else {
 		if !t.takeScan() {
 			// Over the global budget of whole-system scans: try again later.
-			t.counts["trim/scan_deferred"]++
+			t.count(EvTrimScanDeferred)
 			delete(t.trimScanAt, k)
 			return nil
 		}

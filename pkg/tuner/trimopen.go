@@ -107,26 +107,26 @@ func (t *Tuner) trimOpened(ev probe.ReadaheadEvent, now time.Duration) {
 		refs = append(refs, ref)
 	}
 	if len(refs) == 0 {
-		t.counts["trim/opened_missed"]++
+		t.count(EvTrimOpenedMissed)
 		td.opened[ev.Tgid] = openedMark{at: m.at, until: now + openedQuiet}
 		return
 	}
 	if !td.dev.opened.take(now, openedPerSec, openedBurst) {
 		// The next report (the kernel sends one per 10 ms while the
 		// descriptor reads around) can take the next token.
-		t.counts["trim/opened_missed"]++
+		t.count(EvTrimOpenedMissed)
 		t.limited++
 		td.opened[ev.Tgid] = openedMark{at: m.at, until: now + time.Second/openedPerSec}
 		return
 	}
 	n, err := t.trimOpenedFiles(td.dev, td.kb, refs)
 	if err != nil {
-		t.counts["trim/opened_missed"]++
+		t.count(EvTrimOpenedMissed)
 		t.log.Debug("tuner: could not trim a descriptor opened on a trimmed file", "pid", ev.Tgid, "file", ev.File.String(), "err", err)
 		td.opened[ev.Tgid] = openedMark{at: m.at, until: now + openedQuiet}
 		return
 	}
-	t.counts["trim/opened"] += uint64(n)
+	t.events[EvTrimOpened] += uint64(n)
 	td.opened[ev.Tgid] = openedMark{at: now, until: now}
 	// Not a change of the trim (the device's trimAt): the reader's
 	// requests keep the size the trim gave them, its new open file

@@ -79,7 +79,7 @@ func TestTrimReachesEachReopenedDescriptorFromItsFirstReadAround(t *testing.T) {
 		m.clk.Advance(250 * time.Millisecond)
 	}
 	st := m.tn.Status()
-	assert.Equal(t, uint64(3), st.Counts["trim/opened"])
+	assert.Equal(t, uint64(3), st.Events[EvTrimOpened])
 	m.tn.mu.Lock()
 	assert.Equal(t, trimAt, m.tn.devs[sdb].trimAt, "keeping the reader's requests trimmed is no change of its trim")
 	m.tn.mu.Unlock()
@@ -135,10 +135,10 @@ func TestReadAroundReportsThatNeedNothing(t *testing.T) {
 	m.clk.Advance(10 * time.Millisecond)
 	m.around(300, 128)
 	st := m.tn.Status()
-	assert.Equal(t, uint64(1), st.Counts["trim/opened_missed"])
+	assert.Equal(t, uint64(1), st.Events[EvTrimOpenedMissed])
 	m.clk.Advance(openedQuiet)
 	m.around(300, 128)
-	assert.Equal(t, uint64(2), m.tn.Status().Counts["trim/opened_missed"])
+	assert.Equal(t, uint64(2), m.tn.Status().Events[EvTrimOpenedMissed])
 }
 
 // Without the probe's reports (an older kernel) or when watching fails,
@@ -194,16 +194,16 @@ func TestTrimOpenedBudget(t *testing.T) {
 		m.around(tgid, 128)
 	}
 	st := m.tn.Status()
-	assert.Equal(t, uint64(openedBurst), st.Counts["trim/opened"])
-	assert.Equal(t, uint64(6-openedBurst), st.Counts["trim/opened_missed"])
+	assert.Equal(t, uint64(openedBurst), st.Events[EvTrimOpened])
+	assert.Equal(t, uint64(6-openedBurst), st.Events[EvTrimOpenedMissed])
 	m.tn.mu.Lock()
 	assert.Equal(t, tokens, m.tn.devs[sdb].tokens, "the sysfs budget of the other actions is untouched")
 	m.tn.mu.Unlock()
 	// Within a token's time nothing more; after it, the next report is served.
 	m.clk.Advance(time.Second / openedPerSec / 2)
 	m.around(304, 128)
-	assert.Equal(t, uint64(openedBurst), m.tn.Status().Counts["trim/opened"])
+	assert.Equal(t, uint64(openedBurst), m.tn.Status().Events[EvTrimOpened])
 	m.clk.Advance(time.Second / openedPerSec)
 	m.around(304, 128)
-	assert.Equal(t, uint64(openedBurst+1), m.tn.Status().Counts["trim/opened"])
+	assert.Equal(t, uint64(openedBurst+1), m.tn.Status().Events[EvTrimOpened])
 }

@@ -171,7 +171,8 @@ type Tuner struct {
 	dstats    map[probe.Dev]detector.DeviceStats
 	out       []Action
 	recent    []Action
-	counts    map[string]uint64
+	counts    map[string]uint64 // actions by kind/result
+	events    [numEvents]uint64
 	logged    map[string]time.Duration // logOnce: last time per topic
 	fileFail  uint64
 	refused   uint64
@@ -315,7 +316,7 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 			// Bounded: a flood of short-lived readers must not grow the
 			// table without end. Counted; the readers already known
 			// are still served.
-			t.counts["readers/dropped"]++
+			t.count(EvReadersDropped)
 			if len(rs) == 0 {
 				delete(t.readers, ev.File)
 			}

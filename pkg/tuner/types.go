@@ -294,6 +294,8 @@ type Status struct {
 	Recent  []Action // oldest first
 	// Counts of actions by kind and result ("file_window/kept").
 	Counts map[string]uint64
+	// Events counts the control core's own events (Events()).
+	Events map[Event]uint64
 	// FileOpFailures counts per-file operations that failed (the process
 	// or descriptor went away, fd reuse, fadvise error).
 	FileOpFailures uint64

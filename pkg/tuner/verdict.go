@@ -96,7 +96,7 @@ func (t *Tuner) TrialStreams() ([]probe.FileKey, time.Duration) {
 // recent requests (snap, over span; detector.Recent) and takes their next
 // step; the others wait for their Step.
 func (t *Tuner) FastVerdict(snap detector.Snapshot, span time.Duration) []Action {
-	return t.judgeOn(snap, span, &t.earlyKeep, true, "outcome/kept_early", func(f detector.FileStats, fd *fileDec) bool {
+	return t.judgeOn(snap, span, &t.earlyKeep, true, EvKeptEarly, func(f detector.FileStats, fd *fileDec) bool {
 		return f.Requests >= onsetMinRequests
 	})
 }
@@ -104,7 +104,7 @@ func (t *Tuner) FastVerdict(snap detector.Snapshot, span time.Duration) []Action
 // judgeOn drives, on a view of snap over span with *mode set, the file
 // window steps under trial of the files that want accepts, and counts those
 // kept as counter.
-func (t *Tuner) judgeOn(snap detector.Snapshot, span time.Duration, mode *bool, escalate bool, counter string, want func(detector.FileStats, *fileDec) bool) []Action {
+func (t *Tuner) judgeOn(snap detector.Snapshot, span time.Duration, mode *bool, escalate bool, counter Event, want func(detector.FileStats, *fileDec) bool) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.out = nil
@@ -123,7 +123,7 @@ func (t *Tuner) judgeOn(snap detector.Snapshot, span time.Duration, mode *bool, 
 		t.driveFile(fd, escalate)
 		for _, a := range t.out[n:] {
 			if a.Kind == KindFileWindow && a.Result == ResultKept {
-				t.counts[counter]++
+				t.count(counter)
 			}
 		}
 	}

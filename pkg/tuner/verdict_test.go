@@ -60,7 +60,7 @@ func TestStepThatClearlyPaysIsKeptEarly(t *testing.T) {
 			require.Len(t, next, 1, "and the next step taken at once")
 			assert.Greater(t, next[0].ToKB, first)
 			assert.Equal(t, next[0].ToKB, r.files.window[key])
-			assert.Equal(t, uint64(1), r.tn.Status().Counts["outcome/kept_early"])
+			assert.Equal(t, uint64(1), r.tn.Status().Events[EvKeptEarly])
 		})
 	}
 }
@@ -129,7 +129,7 @@ func TestStepBesideARandomReaderIsKeptEarlyOnlyWellWithinItsBudget(t *testing.T)
 			} else {
 				assert.Contains(t, kept[0].Evidence, "within budget: the random reader", "what the reader got against its reference is named")
 			}
-			assert.Equal(t, uint64(1), l.tn.Status().Counts["outcome/kept_early"])
+			assert.Equal(t, uint64(1), l.tn.Status().Events[EvKeptEarly])
 		})
 	}
 }
