@@ -1,0 +1,413 @@
+// Package systemd runs deploy/systemd/readaheadd.service, unchanged, under a
+// real systemd: a Debian container booted with systemd-nspawn (test/nspawn),
+// with a lab device and its file system passed in.
+package systemd
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/pkg/fileras"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/test/daemontest"
+	"github.com/readaheadd/readaheadd/test/lab"
+	"github.com/readaheadd/readaheadd/test/nspawn"
+)
+
+// reader reads a file sequentially in 64 KiB requests, from the start
+// again (its pages dropped first) at the end, on one open file. perl-base
+// is in every Debian root.
+const reader = `open(my $f, "<", $ARGV[0]) or die "open $ARGV[0]: $!";
+my $b;
+while (1) {
+	my $n = sysread($f, $b, 65536);
+	die "read: $!" unless defined $n;
+	if ($n == 0) { system("dd", "if=$ARGV[0]", "iflag=nocache", "count=0", "status=none"); sysseek($f, 0, 0); }
+}`
+
+const unitPath = "../../deploy/systemd/readaheadd.service"
+
+// labOrig is the lab device's read_ahead_kb before the daemon starts: a
+// value no default produces, so a value left behind shows.
+const labOrig = 96
+
+// rig is the shipped unit installed in a container, on a lab device whose
+// files are slowed.
+type rig struct {
+	lab      *lab.Lab
+	files    []string // host paths of the slowed files, in /data in the container
+	state    string   // host directory bound to /var/lib/readaheadd
+	addr     string   // metrics address (the container shares the host's network)
+	rootTime time.Duration
+	boot1    time.Duration // the first boot
+	boot     func(t *testing.T) *nspawn.Container
+	c        *nspawn.Container
+}
+
+// setup skips where nspawn cannot boot, builds the daemon, starts a lab
+// device with four slowed files, writes a config (device-level: no
+// allow-path) and a drop-in making the lab's read_ahead_kb writable, and
+// boots a container with all of it bound in.
+func setup(t *testing.T) *rig {
+	begin := time.Now()
+	if err := nspawn.Available(); err != nil {
+		t.Skipf("nspawn: %v", err)
+	}
+	if err := lab.Available(); err != nil {
+		t.Skipf("lab: %v", err)
+	}
+	root := nspawn.Root(t)
+	u := &rig{rootTime: time.Since(begin)}
+	bin, cleanup, err := daemontest.Build("readaheadd-systemd-")
+	require.NoError(t, err)
+	t.Cleanup(cleanup)
+
+	u.lab = lab.New(t, lab.Options{SizeBytes: 1 << 30})
+	require.NoError(t, u.lab.SetReadAheadKB(labOrig))
+	for i := 0; i < 4; i++ {
+		f, err := u.lab.WriteFile("slow"+strconv.Itoa(i), 128)
+		require.NoError(t, err)
+		u.files = append(u.files, f)
+	}
+	require.NoError(t, u.lab.SetPermanent(6*time.Millisecond, u.files...))
+
+	// The unit as shipped; what a site adds for its own disks in a
+	// drop-in, and its config.
+	unit, err := filepath.Abs(unitPath)
+	require.NoError(t, err)
+	etc := t.TempDir()
+	dropin := filepath.Join(etc, "readaheadd.service.d")
+	require.NoError(t, os.Mkdir(dropin, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dropin, "lab.conf"),
+		[]byte("[Service]\nReadWritePaths=-/sys/block/"+u.lab.Name+"/queue/read_ahead_kb\n"), 0o644))
+	cfg := filepath.Join(etc, "readaheadd")
+	require.NoError(t, os.Mkdir(cfg, 0o755))
+	u.addr = daemontest.FreeAddr(t)
+	conf := fmt.Sprintf("device: [%s]\nmetrics-addr: %q\ninterval: 200ms\nmax-read-ahead-kb: 2048\n", u.lab.Name, u.addr)
+	require.NoError(t, os.WriteFile(filepath.Join(cfg, "config.yaml"), []byte(conf), 0o644))
+	// /var/lib outlives a crash of the machine; the container's own root
+	// is a throw-away overlay.
+	u.state = filepath.Join(t.TempDir(), "state")
+	require.NoError(t, os.Mkdir(u.state, 0o700))
+	u.boot = func(t *testing.T) *nspawn.Container {
+		u.c = nspawn.Boot(t, root,
+			// What the unit's CapabilityBoundingSet and SystemCallFilter
+			// need beyond nspawn's defaults for a container.
+			"--capability=CAP_BPF,CAP_PERFMON", "--system-call-filter=bpf pidfd_getfd",
+			"--bind="+u.lab.Mount+":/data",
+			"--bind-ro="+bin+":/usr/local/bin/readaheadd",
+			"--bind-ro="+unit+":/etc/systemd/system/readaheadd.service",
+			"--bind-ro="+dropin+":/etc/systemd/system/readaheadd.service.d",
+			"--bind-ro="+cfg+":/etc/readaheadd",
+			"--bind="+u.state+":/var/lib/readaheadd")
+		c := u.c
+		t.Cleanup(func() {
+			if t.Failed() {
+				out, _ := c.Run("journalctl", "--no-pager", "-b", "-n", "150")
+				t.Logf("journal of container %s:\n%s", c.Name, out)
+			}
+		})
+		return c
+	}
+	u.boot(t)
+	u.boot1 = u.c.BootTime
+	t.Logf("container booted in %.2f s (root ready after %.1f s)", u.c.BootTime.Seconds(), u.rootTime.Seconds())
+	return u
+}
+
+// TestUnitUnderSystemd runs the shipped unit under a real systemd (a
+// container booted with systemd-nspawn) on a lab device: first the unit's
+// sandbox alone with the per-file calls, then the daemon's whole life.
+func TestUnitUnderSystemd(t *testing.T) {
+	begin := time.Now()
+	u := setup(t)
+	t.Run("SandboxAllowsPerFileActions", func(t *testing.T) { perFileUnderSandbox(t, u) })
+	t.Run("Lifecycle", func(t *testing.T) { lifecycle(t, u) })
+	t.Logf("whole test %.1f s (root ready after %.1f s, first boot %.2f s)", time.Since(begin).Seconds(), u.rootTime.Seconds(), u.boot1.Seconds())
+}
+
+// lifecycle is the unit's whole life under systemd on the lab device: started through
+// READY=1 with its sandbox in force, acting on slowed files read in the
+// container, restoring on `systemctl stop`, after a kill -9 of the daemon
+// (ExecStopPost), and after a crash of the whole machine (ExecStartPre at
+// the next start).
+//
+// The daemon runs device-level here (no allow-path): per-file actions
+// need the host PID namespace (readers are known by the pids the kernel
+// reports), and nspawn always gives the container one of its own.
+// perFileUnderSandbox covers pidfd_getfd under the unit's sandbox instead.
+func lifecycle(t *testing.T, u *rig) {
+	l := u.lab
+	const orig = labOrig
+	show := func() map[string]string { return u.show(t) }
+	sh := func(args ...string) string { t.Helper(); return u.sh(t, args...) }
+
+	// 1. Type=notify: `systemctl start` returns once READY=1 arrived.
+	t0 := time.Now()
+	sh("systemctl", "start", "readaheadd")
+	st := show()
+	require.Equal(t, "active", st["ActiveState"], "%v", st)
+	assert.Equal(t, "running", st["SubState"])
+	assert.Contains(t, st["StatusText"], "watching 1 device", "STATUS= from sd_notify")
+	t.Logf("systemctl start: active in %.2f s, status %q", time.Since(t0).Seconds(), st["StatusText"])
+	pid := st["MainPID"]
+	status := sh("cat", "/proc/"+pid+"/status")
+	assert.Regexp(t, `(?m)^NoNewPrivs:\s+1$`, status)
+	assert.Regexp(t, `(?m)^Seccomp:\s+2$`, status, "SystemCallFilter in force")
+	// After attaching, only CAP_DAC_READ_SEARCH (2) and CAP_SYS_PTRACE (19).
+	assert.Regexp(t, `(?m)^CapEff:\s+0*80004$`, status)
+	mounts := sh("cat", "/proc/"+pid+"/mountinfo")
+	assert.Regexp(t, `(?m) /sys ro,`, mounts, "ProtectKernelTunables: /sys read-only")
+	assert.Regexp(t, `(?m) /sys/devices/\S+/`+l.Name+`/queue/read_ahead_kb rw,`, mounts, "ReadWritePaths: the lab's read_ahead_kb writable")
+
+	// 2. It acts on the slowed files, read by processes in the container:
+	// enough of them need a larger window for a device-wide one.
+	for i := range u.files {
+		require.NoError(t, lab.DropFileCache(u.files[i]))
+		sh("systemd-run", "--unit=reader-"+strconv.Itoa(i), "--collect", "perl", "-e", reader, "/data/"+filepath.Base(u.files[i]))
+	}
+	raised := func(what string) {
+		t.Helper()
+		t0 := time.Now()
+		for time.Since(t0) < 30*time.Second {
+			if kb := readKB(t, l.Name); kb > orig {
+				t.Logf("%s: the daemon raised %s to %d KB after %.1f s", what, l.Name, kb, time.Since(t0).Seconds())
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		m, _ := get(u.addr, "/metrics")
+		t.Fatalf("%s: the daemon did not raise %s in 30 s\n%s", what, l.Name, grep(m, "readaheadd_actions_total|readaheadd_tuner_errors_total"))
+	}
+	raised("first run")
+	m, err := get(u.addr, "/metrics")
+	require.NoError(t, err, "metrics on loopback through IPAddressAllow=localhost")
+	assert.Positive(t, sum(m, `^readaheadd_actions_total\{.*action="device_window".*result="(trial|kept|applied)"`), "device_window actions")
+	assert.Zero(t, sum(m, `^readaheadd_actions_total\{.*result="failed"`), "no action failed under the sandbox:\n%s", grep(m, "readaheadd_actions_total"))
+	assert.FileExists(t, filepath.Join(u.state, "originals.json"), "the original recorded before the raise")
+
+	// 3. systemctl stop restores the device.
+	t0 = time.Now()
+	sh("systemctl", "stop", "readaheadd")
+	t.Logf("systemctl stop: %.2f s", time.Since(t0).Seconds())
+	assert.Equal(t, "inactive", show()["ActiveState"])
+	assert.Equal(t, orig, readKB(t, l.Name), "device back after systemctl stop")
+	assert.NoFileExists(t, filepath.Join(u.state, "originals.json"))
+
+	// 4. kill -9 of the daemon: systemd runs ExecStopPost (restore).
+	sh("systemctl", "start", "readaheadd")
+	raised("second run")
+	pid = show()["MainPID"]
+	sh("/bin/sh", "-c", "kill -9 "+pid) // the shell's kill: minbase has no procps
+	var after map[string]string
+	for t0 = time.Now(); time.Since(t0) < 10*time.Second; time.Sleep(50 * time.Millisecond) {
+		// Restart=on-failure: it waits RestartSec in auto-restart.
+		if after = show(); after["SubState"] == "auto-restart" || after["ActiveState"] == "failed" {
+			break
+		}
+	}
+	assert.Equal(t, "signal", after["Result"], "%v", after)
+	assert.Equal(t, orig, readKB(t, l.Name), "device back after kill -9 (ExecStopPost)")
+	journal := sh("journalctl", "--no-pager", "-o", "cat", "-u", "readaheadd")
+	assert.Contains(t, journal, l.Name+": read_ahead_kb restored to "+strconv.Itoa(orig), "ExecStopPost restored")
+
+	// 5. A crash of the whole machine leaves the device raised and its
+	// original recorded; the next start restores it before the daemon
+	// runs (ExecStartPre).
+	sh("systemctl", "start", "readaheadd")
+	raised("third run")
+	require.NoError(t, u.c.Kill())
+	atCrash := readKB(t, l.Name)
+	assert.Greater(t, atCrash, orig, "the crash left the device raised")
+	assert.FileExists(t, filepath.Join(u.state, "originals.json"), "the crashed run left the original recorded")
+	c := u.boot(t)
+	t.Logf("machine crashed with %s at %d KB; booted again in %.2f s", l.Name, atCrash, c.BootTime.Seconds())
+	sh("systemctl", "start", "readaheadd")
+	require.Equal(t, "active", show()["ActiveState"])
+	assert.Equal(t, orig, readKB(t, l.Name), "device at its original after the start")
+	journal = sh("journalctl", "--no-pager", "-o", "cat", "-b", "-u", "readaheadd")
+	restored := strings.Index(journal, l.Name+": read_ahead_kb restored to "+strconv.Itoa(orig))
+	running := strings.Index(journal, "readaheadd running")
+	assert.True(t, restored >= 0 && running > restored, "ExecStartPre restored before the daemon ran:\n%s", journal)
+	sh("systemctl", "stop", "readaheadd")
+	assert.Equal(t, orig, readKB(t, l.Name))
+}
+
+// taker takes a reader's open file with pidfd_getfd and sets its window
+// with POSIX_FADV_SEQUENTIAL (twice the device's), the calls the daemon's
+// per-file actions make (x86_64 numbers: pidfd_open 434, pidfd_getfd 438,
+// fadvise64 221).
+const taker = `my ($pid, $fd) = @ARGV;
+my $pidfd = syscall(434, $pid + 0, 0);
+die "pidfd_open: $!\n" if $pidfd < 0;
+my $f = syscall(438, $pidfd, $fd + 0, 0);
+die "pidfd_getfd: $!\n" if $f < 0;
+syscall(221, $f, 0, 0, 2) == 0 or die "fadvise: $!\n";
+print "window set\n";`
+
+// sandbox returns the unit's [Service] settings (and the drop-in's) as
+// systemd-run properties, without what starts, stops and restarts it.
+func sandbox(t *testing.T, unit string, more ...string) []string {
+	var props []string
+	section := ""
+	for _, l := range append(strings.Split(unit, "\n"), more...) {
+		l = strings.TrimSpace(l)
+		if strings.HasPrefix(l, "[") {
+			section = l
+			continue
+		}
+		k, _, ok := strings.Cut(l, "=")
+		if !ok || section != "[Service]" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(k, "Exec"), strings.HasPrefix(k, "Restart"), strings.HasPrefix(k, "Timeout"),
+			k == "Type", k == "NotifyAccess", k == "KillSignal":
+			continue
+		}
+		props = append(props, "-p", l)
+	}
+	require.NotEmpty(t, props)
+	return props
+}
+
+// perFileUnderSandbox: the unit's sandbox lets a process take a reader's open file with
+// pidfd_getfd and change its window, as the daemon's per-file actions do:
+// a transient service with every sandboxing setting of the unit does it to
+// a reader in the container, and fails with only pidfd_getfd filtered out.
+// (The daemon itself cannot do it in a container: it knows readers by
+// their host pids; see lifecycle.)
+func perFileUnderSandbox(t *testing.T, u *rig) {
+	if runtime.GOARCH != "amd64" {
+		t.Skip("the system call numbers in the taker program are x86_64's")
+	}
+	b, err := os.ReadFile(unitPath)
+	require.NoError(t, err)
+	props := sandbox(t, string(b), "[Service]", "ReadWritePaths=-/sys/block/"+u.lab.Name+"/queue/read_ahead_kb")
+
+	it, err := fileras.Open()
+	require.NoError(t, err)
+	t.Cleanup(func() { it.Close() })
+	key := fileKey(t, u.files[0])
+	window := func() int {
+		fs, err := it.Files(fileras.Query{AllDevs: true})
+		require.NoError(t, err)
+		for _, f := range fs {
+			if f.Key == key {
+				return f.WindowKB()
+			}
+		}
+		return 0
+	}
+
+	u.sh(t, "systemd-run", "--unit=reader", "--collect", "perl", "-e", reader, "/data/"+filepath.Base(u.files[0]))
+	pid := strings.TrimSpace(u.sh(t, "systemctl", "show", "reader", "-p", "MainPID", "--value"))
+	var fd string
+	for t0 := time.Now(); fd == "" && time.Since(t0) < 10*time.Second; time.Sleep(20 * time.Millisecond) {
+		out, _ := u.c.Run("find", "/proc/"+pid+"/fd", "-lname", "/data/*", "-printf", "%f")
+		fd = strings.TrimSpace(out)
+	}
+	require.NotEmpty(t, fd, "the reader (pid %s in the container) has its file open", pid)
+	require.Equal(t, labOrig, window(), "the reader's window before: the device's")
+
+	run := func(extra ...string) (string, error) {
+		args := append([]string{"systemd-run", "--wait", "--pipe", "--quiet", "--unit=taker", "--collect"}, props...)
+		args = append(append(args, extra...), "perl", "-e", taker, pid, fd)
+		return u.c.Run(args...)
+	}
+	// The control: the unit's sandbox minus pidfd_getfd.
+	out, err := run("-p", "SystemCallFilter=~pidfd_getfd")
+	assert.Error(t, err)
+	assert.Contains(t, out, "pidfd_getfd: Operation not permitted", "the sandbox applies to the taker")
+	assert.Equal(t, labOrig, window())
+
+	out, err = run()
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "window set")
+	assert.Equal(t, 2*labOrig, window(), "the reader's window set through the descriptor taken under the unit's sandbox")
+	u.sh(t, "systemctl", "stop", "reader")
+}
+
+// sh runs a command in the container; it must succeed.
+func (u *rig) sh(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := u.c.Run(args...)
+	require.NoError(t, err, out)
+	return out
+}
+
+// show returns the unit's state properties.
+func (u *rig) show(t *testing.T) map[string]string {
+	t.Helper()
+	m := map[string]string{}
+	for _, l := range strings.Split(u.sh(t, "systemctl", "show", "readaheadd", "-p", "ActiveState,SubState,StatusText,MainPID,Result"), "\n") {
+		if k, v, ok := strings.Cut(l, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+func fileKey(t *testing.T, path string) probe.FileKey {
+	t.Helper()
+	var st syscall.Stat_t
+	require.NoError(t, syscall.Stat(path, &st))
+	return probe.FileKey{Dev: probe.DevFromUnix(st.Dev), Ino: st.Ino}
+}
+
+func readKB(t *testing.T, dev string) int {
+	t.Helper()
+	b, err := os.ReadFile("/sys/block/" + dev + "/queue/read_ahead_kb")
+	require.NoError(t, err)
+	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	require.NoError(t, err)
+	return v
+}
+
+func get(addr, path string) (string, error) {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + addr + path)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// sum adds the samples of the exposition whose line matches re.
+func sum(exposition, re string) float64 {
+	rx := regexp.MustCompile(re)
+	var s float64
+	for _, l := range strings.Split(exposition, "\n") {
+		if f := strings.Fields(l); len(f) == 2 && rx.MatchString(l) {
+			v, _ := strconv.ParseFloat(f[1], 64)
+			s += v
+		}
+	}
+	return s
+}
+
+func grep(s, re string) string {
+	rx := regexp.MustCompile(re)
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if rx.MatchString(l) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
