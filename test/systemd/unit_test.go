@@ -163,6 +163,10 @@ func lifecycle(t *testing.T, u *rig) {
 	assert.Equal(t, "running", st["SubState"])
 	assert.Contains(t, st["StatusText"], "watching 1 device", "STATUS= from sd_notify")
 	t.Logf("systemctl start: active in %.2f s, status %q", time.Since(t0).Seconds(), st["StatusText"])
+	// systemd loaded every setting: no warning about the unit (an
+	// unknown or unsupported one is logged and ignored).
+	warnings := grep(sh("journalctl", "--no-pager", "-b", "-p", "warning", "-o", "cat", "_PID=1"), "readaheadd")
+	assert.Empty(t, warnings, "systemd warned about the unit")
 	pid := st["MainPID"]
 	status := sh("cat", "/proc/"+pid+"/status")
 	assert.Regexp(t, `(?m)^NoNewPrivs:\s+1$`, status)
