@@ -247,46 +247,49 @@ func makeCgroups(name string) ([]string, error) {
 // the cgroup2 hierarchy and in systemd's named v1 hierarchy, whichever are
 // mounted.
 func cgroupParents() []string {
-	mounts, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
 	own, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
 		return nil
 	}
-	path := map[string]string{} // by hierarchy: "" for cgroup2, "name=systemd"
+	mnt := hierarchies()
+	var dirs []string
 	for _, l := range strings.Split(string(own), "\n") {
-		if f := strings.SplitN(l, ":", 3); len(f) == 3 && (f[1] == "" || f[1] == "name=systemd") {
-			path[f[1]] = f[2]
+		if f := strings.SplitN(l, ":", 3); len(f) == 3 && (f[1] == "" || f[1] == "name=systemd") && mnt[f[1]] != "" {
+			dirs = append(dirs, filepath.Join(mnt[f[1]], f[2]))
 		}
 	}
-	var dirs []string
+	return dirs
+}
+
+// hierarchies returns where the cgroup2 hierarchy ("") and systemd's named
+// v1 hierarchy ("name=systemd") are mounted, from their roots.
+func hierarchies() map[string]string {
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	mnt := map[string]string{}
 	for _, l := range strings.Split(string(mounts), "\n") {
 		pre, post, ok := strings.Cut(l, " - ")
 		if !ok {
 			continue
 		}
 		pf, qf := strings.Fields(pre), strings.Fields(post)
-		if len(pf) < 5 || len(qf) < 3 {
+		if len(pf) < 5 || len(qf) < 3 || pf[3] != "/" {
 			continue
 		}
-		var h string
 		switch {
 		case qf[0] == "cgroup2":
-			h = ""
+			if _, ok := mnt[""]; !ok {
+				mnt[""] = pf[4]
+			}
 		case qf[0] == "cgroup" && strings.Contains(","+qf[2]+",", ",name=systemd,"):
-			h = "name=systemd"
-		default:
-			continue
-		}
-		// Only a mount of the hierarchy's root shows our path under it.
-		if p, ok := path[h]; ok && pf[3] == "/" {
-			dirs = append(dirs, filepath.Join(pf[4], p))
-			delete(path, h)
+			if _, ok := mnt["name=systemd"]; !ok {
+				mnt["name=systemd"] = pf[4]
+			}
 		}
 	}
-	return dirs
+	return mnt
 }
 
 // removeStale removes containers left by test processes that are gone
@@ -364,4 +367,55 @@ func removeCgroups(dirs []string) error {
 		return fmt.Errorf("remove cgroups: %s", strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+// HostPID returns the host PID of the container's process pid.
+func (c *Container) HostPID(pid int) (int, error) {
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", c.Leader))
+	if err != nil {
+		return 0, err
+	}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		host, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if l, err := os.Readlink("/proc/" + e.Name() + "/ns/pid"); err != nil || l != ns {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/status")
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			// NSpid: the pid in each namespace, the container's last.
+			if f := strings.Fields(strings.TrimPrefix(l, "NSpid:")); strings.HasPrefix(l, "NSpid:") && len(f) > 1 && f[len(f)-1] == strconv.Itoa(pid) {
+				return host, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no process with pid %d in container %s", pid, c.Name)
+}
+
+// Cgroup2Dir returns the directory of a host process's cgroup in the
+// cgroup2 hierarchy.
+func Cgroup2Dir(pid int) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return "", err
+	}
+	var path string
+	for _, l := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(l, "0::"); ok {
+			path = p
+		}
+	}
+	if path == "" {
+		return "", fmt.Errorf("process %d is in no cgroup2 cgroup", pid)
+	}
+	if m := hierarchies()[""]; m != "" {
+		return filepath.Join(m, path), nil
+	}
+	return "", fmt.Errorf("no cgroup2 hierarchy mounted")
 }

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -173,6 +175,15 @@ func lifecycle(t *testing.T, u *rig) {
 	assert.Regexp(t, `(?m)^Seccomp:\s+2$`, status, "SystemCallFilter in force")
 	// After attaching, only CAP_DAC_READ_SEARCH (2) and CAP_SYS_PTRACE (19).
 	assert.Regexp(t, `(?m)^CapEff:\s+0*80004$`, status)
+	// IPAddressDeny=any: systemd's firewall programs on the unit's cgroup.
+	n, _ := strconv.Atoi(pid)
+	host, err := u.c.HostPID(n)
+	require.NoError(t, err)
+	cg, err := nspawn.Cgroup2Dir(host)
+	require.NoError(t, err)
+	for _, at := range []ebpf.AttachType{ebpf.AttachCGroupInetIngress, ebpf.AttachCGroupInetEgress} {
+		assert.NotZero(t, attached(t, cg, at), "IPAddressDeny: no %v program on %s", at, cg)
+	}
 	mounts := sh("cat", "/proc/"+pid+"/mountinfo")
 	assert.Regexp(t, `(?m) /sys ro,`, mounts, "ProtectKernelTunables: /sys read-only")
 	assert.Regexp(t, `(?m) /sys/devices/\S+/`+l.Name+`/queue/read_ahead_kb rw,`, mounts, "ReadWritePaths: the lab's read_ahead_kb writable")
@@ -363,6 +374,18 @@ func (u *rig) show(t *testing.T) map[string]string {
 		}
 	}
 	return m
+}
+
+// attached counts the BPF programs attached to the cgroup directory cg
+// for at.
+func attached(t *testing.T, cg string, at ebpf.AttachType) int {
+	t.Helper()
+	f, err := os.Open(cg)
+	require.NoError(t, err)
+	defer f.Close()
+	r, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at})
+	require.NoError(t, err, "query the programs on %s", cg)
+	return len(r.Programs)
 }
 
 func fileKey(t *testing.T, path string) probe.FileKey {
