@@ -119,7 +119,7 @@ func Mirror() (string, error) {
 		}
 	}
 	m = strings.TrimSuffix(m, "/")
-	c := http.Client{Timeout: 10 * time.Second}
+	c := http.Client{Timeout: 5 * time.Second}
 	url := m + "/dists/" + Suite + "/Release"
 	resp, err := c.Get(url)
 	if err != nil {
@@ -132,11 +132,14 @@ func Mirror() (string, error) {
 	return m, nil
 }
 
-// aptMirror finds the URI of suite in /etc/apt/sources.list and
-// sources.list.d (one-line and deb822 forms).
+// aptDir is where apt's sources lists are.
+var aptDir = "/etc/apt"
+
+// aptMirror finds the URI of suite in sources.list and sources.list.d
+// (one-line and deb822 forms).
 func aptMirror(suite string) (string, error) {
-	files, _ := filepath.Glob("/etc/apt/sources.list.d/*")
-	files = append([]string{"/etc/apt/sources.list"}, files...)
+	files, _ := filepath.Glob(filepath.Join(aptDir, "sources.list.d", "*"))
+	files = append([]string{filepath.Join(aptDir, "sources.list")}, files...)
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -166,6 +169,9 @@ func aptMirror(suite string) (string, error) {
 			if strings.HasPrefix(w[0], "[") { // options
 				for len(w) > 0 && !strings.HasSuffix(w[0], "]") {
 					w = w[1:]
+				}
+				if len(w) == 0 {
+					continue
 				}
 				w = w[1:]
 			}
