@@ -198,7 +198,7 @@ func lifecycle(t *testing.T, u *rig) {
 		t.Helper()
 		t0 := time.Now()
 		for time.Since(t0) < 30*time.Second {
-			if kb := readKB(t, l.Name); kb > orig {
+			if kb := readKB(t, l); kb > orig {
 				t.Logf("%s: the daemon raised %s to %d KB after %.1f s", what, l.Name, kb, time.Since(t0).Seconds())
 				return
 			}
@@ -219,7 +219,7 @@ func lifecycle(t *testing.T, u *rig) {
 	sh("systemctl", "stop", "readaheadd")
 	t.Logf("systemctl stop: %.2f s", time.Since(t0).Seconds())
 	assert.Equal(t, "inactive", show()["ActiveState"])
-	assert.Equal(t, orig, readKB(t, l.Name), "device back after systemctl stop")
+	assert.Equal(t, orig, readKB(t, l), "device back after systemctl stop")
 	assert.NoFileExists(t, filepath.Join(u.state, "originals.json"))
 
 	// 4. kill -9 of the daemon: systemd runs ExecStopPost (restore).
@@ -235,7 +235,7 @@ func lifecycle(t *testing.T, u *rig) {
 		}
 	}
 	assert.Equal(t, "signal", after["Result"], "%v", after)
-	assert.Equal(t, orig, readKB(t, l.Name), "device back after kill -9 (ExecStopPost)")
+	assert.Equal(t, orig, readKB(t, l), "device back after kill -9 (ExecStopPost)")
 	journal := sh("journalctl", "--no-pager", "-o", "cat", "-u", "readaheadd")
 	assert.Contains(t, journal, l.Name+": read_ahead_kb restored to "+strconv.Itoa(orig), "ExecStopPost restored")
 
@@ -245,20 +245,20 @@ func lifecycle(t *testing.T, u *rig) {
 	sh("systemctl", "start", "readaheadd")
 	raised("third run")
 	require.NoError(t, u.c.Kill())
-	atCrash := readKB(t, l.Name)
+	atCrash := readKB(t, l)
 	assert.Greater(t, atCrash, orig, "the crash left the device raised")
 	assert.FileExists(t, filepath.Join(u.state, "originals.json"), "the crashed run left the original recorded")
 	c := u.boot(t)
 	t.Logf("machine crashed with %s at %d KB; booted again in %.2f s", l.Name, atCrash, c.BootTime.Seconds())
 	sh("systemctl", "start", "readaheadd")
 	require.Equal(t, "active", show()["ActiveState"])
-	assert.Equal(t, orig, readKB(t, l.Name), "device at its original after the start")
+	assert.Equal(t, orig, readKB(t, l), "device at its original after the start")
 	journal = sh("journalctl", "--no-pager", "-o", "cat", "-b", "-u", "readaheadd")
 	restored := strings.Index(journal, l.Name+": read_ahead_kb restored to "+strconv.Itoa(orig))
 	running := strings.Index(journal, "readaheadd running")
 	assert.True(t, restored >= 0 && running > restored, "ExecStartPre restored before the daemon ran:\n%s", journal)
 	sh("systemctl", "stop", "readaheadd")
-	assert.Equal(t, orig, readKB(t, l.Name))
+	assert.Equal(t, orig, readKB(t, l))
 }
 
 // taker takes a reader's open file with pidfd_getfd and sets its window
@@ -395,13 +395,12 @@ func fileKey(t *testing.T, path string) probe.FileKey {
 	return probe.FileKey{Dev: probe.DevFromUnix(st.Dev), Ino: st.Ino}
 }
 
-func readKB(t *testing.T, dev string) int {
+// readKB is the lab device's read_ahead_kb.
+func readKB(t *testing.T, l *lab.Lab) int {
 	t.Helper()
-	b, err := os.ReadFile("/sys/block/" + dev + "/queue/read_ahead_kb")
+	kb, err := l.ReadAheadKB()
 	require.NoError(t, err)
-	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	require.NoError(t, err)
-	return v
+	return kb
 }
 
 func get(addr, path string) (string, error) {
