@@ -52,6 +52,21 @@ const cgroupPrefix = "nspawn-"
 // sandboxing (ProtectKernelTunables=, ReadWritePaths=) restricts them.
 func Boot(t testing.TB, root string, args ...string) *Container {
 	t.Helper()
+	c, err := Start(root, args...)
+	if err != nil {
+		t.Fatalf("nspawn: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := c.Teardown(); err != nil {
+			t.Errorf("nspawn: %v", err)
+		}
+	})
+	return c
+}
+
+// Start is Boot for callers that tear the container down themselves
+// (Teardown). On error nothing is left running.
+func Start(root string, args ...string) (*Container, error) {
 	c := &Container{
 		Name: fmt.Sprintf("readaheadd-%d-%d", os.Getpid(), seq.Add(1)),
 		done: make(chan struct{}),
@@ -59,7 +74,7 @@ func Boot(t testing.TB, root string, args ...string) *Container {
 	removeStale()
 	var err error
 	if c.cgroups, err = makeCgroups(cgroupPrefix + c.Name); err != nil {
-		t.Fatalf("nspawn: %v", err)
+		return nil, err
 	}
 	argv := append([]string{"systemd-nspawn", "--directory=" + root, "--boot", "--machine=" + c.Name,
 		"--register=no", "--keep-unit", "--volatile=overlay", "--console=passive"}, args...)
@@ -74,19 +89,18 @@ func Boot(t testing.TB, root string, args ...string) *Container {
 	start := time.Now()
 	if err := c.cmd.Start(); err != nil {
 		removeCgroups(c.cgroups)
-		t.Fatalf("nspawn: start %v: %v", argv, err)
+		return nil, fmt.Errorf("start %v: %w", argv, err)
 	}
 	go func() { c.cmd.Wait(); close(c.done) }()
-	t.Cleanup(func() {
-		if err := c.teardown(); err != nil {
-			t.Errorf("nspawn: %v", err)
-		}
-	})
 	if err := c.waitBoot(90 * time.Second); err != nil {
-		t.Fatalf("nspawn: boot %s: %v\n--- nspawn output:\n%s", root, err, tail(c.Output(), 40))
+		err = fmt.Errorf("boot %s: %w\n--- nspawn output:\n%s", root, err, tail(c.Output(), 40))
+		if terr := c.Teardown(); terr != nil {
+			err = fmt.Errorf("%w\n%v", err, terr)
+		}
+		return nil, err
 	}
 	c.BootTime = time.Since(start)
-	return c
+	return c, nil
 }
 
 func (c *Container) waitBoot(timeout time.Duration) error {
@@ -179,7 +193,9 @@ func (c *Container) Poweroff(timeout time.Duration) error {
 	}
 }
 
-func (c *Container) teardown() error {
+// Teardown powers the container off (or kills it after 20 s) and removes
+// what it left: processes in its cgroups, the cgroups.
+func (c *Container) Teardown() error {
 	var errs []string
 	if err := c.Poweroff(20 * time.Second); err != nil {
 		errs = append(errs, err.Error())

@@ -4,10 +4,13 @@
 package systemd
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -53,6 +56,8 @@ type rig struct {
 	files    []string // host paths of the slowed files, in /data in the container
 	state    string   // host directory bound to /var/lib/readaheadd
 	addr     string   // metrics address (the container shares the host's network)
+	config   string   // host path of config.yaml, bound to /etc/readaheadd/config.yaml
+	conf     string   // its device-level content
 	rootTime time.Duration
 	boot1    time.Duration // the first boot
 	boot     func(t *testing.T) *nspawn.Container
@@ -80,7 +85,7 @@ func setup(t *testing.T) *rig {
 	u.lab = lab.New(t, lab.Options{SizeBytes: 1 << 30})
 	require.NoError(t, u.lab.SetReadAheadKB(labOrig))
 	for i := 0; i < 4; i++ {
-		f, err := u.lab.WriteFile("slow"+strconv.Itoa(i), 128)
+		f, err := u.lab.WriteFile("slow"+strconv.Itoa(i), 64)
 		require.NoError(t, err)
 		u.files = append(u.files, f)
 	}
@@ -98,14 +103,19 @@ func setup(t *testing.T) *rig {
 	cfg := filepath.Join(etc, "readaheadd")
 	require.NoError(t, os.Mkdir(cfg, 0o755))
 	u.addr = daemontest.FreeAddr(t)
-	conf := fmt.Sprintf("device: [%s]\nmetrics-addr: %q\ninterval: 200ms\nmax-read-ahead-kb: 2048\n", u.lab.Name, u.addr)
-	require.NoError(t, os.WriteFile(filepath.Join(cfg, "config.yaml"), []byte(conf), 0o644))
+	u.conf = fmt.Sprintf("device: [%s]\nmetrics-addr: %q\ninterval: 200ms\nmax-read-ahead-kb: 2048\n", u.lab.Name, u.addr)
+	u.config = filepath.Join(cfg, "config.yaml")
+	require.NoError(t, os.WriteFile(u.config, []byte(u.conf), 0o644))
 	// /var/lib outlives a crash of the machine; the container's own root
 	// is a throw-away overlay.
 	u.state = filepath.Join(t.TempDir(), "state")
 	require.NoError(t, os.Mkdir(u.state, 0o700))
+	// Every container lives until the whole test ends (a subtest may boot
+	// the one the next uses); failures are reported to the caller's t.
+	top := t
 	u.boot = func(t *testing.T) *nspawn.Container {
-		u.c = nspawn.Boot(t, root,
+		t.Helper()
+		c, err := nspawn.Start(root,
 			// What the unit's CapabilityBoundingSet and SystemCallFilter
 			// need beyond nspawn's defaults for a container.
 			"--capability=CAP_BPF,CAP_PERFMON", "--system-call-filter=bpf pidfd_getfd",
@@ -115,13 +125,17 @@ func setup(t *testing.T) *rig {
 			"--bind-ro="+dropin+":/etc/systemd/system/readaheadd.service.d",
 			"--bind-ro="+cfg+":/etc/readaheadd",
 			"--bind="+u.state+":/var/lib/readaheadd")
-		c := u.c
-		t.Cleanup(func() {
-			if t.Failed() {
+		require.NoError(t, err)
+		top.Cleanup(func() {
+			if top.Failed() {
 				out, _ := c.Run("journalctl", "--no-pager", "-b", "-n", "150")
-				t.Logf("journal of container %s:\n%s", c.Name, out)
+				top.Logf("journal of container %s:\n%s", c.Name, out)
+			}
+			if err := c.Teardown(); err != nil {
+				top.Errorf("nspawn: %v", err)
 			}
 		})
+		u.c = c
 		return c
 	}
 	u.boot(t)
@@ -138,6 +152,7 @@ func TestUnitUnderSystemd(t *testing.T) {
 	u := setup(t)
 	t.Run("SandboxAllowsPerFileActions", func(t *testing.T) { perFileUnderSandbox(t, u) })
 	t.Run("Lifecycle", func(t *testing.T) { lifecycle(t, u) })
+	t.Run("PerFileActions", func(t *testing.T) { perFileActions(t, u) })
 	t.Logf("whole test %.1f s (root ready after %.1f s, first boot %.2f s)", time.Since(begin).Seconds(), u.rootTime.Seconds(), u.boot1.Seconds())
 }
 
@@ -313,20 +328,7 @@ func perFileUnderSandbox(t *testing.T, u *rig) {
 	require.NoError(t, err)
 	props := sandbox(t, string(b), "[Service]", "ReadWritePaths=-/sys/block/"+u.lab.Name+"/queue/read_ahead_kb")
 
-	it, err := fileras.Open()
-	require.NoError(t, err)
-	t.Cleanup(func() { it.Close() })
-	key := fileKey(t, u.files[0])
-	window := func() int {
-		fs, err := it.Files(fileras.Query{AllDevs: true})
-		require.NoError(t, err)
-		for _, f := range fs {
-			if f.Key == key {
-				return f.WindowKB()
-			}
-		}
-		return 0
-	}
+	windows := u.windowsOf(t, u.files[0])
 
 	u.sh(t, "systemd-run", "--unit=reader", "--collect", "perl", "-e", reader, "/data/"+filepath.Base(u.files[0]))
 	pid := strings.TrimSpace(u.sh(t, "systemctl", "show", "reader", "-p", "MainPID", "--value"))
@@ -336,6 +338,10 @@ func perFileUnderSandbox(t *testing.T, u *rig) {
 		fd = strings.TrimSpace(out)
 	}
 	require.NotEmpty(t, fd, "the reader (pid %s in the container) has its file open", pid)
+	n, _ := strconv.Atoi(pid)
+	host, err := u.c.HostPID(n)
+	require.NoError(t, err)
+	window := func() int { return windows()[uint32(host)] }
 	require.Equal(t, labOrig, window(), "the reader's window before: the device's")
 
 	run := func(extra ...string) (string, error) {
@@ -354,6 +360,155 @@ func perFileUnderSandbox(t *testing.T, u *rig) {
 	assert.Contains(t, out, "window set")
 	assert.Equal(t, 2*labOrig, window(), "the reader's window set through the descriptor taken under the unit's sandbox")
 	u.sh(t, "systemctl", "stop", "reader")
+}
+
+// perFileActions: the daemon's own per-file actions under the unit, with
+// the lab's file system as allow-path, on a reader that has the same pid in
+// the container as on the host (testdata/sametid.c), so that the daemon
+// finds it: the reader's file passes the allow-path check (openat2
+// RESOLVE_BENEATH under the unit's sandbox), the daemon takes its open file
+// with pidfd_getfd and sets its window (file_window actions, none failed),
+// and `systemctl stop` and a kill -9 (ExecStopPost) leave the reader's
+// window at the device's. The daemon's own pid still differs from its host
+// pid, which makes it take its own descriptor for another reader's and
+// reset the window it set (docs/systemd.md): the test counts the actions
+// instead of waiting for a window to hold.
+func perFileActions(t *testing.T, u *rig) {
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		t.Skip("needs gcc to build testdata/sametid.c")
+	}
+	helper := filepath.Join(t.TempDir(), "sametid")
+	out, err := exec.Command(gcc, "-O2", "-Wall", "-o", helper, "testdata/sametid.c").CombinedOutput()
+	require.NoError(t, err, "build sametid: %s", out)
+	show := func() map[string]string { return u.show(t) }
+	sh := func(args ...string) string { t.Helper(); return u.sh(t, args...) }
+
+	require.NoError(t, os.WriteFile(u.config, []byte(u.conf+"allow-path: [/data]\n"), 0o644))
+	t.Cleanup(func() { os.WriteFile(u.config, []byte(u.conf), 0o644) })
+	sh("systemctl", "start", "readaheadd")
+
+	var pid int
+	windows := u.windowsOf(t, u.files[0])
+	window := func() int { return windows()[uint32(pid)] }
+	require.NoError(t, lab.DropFileCache(u.files[0]))
+	pid = u.sameTIDReader(t, helper, "/data/"+filepath.Base(u.files[0]), func(pid int) bool { return windows()[uint32(pid)] > 0 })
+	require.Equal(t, labOrig, window(), "the reader's window at open: the device's")
+	acted := func(what string) {
+		t.Helper()
+		t0 := time.Now()
+		most := 0
+		for time.Since(t0) < 30*time.Second {
+			most = max(most, window())
+			m, err := get(u.addr, "/metrics")
+			require.NoError(t, err)
+			if n := sum(m, `^readaheadd_actions_total\{.*action="file_window".*result="(trial|kept|applied)"`); n > 0 {
+				t.Logf("%s: %.0f file_window actions after %.1f s; the reader's window seen up to %d KB", what, n, time.Since(t0).Seconds(), most)
+				assert.Zero(t, sum(m, `^readaheadd_actions_total\{.*result="failed"`), "no action failed under the sandbox")
+				assert.Zero(t, sum(m, `^readaheadd_tuner_errors_total\{kind="(file_op|out_of_scope)"`), "no per-file operation failed or refused:\n%s",
+					grep(m, "readaheadd_tuner_errors_total"))
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		m, _ := get(u.addr, "/metrics")
+		t.Fatalf("%s: no per-file action in 30 s\n%s", what, grep(m, "readaheadd_actions_total|readaheadd_tuner_errors_total"))
+	}
+	acted("first run")
+	time.Sleep(time.Second)
+	j := grep(sh("journalctl", "--no-pager", "-o", "cat", "-b", "-u", "readaheadd"), `tuner: (action|files opened while)`)
+	t.Logf("the tuner's per-file actions:\n%s", tail(j, 12))
+
+	sh("systemctl", "stop", "readaheadd")
+	assert.Equal(t, labOrig, window(), "the reader's window back after systemctl stop")
+	assert.Equal(t, labOrig, readKB(t, u.lab))
+	assert.NoFileExists(t, filepath.Join(u.state, "pins.json"))
+
+	sh("systemctl", "start", "readaheadd")
+	acted("second run")
+	sh("/bin/sh", "-c", "kill -9 "+show()["MainPID"])
+	for t0 := time.Now(); time.Since(t0) < 10*time.Second; time.Sleep(50 * time.Millisecond) {
+		if st := show(); st["SubState"] == "auto-restart" || st["ActiveState"] == "failed" {
+			break
+		}
+	}
+	assert.Equal(t, labOrig, window(), "the reader's window back after kill -9 (ExecStopPost)")
+	assert.Equal(t, labOrig, readKB(t, u.lab))
+	assert.NoFileExists(t, filepath.Join(u.state, "pins.json"))
+	sh("systemctl", "stop", "readaheadd")
+}
+
+// sameTIDReader starts the reader on path (in the container) with a pid it
+// has both in the container and on the host, waits until open() is true,
+// and returns the pid. It is killed when the test ends.
+func (u *rig) sameTIDReader(t *testing.T, helper, path string, open func(pid int) bool) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/sys/kernel/pid_max")
+	require.NoError(t, err)
+	max, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	require.NoError(t, err)
+	leader := strconv.Itoa(u.c.Leader)
+tries:
+	for try := 0; try < 20; try++ {
+		pid := max/2 + rand.IntN(max/2-1)
+		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil {
+			continue
+		}
+		// Into the container's PID namespace only, so that the helper is
+		// the host's file; the reader then enters the rest.
+		cmd := exec.Command("nsenter", "--target", leader, "--pid", "--", helper, strconv.Itoa(pid),
+			"nsenter", "--target", leader, "--mount", "--uts", "--ipc", "--net", "--cgroup", "--root", "--wd", "--",
+			"perl", "-e", reader, path)
+		var out daemontest.SyncBuffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		require.NoError(t, cmd.Start())
+		c := u.c
+		t.Cleanup(func() {
+			// In the container: the pid names the reader there, or none.
+			c.Run("/bin/sh", "-c", "kill -9 "+strconv.Itoa(pid))
+			cmd.Process.Kill()
+		})
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		for t0 := time.Now(); time.Since(t0) < 10*time.Second; time.Sleep(20 * time.Millisecond) {
+			select {
+			case err := <-done:
+				var ee *exec.ExitError
+				if errors.As(err, &ee) && ee.ExitCode() == 3 {
+					continue tries // pid taken in the container
+				}
+				t.Fatalf("reader with pid %d: %v: %s", pid, err, out.String())
+			default:
+			}
+			if open(pid) {
+				t.Logf("reader runs with pid %d in the container and on the host", pid)
+				return pid
+			}
+		}
+		t.Fatalf("reader with pid %d did not open %s in 10 s: %s", pid, path, out.String())
+	}
+	t.Fatal("no pid free both in the container and on the host in 20 tries")
+	return 0
+}
+
+// windowsOf returns a function that reads the windows of the open files
+// of path (a host path) from the kernel, by host pid.
+func (u *rig) windowsOf(t *testing.T, path string) func() map[uint32]int {
+	it, err := fileras.Open()
+	require.NoError(t, err)
+	t.Cleanup(func() { it.Close() })
+	key := fileKey(t, path)
+	return func() map[uint32]int {
+		fs, err := it.Files(fileras.Query{AllDevs: true})
+		require.NoError(t, err)
+		w := map[uint32]int{}
+		for _, f := range fs {
+			if f.Key == key {
+				w[f.Tgid] = f.WindowKB()
+			}
+		}
+		return w
+	}
 }
 
 // sh runs a command in the container; it must succeed.
@@ -436,4 +591,12 @@ func grep(s, re string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+func tail(s string, n int) string {
+	l := strings.Split(s, "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
 }
