@@ -206,8 +206,7 @@ func (c *Container) Teardown() error {
 	if err := removeCgroups(c.cgroups); err != nil {
 		errs = append(errs, err.Error())
 	}
-	// nspawn's per-machine directory for mounts it propagates.
-	os.Remove(filepath.Join("/run/systemd/nspawn/propagate", c.Name))
+	os.Remove(filepath.Join(propagate, c.Name))
 	if len(errs) > 0 {
 		return fmt.Errorf("teardown of %s: %s", c.Name, strings.Join(errs, "; "))
 	}
@@ -310,7 +309,7 @@ func hierarchies() map[string]string {
 
 // removeStale removes containers left by test processes that are gone
 // (killed by a test timeout before their cleanup ran): what runs in their
-// cgroups is killed and the cgroups removed.
+// cgroups is killed, the cgroups and nspawn's directories for them removed.
 func removeStale() {
 	for _, parent := range cgroupParents() {
 		ents, _ := os.ReadDir(parent)
@@ -325,7 +324,21 @@ func removeStale() {
 			removeCgroups([]string{filepath.Join(parent, e.Name())})
 		}
 	}
+	ents, _ := os.ReadDir(propagate)
+	for _, e := range ents {
+		var pid, n int
+		if _, err := fmt.Sscanf(e.Name(), "readaheadd-%d-%d", &pid, &n); err != nil {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); err == syscall.ESRCH {
+			os.Remove(filepath.Join(propagate, e.Name()))
+		}
+	}
 }
+
+// propagate is where nspawn keeps a directory per machine for mounts it
+// propagates into it.
+const propagate = "/run/systemd/nspawn/propagate"
 
 // killCgroups SIGKILLs every process left in the cgroups and waits until
 // they are empty.

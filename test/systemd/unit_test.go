@@ -276,11 +276,17 @@ func lifecycle(t *testing.T, u *rig) {
 	assert.Equal(t, orig, readKB(t, l))
 }
 
-// taker takes a reader's open file with pidfd_getfd and sets its window
-// with POSIX_FADV_SEQUENTIAL (twice the device's), the calls the daemon's
-// per-file actions make (x86_64 numbers: pidfd_open 434, pidfd_getfd 438,
-// fadvise64 221).
-const taker = `my ($pid, $fd) = @ARGV;
+// taker does what the daemon's per-file actions do to a reader: resolves
+// the reader's file beneath its allow-path with openat2 (RESOLVE_BENEATH,
+// NO_SYMLINKS, NO_MAGICLINKS, NO_XDEV), takes the reader's open file with
+// pidfd_getfd and sets its window with POSIX_FADV_SEQUENTIAL (twice the
+// device's). x86_64 numbers: openat 257, openat2 437, pidfd_open 434,
+// pidfd_getfd 438, fadvise64 221.
+const taker = `my ($pid, $fd, $dir, $name) = @ARGV;
+my $dfd = syscall(257, -100, $dir, 0x200000 | 0x10000 | 0x80000, 0);
+die "open $dir: $!\n" if $dfd < 0;
+my $how = pack("QQQ", 0x200000 | 0x80000 | 0x20000, 0, 0x0f);
+syscall(437, $dfd, $name, $how, 24) >= 0 or die "openat2: $!\n";
 my $pidfd = syscall(434, $pid + 0, 0);
 die "pidfd_open: $!\n" if $pidfd < 0;
 my $f = syscall(438, $pidfd, $fd + 0, 0);
@@ -314,12 +320,12 @@ func sandbox(t *testing.T, unit string, more ...string) []string {
 	return props
 }
 
-// perFileUnderSandbox: the unit's sandbox lets a process take a reader's open file with
-// pidfd_getfd and change its window, as the daemon's per-file actions do:
-// a transient service with every sandboxing setting of the unit does it to
-// a reader in the container, and fails with only pidfd_getfd filtered out.
-// (The daemon itself cannot do it in a container: it knows readers by
-// their host pids; see lifecycle.)
+// perFileUnderSandbox: the unit's sandbox lets a process resolve a
+// reader's file beneath the allow-path with openat2, take the reader's open
+// file with pidfd_getfd and change its window, as the daemon's per-file
+// actions do: a transient service with every sandboxing setting of the
+// unit does it to a reader in the container, and fails with pidfd_getfd
+// filtered out or with RestrictSUIDSGID= added.
 func perFileUnderSandbox(t *testing.T, u *rig) {
 	if runtime.GOARCH != "amd64" {
 		t.Skip("the system call numbers in the taker program are x86_64's")
@@ -346,13 +352,17 @@ func perFileUnderSandbox(t *testing.T, u *rig) {
 
 	run := func(extra ...string) (string, error) {
 		args := append([]string{"systemd-run", "--wait", "--pipe", "--quiet", "--unit=taker", "--collect"}, props...)
-		args = append(append(args, extra...), "perl", "-e", taker, pid, fd)
+		args = append(append(args, extra...), "perl", "-e", taker, pid, fd, "/data", filepath.Base(u.files[0]))
 		return u.c.Run(args...)
 	}
-	// The control: the unit's sandbox minus pidfd_getfd.
+	// The controls: the unit's sandbox minus pidfd_getfd, and with
+	// RestrictSUIDSGID= (which the unit must not set: it fails openat2).
 	out, err := run("-p", "SystemCallFilter=~pidfd_getfd")
 	assert.Error(t, err)
 	assert.Contains(t, out, "pidfd_getfd: Operation not permitted", "the sandbox applies to the taker")
+	out, err = run("-p", "RestrictSUIDSGID=yes")
+	assert.Error(t, err)
+	assert.Contains(t, out, "openat2: Function not implemented")
 	assert.Equal(t, labOrig, window())
 
 	out, err = run()
