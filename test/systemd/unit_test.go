@@ -240,15 +240,7 @@ func lifecycle(t *testing.T, u *rig) {
 	// 4. kill -9 of the daemon: systemd runs ExecStopPost (restore).
 	sh("systemctl", "start", "readaheadd")
 	raised("second run")
-	pid = show()["MainPID"]
-	sh("/bin/sh", "-c", "kill -9 "+pid) // the shell's kill: minbase has no procps
-	var after map[string]string
-	for t0 = time.Now(); time.Since(t0) < 10*time.Second; time.Sleep(50 * time.Millisecond) {
-		// Restart=on-failure: it waits RestartSec in auto-restart.
-		if after = show(); after["SubState"] == "auto-restart" || after["ActiveState"] == "failed" {
-			break
-		}
-	}
+	after := u.killMain(t)
 	assert.Equal(t, "signal", after["Result"], "%v", after)
 	assert.Equal(t, orig, readKB(t, l), "device back after kill -9 (ExecStopPost)")
 	journal := sh("journalctl", "--no-pager", "-o", "cat", "-u", "readaheadd")
@@ -391,7 +383,6 @@ func perFileActions(t *testing.T, u *rig) {
 	helper := filepath.Join(t.TempDir(), "sametid")
 	out, err := exec.Command(gcc, "-O2", "-Wall", "-o", helper, "testdata/sametid.c").CombinedOutput()
 	require.NoError(t, err, "build sametid: %s", out)
-	show := func() map[string]string { return u.show(t) }
 	sh := func(args ...string) string { t.Helper(); return u.sh(t, args...) }
 
 	require.NoError(t, os.WriteFile(u.config, []byte(u.conf+"allow-path: [/data]\n"), 0o644))
@@ -436,12 +427,7 @@ func perFileActions(t *testing.T, u *rig) {
 
 	sh("systemctl", "start", "readaheadd")
 	acted("second run")
-	sh("/bin/sh", "-c", "kill -9 "+show()["MainPID"])
-	for t0 := time.Now(); time.Since(t0) < 10*time.Second; time.Sleep(50 * time.Millisecond) {
-		if st := show(); st["SubState"] == "auto-restart" || st["ActiveState"] == "failed" {
-			break
-		}
-	}
+	assert.Equal(t, "signal", u.killMain(t)["Result"])
 	assert.Equal(t, labOrig, window(), "the reader's window back after kill -9 (ExecStopPost)")
 	assert.Equal(t, labOrig, readKB(t, u.lab))
 	assert.NoFileExists(t, filepath.Join(u.state, "pins.json"))
@@ -527,6 +513,22 @@ func (u *rig) sh(t *testing.T, args ...string) string {
 	out, err := u.c.Run(args...)
 	require.NoError(t, err, out)
 	return out
+}
+
+// killMain kills the daemon with SIGKILL and waits until systemd has run
+// ExecStopPost (Restart=on-failure then waits RestartSec in auto-restart);
+// it returns the unit's state then.
+func (u *rig) killMain(t *testing.T) map[string]string {
+	t.Helper()
+	// The shell's kill: minbase has no procps.
+	u.sh(t, "/bin/sh", "-c", "kill -9 "+u.show(t)["MainPID"])
+	var st map[string]string
+	for t0 := time.Now(); time.Since(t0) < 10*time.Second; time.Sleep(50 * time.Millisecond) {
+		if st = u.show(t); st["SubState"] == "auto-restart" || st["ActiveState"] == "failed" {
+			break
+		}
+	}
+	return st
 }
 
 // show returns the unit's state properties.
