@@ -42,8 +42,10 @@ func read(t *testing.T, path string) []byte {
 var unitCaps = []string{"CAP_BPF", "CAP_PERFMON", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"}
 
 // maxExposure is the `systemd-analyze security` exposure score the unit
-// must not exceed (measured 2.4; the unit before hardening scored 3.1).
-const maxExposure = 2.4
+// must not exceed (measured 2.5; the unit before hardening scored 3.1). It
+// was 2.4 with RestrictSUIDSGID=, which makes openat2 fail with ENOSYS and
+// so refused every per-file action under systemd (test/systemd).
+const maxExposure = 2.5
 
 // rwPath is the only form of ReadWritePaths= the unit may use: the
 // read_ahead_kb file of one disk (systemd resolves the /sys/block symlink).
