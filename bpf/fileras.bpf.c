@@ -9,7 +9,10 @@
  *
  * filter[0] (struct fileras_filter) narrows the walk: one process only
  * (tgid, 0 for every process), and watched devices only (the watch map)
- * unless all_devs is set.
+ * unless all_devs is set. The filter only chooses what is written: the
+ * kernel still visits every file of every task the link covers, so a walk
+ * of one process goes through a link bound to that task (user space), and
+ * visited[0] counts the files visited, to keep that cost in sight.
  */
 #include "fileras.h"
 #include <bpf/bpf_helpers.h>
@@ -55,6 +58,13 @@ struct {
 	__type(value, u8);
 } watch SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, u64);
+} visited SEC(".maps");
+
 /* Keeps struct ra_file in the BTF for bpf2go's -type. */
 const struct ra_file *unused_ra_file __attribute__((unused));
 
@@ -67,9 +77,13 @@ int dump_ra(struct bpf_iter__task_file *ctx)
 	struct ra_file rec = {};
 	u32 zero = 0;
 	struct fileras_filter *flt;
+	u64 *n;
 
 	if (!task || !file)
 		return 0;
+	n = bpf_map_lookup_elem(&visited, &zero);
+	if (n)
+		__sync_fetch_and_add(n, 1);
 	flt = bpf_map_lookup_elem(&filter, &zero);
 	if (!flt)
 		return 0;

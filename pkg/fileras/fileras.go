@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"sync"
 	"unsafe"
@@ -61,13 +62,19 @@ const FModeRandom = 0x1000
 type Iter struct {
 	mu   sync.Mutex
 	objs filerasObjects
-	lnk  *link.Iter
+	lnk  *link.Iter // every task
+	// self is bound to the daemon's own process, nil when the kernel
+	// cannot bind an iterator to one task (then one process's walk visits
+	// every task's files, the filter choosing what is written).
+	self    *link.Iter
+	selfPid uint32
+	walks   uint64 // walks of every process's files
 }
 
 // Open loads and attaches the iterator. It needs CAP_BPF and CAP_PERFMON
 // (or CAP_SYS_ADMIN); reading it later needs no capability.
 func Open() (*Iter, error) {
-	it := &Iter{}
+	it := &Iter{selfPid: uint32(os.Getpid())}
 	if err := loadFilerasObjects(&it.objs, nil); err != nil {
 		return nil, fmt.Errorf("load the open-file readahead iterator: %w (needs root, or CAP_BPF and CAP_PERFMON, and a kernel with BTF)", err)
 	}
@@ -77,17 +84,44 @@ func Open() (*Iter, error) {
 		return nil, fmt.Errorf("attach the open-file readahead iterator: %w", err)
 	}
 	it.lnk = l
+	// Without these the iterator still works, at the cost of walks of
+	// every process's files.
+	if self, err := attachTaskIter(it.objs.DumpRa, it.selfPid); err == nil {
+		it.self = self
+	}
 	return it, nil
 }
+
+// Scoped reports whether a walk of one process visits only its files.
+func (it *Iter) Scoped() bool { return it.self != nil }
 
 // Close releases the iterator.
 func (it *Iter) Close() error {
 	var errs []error
-	if it.lnk != nil {
-		errs = append(errs, it.lnk.Close())
+	for _, l := range []*link.Iter{it.lnk, it.self} {
+		if l != nil {
+			errs = append(errs, l.Close())
+		}
 	}
 	errs = append(errs, it.objs.Close())
 	return errors.Join(errs...)
+}
+
+// Visited is the number of files the iterator has visited since Open,
+// written or not: what the walks cost.
+func (it *Iter) Visited() (uint64, error) {
+	var n uint64
+	if err := it.objs.Visited.Lookup(uint32(0), &n); err != nil {
+		return 0, fmt.Errorf("read the readahead iterator's visit count: %w", err)
+	}
+	return n, nil
+}
+
+// Walks is the number of walks of every process's files since Open.
+func (it *Iter) Walks() uint64 {
+	it.mu.Lock()
+	defer it.mu.Unlock()
+	return it.walks
 }
 
 // Watch adds devices (filesystems' s_dev) whose files the iterator lists.
@@ -115,7 +149,9 @@ type Query struct {
 }
 
 // Files walks the open files of every process (or q.Tgid's) on watched
-// devices and returns them sorted by (tgid, fd).
+// devices and returns them sorted by (tgid, fd). A walk of one process
+// visits only its files where the kernel can bind an iterator to one task
+// (Linux 6.1 or later).
 func (it *Iter) Files(q Query) ([]File, error) {
 	it.mu.Lock()
 	defer it.mu.Unlock()
@@ -126,7 +162,22 @@ func (it *Iter) Files(q Query) ([]File, error) {
 	if err := it.objs.Filter.Put(uint32(0), flt); err != nil {
 		return nil, fmt.Errorf("set the readahead iterator's filter: %w", err)
 	}
-	rd, err := it.lnk.Open()
+	lnk := it.lnk
+	switch {
+	case q.Tgid == 0 || it.self == nil:
+		it.walks++
+	case q.Tgid == it.selfPid:
+		lnk = it.self
+	default:
+		// Attaching a loaded program is one system call, no verification.
+		l, err := attachTaskIter(it.objs.DumpRa, q.Tgid)
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		lnk = l
+	}
+	rd, err := lnk.Open()
 	if err != nil {
 		return nil, fmt.Errorf("open the readahead iterator: %w", err)
 	}

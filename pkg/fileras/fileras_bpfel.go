@@ -40,6 +40,7 @@ type filerasRaFile struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	filerasMapFilter       = "filter"
+	filerasMapVisited      = "visited"
 	filerasMapWatch        = "watch"
 	filerasProgDumpRa      = "dump_ra"
 	filerasVarUnusedRaFile = "unused_ra_file"
@@ -94,8 +95,9 @@ type filerasProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type filerasMapSpecs struct {
-	Filter *ebpf.MapSpec `ebpf:"filter"`
-	Watch  *ebpf.MapSpec `ebpf:"watch"`
+	Filter  *ebpf.MapSpec `ebpf:"filter"`
+	Visited *ebpf.MapSpec `ebpf:"visited"`
+	Watch   *ebpf.MapSpec `ebpf:"watch"`
 }
 
 // filerasVariableSpecs contains global variables before they are loaded into the kernel.
@@ -125,13 +127,15 @@ func (o *filerasObjects) Close() error {
 //
 // It can be passed to loadFilerasObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filerasMaps struct {
-	Filter *ebpf.Map `ebpf:"filter"`
-	Watch  *ebpf.Map `ebpf:"watch"`
+	Filter  *ebpf.Map `ebpf:"filter"`
+	Visited *ebpf.Map `ebpf:"visited"`
+	Watch   *ebpf.Map `ebpf:"watch"`
 }
 
 func (m *filerasMaps) Close() error {
 	return _FilerasClose(
 		m.Filter,
+		m.Visited,
 		m.Watch,
 	)
 }

@@ -1,0 +1,199 @@
+package fileras
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/tuner"
+)
+
+// holdEnv makes the test binary a process that holds that many
+// descriptors on the file in holdFileEnv until its stdin closes.
+const (
+	holdEnv     = "FILERAS_TEST_HOLD"
+	holdFileEnv = "FILERAS_TEST_HOLD_FILE"
+)
+
+func TestMain(m *testing.M) {
+	if n, err := strconv.Atoi(os.Getenv(holdEnv)); err == nil {
+		os.Exit(hold(n, os.Getenv(holdFileEnv)))
+	}
+	os.Exit(m.Run())
+}
+
+func hold(n int, path string) int {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil || lim.Max < uint64(n+64) {
+		fmt.Fprintf(os.Stderr, "RLIMIT_NOFILE's hard limit %d is below %d files: %v\n", lim.Max, n+64, err)
+		return 1
+	}
+	lim.Cur = lim.Max
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		fmt.Fprintln(os.Stderr, "raise RLIMIT_NOFILE:", err)
+		return 1
+	}
+	for i := 0; i < n; i++ {
+		if _, err := unix.Open(path, unix.O_RDONLY, 0); err != nil {
+			fmt.Fprintln(os.Stderr, "open:", err)
+			return 1
+		}
+	}
+	fmt.Println("ready")
+	bufio.NewReader(os.Stdin).ReadString('\n')
+	return 0
+}
+
+// holder starts a process holding n descriptors on path.
+func holder(t *testing.T, n int, path string) int {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), holdEnv+"="+strconv.Itoa(n), holdFileEnv+"="+path)
+	in, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		in.Close()
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err, "holder of %d files did not start", n)
+	require.Equal(t, "ready\n", line)
+	return cmd.Process.Pid
+}
+
+// walked runs f and returns how many files the iterator visited meanwhile.
+func walked(t *testing.T, it *Iter, f func()) uint64 {
+	t.Helper()
+	before, err := it.Visited()
+	require.NoError(t, err)
+	f()
+	after, err := it.Visited()
+	require.NoError(t, err)
+	return after - before
+}
+
+type fakeSysfs struct{ writes []int }
+
+func (f *fakeSysfs) ReadAheadKB(string) (int, error) { return 128, nil }
+func (f *fakeSysfs) SetReadAheadKB(_ string, kb int) error {
+	f.writes = append(f.writes, kb)
+	return nil
+}
+
+// TestWalksScopedWithManyOpenFiles: with another process holding 19,000
+// files, a walk of one process visits its files only; a raise-pin-restore
+// walks every process's files exactly twice (before and after the device
+// write, for files opened meanwhile), and the polls of a break, which read
+// this process's descriptors every millisecond, never.
+func TestWalksScopedWithManyOpenFiles(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (BPF iterator, pidfd_getfd)")
+	}
+	const held = 19000 // below the usual hard RLIMIT_NOFILE of 20,000
+	it, err := Open()
+	require.NoError(t, err)
+	defer it.Close()
+	require.True(t, it.Scoped(), "a task-bound iterator did not attach (Linux 6.1 or later has them)")
+
+	dir := t.TempDir()
+	path := dir + "/held"
+	require.NoError(t, os.WriteFile(path, make([]byte, 1<<20), 0o644))
+	var st unix.Stat_t
+	require.NoError(t, unix.Stat(path, &st))
+	key := probe.FileKey{Dev: probe.DevFromUnix(st.Dev), Ino: st.Ino}
+	holderPid := holder(t, held, path)
+
+	var all []File
+	whole := walked(t, it, func() {
+		all, err = it.Files(Query{AllDevs: true})
+		require.NoError(t, err)
+	})
+	assert.GreaterOrEqual(t, whole, uint64(held), "a walk of every process visits the held files")
+	n := 0
+	for _, f := range all {
+		if f.Tgid == uint32(holderPid) && f.Key == key {
+			n++
+		}
+	}
+	assert.Equal(t, held, n)
+	var one []File
+	theirs := walked(t, it, func() {
+		one, err = it.Files(Query{Tgid: uint32(holderPid), AllDevs: true})
+		require.NoError(t, err)
+	})
+	n = 0
+	for _, f := range one {
+		if f.Key == key {
+			n++
+		}
+	}
+	assert.Equal(t, held, n, "a walk of the holder lists its files")
+	assert.Less(t, theirs, uint64(held+100), "a walk of one process visits its files only")
+
+	// A raise-pin-restore of one of this process's files, through the
+	// tuner's Lowerer: the device write is faked, the rest is real.
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	ops := tuner.NewProcFileOps()
+	ref := tuner.FileRef{Tgid: uint32(os.Getpid()), FD: int(f.Fd()), Key: key}
+	h, err := ops.Dup(ref)
+	require.NoError(t, err)
+	defer h.Close()
+	sys := &fakeSysfs{}
+	var opened *os.File
+	low := &tuner.Lowerer{Sysfs: sys, Files: ops, States: States{It: it}}
+	var ls tuner.LowerStats
+	walks := it.Walks()
+	raise := walked(t, it, func() {
+		ls, err = low.Lower(tuner.LowerReq{Device: "fake", DeviceKB: 128, KB: 1024, NoBreak: true,
+			Files: []tuner.LowerFile{{Ref: ref, H: h}}})
+		require.NoError(t, err)
+	})
+	assert.Equal(t, []int{1024, 128}, sys.writes, "raise, pin, restore")
+	assert.Equal(t, 1, ls.Set)
+	assert.Equal(t, uint64(2), it.Walks()-walks, "walks of every process in a raise-pin-restore")
+	assert.Less(t, raise, 2*whole+1000)
+
+	// A file opened during the device write is found.
+	opens, err := States{It: it}.WatchOpens([]probe.Dev{key.Dev})
+	require.NoError(t, err)
+	opened, err = os.Open(path)
+	require.NoError(t, err)
+	defer opened.Close()
+	got := opens()
+	require.Len(t, got, 1)
+	assert.Equal(t, tuner.FileRef{Tgid: uint32(os.Getpid()), FD: int(opened.Fd()), Key: key}, got[0].Ref)
+
+	// A break's polls read this process's descriptors.
+	walks = it.Walks()
+	start := time.Now()
+	self := walked(t, it, func() {
+		for i := 0; i < 100; i++ {
+			_, err := States{It: it}.Own([]int{int(f.Fd())})
+			require.NoError(t, err)
+		}
+	})
+	took := time.Since(start)
+	assert.Equal(t, uint64(0), it.Walks()-walks)
+	assert.Less(t, self/100, uint64(held/10), "files visited per poll of this process's descriptors")
+	start = time.Now()
+	_, err = it.Files(Query{})
+	require.NoError(t, err)
+	t.Logf("files visited: a walk of every process %d, of the holder %d, a raise-pin-restore %d, 100 polls of our own descriptors %d (%v; one walk of every process %v)",
+		whole, theirs, raise, self, took, time.Since(start))
+}
