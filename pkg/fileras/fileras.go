@@ -61,7 +61,8 @@ const FModeRandom = 0x1000
 // concurrent use (reads are serialised: the filter is shared).
 type Iter struct {
 	mu   sync.Mutex
-	objs filerasObjects
+	objs filerasMaps
+	prog *ebpf.Program // dump_ra
 	lnk  *link.Iter // every task
 	// self is bound to the daemon's own process, nil when the kernel
 	// cannot bind an iterator to one task (then one process's walk visits
@@ -69,31 +70,49 @@ type Iter struct {
 	self    *link.Iter
 	selfPid uint32
 	walks   uint64 // walks of every process's files
+	// noteOpen is loaded when the kernel accepts it and the architecture's
+	// system call numbers are known (see Arm); attached while armed.
+	noteOpen *ebpf.Program
+	armed    link.Link
+	armedOn  []probe.Dev
 }
 
 // Open loads and attaches the iterator. It needs CAP_BPF and CAP_PERFMON
 // (or CAP_SYS_ADMIN); reading it later needs no capability.
 func Open() (*Iter, error) {
 	it := &Iter{selfPid: uint32(os.Getpid())}
-	if err := loadFilerasObjects(&it.objs, nil); err != nil {
+	spec, err := loadFileras()
+	if err != nil {
+		return nil, fmt.Errorf("read the open-file readahead iterator's object: %w", err)
+	}
+	var base struct {
+		filerasMaps
+		DumpRa *ebpf.Program `ebpf:"dump_ra"`
+	}
+	if err := spec.LoadAndAssign(&base, nil); err != nil {
 		return nil, fmt.Errorf("load the open-file readahead iterator: %w (needs root, or CAP_BPF and CAP_PERFMON, and a kernel with BTF)", err)
 	}
-	l, err := link.AttachIter(link.IterOptions{Program: it.objs.DumpRa})
+	it.objs, it.prog = base.filerasMaps, base.DumpRa
+	l, err := link.AttachIter(link.IterOptions{Program: it.prog})
 	if err != nil {
+		it.prog.Close()
 		it.objs.Close()
 		return nil, fmt.Errorf("attach the open-file readahead iterator: %w", err)
 	}
 	it.lnk = l
 	// Without these the iterator still works, at the cost of walks of
 	// every process's files.
-	if self, err := attachTaskIter(it.objs.DumpRa, it.selfPid); err == nil {
+	if self, err := attachTaskIter(it.prog, it.selfPid); err == nil {
 		it.self = self
 	}
+	it.noteOpen = loadNoteOpen(spec, &it.objs)
 	return it, nil
 }
 
-// Scoped reports whether a walk of one process visits only its files.
-func (it *Iter) Scoped() bool { return it.self != nil }
+// Scoped reports whether a walk of one process visits only its files, and
+// whether the files opened during a device write are found without walks
+// of every process (the open hook).
+func (it *Iter) Scoped() (perTask, openHook bool) { return it.self != nil, it.noteOpen != nil }
 
 // Close releases the iterator.
 func (it *Iter) Close() error {
@@ -103,7 +122,13 @@ func (it *Iter) Close() error {
 			errs = append(errs, l.Close())
 		}
 	}
-	errs = append(errs, it.objs.Close())
+	if it.armed != nil {
+		errs = append(errs, it.armed.Close())
+	}
+	if it.noteOpen != nil {
+		errs = append(errs, it.noteOpen.Close())
+	}
+	errs = append(errs, it.prog.Close(), it.objs.Close())
 	return errors.Join(errs...)
 }
 
@@ -170,7 +195,7 @@ func (it *Iter) Files(q Query) ([]File, error) {
 		lnk = it.self
 	default:
 		// Attaching a loaded program is one system call, no verification.
-		l, err := attachTaskIter(it.objs.DumpRa, q.Tgid)
+		l, err := attachTaskIter(it.prog, q.Tgid)
 		if err != nil {
 			return nil, err
 		}

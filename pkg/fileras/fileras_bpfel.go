@@ -19,6 +19,15 @@ type filerasFilerasFilter struct {
 	AllDevs uint32
 }
 
+type filerasOpened struct {
+	_       structs.HostLayout
+	Ino     uint64
+	Tgid    uint32
+	Fd      uint32
+	Dev     uint32
+	RaPages uint32
+}
+
 type filerasRaFile struct {
 	_         structs.HostLayout
 	File      uint64
@@ -39,10 +48,14 @@ type filerasRaFile struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	filerasMapArm          = "arm"
 	filerasMapFilter       = "filter"
+	filerasMapOpens        = "opens"
 	filerasMapVisited      = "visited"
 	filerasMapWatch        = "watch"
 	filerasProgDumpRa      = "dump_ra"
+	filerasProgNoteOpen    = "note_open"
+	filerasVarUnusedOpened = "unused_opened"
 	filerasVarUnusedRaFile = "unused_ra_file"
 )
 
@@ -88,14 +101,17 @@ type filerasSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type filerasProgramSpecs struct {
-	DumpRa *ebpf.ProgramSpec `ebpf:"dump_ra"`
+	DumpRa   *ebpf.ProgramSpec `ebpf:"dump_ra"`
+	NoteOpen *ebpf.ProgramSpec `ebpf:"note_open"`
 }
 
 // filerasMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type filerasMapSpecs struct {
+	Arm     *ebpf.MapSpec `ebpf:"arm"`
 	Filter  *ebpf.MapSpec `ebpf:"filter"`
+	Opens   *ebpf.MapSpec `ebpf:"opens"`
 	Visited *ebpf.MapSpec `ebpf:"visited"`
 	Watch   *ebpf.MapSpec `ebpf:"watch"`
 }
@@ -104,6 +120,7 @@ type filerasMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type filerasVariableSpecs struct {
+	UnusedOpened *ebpf.VariableSpec `ebpf:"unused_opened"`
 	UnusedRaFile *ebpf.VariableSpec `ebpf:"unused_ra_file"`
 }
 
@@ -127,14 +144,18 @@ func (o *filerasObjects) Close() error {
 //
 // It can be passed to loadFilerasObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filerasMaps struct {
+	Arm     *ebpf.Map `ebpf:"arm"`
 	Filter  *ebpf.Map `ebpf:"filter"`
+	Opens   *ebpf.Map `ebpf:"opens"`
 	Visited *ebpf.Map `ebpf:"visited"`
 	Watch   *ebpf.Map `ebpf:"watch"`
 }
 
 func (m *filerasMaps) Close() error {
 	return _FilerasClose(
+		m.Arm,
 		m.Filter,
+		m.Opens,
 		m.Visited,
 		m.Watch,
 	)
@@ -144,6 +165,7 @@ func (m *filerasMaps) Close() error {
 //
 // It can be passed to loadFilerasObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filerasVariables struct {
+	UnusedOpened *ebpf.Variable `ebpf:"unused_opened"`
 	UnusedRaFile *ebpf.Variable `ebpf:"unused_ra_file"`
 }
 
@@ -151,12 +173,14 @@ type filerasVariables struct {
 //
 // It can be passed to loadFilerasObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filerasPrograms struct {
-	DumpRa *ebpf.Program `ebpf:"dump_ra"`
+	DumpRa   *ebpf.Program `ebpf:"dump_ra"`
+	NoteOpen *ebpf.Program `ebpf:"note_open"`
 }
 
 func (p *filerasPrograms) Close() error {
 	return _FilerasClose(
 		p.DumpRa,
+		p.NoteOpen,
 	)
 }
 

@@ -29,14 +29,20 @@ func (s States) Own(fds []int) (map[int]tuner.RAState, error) {
 }
 
 // WatchOpens implements tuner.RAStates; it watches devs from then on.
-// Files opened meanwhile are those whose open file (by ID) a walk of every
-// process finds after and not before: two walks of every process's files,
-// once per device write. (An open-time hook would spare them, but fentry,
-// fexit and BPF LSM programs are refused on a locked-down kernel, and no
-// tracepoint fires at open.)
+// With the open hook (Arm) no process's files are walked. Without it, the
+// files opened meanwhile are those whose open file (by ID) a walk of every
+// process finds after and not before: two walks of every process's files.
+// (fentry, fexit and BPF LSM programs on the open path are refused on a
+// locked-down kernel, hence a hook on sys_exit.)
 func (s States) WatchOpens(devs []probe.Dev) (func() []tuner.OpenFile, error) {
 	if err := s.It.Watch(devs...); err != nil {
 		return nil, err
+	}
+	if err := s.It.Arm(devs...); err == nil {
+		return func() []tuner.OpenFile {
+			fs, _ := s.It.Opened() // what was noted
+			return openFiles(fs)
+		}, nil
 	}
 	before, err := s.It.Files(Query{})
 	if err != nil {

@@ -1,0 +1,230 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/readaheadd/readaheadd/test/lab"
+)
+
+// holdEnv makes the test binary a process that holds that many
+// descriptors on the file in holdFileEnv until its stdin closes (the other
+// processes of TestManyOpenFiles).
+const (
+	holdEnv     = "READAHEADD_TEST_HOLD"
+	holdFileEnv = "READAHEADD_TEST_HOLD_FILE"
+)
+
+func TestMain(m *testing.M) {
+	if n, err := strconv.Atoi(os.Getenv(holdEnv)); err == nil {
+		os.Exit(holdFiles(n, os.Getenv(holdFileEnv)))
+	}
+	os.Exit(m.Run())
+}
+
+func holdFiles(n int, path string) int {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil || lim.Max < uint64(n+64) {
+		fmt.Fprintf(os.Stderr, "RLIMIT_NOFILE's hard limit %d is below %d files: %v\n", lim.Max, n+64, err)
+		return 1
+	}
+	lim.Cur = lim.Max
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		fmt.Fprintln(os.Stderr, "raise RLIMIT_NOFILE:", err)
+		return 1
+	}
+	for i := 0; i < n; i++ {
+		if _, err := unix.Open(path, unix.O_RDONLY, 0); err != nil {
+			fmt.Fprintln(os.Stderr, "open:", err)
+			return 1
+		}
+	}
+	fmt.Println("ready")
+	bufio.NewReader(os.Stdin).ReadString('\n')
+	return 0
+}
+
+// startHolders starts procs processes holding each files descriptors on
+// path; stop ends them.
+func startHolders(procs, files int, path string) (stop func(), err error) {
+	var cmds []*exec.Cmd
+	var ins []io.Closer
+	stop = func() {
+		for _, in := range ins {
+			in.Close()
+		}
+		for _, c := range cmds {
+			c.Process.Kill()
+			c.Wait()
+		}
+	}
+	for i := 0; i < procs; i++ {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), holdEnv+"="+strconv.Itoa(files), holdFileEnv+"="+path)
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			stop()
+			return nil, err
+		}
+		cmds, ins = append(cmds, cmd), append(ins, in)
+		if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
+			stop()
+			return nil, fmt.Errorf("holder %d of %d files did not start: %q %v", i, files, line, err)
+		}
+	}
+	return stop, nil
+}
+
+// TestManyOpenFiles: what the daemon costs, and how soon it acts, when
+// other processes hold many files open on the data disk. One file turns
+// slow (+3 ms per read) before its open; a reader streams it for 6 s while
+// the daemon runs, without and with 102,000 idle descriptors held by six
+// other processes (17,000 each: the hard RLIMIT_NOFILE here is 20,000).
+// Prints the daemon's CPU share over those 6 s, its first action after the
+// open, and the stream's MB/s beside the static windows'.
+func TestManyOpenFiles(t *testing.T) {
+	if os.Getenv("READAHEADD_BENCH") != "openfiles" {
+		t.Skip("set READAHEADD_BENCH=openfiles (root) to measure the daemon beside many open files (make bench-openfiles)")
+	}
+	if err := lab.Available(); err != nil {
+		t.Skipf("lab unavailable: %v", err)
+	}
+	procs := envInts(t, "READAHEADD_OPENFILES_PROCS", "6")[0]
+	perProc := envInts(t, "READAHEADD_OPENFILES_EACH", "17000")[0]
+	runs := envInts(t, "READAHEADD_OPENFILES_RUNS", "2")[0]
+	const stream = 6 * time.Second
+	work, err := os.MkdirTemp("", "readaheadd-openfiles-") // kept: the daemons' logs
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := os.Getenv("READAHEADD_BIN") // another build, to compare
+	if bin == "" {
+		if bin, err = BuildDaemon(context.Background(), filepath.Join(work, "readaheadd")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := lab.Up(lab.Options{SizeBytes: 3 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Down(); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	slow, err := l.WriteFile("slow", 1536)
+	must(err)
+	held, err := l.WriteFile("held", 1)
+	must(err)
+	must(l.SetPermanent(3*time.Millisecond, slow))
+	// read streams slow from its open for the run and returns MB/s.
+	read := func() (float64, time.Time) {
+		must(lab.DropFileCache(slow))
+		f, err := os.Open(slow)
+		must(err)
+		defer f.Close()
+		opened := time.Now()
+		buf := make([]byte, lab.SeqBlock)
+		var n int64
+		for time.Since(opened) < stream {
+			k, err := f.Read(buf)
+			n += int64(k)
+			if err == io.EOF {
+				break
+			}
+			must(err)
+		}
+		return float64(n) / time.Since(opened).Seconds() / 1e6, opened
+	}
+	static := map[int]float64{}
+	best, bestKB := 0.0, 0
+	for _, kb := range []int{DefaultKB, 1024, 2048} {
+		must(l.SetReadAheadKB(kb))
+		static[kb], _ = read()
+		if static[kb] > best {
+			best, bestKB = static[kb], kb
+		}
+	}
+	must(l.SetReadAheadKB(DefaultKB))
+
+	type result struct {
+		cpu, mbps float64
+		first     time.Duration // -1: none
+		acts      int
+	}
+	arm := func(files bool) result {
+		if files {
+			stop, err := startHolders(procs, perProc, held)
+			must(err)
+			defer stop()
+		}
+		d, err := StartDaemon(context.Background(), bin, l.Name, l.Mount, work)
+		must(err)
+		defer d.Stop()
+		time.Sleep(2 * time.Second) // past its start
+		u0, err := d.Usage()
+		must(err)
+		mbps, opened := read()
+		u1, err := d.Usage()
+		must(err)
+		r := result{cpu: 100 * (u1.CPUSeconds - u0.CPUSeconds) / (u1.WallSec - u0.WallSec), mbps: mbps, first: -1}
+		time.Sleep(200 * time.Millisecond) // the last status poll
+		for _, a := range d.Actions(opened) {
+			if a.At < 0 || a.At > stream {
+				continue
+			}
+			if r.first < 0 {
+				r.first = a.At
+			}
+			r.acts++
+		}
+		must(d.Stop())
+		return r
+	}
+	load, _ := os.ReadFile("/proc/loadavg")
+	fmt.Printf("many open files: a stream of a file slowed +3 ms before its open, read for %v from its open; daemon --interval 1s\n", stream)
+	fmt.Printf("other processes' files: none, or %d x %d = %d descriptors on the data disk (idle); load average %s", procs, perProc, procs*perProc, load)
+	fmt.Printf("static windows: %d KB %.1f MB/s, 1024 KB %.1f MB/s, 2048 KB %.1f MB/s\n\n", DefaultKB, static[DefaultKB], static[1024], static[2048])
+	fmt.Printf("%-4s %-22s %9s %14s %8s %9s %12s\n", "run", "other processes' files", "CPU %", "first action", "actions", "MB/s", "x best")
+	for run := 1; run <= runs; run++ {
+		for _, files := range []bool{false, true} {
+			r := arm(files)
+			name := "none"
+			if files {
+				name = strconv.Itoa(procs * perProc)
+			}
+			first := "none"
+			if r.first >= 0 {
+				first = fmt.Sprintf("%.2f s", r.first.Seconds())
+			}
+			fmt.Printf("%-4d %-22s %9.2f %14s %8d %9.1f %12.2f\n", run, name, r.cpu, first, r.acts, r.mbps, r.mbps/best)
+		}
+	}
+	fmt.Printf("\nx best: to the best static window (%d KB); daemon logs in %s\n", bestKB, work)
+}
