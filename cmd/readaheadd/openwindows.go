@@ -24,10 +24,10 @@ func raStates(it *fileras.Iter) tuner.RAStates {
 
 // censusShare bounds what the census costs: it walks every process's open
 // files (about 0.7 us each here: 70 ms for 100,000), so a count is reused
-// for 50 times its walk's duration (2% of a core however often /metrics or
-// /debug/status is read), and at least a second.
+// for 100 times its walk's duration (1% of a core however often /metrics
+// or /debug/status is read), and at least a second.
 const (
-	censusShare  = 50
+	censusShare  = 100
 	censusReused = time.Second
 )
 

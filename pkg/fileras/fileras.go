@@ -58,12 +58,17 @@ func (f File) SizeKB() int { return int(f.Size) * PageKB }
 const FModeRandom = 0x1000
 
 // Iter is a loaded task_file iterator. Its methods are safe for
-// concurrent use (reads are serialised: the filter is shared).
+// concurrent use: walks with the same filter run side by side (a census of
+// every process's files does not hold up the polls of a break, which walk
+// the daemon's own), others wait for the filter.
 type Iter struct {
-	mu   sync.Mutex
-	objs filerasMaps
-	prog *ebpf.Program // dump_ra
-	lnk  *link.Iter // every task
+	mu      sync.Mutex // the fields below
+	idle    *sync.Cond // walking fell to 0
+	walking int        // walks in progress with filter cur
+	cur     *filerasFilerasFilter
+	objs    filerasMaps
+	prog    *ebpf.Program // dump_ra
+	lnk     *link.Iter    // every task
 	// self is bound to the daemon's own process, nil when the kernel
 	// cannot bind an iterator to one task (then one process's walk visits
 	// every task's files, the filter choosing what is written).
@@ -81,6 +86,7 @@ type Iter struct {
 // (or CAP_SYS_ADMIN); reading it later needs no capability.
 func Open() (*Iter, error) {
 	it := &Iter{selfPid: uint32(os.Getpid())}
+	it.idle = sync.NewCond(&it.mu)
 	spec, err := loadFileras()
 	if err != nil {
 		return nil, fmt.Errorf("read the open-file readahead iterator's object: %w", err)
@@ -178,19 +184,21 @@ type Query struct {
 // visits only its files where the kernel can bind an iterator to one task
 // (Linux 6.1 or later).
 func (it *Iter) Files(q Query) ([]File, error) {
-	it.mu.Lock()
-	defer it.mu.Unlock()
+	bound := q.Tgid != 0 && it.self != nil
 	flt := filerasFilerasFilter{Tgid: q.Tgid}
+	if bound {
+		flt.Tgid = 0 // the link chooses the task
+	}
 	if q.AllDevs {
 		flt.AllDevs = 1
 	}
-	if err := it.objs.Filter.Put(uint32(0), flt); err != nil {
-		return nil, fmt.Errorf("set the readahead iterator's filter: %w", err)
+	if err := it.enter(flt, !bound); err != nil {
+		return nil, err
 	}
+	defer it.leave()
 	lnk := it.lnk
 	switch {
-	case q.Tgid == 0 || it.self == nil:
-		it.walks++
+	case !bound:
 	case q.Tgid == it.selfPid:
 		lnk = it.self
 	default:
@@ -212,6 +220,35 @@ func (it *Iter) Files(q Query) ([]File, error) {
 		return nil, fmt.Errorf("read the readahead iterator: %w", err)
 	}
 	return decode(raw)
+}
+
+// enter waits until no walk runs with another filter, sets flt and counts
+// a walk in progress (and one of every process if whole).
+func (it *Iter) enter(flt filerasFilerasFilter, whole bool) error {
+	it.mu.Lock()
+	defer it.mu.Unlock()
+	for it.walking > 0 && *it.cur != flt {
+		it.idle.Wait()
+	}
+	if it.cur == nil || *it.cur != flt {
+		if err := it.objs.Filter.Put(uint32(0), flt); err != nil {
+			return fmt.Errorf("set the readahead iterator's filter: %w", err)
+		}
+		it.cur = &flt
+	}
+	it.walking++
+	if whole {
+		it.walks++
+	}
+	return nil
+}
+
+func (it *Iter) leave() {
+	it.mu.Lock()
+	defer it.mu.Unlock()
+	if it.walking--; it.walking == 0 {
+		it.idle.Broadcast()
+	}
 }
 
 // Self lists the daemon's own descriptors (taken with pidfd_getfd on

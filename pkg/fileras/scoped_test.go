@@ -205,6 +205,32 @@ func TestWalksScopedWithManyOpenFiles(t *testing.T) {
 	took := time.Since(start)
 	assert.Equal(t, uint64(0), it.Walks()-walks)
 	assert.Less(t, self/100, uint64(held/10), "files visited per poll of this process's descriptors")
+	// Walks of every process, of this one and of the holder side by side:
+	// each lists what it would alone.
+	done := make(chan error, 3)
+	for _, q := range []Query{{AllDevs: true}, {Tgid: uint32(os.Getpid()), AllDevs: true}, {Tgid: uint32(holderPid)}} {
+		go func() {
+			for i := 0; i < 5; i++ {
+				fs, err := it.Files(q)
+				if err == nil && (q.Tgid == 0 && len(fs) < held || q.Tgid != 0 && len(fs) == 0) {
+					err = fmt.Errorf("walk %+v listed %d files", q, len(fs))
+				}
+				for _, f := range fs {
+					if err == nil && q.Tgid != 0 && f.Tgid != q.Tgid {
+						err = fmt.Errorf("walk of %d listed a file of %d", q.Tgid, f.Tgid)
+					}
+				}
+				if err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	for i := 0; i < 3; i++ {
+		require.NoError(t, <-done)
+	}
 	start = time.Now()
 	_, err = it.Files(Query{})
 	require.NoError(t, err)
