@@ -8,8 +8,8 @@
  * reads.
  *
  * filter[0] (struct fileras_filter) narrows the walk: one process only
- * (tgid, 0 for every process), and watched devices only (the watch map)
- * unless all_devs is set. The filter only chooses what is written: the
+ * (tgid, 0 for every process), one file (dev, ino; ino 0 for any), and
+ * watched devices only (the watch map) unless all_devs is set. The filter only chooses what is written: the
  * kernel still visits every file of every task the link covers, so a walk
  * of one process goes through a link bound to that task (user space), and
  * visited[0] counts the files visited, to keep that cost in sight.
@@ -33,6 +33,9 @@ char LICENSE[] SEC("license") = "GPL";
 struct fileras_filter {
 	u32 tgid;
 	u32 all_devs;
+	u64 ino; /* with dev: that file only; 0: any */
+	u32 dev;
+	u32 pad;
 };
 
 struct ra_file {
@@ -127,6 +130,8 @@ int dump_ra(struct bpf_iter__task_file *ctx)
 	if (!inode || (inode->i_mode & S_IFMT) != S_IFREG)
 		return 0;
 	rec.dev = inode->i_sb->s_dev;
+	if (flt->ino && (flt->ino != inode->i_ino || flt->dev != rec.dev))
+		return 0;
 	if (!flt->all_devs && !bpf_map_lookup_elem(&watch, &rec.dev))
 		return 0;
 	rec.file = (u64)file;

@@ -31,6 +31,15 @@ const (
 	censusReused = time.Second
 )
 
+// fileOps reaches other processes' open files: through /proc, and with
+// the iterator for searches of every process.
+func fileOps(it *fileras.Iter) tuner.FileOps {
+	if it == nil {
+		return tuner.NewProcFileOps()
+	}
+	return fileras.NewFileOps(it)
+}
+
 // openFileWindows counts the open regular files on the disks in keep
 // (every disk when keep is empty) by the window the kernel holds for them.
 // Files on a partition count for its disk.

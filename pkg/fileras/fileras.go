@@ -175,8 +175,9 @@ func (it *Iter) Unwatch(d probe.Dev) error {
 
 // Query narrows a walk.
 type Query struct {
-	Tgid    uint32 // one process only; 0: every process
-	AllDevs bool   // every device, not only the watched ones
+	Tgid    uint32        // one process only; 0: every process
+	AllDevs bool          // every device, not only the watched ones
+	File    probe.FileKey // one file only (Ino 0: any)
 }
 
 // Files walks the open files of every process (or q.Tgid's) on watched
@@ -185,7 +186,7 @@ type Query struct {
 // (Linux 6.1 or later).
 func (it *Iter) Files(q Query) ([]File, error) {
 	bound := q.Tgid != 0 && it.self != nil
-	flt := filerasFilerasFilter{Tgid: q.Tgid}
+	flt := filerasFilerasFilter{Tgid: q.Tgid, Ino: q.File.Ino, Dev: uint32(q.File.Dev)}
 	if bound {
 		flt.Tgid = 0 // the link chooses the task
 	}

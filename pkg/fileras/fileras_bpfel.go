@@ -17,6 +17,9 @@ type filerasFilerasFilter struct {
 	_       structs.HostLayout
 	Tgid    uint32
 	AllDevs uint32
+	Ino     uint64
+	Dev     uint32
+	Pad     uint32
 }
 
 type filerasOpened struct {

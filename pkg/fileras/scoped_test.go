@@ -241,3 +241,39 @@ func TestWalksScopedWithManyOpenFiles(t *testing.T) {
 func kernelWindow(t *testing.T, it *Iter, fd int) uint32 {
 	return findFD(t, it, fd).RAPages
 }
+
+// TestFindAllThroughTheIterator: the search of every process's descriptors
+// for one file lists the holder's, as /proc does, and the next one within
+// 100 times its duration is deferred.
+func TestFindAllThroughTheIterator(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (BPF iterator)")
+	}
+	it, err := Open()
+	require.NoError(t, err)
+	defer it.Close()
+	dir := t.TempDir()
+	path := dir + "/held"
+	require.NoError(t, os.WriteFile(path, []byte("x"), 0o644))
+	require.NoError(t, os.WriteFile(dir+"/other", []byte("x"), 0o644))
+	var st unix.Stat_t
+	require.NoError(t, unix.Stat(path, &st))
+	key := probe.FileKey{Dev: probe.DevFromUnix(st.Dev), Ino: st.Ino}
+	pid := holder(t, 3, path)
+	holder(t, 2, dir+"/other")
+
+	now := time.Unix(1000, 0)
+	ops := NewFileOps(it)
+	ops.now = func() time.Time { now = now.Add(time.Millisecond); return now }
+	refs, err := ops.FindAll(key)
+	require.NoError(t, err)
+	want, err := tuner.NewProcFileOps().Find(uint32(pid), key)
+	require.NoError(t, err)
+	require.Len(t, want, 3)
+	assert.ElementsMatch(t, want, refs, "the holder's three descriptors, with their paths")
+	_, err = ops.FindAll(key)
+	assert.ErrorIs(t, err, ErrSearchDeferred)
+	now = now.Add(time.Second)
+	_, err = ops.FindAll(key)
+	assert.NoError(t, err, "a search 1 s after one of 1 ms")
+}
