@@ -1,11 +1,8 @@
 package fileras
 
 import (
-	"bufio"
 	"fmt"
 	"os"
-	"os/exec"
-	"strconv"
 	"testing"
 	"time"
 
@@ -15,64 +12,21 @@ import (
 
 	"github.com/readaheadd/readaheadd/pkg/probe"
 	"github.com/readaheadd/readaheadd/pkg/tuner"
-)
-
-// holdEnv makes the test binary a process that holds that many
-// descriptors on the file in holdFileEnv until its stdin closes.
-const (
-	holdEnv     = "FILERAS_TEST_HOLD"
-	holdFileEnv = "FILERAS_TEST_HOLD_FILE"
+	"github.com/readaheadd/readaheadd/test/holder"
 )
 
 func TestMain(m *testing.M) {
-	if n, err := strconv.Atoi(os.Getenv(holdEnv)); err == nil {
-		os.Exit(hold(n, os.Getenv(holdFileEnv)))
-	}
+	holder.Main()
 	os.Exit(m.Run())
 }
 
-func hold(n int, path string) int {
-	var lim unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil || lim.Max < uint64(n+64) {
-		fmt.Fprintf(os.Stderr, "RLIMIT_NOFILE's hard limit %d is below %d files: %v\n", lim.Max, n+64, err)
-		return 1
-	}
-	lim.Cur = lim.Max
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		fmt.Fprintln(os.Stderr, "raise RLIMIT_NOFILE:", err)
-		return 1
-	}
-	for i := 0; i < n; i++ {
-		if _, err := unix.Open(path, unix.O_RDONLY, 0); err != nil {
-			fmt.Fprintln(os.Stderr, "open:", err)
-			return 1
-		}
-	}
-	fmt.Println("ready")
-	bufio.NewReader(os.Stdin).ReadString('\n')
-	return 0
-}
-
-// holder starts a process holding n descriptors on path.
-func holder(t *testing.T, n int, path string) int {
+// holders starts a process holding n descriptors on path.
+func holders(t *testing.T, n int, path string) int {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), holdEnv+"="+strconv.Itoa(n), holdFileEnv+"="+path)
-	in, err := cmd.StdinPipe()
+	pids, stop, err := holder.Start(1, n, path)
+	t.Cleanup(stop)
 	require.NoError(t, err)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		in.Close()
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	line, err := bufio.NewReader(out).ReadString('\n')
-	require.NoError(t, err, "holder of %d files did not start", n)
-	require.Equal(t, "ready\n", line)
-	return cmd.Process.Pid
+	return pids[0]
 }
 
 // walked runs f and returns how many files the iterator visited meanwhile.
@@ -117,7 +71,7 @@ func TestWalksScopedWithManyOpenFiles(t *testing.T) {
 	var st unix.Stat_t
 	require.NoError(t, unix.Stat(path, &st))
 	key := probe.FileKey{Dev: probe.DevFromUnix(st.Dev), Ino: st.Ino}
-	holderPid := holder(t, held, path)
+	holderPid := holders(t, held, path)
 
 	var all []File
 	whole := walked(t, it, func() {
@@ -259,8 +213,8 @@ func TestFindAllThroughTheIterator(t *testing.T) {
 	var st unix.Stat_t
 	require.NoError(t, unix.Stat(path, &st))
 	key := probe.FileKey{Dev: probe.DevFromUnix(st.Dev), Ino: st.Ino}
-	pid := holder(t, 3, path)
-	holder(t, 2, dir+"/other")
+	pid := holders(t, 3, path)
+	holders(t, 2, dir+"/other")
 
 	now := time.Unix(1000, 0)
 	ops := NewFileOps(it)

@@ -1,98 +1,22 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/readaheadd/readaheadd/test/holder"
 	"github.com/readaheadd/readaheadd/test/lab"
 )
 
-// holdEnv makes the test binary a process that holds that many
-// descriptors on the file in holdFileEnv until its stdin closes (the other
-// processes of TestManyOpenFiles).
-const (
-	holdEnv     = "READAHEADD_TEST_HOLD"
-	holdFileEnv = "READAHEADD_TEST_HOLD_FILE"
-)
-
 func TestMain(m *testing.M) {
-	if n, err := strconv.Atoi(os.Getenv(holdEnv)); err == nil {
-		os.Exit(holdFiles(n, os.Getenv(holdFileEnv)))
-	}
+	holder.Main()
 	os.Exit(m.Run())
-}
-
-func holdFiles(n int, path string) int {
-	var lim unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil || lim.Max < uint64(n+64) {
-		fmt.Fprintf(os.Stderr, "RLIMIT_NOFILE's hard limit %d is below %d files: %v\n", lim.Max, n+64, err)
-		return 1
-	}
-	lim.Cur = lim.Max
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		fmt.Fprintln(os.Stderr, "raise RLIMIT_NOFILE:", err)
-		return 1
-	}
-	for i := 0; i < n; i++ {
-		if _, err := unix.Open(path, unix.O_RDONLY, 0); err != nil {
-			fmt.Fprintln(os.Stderr, "open:", err)
-			return 1
-		}
-	}
-	fmt.Println("ready")
-	bufio.NewReader(os.Stdin).ReadString('\n')
-	return 0
-}
-
-// startHolders starts procs processes holding each files descriptors on
-// path; stop ends them.
-func startHolders(procs, files int, path string) (stop func(), err error) {
-	var cmds []*exec.Cmd
-	var ins []io.Closer
-	stop = func() {
-		for _, in := range ins {
-			in.Close()
-		}
-		for _, c := range cmds {
-			c.Process.Kill()
-			c.Wait()
-		}
-	}
-	for i := 0; i < procs; i++ {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), holdEnv+"="+strconv.Itoa(files), holdFileEnv+"="+path)
-		in, err := cmd.StdinPipe()
-		if err != nil {
-			stop()
-			return nil, err
-		}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			stop()
-			return nil, err
-		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			stop()
-			return nil, err
-		}
-		cmds, ins = append(cmds, cmd), append(ins, in)
-		if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
-			stop()
-			return nil, fmt.Errorf("holder %d of %d files did not start: %q %v", i, files, line, err)
-		}
-	}
-	return stop, nil
 }
 
 // TestManyOpenFiles: what the daemon costs, and how soon it acts, when
@@ -123,21 +47,8 @@ func TestManyOpenFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	l, err := lab.Up(lab.Options{SizeBytes: 3 << 30})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	l := upLab(t, lab.Options{SizeBytes: 3 << 30})
+	must := fatalIf(t)
 	slow, err := l.WriteFile("slow", 1536)
 	must(err)
 	held, err := l.WriteFile("held", 1)
@@ -180,9 +91,9 @@ func TestManyOpenFiles(t *testing.T) {
 	}
 	arm := func(files bool) result {
 		if files {
-			stop, err := startHolders(procs, perProc, held)
-			must(err)
+			_, stop, err := holder.Start(procs, perProc, held)
 			defer stop()
+			must(err)
 		}
 		d, err := StartDaemon(context.Background(), bin, l.Name, l.Mount, work)
 		must(err)
