@@ -141,7 +141,8 @@ bench-blocks: labfs build
 # file slowed before its open, with the daemon, without and with 102,000
 # idle descriptors that six other processes hold on the data disk; prints
 # the daemon's CPU share over the 6 s after the open, its first action and
-# the stream's MB/s beside the static windows'. See docs/reliability.md.
+# the stream's MB/s beside the static windows' with the same files held.
+# See docs/reliability.md.
 bench-openfiles: labfs
 	READAHEADD_BENCH=openfiles $(GOTEST) -count=1 -timeout 15m -v -run '^TestManyOpenFiles$$' ./test/bench/
 
