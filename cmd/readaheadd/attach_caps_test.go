@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -84,15 +83,9 @@ func TestRuntimeAttachesWithRuntimeCapabilities(t *testing.T) {
 	}
 	file := t.TempDir() + "/f"
 	require.NoError(t, os.WriteFile(file, []byte("x"), 0o644))
-	reader := exec.Command("sh", "-c", `exec 7<"$0"; exec sleep 60`, file)
-	require.NoError(t, reader.Start())
-	t.Cleanup(func() { _ = reader.Process.Kill(); _ = reader.Wait() })
-	require.Eventually(t, func() bool {
-		target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/7", reader.Process.Pid))
-		return target == file
-	}, 5*time.Second, 20*time.Millisecond)
+	reader := fd7Reader(t, file)
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), fmt.Sprintf("READAHEADD_ATTACH_CHECK=%d:%s", reader.Process.Pid, file))
+	cmd.Env = append(os.Environ(), fmt.Sprintf("READAHEADD_ATTACH_CHECK=%d:%s", reader, file))
 	out, err := cmd.CombinedOutput()
 	assert.NoError(t, err, "%s", out)
 	assert.Equal(t, "ok", strings.TrimSpace(string(out)))
