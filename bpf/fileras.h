@@ -12,6 +12,7 @@
 enum bpf_map_type {
 	BPF_MAP_TYPE_HASH = 1,
 	BPF_MAP_TYPE_ARRAY = 2,
+	BPF_MAP_TYPE_LRU_HASH = 9,
 };
 
 #pragma clang attribute push(__attribute__((preserve_access_index)), apply_to = record)
@@ -40,10 +41,31 @@ struct file {
 	struct file_ra_state f_ra;
 };
 
+struct fdtable {
+	unsigned int max_fds;
+	struct file **fd;
+};
+
+struct files_struct {
+	struct fdtable *fdt;
+};
+
 struct task_struct {
 	int pid;
 	int tgid;
+	struct files_struct *files;
 };
+
+/* The system call's number, by architecture (CO-RE picks the one that exists). */
+struct pt_regs___x86 {
+	unsigned long orig_ax;
+};
+
+struct pt_regs___arm64 {
+	int syscallno;
+};
+
+struct pt_regs;
 
 struct seq_file;
 

@@ -227,6 +227,21 @@ func fileOpsCheck(spec string) int {
 	return 0
 }
 
+// fd7Reader starts a process (through the command prefix, if any) that
+// holds file open on descriptor 7 until the test ends, and returns its pid.
+func fd7Reader(t *testing.T, file string, prefix ...string) int {
+	t.Helper()
+	argv := append(prefix, "sh", "-c", `exec 7<"$0"; exec sleep 60`, file)
+	reader := exec.Command(argv[0], argv[1:]...)
+	require.NoError(t, reader.Start())
+	t.Cleanup(func() { _ = reader.Process.Kill(); _ = reader.Wait() })
+	require.Eventually(t, func() bool {
+		target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/7", reader.Process.Pid))
+		return target == file
+	}, 5*time.Second, 20*time.Millisecond)
+	return reader.Process.Pid
+}
+
 // CAP_DAC_READ_SEARCH with CAP_SYS_PTRACE is enough to act on the open file
 // of a reader of another uid under a 0700 data directory of that uid, and
 // each of the two is needed (CAP_DAC_OVERRIDE is not).
@@ -246,17 +261,11 @@ func TestRuntimeCapabilitiesReachAnotherUsersPrivateDataDirectory(t *testing.T) 
 		require.NoError(t, os.Chown(p, 65534, 65534))
 	}
 	// The reader: uid 65534 with the file open on fd 7.
-	reader := exec.Command(sp, "--reuid", "65534", "--regid", "65534", "--clear-groups", "--", "sh", "-c", `exec 7<"$0"; exec sleep 60`, file)
-	require.NoError(t, reader.Start())
-	t.Cleanup(func() { _ = reader.Process.Kill(); _ = reader.Wait() })
-	require.Eventually(t, func() bool {
-		target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/7", reader.Process.Pid))
-		return target == file
-	}, 5*time.Second, 20*time.Millisecond)
+	reader := fd7Reader(t, file, sp, "--reuid", "65534", "--regid", "65534", "--clear-groups", "--")
 
 	run := func(caps string) (bool, string) {
 		cmd := exec.Command(sp, "--bounding-set", "-all"+caps, "--inh-caps", "-all", "--no-new-privs", "--", os.Args[0])
-		cmd.Env = append(os.Environ(), fmt.Sprintf("READAHEADD_FILEOPS_CHECK=%d:%s:%s", reader.Process.Pid, data, file))
+		cmd.Env = append(os.Environ(), fmt.Sprintf("READAHEADD_FILEOPS_CHECK=%d:%s:%s", reader, data, file))
 		out, err := cmd.CombinedOutput()
 		return err == nil, strings.TrimSpace(string(out))
 	}

@@ -113,7 +113,7 @@ func newController(d controlDeps) (controller, error) {
 		Settle: d.cfg.Interval,
 	}
 	tun, err := tuner.New(tc, tuner.Deps{
-		Sysfs: d.sys, Files: tuner.NewProcFileOps(), States: raStates(d.ra), Around: d.around, Clock: d.clk, Store: d.store, Logger: d.log,
+		Sysfs: d.sys, Files: fileOps(d.ra), States: raStates(d.ra), Around: d.around, Clock: d.clk, Store: d.store, Logger: d.log,
 	})
 	if err != nil {
 		return nil, err

@@ -38,6 +38,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv("READAHEADD_FILEOPS_CHECK"); spec != "" {
 		os.Exit(fileOpsCheck(spec))
 	}
+	if spec := os.Getenv("READAHEADD_ATTACH_CHECK"); spec != "" {
+		os.Exit(attachCheck(spec))
+	}
 	os.Exit(m.Run())
 }
 

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"sync"
 	"unsafe"
@@ -57,37 +58,101 @@ func (f File) SizeKB() int { return int(f.Size) * PageKB }
 const FModeRandom = 0x1000
 
 // Iter is a loaded task_file iterator. Its methods are safe for
-// concurrent use (reads are serialised: the filter is shared).
+// concurrent use: walks with the same filter run side by side (a census of
+// every process's files does not hold up the polls of a break, which walk
+// the daemon's own), others wait for the filter.
 type Iter struct {
-	mu   sync.Mutex
-	objs filerasObjects
-	lnk  *link.Iter
+	mu      sync.Mutex // the fields below
+	idle    *sync.Cond // walking fell to 0
+	walking int        // walks in progress with filter cur
+	cur     *filerasFilerasFilter
+	objs    filerasMaps
+	prog    *ebpf.Program // dump_ra
+	lnk     *link.Iter    // every task
+	// self is bound to the daemon's own process, nil when the kernel
+	// cannot bind an iterator to one task (then one process's walk visits
+	// every task's files, the filter choosing what is written).
+	self    *link.Iter
+	selfPid uint32
+	walks   uint64 // walks of every process's files
+	// noteOpen is loaded when the kernel accepts it and the architecture's
+	// system call numbers are known (see Arm); attached while armed.
+	noteOpen *ebpf.Program
+	armed    link.Link
+	armedOn  []probe.Dev
 }
 
 // Open loads and attaches the iterator. It needs CAP_BPF and CAP_PERFMON
 // (or CAP_SYS_ADMIN); reading it later needs no capability.
 func Open() (*Iter, error) {
-	it := &Iter{}
-	if err := loadFilerasObjects(&it.objs, nil); err != nil {
+	it := &Iter{selfPid: uint32(os.Getpid())}
+	it.idle = sync.NewCond(&it.mu)
+	spec, err := loadFileras()
+	if err != nil {
+		return nil, fmt.Errorf("read the open-file readahead iterator's object: %w", err)
+	}
+	var base struct {
+		filerasMaps
+		DumpRa *ebpf.Program `ebpf:"dump_ra"`
+	}
+	if err := spec.LoadAndAssign(&base, nil); err != nil {
 		return nil, fmt.Errorf("load the open-file readahead iterator: %w (needs root, or CAP_BPF and CAP_PERFMON, and a kernel with BTF)", err)
 	}
-	l, err := link.AttachIter(link.IterOptions{Program: it.objs.DumpRa})
+	it.objs, it.prog = base.filerasMaps, base.DumpRa
+	l, err := link.AttachIter(link.IterOptions{Program: it.prog})
 	if err != nil {
+		it.prog.Close()
 		it.objs.Close()
 		return nil, fmt.Errorf("attach the open-file readahead iterator: %w", err)
 	}
 	it.lnk = l
+	// Without these the iterator still works, at the cost of walks of
+	// every process's files.
+	if self, err := attachTaskIter(it.prog, it.selfPid); err == nil {
+		it.self = self
+	}
+	it.noteOpen = loadNoteOpen(spec, &it.objs)
 	return it, nil
 }
+
+// Scoped reports whether a walk of one process visits only its files, and
+// whether the files opened during a device write are found without walks
+// of every process (the open hook).
+func (it *Iter) Scoped() (perTask, openHook bool) { return it.self != nil, it.noteOpen != nil }
 
 // Close releases the iterator.
 func (it *Iter) Close() error {
 	var errs []error
-	if it.lnk != nil {
-		errs = append(errs, it.lnk.Close())
+	for _, l := range []*link.Iter{it.lnk, it.self} {
+		if l != nil {
+			errs = append(errs, l.Close())
+		}
 	}
-	errs = append(errs, it.objs.Close())
+	if it.armed != nil {
+		errs = append(errs, it.armed.Close())
+	}
+	if it.noteOpen != nil {
+		errs = append(errs, it.noteOpen.Close())
+	}
+	errs = append(errs, it.prog.Close(), it.objs.Close())
 	return errors.Join(errs...)
+}
+
+// Visited is the number of files the iterator has visited since Open,
+// written or not: what the walks cost.
+func (it *Iter) Visited() (uint64, error) {
+	var n uint64
+	if err := it.objs.Visited.Lookup(uint32(0), &n); err != nil {
+		return 0, fmt.Errorf("read the readahead iterator's visit count: %w", err)
+	}
+	return n, nil
+}
+
+// Walks is the number of walks of every process's files since Open.
+func (it *Iter) Walks() uint64 {
+	it.mu.Lock()
+	defer it.mu.Unlock()
+	return it.walks
 }
 
 // Watch adds devices (filesystems' s_dev) whose files the iterator lists.
@@ -110,23 +175,43 @@ func (it *Iter) Unwatch(d probe.Dev) error {
 
 // Query narrows a walk.
 type Query struct {
-	Tgid    uint32 // one process only; 0: every process
-	AllDevs bool   // every device, not only the watched ones
+	Tgid    uint32        // one process only; 0: every process
+	AllDevs bool          // every device, not only the watched ones
+	File    probe.FileKey // one file only (Ino 0: any)
 }
 
 // Files walks the open files of every process (or q.Tgid's) on watched
-// devices and returns them sorted by (tgid, fd).
+// devices and returns them sorted by (tgid, fd). A walk of one process
+// visits only its files where the kernel can bind an iterator to one task
+// (Linux 6.1 or later).
 func (it *Iter) Files(q Query) ([]File, error) {
-	it.mu.Lock()
-	defer it.mu.Unlock()
-	flt := filerasFilerasFilter{Tgid: q.Tgid}
+	bound := q.Tgid != 0 && it.self != nil
+	flt := filerasFilerasFilter{Tgid: q.Tgid, Ino: q.File.Ino, Dev: uint32(q.File.Dev)}
+	if bound {
+		flt.Tgid = 0 // the link chooses the task
+	}
 	if q.AllDevs {
 		flt.AllDevs = 1
 	}
-	if err := it.objs.Filter.Put(uint32(0), flt); err != nil {
-		return nil, fmt.Errorf("set the readahead iterator's filter: %w", err)
+	if err := it.enter(flt, !bound); err != nil {
+		return nil, err
 	}
-	rd, err := it.lnk.Open()
+	defer it.leave()
+	lnk := it.lnk
+	switch {
+	case !bound:
+	case q.Tgid == it.selfPid:
+		lnk = it.self
+	default:
+		// Attaching a loaded program is one system call, no verification.
+		l, err := attachTaskIter(it.prog, q.Tgid)
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		lnk = l
+	}
+	rd, err := lnk.Open()
 	if err != nil {
 		return nil, fmt.Errorf("open the readahead iterator: %w", err)
 	}
@@ -136,6 +221,35 @@ func (it *Iter) Files(q Query) ([]File, error) {
 		return nil, fmt.Errorf("read the readahead iterator: %w", err)
 	}
 	return decode(raw)
+}
+
+// enter waits until no walk runs with another filter, sets flt and counts
+// a walk in progress (and one of every process if whole).
+func (it *Iter) enter(flt filerasFilerasFilter, whole bool) error {
+	it.mu.Lock()
+	defer it.mu.Unlock()
+	for it.walking > 0 && *it.cur != flt {
+		it.idle.Wait()
+	}
+	if it.cur == nil || *it.cur != flt {
+		if err := it.objs.Filter.Put(uint32(0), flt); err != nil {
+			return fmt.Errorf("set the readahead iterator's filter: %w", err)
+		}
+		it.cur = &flt
+	}
+	it.walking++
+	if whole {
+		it.walks++
+	}
+	return nil
+}
+
+func (it *Iter) leave() {
+	it.mu.Lock()
+	defer it.mu.Unlock()
+	if it.walking--; it.walking == 0 {
+		it.idle.Broadcast()
+	}
 }
 
 // Self lists the daemon's own descriptors (taken with pidfd_getfd on

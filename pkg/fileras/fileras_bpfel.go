@@ -17,6 +17,18 @@ type filerasFilerasFilter struct {
 	_       structs.HostLayout
 	Tgid    uint32
 	AllDevs uint32
+	Ino     uint64
+	Dev     uint32
+	Pad     uint32
+}
+
+type filerasOpened struct {
+	_       structs.HostLayout
+	Ino     uint64
+	Tgid    uint32
+	Fd      uint32
+	Dev     uint32
+	RaPages uint32
 }
 
 type filerasRaFile struct {
@@ -39,9 +51,14 @@ type filerasRaFile struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	filerasMapArm          = "arm"
 	filerasMapFilter       = "filter"
+	filerasMapOpens        = "opens"
+	filerasMapVisited      = "visited"
 	filerasMapWatch        = "watch"
 	filerasProgDumpRa      = "dump_ra"
+	filerasProgNoteOpen    = "note_open"
+	filerasVarUnusedOpened = "unused_opened"
 	filerasVarUnusedRaFile = "unused_ra_file"
 )
 
@@ -87,21 +104,26 @@ type filerasSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type filerasProgramSpecs struct {
-	DumpRa *ebpf.ProgramSpec `ebpf:"dump_ra"`
+	DumpRa   *ebpf.ProgramSpec `ebpf:"dump_ra"`
+	NoteOpen *ebpf.ProgramSpec `ebpf:"note_open"`
 }
 
 // filerasMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type filerasMapSpecs struct {
-	Filter *ebpf.MapSpec `ebpf:"filter"`
-	Watch  *ebpf.MapSpec `ebpf:"watch"`
+	Arm     *ebpf.MapSpec `ebpf:"arm"`
+	Filter  *ebpf.MapSpec `ebpf:"filter"`
+	Opens   *ebpf.MapSpec `ebpf:"opens"`
+	Visited *ebpf.MapSpec `ebpf:"visited"`
+	Watch   *ebpf.MapSpec `ebpf:"watch"`
 }
 
 // filerasVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type filerasVariableSpecs struct {
+	UnusedOpened *ebpf.VariableSpec `ebpf:"unused_opened"`
 	UnusedRaFile *ebpf.VariableSpec `ebpf:"unused_ra_file"`
 }
 
@@ -125,13 +147,19 @@ func (o *filerasObjects) Close() error {
 //
 // It can be passed to loadFilerasObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filerasMaps struct {
-	Filter *ebpf.Map `ebpf:"filter"`
-	Watch  *ebpf.Map `ebpf:"watch"`
+	Arm     *ebpf.Map `ebpf:"arm"`
+	Filter  *ebpf.Map `ebpf:"filter"`
+	Opens   *ebpf.Map `ebpf:"opens"`
+	Visited *ebpf.Map `ebpf:"visited"`
+	Watch   *ebpf.Map `ebpf:"watch"`
 }
 
 func (m *filerasMaps) Close() error {
 	return _FilerasClose(
+		m.Arm,
 		m.Filter,
+		m.Opens,
+		m.Visited,
 		m.Watch,
 	)
 }
@@ -140,6 +168,7 @@ func (m *filerasMaps) Close() error {
 //
 // It can be passed to loadFilerasObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filerasVariables struct {
+	UnusedOpened *ebpf.Variable `ebpf:"unused_opened"`
 	UnusedRaFile *ebpf.Variable `ebpf:"unused_ra_file"`
 }
 
@@ -147,12 +176,14 @@ type filerasVariables struct {
 //
 // It can be passed to loadFilerasObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filerasPrograms struct {
-	DumpRa *ebpf.Program `ebpf:"dump_ra"`
+	DumpRa   *ebpf.Program `ebpf:"dump_ra"`
+	NoteOpen *ebpf.Program `ebpf:"note_open"`
 }
 
 func (p *filerasPrograms) Close() error {
 	return _FilerasClose(
 		p.DumpRa,
+		p.NoteOpen,
 	)
 }
 

@@ -28,26 +28,62 @@ func (s States) Own(fds []int) (map[int]tuner.RAState, error) {
 	return out, nil
 }
 
-// OnDevices implements tuner.RAStates; it watches devs from then on.
-func (s States) OnDevices(devs []probe.Dev) ([]tuner.OpenFile, error) {
+// WatchOpens implements tuner.RAStates; it watches devs from then on.
+// With the open hook (Arm) no process's files are walked. Without it, the
+// files opened meanwhile are those whose open file (by ID) a walk of every
+// process finds after and not before: two walks of every process's files.
+// (fentry, fexit and BPF LSM programs on the open path are refused on a
+// locked-down kernel, hence a hook on sys_exit.)
+func (s States) WatchOpens(devs []probe.Dev) (func() []tuner.OpenFile, error) {
 	if err := s.It.Watch(devs...); err != nil {
 		return nil, err
 	}
-	fs, err := s.It.Files(Query{})
+	if err := s.It.Arm(devs...); err == nil {
+		return func() []tuner.OpenFile {
+			fs, _ := s.It.Opened() // what was noted
+			return openFiles(fs)
+		}, nil
+	}
+	before, err := s.It.Files(Query{})
 	if err != nil {
 		return nil, err
+	}
+	old := map[uint64]bool{}
+	for _, f := range before {
+		old[f.ID] = true
 	}
 	want := map[probe.Dev]bool{}
 	for _, d := range devs {
 		want[d] = true
 	}
-	var out []tuner.OpenFile
-	for _, f := range fs {
-		if want[f.Key.Dev] {
-			out = append(out, tuner.OpenFile{Ref: tuner.FileRef{Tgid: f.Tgid, FD: f.FD, Key: f.Key}, RA: f.RA()})
+	return func() []tuner.OpenFile {
+		after, err := s.It.Files(Query{})
+		if err != nil {
+			return nil
 		}
+		var fresh []File
+		for _, f := range after {
+			if want[f.Key.Dev] && !old[f.ID] {
+				fresh = append(fresh, f)
+			}
+		}
+		return openFiles(fresh)
+	}, nil
+}
+
+// openFiles converts files to the tuner's view, one descriptor per open
+// file.
+func openFiles(fs []File) []tuner.OpenFile {
+	var out []tuner.OpenFile
+	seen := map[uint64]bool{}
+	for _, f := range fs {
+		if seen[f.ID] {
+			continue
+		}
+		seen[f.ID] = true
+		out = append(out, tuner.OpenFile{Ref: tuner.FileRef{Tgid: f.Tgid, FD: f.FD, Key: f.Key}, RA: f.RA()})
 	}
-	return out, nil
+	return out
 }
 
 // RA is the file's state as the tuner reads it.

@@ -76,8 +76,10 @@ type RAStates interface {
 	// pidfd_getfd: the same open files as the readers'); a missing fd is
 	// left out.
 	Own(fds []int) (map[int]RAState, error)
-	// OnDevices lists every process's open files on the filesystems devs.
-	OnDevices(devs []probe.Dev) ([]OpenFile, error)
+	// WatchOpens notes the files opened on the filesystems devs from now
+	// on; opened stops and lists those still open, one descriptor per open
+	// file (not ours: pidfd_getfd opens nothing).
+	WatchOpens(devs []probe.Dev) (opened func() []OpenFile, err error)
 }
 
 // DeviceRW reads and writes a device's read_ahead_kb.
@@ -335,7 +337,7 @@ func (l *Lowerer) set(req LowerReq, fs []LowerFile, st *LowerStats) (n int, err 
 	}
 	var errs []error
 	if through {
-		before := l.atWindow(fs, req.KB, nil)
+		opened := l.watchOpens(fs)
 		t0 := l.Now()
 		if err := l.Sysfs.SetReadAheadKB(req.Device, req.KB); err != nil {
 			return 0, fmt.Errorf("set read_ahead_kb of %s to %d: %w", req.Device, req.KB, err)
@@ -346,8 +348,8 @@ func (l *Lowerer) set(req LowerReq, fs []LowerFile, st *LowerStats) (n int, err 
 				return
 			}
 			st.DeviceOff = max(st.DeviceOff, l.Now()-t0)
-			if before != nil {
-				st.Strays += l.repair(l.atWindow(fs, req.KB, before))
+			if opened != nil {
+				st.Strays += l.repair(opened(), req.KB)
 			}
 		}()
 	}
@@ -365,10 +367,9 @@ func (l *Lowerer) set(req LowerReq, fs []LowerFile, st *LowerStats) (n int, err 
 // raise-pin-restore or a break; the caller retries.
 var ErrDeviceNotBack = errors.New("read_ahead_kb not put back")
 
-// atWindow lists the open files on fs's filesystems whose window is kb,
-// other than fs's own and those in seen, one descriptor per open file (by
-// ID); nil when the kernel state cannot be read.
-func (l *Lowerer) atWindow(fs []LowerFile, kb int, seen map[uint64]FileRef) map[uint64]FileRef {
+// watchOpens notes the files opened on fs's filesystems from now on (nil
+// when the kernel state cannot be read).
+func (l *Lowerer) watchOpens(fs []LowerFile) func() []OpenFile {
 	if l.States == nil {
 		return nil
 	}
@@ -378,31 +379,22 @@ func (l *Lowerer) atWindow(fs []LowerFile, kb int, seen map[uint64]FileRef) map[
 			devs = append(devs, f.Ref.Key.Dev)
 		}
 	}
-	all, err := l.States.OnDevices(devs)
+	opened, err := l.States.WatchOpens(devs)
 	if err != nil {
 		return nil
 	}
-	ours := map[uint64]bool{}
-	if states, ok := l.own(fs); ok {
-		for _, s := range states {
-			ours[s.ID] = true
-		}
-	}
-	out := map[uint64]FileRef{}
-	for _, f := range all {
-		if _, old := seen[f.RA.ID]; int(f.RA.RAPages)*pageKB == kb && !ours[f.RA.ID] && !old {
-			out[f.RA.ID] = f.Ref
-		}
-	}
-	return out
+	return opened
 }
 
-// repair gives the device's window back to open files that took another
-// value while the device held it (opened in that instant).
-func (l *Lowerer) repair(strays map[uint64]FileRef) int {
+// repair gives the device's window back to the files opened with kb while
+// the device held it.
+func (l *Lowerer) repair(opened []OpenFile, kb int) int {
 	n := 0
-	for _, ref := range strays {
-		h, err := l.Files.Dup(ref)
+	for _, f := range opened {
+		if int(f.RA.RAPages)*pageKB != kb {
+			continue
+		}
+		h, err := l.Files.Dup(f.Ref)
 		if err != nil {
 			continue // closed meanwhile
 		}

@@ -79,12 +79,11 @@ func (k *kernel) Own(fds []int) (map[int]RAState, error) {
 	}
 	return out, nil
 }
-func (k *kernel) OnDevices([]probe.Dev) ([]OpenFile, error) {
-	out := append([]OpenFile(nil), k.others...)
-	for fd, f := range k.files {
-		out = append(out, OpenFile{Ref: FileRef{Tgid: 100, FD: fd}, RA: f.state()})
-	}
-	return out, nil
+
+// WatchOpens: the others appended meanwhile were opened meanwhile.
+func (k *kernel) WatchOpens([]probe.Dev) (func() []OpenFile, error) {
+	n := len(k.others)
+	return func() []OpenFile { return append([]OpenFile(nil), k.others[n:]...) }, nil
 }
 func (k *kernel) Find(uint32, probe.FileKey) ([]FileRef, error) { return nil, nil }
 func (k *kernel) FindAll(probe.FileKey) ([]FileRef, error)      { return nil, nil }

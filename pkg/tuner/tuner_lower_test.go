@@ -58,7 +58,9 @@ func (s *streams) Own(fds []int) (map[int]RAState, error) {
 	return out, nil
 }
 
-func (s *streams) OnDevices([]probe.Dev) ([]OpenFile, error) { return nil, nil }
+func (s *streams) WatchOpens([]probe.Dev) (func() []OpenFile, error) {
+	return func() []OpenFile { return nil }, nil
+}
 
 func (s *streams) sizeOf(k probe.FileKey) int {
 	if _, ok := s.size[k]; !ok {

@@ -36,6 +36,23 @@ func TestRecovery(t *testing.T) {
 	assert.Equal(t, -1.0, Recovery(pre, 100, 0.9, 100*time.Millisecond))
 }
 
+func TestWorstAndSettled(t *testing.T) {
+	const s = 100 * time.Millisecond
+	// At the target, a three-sample dip 1 s after onset, back.
+	dip := tl(100, 100, 100, 100, 100, 100, 100, 100, 100, 100, 40, 40, 40, 100, 100, 100, 100, 100, 100, 100)
+	assert.InDelta(t, 0, Recovery(dip, 100, 0.9, s), 1e-9, "Recovery sees only the first recovery")
+	mbps, at := Worst(dip, 300*time.Millisecond, s)
+	assert.InDelta(t, 40, mbps, 1e-9)
+	assert.InDelta(t, 1.0, at, 1e-9)
+	// The last trailing 500 ms mean below 90 ends at 1.7 s (1.3..1.7
+	// holds one slow sample), the first at or above it starts at 1.3 s.
+	assert.InDelta(t, 1.3, Settled(dip, 100, 0.9, s), 1e-9)
+	assert.InDelta(t, 0, Settled(tl(100, 100, 100, 100, 100), 100, 0.9, s), 1e-9)
+	assert.Equal(t, -1.0, Settled(tl(100, 100, 100, 100, 100, 50, 50, 50, 50, 50), 100, 0.9, s))
+	_, at = Worst(tl(1, 2), 500*time.Millisecond, s)
+	assert.Equal(t, -1.0, at, "shorter than the window")
+}
+
 func TestTargetsVerdicts(t *testing.T) {
 	r := &Report{Measure: 5}
 	add := func(w, regime, arm string, kb int, mbps float64, tlv []Point, acts int) {
@@ -154,6 +171,10 @@ func TestDedupeActions(t *testing.T) {
 	out := DedupeActions([]ActionRecord{a, b, d, c})
 	require.Len(t, out, 3)
 	assert.Equal(t, "kept", out[1].Result)
+	// Two such actions, each seen by poll after poll: still two.
+	c2 := c
+	c2.Time = c.Time.Add(time.Millisecond)
+	assert.Len(t, DedupeActions([]ActionRecord{a, c, b, c2, a, c}), 2)
 }
 
 func TestHDFSStarts(t *testing.T) {

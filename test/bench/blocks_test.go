@@ -71,21 +71,8 @@ func TestFreshBlockFiles(t *testing.T) {
 }
 
 func blocksModel(t *testing.T, bin, work string, m lab.Model, extra time.Duration, n, mb int, sendfile bool) {
-	l, err := lab.Up(lab.Options{SizeBytes: int64(n*mb+512) << 20, Model: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	l := upLab(t, lab.Options{SizeBytes: int64(n*mb+512) << 20, Model: m})
+	must := fatalIf(t)
 	must(os.MkdirAll(filepath.Join(l.Mount, "data", "subdir0"), 0o755))
 	var files []string
 	for i := 0; i < n; i++ {
@@ -140,6 +127,31 @@ func blocksModel(t *testing.T, bin, work string, m lab.Model, extra time.Duratio
 	row("after a restart with state", saved)
 	fmt.Printf("  actions after the restart: %.0f; daemon logs in %s\n", acts, work)
 	must(l.Down())
+}
+
+// upLab starts a lab device and takes it down when the test ends.
+func upLab(t *testing.T, opts lab.Options) *lab.Lab {
+	t.Helper()
+	l, err := lab.Up(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Down(); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+	return l
+}
+
+// fatalIf returns a function that ends the test on an error.
+func fatalIf(t *testing.T) func(error) {
+	return func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // readWhole opens path, reads it to its end (read(2) of lab.SeqBlock, or

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -224,15 +225,18 @@ func (d *Daemon) pollOnce() {
 // is equal and the times are within 50 ms.
 func DedupeActions(acts []ActionRecord) []ActionRecord {
 	var out []ActionRecord
-	last := map[string]time.Time{}
+	// Every kept sighting's time per key: two actions with the same key at
+	// different times are seen in turn, poll after poll.
+	kept := map[string][]time.Time{}
 	for _, a := range acts {
 		k := fmt.Sprintf("%s|%s|%d|%d|%s|%s", a.Action, a.Target, a.FromKB, a.ToKB, a.Result, a.Evidence)
-		if t, ok := last[k]; ok {
-			if dt := a.Time.Sub(t); dt < 50*time.Millisecond && dt > -50*time.Millisecond {
-				continue
-			}
+		if slices.ContainsFunc(kept[k], func(t time.Time) bool {
+			dt := a.Time.Sub(t)
+			return dt < 50*time.Millisecond && dt > -50*time.Millisecond
+		}) {
+			continue
 		}
-		last[k] = a.Time
+		kept[k] = append(kept[k], a.Time)
 		out = append(out, a)
 	}
 	return out

@@ -152,6 +152,60 @@ func Recovery(tl []Point, target, frac float64, sample time.Duration) float64 {
 	return -1
 }
 
+// trailing returns the timeline after onset with the trailing mean over
+// window at each point (from the point that has a full window).
+func trailing(tl []Point, window, sample time.Duration) []Point {
+	n := max(int(window/sample), 1)
+	var post []Point
+	for _, p := range tl {
+		if p.T > 0 {
+			post = append(post, p)
+		}
+	}
+	var out []Point
+	for i := n - 1; i < len(post); i++ {
+		var s float64
+		for _, p := range post[i-n+1 : i+1] {
+			s += p.MBps
+		}
+		out = append(out, Point{T: post[i].T, MBps: s / float64(n)})
+	}
+	return out
+}
+
+// Worst returns the lowest mean over window after onset and the seconds
+// from onset to that window's start; -1 when the timeline is shorter.
+func Worst(tl []Point, window, sample time.Duration) (mbps, at float64) {
+	mbps, at = -1, -1
+	for _, p := range trailing(tl, window, sample) {
+		if mbps < 0 || p.MBps < mbps {
+			mbps, at = p.MBps, max(p.T-window.Seconds(), 0)
+		}
+	}
+	return mbps, at
+}
+
+// Settled returns the seconds from onset to the end of the last dip: the
+// start of the trailing window after which the mean over RecoveryWindow
+// stays at or above frac of target; 0 if it never dropped below, -1 if it
+// ends below. Unlike Recovery, a dip after a first recovery counts.
+func Settled(tl []Point, target, frac float64, sample time.Duration) float64 {
+	tr := trailing(tl, RecoveryWindow, sample)
+	last := -1
+	for i, p := range tr {
+		if p.MBps < frac*target {
+			last = i
+		}
+	}
+	switch {
+	case len(tr) == 0 || last == len(tr)-1:
+		return -1
+	case last < 0:
+		return 0
+	}
+	return max(tr[last+1].T-RecoveryWindow.Seconds(), 0)
+}
+
 func (r *Report) finish() {
 	for i := range r.Results {
 		r.Results[i].Actions = DedupeActions(r.Results[i].Actions)

@@ -49,6 +49,8 @@ func TestDemo(t *testing.T) {
 	best := rate(`best static window \(\d+ KB\)`)
 	assert.Greater(t, daemon, 1.5*def, "readaheadd shows its effect over the default window")
 	assert.Greater(t, best, def)
+	assert.Regexp(t, `readaheadd \(from \d+ KB\)\s+\d+ MB/s\s+\d+\.\d+x\s+\d+ MB/s at [+-]\d+\.\d s\s+(never|ends below|until [+-]\d+\.\d s)\n`, got,
+		"the daemon's row shows its worst 0.3 s after the onset and the end of its last dip")
 	assert.Regexp(t, `Actions readaheadd took[^\n]*\n\s+[+-]\d+\.\d s\s+file_window`, got, "the actions, a per-file window among them")
 	assert.NotRegexp(t, `\w+_test\.go:\d+|^=== RUN|--- PASS`, got, "no test-runner lines")
 
