@@ -223,6 +223,7 @@ type Tuner struct {
 	// and the event path takes no new action.
 	lowering map[probe.FileKey]int
 	closing  bool
+	left     []Unconfirmed // files the shutdown's lowerings could not confirm
 }
 
 // New builds a tuner. If the store holds originals from an earlier run that

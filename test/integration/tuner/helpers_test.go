@@ -98,8 +98,15 @@ func childMain(spec string) int {
 		return 0
 	}
 	stop := make(chan struct{})
+	// "pause MS" on stdin: the reader stops reading for MS milliseconds
+	// (a DataNode's sender waiting on a slow client), its file open.
+	var pauseUntil atomic.Int64
 	go func() {
 		for in.Scan() {
+			var ms int64
+			if _, err := fmt.Sscanf(in.Text(), "pause %d", &ms); err == nil {
+				pauseUntil.Store(int64(monoNow()) + ms*int64(time.Millisecond))
+			}
 		}
 		close(stop)
 	}()
@@ -145,6 +152,10 @@ func childMain(spec string) int {
 			touchSink.Store(uint32(sink))
 			return 0
 		default:
+		}
+		if d := time.Duration(pauseUntil.Load()) - monoNow(); d > 0 {
+			time.Sleep(min(d, 10*time.Millisecond))
+			continue
 		}
 		switch mode {
 		case "seq":
@@ -274,6 +285,13 @@ func startChild(t *testing.T, mode, path string) *child {
 		}
 	}()
 	return c
+}
+
+// pause makes the reader stop reading for d, its file open.
+func (c *child) pause(t *testing.T, d time.Duration) {
+	t.Helper()
+	_, err := fmt.Fprintf(c.in, "pause %d\n", d.Milliseconds())
+	require.NoError(t, err)
 }
 
 func (c *child) goRead(t *testing.T) {
