@@ -37,7 +37,8 @@ var (
 	descTracked  = desc("detector_files_tracked", "Files the detector keeps state for (bounded by its MaxFiles; idle files age out).")
 	descEvicted  = desc("detector_files_evicted_total", "Files whose detector state was dropped: idle too long, or the oldest when the table was full.")
 	descRepeated = desc("repeated_failures_total", "Failed per-file actions not logged because the same failure (file, action, cause) was logged once before; they are retried with back-off. Causes: out_of_scope, process_gone, fd_gone, permission, other.", "cause")
-	descOpenWin  = desc("open_file_windows", "Open regular files on the device by the readahead window the kernel holds for them (their ra_pages, read with a BPF iterator over every process's open files), whoever set it; window_kb is rounded up to a power of two, \"+Inf\" above 16384.", "device", "window_kb")
+	descOpenWin  = desc("open_file_windows", "Open regular files on the device by the readahead window the kernel holds for them (the larger of their ra_pages and their stream's current window f_ra.size, which asynchronous readahead keeps when ra_pages comes down; read with a BPF iterator over every process's open files), whoever set it; window_kb is rounded up to a power of two, \"+Inf\" above 16384.", "device", "window_kb")
+	descAbove    = desc("open_files_above_device_window", "Open regular files on the device whose window in force (as in open_file_windows) is above the device's read_ahead_kb, whoever set it: while readaheadd runs, the files it raised; after it stops, windows left behind.", "device")
 	descControl  = desc("tuner_control_total", "Events of the tuner's control core: outcome_paid and outcome_not_paid (trials of a larger window for a stream bound by its window, no regime needed), outcome_fresh (first steps of streams opened within the last interval, judged on their recent requests), outcome_onset (steps taken between intervals for streams whose recent requests slowed since the last one), outcome_judged_later (verdicts put off one interval: the step's span stalled, the span before it did not), outcome_tail_kept (steps kept without their margin because the stream's latency has a tail its former window could not cover and the step cost nothing), outcome_shift_kept (steps kept without their margin on a file slower than its device while the window still limits it and the step cost nothing), outcome_knee_stale (knees probed again before their back-off: the stream reads well below its rate when the knee was found, at the same window), outcome_onset_in_trial (trials ended unjudged because the stream slowed during them, the onset's own step following at once), outcome_kept_early (steps kept on their recent requests half an interval after they were taken, because they clearly paid; the next step follows at once), outcome_deferred (first steps beside random readers taken a quarter interval after a slowdown began, once their service in the new conditions is known), outcome_kept_ended (steps kept when their stream stopped reading, its file ended, judged on what it read since the step), outcome_ended_unjudged (steps ended with no knee because their stream stopped too soon after them to judge them), prior_applied (a fresh open given the window that paid in its directory), prior_recheck, prior_confirmed, prior_dropped, prior_climb (a fresh open given the step above its directory's prior, to learn whether the prior should climb), prior_caught_up (a file's kept window raised to its directory's prior at a new stream), actuator_lower (per-file windows lowered), readers_dropped (readers table full), trim_scan_deferred (whole-system descriptor scans over budget), trim_opened (descriptors opened on a trimmed file given the trim at their first read-around, reported by the probe), trim_opened_missed (such reports that found no descriptor to trim, or came over the budget of such trims).", "event")
 	descTunerErr = desc("tuner_errors_total", "Tuner operations that did not happen: file_op (a reader's descriptor could not be taken or advised: process exited, file closed or deleted), out_of_scope (a descriptor outside the allow-paths was refused), rate_limited (a sysfs write deferred).", "kind")
 )
@@ -53,7 +54,7 @@ func NewCollector(src Sources) *Collector { return &Collector{src: src} }
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLatency, descBytes, descRequests, descRA, descRAOrig,
-		descRegime, descActions, descFiles, descSample, descLost, descRunTime, descMissed, descAttached, descDryRun, descTunerErr, descRepeated, descControl, descTracked, descEvicted, descOpenWin} {
+		descRegime, descActions, descFiles, descSample, descLost, descRunTime, descMissed, descAttached, descDryRun, descTunerErr, descRepeated, descControl, descTracked, descEvicted, descOpenWin, descAbove} {
 		ch <- d
 	}
 }
@@ -101,13 +102,19 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 
-	if c.src.OpenFileWindows != nil {
+	if c.src.OpenFiles != nil {
+		of := c.src.OpenFiles()
 		counts := map[[2]string]int{}
-		for _, w := range c.src.OpenFileWindows() {
+		devs := map[string]bool{}
+		for _, w := range of.Windows {
 			counts[[2]string{w.Device, WindowBucket(w.WindowKB)}] += w.Files
+			devs[w.Device] = true
 		}
 		for k, n := range counts {
 			ch <- prometheus.MustNewConstMetric(descOpenWin, prometheus.GaugeValue, float64(n), k[0], k[1])
+		}
+		for d := range devs {
+			ch <- prometheus.MustNewConstMetric(descAbove, prometheus.GaugeValue, float64(of.AboveCount[d]), d)
 		}
 	}
 
