@@ -2,6 +2,7 @@ package tuner
 
 import (
 	"io"
+	"os"
 	"log/slog"
 	"path/filepath"
 	"testing"
@@ -77,6 +78,7 @@ func (h *labTuner) step(c *child, key probe.FileKey, kind detector.RegimeKind, t
 // pauses across the undo, and reads on.
 type pausedRun struct {
 	c       *child
+	path    string
 	key     probe.FileKey
 	raised  float64 // MB/s on the raised window
 	raisedF fileras.File
@@ -90,7 +92,7 @@ func startPaused(t *testing.T, l *lab.Lab, it *fileras.Iter, name string, mb int
 	require.NoError(t, lab.DropFileCache(path))
 	c := startChild(t, "seq", path)
 	c.goRead(t)
-	return &pausedRun{c: c, key: fileKey(t, path)}, path
+	return &pausedRun{c: c, path: path, key: fileKey(t, path)}, path
 }
 
 // ramped lets the reader run on its raised window, then measures it.
@@ -147,6 +149,7 @@ func (p *pausedRun) after(t *testing.T, l *lab.Lab, it *fileras.Iter, undoneAt t
 	ctl.stop()
 	p.c.stop()
 	noWrap(t, p.c, mb)
+	require.NoError(t, os.Remove(p.path)) // room on the lab for the next reader's file
 }
 
 // knee is the +3 ms file's rate by window on the lab (60 MB/s at 128 KB,
@@ -188,6 +191,35 @@ func TestUndoReachesPausedReader(t *testing.T) {
 		}
 		return false
 	}
+
+	// The case as reported: 2048 KB, through the Lowerer every undo
+	// calls, with what it costs.
+	t.Run("2048 KB, its cost", func(t *testing.T) {
+		p, _ := startPaused(t, l, it, "blk_2048", mb)
+		files := rt.NewProcFileOps()
+		low := &rt.Lowerer{Sysfs: blockdev.SysFS{Root: "/sys"}, Files: files, States: fileras.States{It: it}}
+		refs, err := files.Find(uint32(p.c.Pid), p.key)
+		require.NoError(t, err)
+		require.Len(t, refs, 1)
+		set := func(kb int) rt.LowerStats {
+			h, err := files.Dup(refs[0])
+			require.NoError(t, err)
+			defer h.Close()
+			st, err := low.Lower(rt.LowerReq{Device: l.Name, DeviceKB: 128, KB: kb, Files: []rt.LowerFile{{Ref: refs[0], H: h}}})
+			require.NoError(t, err)
+			return st
+		}
+		set(2048)
+		p.ramped(t, it)
+		at := monoNow()
+		st := set(128)
+		t.Logf("Lower to 128 KB: held %v (IdleHold 200ms), %d restarted, %d unconfirmed, %.1f MB to read again, read_ahead_kb at 0 for %v",
+			st.Hold.Round(time.Millisecond), st.Rearmed, st.Unconfirmed, float64(st.Reread)/1e6, st.DeviceOff)
+		assert.Equal(t, 1, st.Rearmed)
+		assert.Zero(t, st.Unconfirmed)
+		assert.LessOrEqual(t, st.Reread, int64(2*p.raisedF.SizeKB())<<10, "at most the rest of its window and the next one")
+		p.after(t, l, it, at, control, mb)
+	})
 
 	t.Run("back-off", func(t *testing.T) {
 		h := newLabTuner(t, l, it, rt.Config{})
