@@ -110,7 +110,7 @@ record refused is printed on one line and kept.`,
 						defer it.Close()
 						low.States = fileras.States{It: it}
 					} else {
-						fmt.Fprintf(cmd.ErrOrStderr(), "warning: open files' readahead iterator not available (%v): each reset file pauses its readahead for %v\n", ierr, tuner.DefaultHold)
+						fmt.Fprintf(cmd.ErrOrStderr(), "warning: open files' readahead iterator not available (%v): each reset file pauses its readahead for %v, and none can be confirmed\n", ierr, tuner.DefaultHold)
 					}
 					res, perr := tuner.RestorePins(st, files, scope, devices, low)
 					fmt.Fprintf(out, "open files: %d window(s) reset to their device's, %d not confirmed, %d reader(s) gone, %d record(s) refused (outside the allow-paths or the tuned disks)\n",

@@ -294,7 +294,8 @@ func (t *Tuner) lowerPin(d *devState, kb int, hs []Handle, hrefs []FileRef, errs
 	}
 	if st.Broken > 0 {
 		t.log.Debug("tuner: window lowered on streaming readers", "device", d.name, "to_kb", kb, "files", st.Broken,
-			"break", st.Hold, "device_off", st.DeviceOff, "unconfirmed", st.Unconfirmed, "released", st.Released, "strays_reset", st.Strays)
+			"break", st.Hold, "device_off", st.DeviceOff, "unconfirmed", st.Unconfirmed, "released", st.Released, "strays_reset", st.Strays,
+			"idle_restarted", st.Rearmed, "reread_bytes", st.Reread)
 	}
 	if st.Strays > 0 {
 		t.log.Info("tuner: files opened while read_ahead_kb held another value were given the device's window",
