@@ -151,12 +151,7 @@ func TestBackOffLowersTheRunningStream(t *testing.T) {
 func TestRegimeEndAndShutdownLowerTheRunningStream(t *testing.T) {
 	for _, end := range []string{"regime end", "shutdown"} {
 		t.Run(end, func(t *testing.T) {
-			r, s := newStreamRig(t, Config{Grace: 5 * time.Second, DisablePrefetch: true})
-			r.tput = kneeModel
-			p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-			r.reader(100, 7, p, key)
-			r.run(6, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
-			require.Greater(t, s.size[key], 128, "the stream runs on a raised window")
+			r, s, key := raisedStreamRig(t)
 			if end == "shutdown" {
 				require.NoError(t, r.tn.RestoreAll())
 			} else {
@@ -203,15 +198,22 @@ func TestUndosLowerAnIdleReader(t *testing.T) {
 	}
 }
 
-// An idle reader whose window cannot be dropped: the shutdown names it in
-// its error and keeps its record for readaheadd restore.
-func TestShutdownReportsAFileItCouldNotLower(t *testing.T) {
+// raisedStreamRig: a reader whose stream the tuner raised (Grace 5 s).
+func raisedStreamRig(t *testing.T) (*rig, *streams, probe.FileKey) {
+	t.Helper()
 	r, s := newStreamRig(t, Config{Grace: 5 * time.Second, DisablePrefetch: true})
 	r.tput = kneeModel
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.reader(100, 7, p, key)
 	r.run(6, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
-	require.Greater(t, s.size[key], 128)
+	require.Greater(t, s.size[key], 128, "the stream runs on a raised window")
+	return r, s, key
+}
+
+// An idle reader whose window cannot be dropped: the shutdown names it in
+// its error and keeps its record for readaheadd restore.
+func TestShutdownReportsAFileItCouldNotLower(t *testing.T) {
+	r, s, key := raisedStreamRig(t)
 	s.idle = true
 	s.noDrop = true
 	err := r.tn.RestoreAll()
@@ -239,12 +241,7 @@ func TestRestorePinsLowersTheRunningStream(t *testing.T) {
 // path and status are served meanwhile, not after the break (an idle
 // reader holds a break for IdleHold, 200 ms).
 func TestBreakReleasesTheTunersLock(t *testing.T) {
-	r, s := newStreamRig(t, Config{Grace: 5 * time.Second, DisablePrefetch: true})
-	r.tput = kneeModel
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.reader(100, 7, p, key)
-	r.run(6, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
-	require.Greater(t, s.size[key], 128, "the stream runs on a raised window")
+	r, s, key := raisedStreamRig(t)
 	s.idle = true
 	served := make(chan struct{})
 	var started, duringBreak bool

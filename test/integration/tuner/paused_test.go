@@ -2,8 +2,8 @@ package tuner
 
 import (
 	"io"
-	"os"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -196,19 +196,8 @@ func TestUndoReachesPausedReader(t *testing.T) {
 	// calls, with what it costs.
 	t.Run("2048 KB, its cost", func(t *testing.T) {
 		p, _ := startPaused(t, l, it, "blk_2048", mb)
-		files := rt.NewProcFileOps()
-		low := &rt.Lowerer{Sysfs: blockdev.SysFS{Root: "/sys"}, Files: files, States: fileras.States{It: it}}
-		refs, err := files.Find(uint32(p.c.Pid), p.key)
-		require.NoError(t, err)
-		require.Len(t, refs, 1)
-		set := func(kb int) rt.LowerStats {
-			h, err := files.Dup(refs[0])
-			require.NoError(t, err)
-			defer h.Close()
-			st, err := low.Lower(rt.LowerReq{Device: l.Name, DeviceKB: 128, KB: kb, Files: []rt.LowerFile{{Ref: refs[0], H: h}}})
-			require.NoError(t, err)
-			return st
-		}
+		low := &rt.Lowerer{Sysfs: blockdev.SysFS{Root: "/sys"}, Files: rt.NewProcFileOps(), States: fileras.States{It: it}}
+		set := lowerOne(t, l, low, p.c.Pid, p.key)
 		set(2048)
 		p.ramped(t, it)
 		at := monoNow()
