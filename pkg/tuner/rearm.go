@@ -76,9 +76,11 @@ func (l *Lowerer) rearm(req LowerReq, idle []idleFile, st *LowerStats) error {
 			st.unconfirmed(f.f, f.s, "its reader did not move during the break and its page cache cannot be reached")
 			continue
 		}
+		// From its position, at most a window before the latest (a
+		// reader that went back elsewhere is not followed there).
 		pos := int64(f.s.Start) * pageBytes
 		if f.s.PrevPos >= 0 {
-			pos = min(pos, f.s.PrevPos&^(pageBytes-1))
+			pos = max(min(pos, f.s.PrevPos&^(pageBytes-1)), int64(f.s.Start-min(f.s.Start, uint64(f.s.Size)))*pageBytes)
 		}
 		end := int64(f.s.Start+uint64(f.s.Size)) * pageBytes
 		before, _ := pc.CachedBytes(pos, end-pos)
