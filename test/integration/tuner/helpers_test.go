@@ -105,7 +105,9 @@ func childMain(spec string) int {
 		for in.Scan() {
 			var ms int64
 			if _, err := fmt.Sscanf(in.Text(), "pause %d", &ms); err == nil {
-				pauseUntil.Store(int64(monoNow()) + ms*int64(time.Millisecond))
+				now := monoNow()
+				pauseUntil.Store(int64(now) + ms*int64(time.Millisecond))
+				fmt.Printf("paused %d\n", now)
 			}
 		}
 		close(stop)
@@ -250,6 +252,8 @@ type child struct {
 	pts  []point
 	errs []string
 	done chan struct{}
+	// pausedAt: when the reader took its latest pause (CLOCK_MONOTONIC).
+	pausedAt atomic.Int64
 }
 
 func startChild(t *testing.T, mode, path string) *child {
@@ -272,6 +276,10 @@ func startChild(t *testing.T, mode, path string) *child {
 		for sc.Scan() {
 			var p point
 			var at int64
+			if _, err := fmt.Sscanf(sc.Text(), "paused %d", &at); err == nil {
+				c.pausedAt.Store(at)
+				continue
+			}
 			if _, err := fmt.Sscanf(sc.Text(), "%d %d %d", &at, &p.Count, &p.ReadBytes); err != nil {
 				c.mu.Lock()
 				c.errs = append(c.errs, sc.Text())
@@ -287,11 +295,15 @@ func startChild(t *testing.T, mode, path string) *child {
 	return c
 }
 
-// pause makes the reader stop reading for d, its file open.
-func (c *child) pause(t *testing.T, d time.Duration) {
+// pause makes the reader stop reading for d, its file open, and returns
+// when it resumes (CLOCK_MONOTONIC) once it has taken the pause.
+func (c *child) pause(t *testing.T, d time.Duration) time.Duration {
 	t.Helper()
+	before := c.pausedAt.Load()
 	_, err := fmt.Fprintf(c.in, "pause %d\n", d.Milliseconds())
 	require.NoError(t, err)
+	require.Eventually(t, func() bool { return c.pausedAt.Load() != before }, 5*time.Second, time.Millisecond, "the reader took its pause")
+	return time.Duration(c.pausedAt.Load()) + d
 }
 
 func (c *child) goRead(t *testing.T) {

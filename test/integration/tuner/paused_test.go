@@ -75,10 +75,13 @@ func (h *labTuner) step(c *child, key probe.FileKey, kind detector.RegimeKind, t
 }
 
 // pausedRun is one reader of a +3 ms file that runs on a raised window,
-// pauses across the undo, and reads on.
+// pauses across the undo, and reads on. It opens its file at once and
+// reads from goRead: the tuner's steps take real time on a loaded host,
+// and a reader that wrapped around its file would start a fresh window.
 type pausedRun struct {
 	c       *child
 	path    string
+	resume  time.Duration // when the reader reads again (CLOCK_MONOTONIC)
 	key     probe.FileKey
 	raised  float64 // MB/s on the raised window
 	raisedF fileras.File
@@ -90,8 +93,7 @@ func startPaused(t *testing.T, l *lab.Lab, it *fileras.Iter, name string, mb int
 	require.NoError(t, err)
 	require.NoError(t, l.SetPermanent(streamSlowdown, path))
 	require.NoError(t, lab.DropFileCache(path))
-	c := startChild(t, "seq", path)
-	c.goRead(t)
+	c := startChild(t, "seq", path) // its file open; reads from goRead
 	return &pausedRun{c: c, path: path, key: fileKey(t, path)}, path
 }
 
@@ -102,8 +104,8 @@ func (p *pausedRun) ramped(t *testing.T, it *fileras.Iter) {
 	p.raised = rateOver(p.c, 800*time.Millisecond)
 	p.raisedF = kernelFile(t, it, p.c.Pid, p.key)
 	require.Greater(t, p.raisedF.SizeKB(), 128, "the reader streams on a raised window (kernel f_ra)")
-	p.c.pause(t, pauseFor)
-	time.Sleep(50 * time.Millisecond) // its last reads done: idle from now
+	p.resume = p.c.pause(t, pauseFor)
+	time.Sleep(50 * time.Millisecond) // its last read done: idle from now
 }
 
 // after checks, once the reader resumed, its kernel window at its next
@@ -113,16 +115,15 @@ func (p *pausedRun) after(t *testing.T, l *lab.Lab, it *fileras.Iter, undoneAt t
 	t.Helper()
 	took := monoNow() - undoneAt
 	kf := kernelFile(t, it, p.c.Pid, p.key)
-	require.Less(t, took, pauseFor-100*time.Millisecond, "the undo ended while the reader was paused")
+	require.Less(t, monoNow(), p.resume-50*time.Millisecond, "the undo ended while the reader was paused")
 	t.Logf("undone in %v; the reader still paused: f_ra ra_pages %d KB, window %d KB", took.Round(time.Millisecond), kf.WindowKB(), kf.SizeKB())
 	assert.Equal(t, 128, kf.WindowKB(), "ra_pages back at the device's")
 	assert.LessOrEqual(t, kf.SizeKB(), 128, "the window the paused reader will resume on is the device's (kernel f_ra)")
 	require.NoError(t, lab.DropFileCache(control))
 	ctl := startChild(t, "seq", control)
 	ctl.goRead(t)
-	// The reader resumes pauseFor after it paused; its first reads.
-	resume := undoneAt + pauseFor
-	for monoNow() < resume+100*time.Millisecond {
+	// Its first reads after the pause.
+	for monoNow() < p.resume+100*time.Millisecond {
 		time.Sleep(10 * time.Millisecond)
 	}
 	kf = kernelFile(t, it, p.c.Pid, p.key)
@@ -199,6 +200,7 @@ func TestUndoReachesPausedReader(t *testing.T) {
 		low := &rt.Lowerer{Sysfs: blockdev.SysFS{Root: "/sys"}, Files: rt.NewProcFileOps(), States: fileras.States{It: it}}
 		set := lowerOne(t, l, low, p.c.Pid, p.key)
 		set(2048)
+		p.c.goRead(t)
 		p.ramped(t, it)
 		at := monoNow()
 		st := set(128)
@@ -218,6 +220,7 @@ func TestUndoReachesPausedReader(t *testing.T) {
 		for i := 0; i < 3 && kernelFile(t, it, p.c.Pid, p.key).WindowKB() <= 128; i++ {
 			acts = append(acts, h.step(p.c, p.key, detector.FileLatencyShift, flat)...)
 		}
+		p.c.goRead(t)
 		p.ramped(t, it)
 		at := monoNow()
 		for i := 0; i < 5 && !undone(acts); i++ {
@@ -234,6 +237,7 @@ func TestUndoReachesPausedReader(t *testing.T) {
 		for i := 0; i < 8; i++ {
 			acts = append(acts, h.step(p.c, p.key, detector.FileLatencyShift, knee)...)
 		}
+		p.c.goRead(t)
 		p.ramped(t, it)
 		at := monoNow()
 		acts = nil // the knee's own steps down are not the undo
@@ -250,6 +254,7 @@ func TestUndoReachesPausedReader(t *testing.T) {
 		for i := 0; i < 8; i++ {
 			h.step(p.c, p.key, detector.FileLatencyShift, knee)
 		}
+		p.c.goRead(t)
 		p.ramped(t, it)
 		return h, p
 	}

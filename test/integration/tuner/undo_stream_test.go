@@ -185,14 +185,15 @@ func TestUndoReachesRunningStream(t *testing.T) {
 		// The reader pauses across the shutdown (a DataNode's sender
 		// waiting on a slow client): it must not resume on its raised
 		// window.
-		seq.pause(t, 1500*time.Millisecond)
+		resume := seq.pause(t, 1500*time.Millisecond)
 		time.Sleep(50 * time.Millisecond)
 		at := monoNow()
 		require.Equal(t, 0, d.signal(t, syscall.SIGTERM), "SIGTERM exits 0:\n%s", d.logs.String())
+		require.Less(t, monoNow(), resume, "SIGTERM's restore ended while the reader was paused")
 		kf := kernelFile(t, it, seq.Pid, fileKey(t, target))
 		t.Logf("SIGTERM done in %v, the reader paused: f_ra ra_pages %d KB, window %d KB", (monoNow() - at).Round(time.Millisecond), kf.WindowKB(), kf.SizeKB())
 		assert.LessOrEqual(t, kf.SizeKB(), 128, "the paused reader will resume on the device's window (kernel f_ra)")
-		time.Sleep(at + 1500*time.Millisecond - monoNow()) // measured once it reads again
+		time.Sleep(resume - monoNow()) // measured once it reads again
 		backAtDefault(t, l, it, seq, target, control, 1100)
 	})
 
