@@ -31,6 +31,7 @@ import (
 )
 
 // childEnv makes the test binary a reader process: "seq:PATH",
+// "sendfile:PATH" (sequential, at explicit offsets: a DataNode's sender),
 // "random:PATH" (mmap) or "pread:PATH" (buffered random 4 KB reads). The daemon must reach a separate process's open file
 // (pidfd_getfd), as it reaches a DataNode's.
 const childEnv = "READAHEADD_TUNER_IT_CHILD"
@@ -136,6 +137,8 @@ func childMain(spec string) int {
 	rng := rand.New(rand.NewPCG(uint64(os.Getpid()), 7))
 	lastDrop := time.Now()
 	var sink byte
+	var null *os.File // sendfile's destination
+	var sendOff int64
 	// touch16 reads one byte of 16 random pages of the mapping.
 	touch16 := func() {
 		for i := 0; i < 16; i++ {
@@ -170,6 +173,27 @@ func childMain(spec string) int {
 				// its readahead state, stay the same.
 				_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
 				_, err = f.Seek(0, io.SeekStart)
+			}
+			if err != nil {
+				fmt.Println("error", err)
+				return 1
+			}
+		case "sendfile":
+			// As a DataNode sends a block: sendfile at explicit offsets,
+			// the file position left at 0.
+			if null == nil {
+				if null, err = os.OpenFile(os.DevNull, os.O_WRONLY, 0); err != nil {
+					fmt.Println("error", err)
+					return 1
+				}
+			}
+			n, err := unix.Sendfile(int(null.Fd()), int(f.Fd()), &sendOff, lab.SeqBlock)
+			mu.Lock()
+			count += int64(n)
+			mu.Unlock()
+			if err == nil && n == 0 {
+				_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+				sendOff = 0
 			}
 			if err != nil {
 				fmt.Println("error", err)

@@ -1,6 +1,7 @@
 package tuner
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -89,12 +90,26 @@ type pausedRun struct {
 
 func startPaused(t *testing.T, l *lab.Lab, it *fileras.Iter, name string, mb int) (*pausedRun, string) {
 	t.Helper()
+	return startPausedMode(t, l, "seq", name, mb)
+}
+
+func startPausedMode(t *testing.T, l *lab.Lab, mode, name string, mb int) (*pausedRun, string) {
+	t.Helper()
 	path, err := l.WriteFile(name, mb)
 	require.NoError(t, err)
 	require.NoError(t, l.SetPermanent(streamSlowdown, path))
 	require.NoError(t, lab.DropFileCache(path))
-	c := startChild(t, "seq", path) // its file open; reads from goRead
+	c := startChild(t, mode, path) // its file open; reads from goRead
 	return &pausedRun{c: c, path: path, key: fileKey(t, path)}, path
+}
+
+// fd is the reader's descriptor on its file.
+func (p *pausedRun) fd(t *testing.T) int {
+	t.Helper()
+	refs, err := rt.NewProcFileOps().Find(uint32(p.c.Pid), p.key)
+	require.NoError(t, err)
+	require.Len(t, refs, 1)
+	return refs[0].FD
 }
 
 // ramped lets the reader run on its raised window, then measures it.
@@ -193,15 +208,19 @@ func TestUndoReachesPausedReader(t *testing.T) {
 		return false
 	}
 
-	// The case as reported: 2048 KB, through the Lowerer every undo
-	// calls, with what it costs.
+	// The case as reported: 2048 KB, a DataNode's sender (sendfile, no
+	// file position), through the Lowerer every undo calls, with what it
+	// costs.
 	t.Run("2048 KB, its cost", func(t *testing.T) {
-		p, _ := startPaused(t, l, it, "blk_2048", mb)
+		p, _ := startPausedMode(t, l, "sendfile", "blk_2048", mb)
 		low := &rt.Lowerer{Sysfs: blockdev.SysFS{Root: "/sys"}, Files: rt.NewProcFileOps(), States: fileras.States{It: it}}
 		set := lowerOne(t, l, low, p.c.Pid, p.key)
 		set(2048)
 		p.c.goRead(t)
 		p.ramped(t, it)
+		fdinfo, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%d", p.c.Pid, p.fd(t)))
+		require.NoError(t, err)
+		require.Contains(t, string(fdinfo), "pos:\t0\n", "a sendfile reader's file position stays 0")
 		at := monoNow()
 		st := set(128)
 		t.Logf("Lower to 128 KB: held %v (IdleHold 200ms), %d restarted, %d unconfirmed, %.1f MB to read again, read_ahead_kb at 0 for %v",
