@@ -237,6 +237,32 @@ func TestRestorePinsLowersTheRunningStream(t *testing.T) {
 	assert.Empty(t, r.store.Pins())
 }
 
+// restore after a crash: an idle reader is restarted; one whose window
+// cannot be dropped is reported and its record kept.
+func TestRestorePinsLowersAnIdleReader(t *testing.T) {
+	for _, drops := range []bool{true, false} {
+		r, s := newStreamRig(t, Config{DisablePrefetch: true})
+		p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+		r.files.open(100, 7, p, key)
+		s.size[key], r.files.window[key] = 1024, 1024 // left by a killed run
+		s.idle, s.noDrop = true, !drops
+		require.NoError(t, r.store.UpdatePins([]state.Pin{{PID: 100, FD: 7, Dev: uint32(key.Dev), Ino: key.Ino, Device: "sdb", WindowKB: 1024, Path: p}}, nil))
+		res, err := RestorePins(r.store, s, r.tn.scope, nil, &Lowerer{Sysfs: r.sys, Files: s, States: s})
+		require.NoError(t, err)
+		assert.Equal(t, 128, r.files.window[key])
+		if drops {
+			assert.Equal(t, PinsRestored{Reset: 1}, res)
+			assert.LessOrEqual(t, s.size[key], 128)
+			assert.Empty(t, r.store.Pins())
+			continue
+		}
+		assert.Zero(t, res.Reset)
+		require.Len(t, res.Unconfirmed, 1)
+		assert.Contains(t, res.Unconfirmed[0].String(), "pid 100 fd 7")
+		assert.Len(t, r.store.Pins(), 1, "its record is kept for another restore")
+	}
+}
+
 // A break waits for its reader with the tuner's lock released: the event
 // path and status are served meanwhile, not after the break (an idle
 // reader holds a break for IdleHold, 200 ms).
