@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
 	"github.com/readaheadd/readaheadd/pkg/clock"
@@ -186,7 +187,8 @@ func knee(kb int) float64 {
 // SIGTERM runs) or `readaheadd restore` after a SIGKILL. When it reads on,
 // its kernel window (f_ra) is the device's and it reads at the default
 // window's rate (0.8-1.25x a fresh reader's, side by side): not on the
-// raised window, and not left without readahead.
+// raised window, and not left without readahead. A reader whose window
+// cannot be lowered is named by restore, which exits 1.
 func TestUndoReachesPausedReader(t *testing.T) {
 	needRoot(t)
 	it, err := fileras.Open()
@@ -296,6 +298,38 @@ func TestUndoReachesPausedReader(t *testing.T) {
 		require.Equal(t, 0, code)
 		assert.Contains(t, out, "0 not confirmed")
 		p.after(t, l, it, at, control, mb)
+	})
+
+	// When the window ahead of the paused reader cannot be dropped
+	// (another process maps those pages), restore names the file, keeps
+	// its record and exits 1.
+	t.Run("restore, window ahead mapped", func(t *testing.T) {
+		h, p := raise(t, "blk_mapped")
+		kf := kernelFile(t, it, p.c.Pid, p.key)
+		f, err := os.Open(p.path)
+		require.NoError(t, err)
+		defer f.Close()
+		end := int64(kf.Start+uint64(kf.Size)) << 12
+		m, err := unix.Mmap(int(f.Fd()), 0, int(end), unix.PROT_READ, unix.MAP_SHARED)
+		require.NoError(t, err)
+		defer unix.Munmap(m)
+		var sink byte
+		for off := kf.PrevPos &^ 4095; off < end; off += 4096 {
+			sink ^= m[off]
+		}
+		touchSink.Store(uint32(sink))
+		require.NoError(t, h.store.Close())
+		code, out := runCLI(t, "restore", "--state-dir", h.dir, "--device", l.Name, "--allow-path", l.Mount)
+		t.Logf("readaheadd restore: exit %d\n%s", code, out)
+		assert.Equal(t, 1, code)
+		assert.Contains(t, out, "1 not confirmed")
+		assert.Contains(t, out, fmt.Sprintf("NOT confirmed: pid %d fd %d (%s)", p.c.Pid, p.fd(t), p.path))
+		st, err := state.Open(h.dir, state.Options{})
+		require.NoError(t, err)
+		defer st.Close()
+		assert.Len(t, st.Pins(), 1, "its record is kept for another restore")
+		p.c.stop()
+		require.NoError(t, os.Remove(p.path))
 	})
 }
 
