@@ -2,7 +2,9 @@ package main
 
 import (
 	"log/slog"
+	"os"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -40,18 +42,17 @@ func fileOps(it *fileras.Iter) tuner.FileOps {
 	return fileras.NewFileOps(it)
 }
 
-// openFileWindows counts the open regular files on the disks in keep
-// (every disk when keep is empty) by the window the kernel holds for them.
-// Files on a partition count for its disk.
-func openFileWindows(it *fileras.Iter, sys blockdev.SysFS, keep map[string]bool, log *slog.Logger) func() []metrics.OpenWindows {
+// openFiles is the census of open files (countOpenFiles), reused while
+// it is recent.
+func openFiles(it *fileras.Iter, sys blockdev.SysFS, keep map[string]bool, log *slog.Logger) func() metrics.OpenFiles {
 	var (
 		mu   sync.Mutex
-		last []metrics.OpenWindows
+		last metrics.OpenFiles
 		at   time.Time
 		took time.Duration
 	)
-	count := countOpenWindows(it, sys, keep, log)
-	return func() []metrics.OpenWindows {
+	count := countOpenFiles(it, sys, keep, log)
+	return func() metrics.OpenFiles {
 		mu.Lock()
 		defer mu.Unlock()
 		if !at.IsZero() && time.Since(at) < max(censusReused, censusShare*took) {
@@ -64,15 +65,21 @@ func openFileWindows(it *fileras.Iter, sys blockdev.SysFS, keep map[string]bool,
 	}
 }
 
-func countOpenWindows(it *fileras.Iter, sys blockdev.SysFS, keep map[string]bool, log *slog.Logger) func() []metrics.OpenWindows {
+// countOpenFiles walks, at each call, the open regular files on the disks in
+// keep (every disk when keep is empty): it counts them by the window in
+// force the kernel holds for them, and lists those above their disk's
+// read_ahead_kb. Files on a partition count for its disk.
+func countOpenFiles(it *fileras.Iter, sys blockdev.SysFS, keep map[string]bool, log *slog.Logger) func() metrics.OpenFiles {
 	disk := map[probe.Dev]string{} // s_dev -> disk name, "" for none (tmpfs, overlay...)
-	return func() []metrics.OpenWindows {
+	return func() metrics.OpenFiles {
 		fs, err := it.Files(fileras.Query{AllDevs: true})
 		if err != nil {
 			log.Warn("could not read the open files' readahead windows", "err", err)
-			return nil
+			return metrics.OpenFiles{}
 		}
+		out := metrics.OpenFiles{AboveCount: map[string]int{}}
 		counts := map[metrics.OpenWindows]int{}
+		devKB := map[string]int{} // read_ahead_kb per disk, this walk
 		for _, f := range fs {
 			name, ok := disk[f.Key.Dev]
 			if !ok {
@@ -84,18 +91,34 @@ func countOpenWindows(it *fileras.Iter, sys blockdev.SysFS, keep map[string]bool
 			if name == "" || len(keep) > 0 && !keep[name] {
 				continue
 			}
-			counts[metrics.OpenWindows{Device: name, WindowKB: f.WindowKB()}]++
+			counts[metrics.OpenWindows{Device: name, WindowKB: f.InForceKB()}]++
+			kb, ok := devKB[name]
+			if !ok {
+				if kb, err = sys.ReadAheadKB(name); err != nil {
+					kb = -1 // unreadable: no file is called above it
+				}
+				devKB[name] = kb
+			}
+			if kb < 0 || f.InForceKB() <= kb {
+				continue
+			}
+			out.AboveCount[name]++
+			if len(out.Above) < metrics.MaxAboveListed {
+				path, _ := os.Readlink("/proc/" + strconv.FormatUint(uint64(f.Tgid), 10) + "/fd/" + strconv.Itoa(f.FD))
+				out.Above = append(out.Above, metrics.OpenFileAbove{Device: name, DeviceKB: kb, PID: f.Tgid, FD: f.FD, Path: path,
+					RAPagesKB: f.WindowKB(), StreamKB: f.SizeKB()})
+			}
 		}
-		out := make([]metrics.OpenWindows, 0, len(counts))
+		out.Windows = make([]metrics.OpenWindows, 0, len(counts))
 		for k, n := range counts {
 			k.Files = n
-			out = append(out, k)
+			out.Windows = append(out.Windows, k)
 		}
-		sort.Slice(out, func(i, j int) bool {
-			if out[i].Device != out[j].Device {
-				return out[i].Device < out[j].Device
+		sort.Slice(out.Windows, func(i, j int) bool {
+			if out.Windows[i].Device != out.Windows[j].Device {
+				return out.Windows[i].Device < out.Windows[j].Device
 			}
-			return out[i].WindowKB < out[j].WindowKB
+			return out.Windows[i].WindowKB < out.Windows[j].WindowKB
 		})
 		return out
 	}

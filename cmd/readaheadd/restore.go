@@ -110,13 +110,22 @@ record refused is printed on one line and kept.`,
 						defer it.Close()
 						low.States = fileras.States{It: it}
 					} else {
-						fmt.Fprintf(cmd.ErrOrStderr(), "warning: open files' readahead iterator not available (%v): each reset file pauses its readahead for %v\n", ierr, tuner.DefaultHold)
+						fmt.Fprintf(cmd.ErrOrStderr(), "warning: open files' readahead iterator not available (%v): each reset file pauses its readahead for %v, and none can be confirmed\n", ierr, tuner.DefaultHold)
 					}
 					res, perr := tuner.RestorePins(st, files, scope, devices, low)
-					fmt.Fprintf(out, "open files: %d window(s) reset to their device's, %d reader(s) gone, %d record(s) refused (outside the allow-paths or the tuned disks)\n",
-						res.Reset, res.Gone, res.Refused)
+					fmt.Fprintf(out, "open files: %d window(s) reset to their device's, %d not confirmed, %d reader(s) gone, %d record(s) refused (outside the allow-paths or the tuned disks)\n",
+						res.Reset, len(res.Unconfirmed), res.Gone, res.Refused)
+					// The kernel's own state is the proof: a file it still
+					// shows above its device's window is named, and fails
+					// the command.
+					for _, u := range res.Unconfirmed {
+						fmt.Fprintf(out, "  NOT confirmed: %s (record kept in %s)\n", u, st.PinsPath())
+					}
 					if perr != nil {
 						err = errors.Join(err, fmt.Errorf("per-file windows not reset (kept in %s): %w", st.PinsPath(), perr))
+					}
+					if n := len(res.Unconfirmed); n > 0 {
+						err = errors.Join(err, fmt.Errorf("%d open file(s) not confirmed at their device's window: run restore again, or restart their readers", n))
 					}
 				}
 			}

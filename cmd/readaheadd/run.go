@@ -283,7 +283,7 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 		for _, d := range v.Disks {
 			keep[d.Name] = true
 		}
-		sources.OpenFileWindows = openFileWindows(ra, env.sys, keep, log)
+		sources.OpenFiles = openFiles(ra, env.sys, keep, log)
 	}
 	if fc, ok := ctl.(interface{ DetectorFiles() (int, uint64) }); ok {
 		sources.DetectorFiles = fc.DetectorFiles

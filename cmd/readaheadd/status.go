@@ -96,6 +96,19 @@ func printStatus(w io.Writer, st metrics.Status) {
 			fmt.Fprintf(tw, "  %s\t%d\t%d\n", o.Device, o.WindowKB, o.Files)
 		}
 		tw.Flush()
+		// Above the device's own window: what readaheadd holds raised
+		// now, or what a run left behind.
+		if len(st.OpenFilesAbove) == 0 {
+			fmt.Fprintln(w, "open files above their device's window: none")
+		} else {
+			fmt.Fprintln(w, "open files above their device's window (kernel's f_ra):")
+			tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "  DEVICE\tDEVICE_KB\tPID\tFD\tRA_PAGES_KB\tSTREAM_KB\tPATH")
+			for _, o := range st.OpenFilesAbove {
+				fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%d\t%s\n", o.Device, o.DeviceKB, o.PID, o.FD, o.RAPagesKB, o.StreamKB, o.Path)
+			}
+			tw.Flush()
+		}
 	}
 
 	fmt.Fprintln(w)

@@ -44,6 +44,18 @@ func TestStatusSummary(t *testing.T) {
 	} {
 		assert.Contains(t, s, want)
 	}
+	assert.NotContains(t, s, "above their device's window", "nothing said without the kernel's per-file state")
+
+	// With the kernel's per-file state: the files above their device's
+	// window are named, or said to be none.
+	st.OpenFileWindows = []metrics.OpenWindows{{Device: "sdb", WindowKB: 128, Files: 4}}
+	out.Reset()
+	printStatus(&out, st)
+	assert.Contains(t, out.String(), "open files above their device's window: none")
+	st.OpenFilesAbove = []metrics.OpenFileAbove{{Device: "sdb", DeviceKB: 128, PID: 42, FD: 7, Path: "/data/dn/blk_1", RAPagesKB: 128, StreamKB: 2048}}
+	out.Reset()
+	printStatus(&out, st)
+	assert.Contains(t, out.String(), "sdb     128        42   7   128          2048       /data/dn/blk_1")
 }
 
 func TestStatusErrors(t *testing.T) {

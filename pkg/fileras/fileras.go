@@ -54,6 +54,11 @@ func (f File) WindowKB() int { return int(f.RAPages) * PageKB }
 // SizeKB is the size of the current readahead window in KB.
 func (f File) SizeKB() int { return int(f.Size) * PageKB }
 
+// InForceKB is the window the file's reader gets: its stream's current
+// window when that is larger than ra_pages (asynchronous readahead keeps
+// it when ra_pages comes down), else ra_pages.
+func (f File) InForceKB() int { return int(max(f.RAPages, f.Size)) * PageKB }
+
 // FModeRandom is f_mode's FMODE_RANDOM (POSIX_FADV_RANDOM).
 const FModeRandom = 0x1000
 
@@ -294,8 +299,8 @@ func decode(raw []byte) ([]File, error) {
 	return out, nil
 }
 
-// Census counts open files per device and window (KB): what is really in
-// force, whoever set it.
+// Census counts open files per device and window (ra_pages, KB), whoever
+// set it.
 type Census map[probe.Dev]map[int]int
 
 // Count builds a Census from a walk.

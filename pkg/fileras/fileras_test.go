@@ -26,6 +26,14 @@ func TestCount(t *testing.T) {
 	assert.Equal(t, map[int]int{128: 2, 1024: 1}, c[d])
 }
 
+// The window in force is the stream's when asynchronous readahead keeps it
+// above ra_pages, else ra_pages (a file not read yet has no stream).
+func TestInForceKB(t *testing.T) {
+	assert.Equal(t, 2048, File{RAPages: 32, Size: 512}.InForceKB())
+	assert.Equal(t, 128, File{RAPages: 32, Size: 4}.InForceKB())
+	assert.Equal(t, 128, File{RAPages: 32}.InForceKB())
+}
+
 // TestIterSeesFadvise: the iterator reports the window the kernel holds for
 // one of this process's own open files, and its change by fadvise.
 func TestIterSeesFadvise(t *testing.T) {

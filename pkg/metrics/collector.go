@@ -38,7 +38,8 @@ var (
 	descTracked  = desc("detector_files_tracked", "Files the detector keeps state for (bounded by its MaxFiles; idle files age out).")
 	descEvicted  = desc("detector_files_evicted_total", "Files whose detector state was dropped: idle too long, or the oldest when the table was full.")
 	descRepeated = desc("repeated_failures_total", "Failed per-file actions not logged because the same failure (file, action, cause) was logged once before; they are retried with back-off. Causes: out_of_scope, process_gone, fd_gone, permission, other.", "cause")
-	descOpenWin  = desc("open_file_windows", "Open regular files on the device by the readahead window the kernel holds for them (their ra_pages, read with a BPF iterator over every process's open files), whoever set it; window_kb is rounded up to a power of two, \"+Inf\" above 16384.", "device", "window_kb")
+	descOpenWin  = desc("open_file_windows", "Open regular files on the device by the readahead window the kernel holds for them (the larger of their ra_pages and their stream's current window f_ra.size, which asynchronous readahead keeps when ra_pages comes down; read with a BPF iterator over every process's open files), whoever set it; window_kb is rounded up to a power of two, \"+Inf\" above 16384.", "device", "window_kb")
+	descAbove    = desc("open_files_above_device_window", "Open regular files on the device whose window in force (as in open_file_windows) is above the device's read_ahead_kb, whoever set it: while readaheadd runs, the files it raised; after it stops, windows left behind.", "device")
 	descControl  = desc("tuner_control_total", "Events of the tuner's control core by name; docs/metrics.md says what each means (from the tuner's one list of events).", "event")
 	descTunerErr = desc("tuner_errors_total", "Tuner operations that did not happen: file_op (a reader's descriptor could not be taken or advised: process exited, file closed or deleted), out_of_scope (a descriptor outside the allow-paths was refused), rate_limited (a sysfs write deferred).", "kind")
 )
@@ -54,7 +55,7 @@ func NewCollector(src Sources) *Collector { return &Collector{src: src} }
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLatency, descBytes, descRequests, descRA, descRAOrig,
-		descRegime, descActions, descFiles, descSample, descLost, descRunTime, descMissed, descAttached, descDryRun, descTunerErr, descRepeated, descControl, descTracked, descEvicted, descOpenWin} {
+		descRegime, descActions, descFiles, descSample, descLost, descRunTime, descMissed, descAttached, descDryRun, descTunerErr, descRepeated, descControl, descTracked, descEvicted, descOpenWin, descAbove} {
 		ch <- d
 	}
 }
@@ -102,13 +103,19 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 
-	if c.src.OpenFileWindows != nil {
+	if c.src.OpenFiles != nil {
+		of := c.src.OpenFiles()
 		counts := map[[2]string]int{}
-		for _, w := range c.src.OpenFileWindows() {
+		devs := map[string]bool{}
+		for _, w := range of.Windows {
 			counts[[2]string{w.Device, WindowBucket(w.WindowKB)}] += w.Files
+			devs[w.Device] = true
 		}
 		for k, n := range counts {
 			ch <- prometheus.MustNewConstMetric(descOpenWin, prometheus.GaugeValue, float64(n), k[0], k[1])
+		}
+		for d := range devs {
+			ch <- prometheus.MustNewConstMetric(descAbove, prometheus.GaugeValue, float64(of.AboveCount[d]), d)
 		}
 	}
 

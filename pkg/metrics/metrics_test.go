@@ -501,3 +501,28 @@ func TestWindowBucketBounded(t *testing.T) {
 		assert.Equal(t, want, WindowBucket(kb), "%d KB", kb)
 	}
 }
+
+// The open files' windows in force and the files above their device's
+// window reach /metrics and /debug/status.
+func TestOpenFilesExported(t *testing.T) {
+	src := Sources{OpenFiles: func() OpenFiles {
+		return OpenFiles{
+			Windows:    []OpenWindows{{Device: "sdb", WindowKB: 128, Files: 3}, {Device: "sdb", WindowKB: 2048, Files: 1}, {Device: "sdc", WindowKB: 128, Files: 2}},
+			Above:      []OpenFileAbove{{Device: "sdb", DeviceKB: 128, PID: 42, FD: 7, Path: "/data/blk_1", RAPagesKB: 128, StreamKB: 2048}},
+			AboveCount: map[string]int{"sdb": 1},
+		}
+	}}
+	want := `
+# HELP readaheadd_open_files_above_device_window Open regular files on the device whose window in force (as in open_file_windows) is above the device's read_ahead_kb, whoever set it: while readaheadd runs, the files it raised; after it stops, windows left behind.
+# TYPE readaheadd_open_files_above_device_window gauge
+readaheadd_open_files_above_device_window{device="sdb"} 1
+readaheadd_open_files_above_device_window{device="sdc"} 0
+`
+	require.NoError(t, testutil.CollectAndCompare(NewCollector(src), strings.NewReader(want), "readaheadd_open_files_above_device_window"))
+	assert.Equal(t, 3, testutil.CollectAndCount(NewCollector(src), "readaheadd_open_file_windows"))
+	srv := NewServer(src, NewRegistry(src), nil, "v", nil)
+	st := srv.BuildStatus()
+	assert.Len(t, st.OpenFileWindows, 3)
+	require.Len(t, st.OpenFilesAbove, 1)
+	assert.Equal(t, 2048, st.OpenFilesAbove[0].StreamKB)
+}

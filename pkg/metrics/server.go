@@ -52,6 +52,9 @@ type Status struct {
 	// OpenFileWindows: open files per device by the window in force (the
 	// kernel's own per-file state), sorted by device and window.
 	OpenFileWindows []OpenWindows `json:"open_file_windows,omitempty"`
+	// OpenFilesAbove: open files whose window in force is above their
+	// device's read_ahead_kb (at most MaxAboveListed).
+	OpenFilesAbove []OpenFileAbove `json:"open_files_above_device,omitempty"`
 }
 
 // DeviceStatus is one device in Status.
@@ -217,8 +220,9 @@ func (s *Server) BuildStatus() Status {
 	} else {
 		st.Healthy = true
 	}
-	if s.src.OpenFileWindows != nil {
-		st.OpenFileWindows = s.src.OpenFileWindows()
+	if s.src.OpenFiles != nil {
+		of := s.src.OpenFiles()
+		st.OpenFileWindows, st.OpenFilesAbove = of.Windows, of.Above
 	}
 	byName := map[string]int{}
 	if s.src.Tuner != nil {

@@ -125,18 +125,45 @@ type Sources struct {
 	DeviceName func(probe.Dev) string
 	// FilePath resolves a file for display in /debug/files; optional.
 	FilePath func(probe.FileKey) string
-	// OpenFileWindows counts open files per device by the window the
-	// kernel holds for them (a BPF iterator over every process's files);
-	// optional.
-	OpenFileWindows func() []OpenWindows
+	// OpenFiles counts open files per device by the window the kernel
+	// holds for them and lists those above their device's (a BPF iterator
+	// over every process's files); optional.
+	OpenFiles func() OpenFiles
 }
 
+// OpenFiles is one walk of every process's open files on the tuned disks.
+type OpenFiles struct {
+	Windows []OpenWindows
+	// Above: the files whose window in force is above their device's
+	// read_ahead_kb, whoever set it (at most MaxAboveListed listed;
+	// AboveCount counts them all, per device).
+	Above      []OpenFileAbove
+	AboveCount map[string]int
+}
+
+// MaxAboveListed bounds OpenFiles.Above.
+const MaxAboveListed = 50
+
 // OpenWindows is how many open regular files on a device the kernel reads
-// ahead with a window of WindowKB (its ra_pages), whoever set it.
+// ahead with a window of WindowKB, whoever set it: the larger of the
+// file's ra_pages and its stream's current window (f_ra.size, which an
+// asynchronous readahead keeps even when ra_pages comes down).
 type OpenWindows struct {
 	Device   string `json:"device"`
 	WindowKB int    `json:"window_kb"`
 	Files    int    `json:"files"`
+}
+
+// OpenFileAbove is an open file whose window in force is above its
+// device's read_ahead_kb.
+type OpenFileAbove struct {
+	Device    string `json:"device"`
+	DeviceKB  int    `json:"device_kb"`
+	PID       uint32 `json:"pid"`
+	FD        int    `json:"fd"`
+	Path      string `json:"path"`
+	RAPagesKB int    `json:"ra_pages_kb"` // the file's ra_pages
+	StreamKB  int    `json:"stream_kb"`   // its stream's window (f_ra.size)
 }
 
 // WindowBucket is the label a window gets in readaheadd_open_file_windows:

@@ -294,11 +294,21 @@ func (t *Tuner) lowerPin(d *devState, kb int, hs []Handle, hrefs []FileRef, errs
 	}
 	if st.Broken > 0 {
 		t.log.Debug("tuner: window lowered on streaming readers", "device", d.name, "to_kb", kb, "files", st.Broken,
-			"break", st.Hold, "device_off", st.DeviceOff, "unconfirmed", st.Unconfirmed, "released", st.Released, "strays_reset", st.Strays)
+			"break", st.Hold, "device_off", st.DeviceOff, "unconfirmed", st.Unconfirmed, "released", st.Released, "strays_reset", st.Strays,
+			"idle_restarted", st.Rearmed, "reread_bytes", st.Reread)
 	}
 	if st.Strays > 0 {
 		t.log.Info("tuner: files opened while read_ahead_kb held another value were given the device's window",
 			"device", d.name, "files", st.Strays)
+	}
+	left := map[FileRef]bool{}
+	for _, u := range st.Left {
+		left[u.Ref] = true
+		t.log.Warn("tuner: open file not confirmed at its new window; its reader may go on with the old one (its record is kept)",
+			"device", d.name, "to_kb", kb, "file", u.String())
+	}
+	if t.closing {
+		t.left = append(t.left, st.Left...)
 	}
 	if st.Set == 0 {
 		t.fileFail += uint64(len(hs))
@@ -309,7 +319,7 @@ func (t *Tuner) lowerPin(d *devState, kb int, hs []Handle, hrefs []FileRef, errs
 	for _, r := range hrefs {
 		if kb != d.orig {
 			*set = append(*set, pinOf(d, r, kb))
-		} else {
+		} else if !left[r] {
 			*clear = append(*clear, pinOf(d, r, 0))
 		}
 	}
@@ -337,6 +347,9 @@ type PinsRestored struct {
 	Reset   int // windows reset to their device's
 	Gone    int // readers exited, or descriptors closed or reused
 	Refused int // outside the allow-paths or the tuned devices: not touched, dropped
+	// Unconfirmed: files the kernel still shows above their device's
+	// window (or that could not be checked); their records are kept.
+	Unconfirmed []Unconfirmed
 }
 
 // RestorePins gives every open file that an earlier run recorded as pinned
@@ -411,9 +424,16 @@ func RestorePins(st *state.Store, files FileOps, scope *Scope, devices []string,
 			var lst LowerStats
 			lst, rerr = low.Lower(LowerReq{Device: dev, DeviceKB: kb, KB: kb, Files: fs})
 			if rerr == nil || lst.Set == len(fs) {
-				res.Reset += len(fs)
+				left := map[FileRef]bool{}
+				for _, u := range lst.Left {
+					left[u.Ref] = true
+				}
+				res.Unconfirmed = append(res.Unconfirmed, lst.Left...)
 				for _, f := range fs {
-					done = append(done, pinOfFile[f.H])
+					if !left[f.Ref] {
+						res.Reset++
+						done = append(done, pinOfFile[f.H])
+					}
 				}
 			}
 		}

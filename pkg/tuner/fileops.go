@@ -20,6 +20,7 @@ const (
 	AdviceNormal     Advice = unix.FADV_NORMAL
 	AdviceSequential Advice = unix.FADV_SEQUENTIAL
 	AdviceWillNeed   Advice = unix.FADV_WILLNEED
+	AdviceDontNeed   Advice = unix.FADV_DONTNEED
 )
 
 func (a Advice) String() string {
@@ -30,6 +31,8 @@ func (a Advice) String() string {
 		return "SEQUENTIAL"
 	case AdviceWillNeed:
 		return "WILLNEED"
+	case AdviceDontNeed:
+		return "DONTNEED"
 	}
 	return strconv.Itoa(int(a))
 }
@@ -194,6 +197,27 @@ func (h procHandle) Fadvise(off, length int64, advice Advice) error {
 }
 
 func (h procHandle) Close() error { return unix.Close(int(h)) }
+
+// CachedBytes implements pageCache with cachestat(2) (Linux 6.5).
+func (h procHandle) CachedBytes(off, length int64) (int64, error) {
+	var cs unix.Cachestat_t
+	if err := unix.Cachestat(uint(h), &unix.CachestatRange{Off: uint64(off), Len: uint64(length)}, &cs, 0); err != nil {
+		return 0, fmt.Errorf("cachestat: %w", err)
+	}
+	return int64(cs.Cache) * int64(os.Getpagesize()), nil
+}
+
+// ReadPage implements pageCache: one page read through the reader's own
+// open file (the descriptor shares it), so its readahead state moves as if
+// the reader had read it.
+func (h procHandle) ReadPage(off int64) (int, error) {
+	buf := make([]byte, os.Getpagesize())
+	n, err := unix.Pread(int(h), buf, off)
+	if err != nil {
+		return n, fmt.Errorf("read a page at %d: %w", off, err)
+	}
+	return n, nil
+}
 
 // Scope decides which files may get per-file actions (package scope).
 type Scope = scope.Scope

@@ -20,6 +20,8 @@ package tuner
 // large folios the marker folio spans much of the window, the next read
 // hits it again, and the window is back at its old size (measured).
 // A file whose current window is not above the wanted one needs no break.
+// A reader that does not move during the break (paused) would resume on
+// its old window: its stream is restarted where it stands (rearm.go).
 //
 // ra_pages can only be set through the device: write 0 to read_ahead_kb,
 // POSIX_FADV_NORMAL, write the device's value back. Any file opened in
@@ -112,8 +114,9 @@ type Lowerer struct {
 	// Poll is how often the readers' progress is read during a break
 	// (default 1ms). A break lasts until the reader is past its window,
 	// at most MaxHold (default 2s: a reader at 4 MB/s two 4 MB windows
-	// behind), and ends sooner when the reader has not moved for IdleHold
-	// (default 200ms). Hold is the break without States (default 250ms).
+	// behind); a reader that has not moved for IdleHold (default 200ms),
+	// or is still in its window at MaxHold, is restarted where it stands
+	// (rearm.go). Hold is the break without States (default 250ms).
 	Poll, MaxHold, IdleHold, Hold time.Duration
 	Sleep                         func(time.Duration) // default time.Sleep
 	Now                           func() time.Duration
@@ -156,13 +159,30 @@ type LowerReq struct {
 type LowerStats struct {
 	Set         int           // files given the window
 	Broken      int           // files that needed a break (window above KB)
-	Unconfirmed int           // broken files whose reader did not read past its window (idle, or MaxHold)
+	Rearmed     int           // idle readers whose stream was restarted from their position (rearm.go)
+	Unconfirmed int           // files whose kernel window could not be confirmed at most KB (listed in Left)
 	Released    int           // broken files whose reader closed them or exited during the break
 	Hold        time.Duration // longest break (ra_pages 0) of a file
+	// Reread is what the readers will read again: the bytes ahead of
+	// them that Rearmed dropped from the page cache.
+	Reread int64
 	// DeviceOff is the longest instant read_ahead_kb held a value other
 	// than DeviceKB (0 for a break, KB for a raise-pin-restore).
 	DeviceOff time.Duration
-	Strays    int // files opened during such an instant, given the device's value
+	Strays    int           // files opened during such an instant, given the device's value
+	Left      []Unconfirmed // the files Unconfirmed counts
+}
+
+// Unconfirmed is an open file a Lower could not confirm at its window.
+type Unconfirmed struct {
+	Ref FileRef
+	RA  RAState // the kernel's state last read (zero when unreadable)
+	Why string
+}
+
+func (u Unconfirmed) String() string {
+	return fmt.Sprintf("pid %d fd %d (%s): kernel ra_pages %d KB, window %d KB: %s",
+		u.Ref.Tgid, u.Ref.FD, u.Ref.Path, int(u.RA.RAPages)*pageKB, int(u.RA.Size)*pageKB, u.Why)
 }
 
 // Lower gives each file the window req.KB. Files whose kernel window is
@@ -217,6 +237,7 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 	for len(pending) > 0 {
 		now := l.Now()
 		var done []LowerFile
+		var idle []idleFile
 		var left []wait
 		var states map[int]RAState
 		if known {
@@ -230,6 +251,7 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 			if !known {
 				if now-start >= l.Hold {
 					done = append(done, w.f)
+					st.unconfirmed(w.f, RAState{}, "no kernel state to check the break against (iterator not loaded)")
 				} else {
 					left = append(left, w)
 				}
@@ -245,8 +267,9 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 			case !ok || s.RAPages != 0 || s.passedWindow():
 				done = append(done, w.f)
 			case now-start >= l.MaxHold || now-w.movedAt >= l.IdleHold:
-				st.Unconfirmed++
-				done = append(done, w.f)
+				// Idle, or too slow to leave its window: restarted from
+				// where it is instead (rearm.go).
+				idle = append(idle, idleFile{w.f, s})
 			case hc != nil && due && !hc.Holds(w.f.Ref):
 				st.Released++
 				done = append(done, w.f)
@@ -265,6 +288,10 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 			n, err := l.set(req, done, &st)
 			st.Set += n
 			errs = append(errs, err)
+			st.Hold = max(st.Hold, l.Now()-start)
+		}
+		if len(idle) > 0 {
+			errs = append(errs, l.rearm(req, idle, &st))
 			st.Hold = max(st.Hold, l.Now()-start)
 		}
 		pending = left

@@ -22,11 +22,32 @@ type kfile struct {
 	raPages, size, markers uint32
 	start, pos             uint64
 	hitMarker              bool
+	// Pages [dropFrom, dropTo) were dropped from the page cache; folio
+	// (pages, default 1) is the size of the folios, which DONTNEED drops
+	// only whole.
+	dropFrom, dropTo, folio uint64
+	mapped                  bool // the pages are mapped: DONTNEED drops nothing
+}
+
+func (k *kfile) dropped(p uint64) bool { return p >= k.dropFrom && p < k.dropTo }
+
+// miss is the synchronous path at page p: a fresh window from ra_pages
+// (nothing with ra_pages 0).
+func (k *kfile) miss(p uint64) {
+	if k.raPages == 0 {
+		return
+	}
+	k.start, k.size, k.hitMarker = p, min(4, k.raPages), false
+	k.dropFrom, k.dropTo = 0, 0
 }
 
 func (k *kfile) advance(pages uint64) {
 	for i := uint64(0); i < pages; i++ {
 		k.pos++
+		if k.dropped(k.pos) {
+			k.miss(k.pos)
+			continue
+		}
 		if k.pos == k.start && !k.hitMarker {
 			k.hitMarker = true
 			if k.raPages != 0 {
@@ -109,8 +130,16 @@ type kHandle struct {
 }
 
 func (h kHandle) FD() int { return h.fd }
-func (h kHandle) Fadvise(_, _ int64, a Advice) error {
+func (h kHandle) Fadvise(off, n int64, a Advice) error {
 	f := h.k.files[h.fd]
+	if a == AdviceDontNeed {
+		fo := max(f.folio, 1)
+		from, to := (uint64(off)>>12+fo-1)/fo*fo, uint64(off+n)>>12
+		if !f.mapped && from < to {
+			f.dropFrom, f.dropTo = from, to
+		}
+		return nil
+	}
 	f.raPages = uint32(h.k.devKB / 4)
 	if a == AdviceSequential {
 		f.raPages *= 2
@@ -118,6 +147,25 @@ func (h kHandle) Fadvise(_, _ int64, a Advice) error {
 	return nil
 }
 func (h kHandle) Close() error { return nil }
+
+func (h kHandle) CachedBytes(off, n int64) (int64, error) {
+	f := h.k.files[h.fd]
+	var c int64
+	for p := uint64(off) >> 12; p < uint64(off+n+4095)>>12; p++ {
+		if p < f.start+uint64(f.size) && !f.dropped(p) {
+			c += 4096
+		}
+	}
+	return c, nil
+}
+
+func (h kHandle) ReadPage(off int64) (int, error) {
+	f := h.k.files[h.fd]
+	if p := uint64(off) >> 12; f.dropped(p) {
+		f.miss(p)
+	}
+	return 4096, nil
+}
 
 type kOther struct {
 	k *kernel
@@ -213,15 +261,47 @@ func TestLowerWithoutBreak(t *testing.T) {
 	assert.EqualValues(t, 4, k.files[3].raPages)
 }
 
-func TestLowerIdleReaderIsNotLeftAtZero(t *testing.T) {
+// A reader that pauses through the break is restarted where it stands:
+// its window ahead dropped, a page read at its position, and its kernel
+// window is the wanted one before it reads again.
+func TestLowerRestartsAnIdleReader(t *testing.T) {
+	for _, folio := range []uint64{1, 16} {
+		k, l := newKernel()
+		k.rate = 0
+		f := k.streaming(3, 1024)
+		kf := k.files[3]
+		kf.folio = folio
+		kf.pos = kf.start - 8 // in the middle of a 16-page folio of its previous window
+		st, err := l.Lower(LowerReq{Device: "sdb", DeviceKB: 128, KB: 128, Files: []LowerFile{f}})
+		require.NoError(t, err)
+		assert.Equal(t, 1, st.Rearmed, "folio %d", folio)
+		assert.Zero(t, st.Unconfirmed)
+		assert.Equal(t, l.IdleHold, st.Hold, "a reader that does not move ends its break after IdleHold")
+		assert.EqualValues(t, 32, kf.raPages)
+		assert.LessOrEqual(t, kf.size, uint32(32), "the kernel window is the device's before the reader reads again")
+		assert.EqualValues(t, (8+256)*4096, st.Reread, "what is read again: the rest of its window and the next one")
+		k.rate = 16
+		for i := 0; i < 100; i++ {
+			k.sleep(time.Millisecond)
+		}
+		assert.EqualValues(t, 32, kf.size, "the resumed stream runs on the device's window")
+	}
+}
+
+// A reader whose window ahead cannot be dropped (mapped) is reported.
+func TestLowerReportsAnIdleReaderItCannotRestart(t *testing.T) {
 	k, l := newKernel()
 	k.rate = 0
 	f := k.streaming(3, 1024)
+	k.files[3].mapped = true
 	st, err := l.Lower(LowerReq{Device: "sdb", DeviceKB: 128, KB: 128, Files: []LowerFile{f}})
 	require.NoError(t, err)
+	assert.Zero(t, st.Rearmed)
 	assert.Equal(t, 1, st.Unconfirmed)
-	assert.Equal(t, l.IdleHold, st.Hold, "a reader that does not move ends its break after IdleHold")
-	assert.EqualValues(t, 32, k.files[3].raPages)
+	require.Len(t, st.Left, 1)
+	assert.Equal(t, f.Ref, st.Left[0].Ref)
+	assert.EqualValues(t, 256, st.Left[0].RA.Size)
+	assert.EqualValues(t, 32, k.files[3].raPages, "never left at 0")
 }
 
 // A reader that closed its file (or exited) during the break will never
@@ -236,7 +316,7 @@ func TestLowerEndsTheBreakOfAReaderThatClosedItsFile(t *testing.T) {
 	st, err := l.Lower(LowerReq{Device: "sdb", DeviceKB: 128, KB: 128, Files: []LowerFile{f, g}})
 	require.NoError(t, err)
 	assert.Equal(t, 1, st.Released)
-	assert.Equal(t, 1, st.Unconfirmed, "the reader that still holds its file waits IdleHold")
+	assert.Equal(t, 1, st.Rearmed, "the reader that still holds its file waits IdleHold")
 	assert.EqualValues(t, 32, k.files[3].raPages)
 	assert.EqualValues(t, 32, k.files[4].raPages)
 
@@ -294,7 +374,7 @@ func TestLowerWithoutStatesHoldsAFixedBreak(t *testing.T) {
 	st, err := l.Lower(LowerReq{Device: "sdb", DeviceKB: 128, KB: 128, Files: []LowerFile{f}})
 	require.NoError(t, err)
 	assert.Equal(t, 40*time.Millisecond, st.Hold)
-	assert.Zero(t, st.Unconfirmed)
+	assert.Equal(t, 1, st.Unconfirmed, "without the kernel's state nothing is confirmed")
 	for i := 0; i < 100; i++ {
 		k.sleep(time.Millisecond)
 	}

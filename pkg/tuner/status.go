@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 )
 
 func (t *Tuner) emit(a Action) {
@@ -159,10 +160,25 @@ func (t *Tuner) RestoreAll() error {
 		// Windows the undos above did not reach (a reader not found
 		// this time) are reset from the record.
 		if len(t.deps.Store.Pins()) > 0 {
-			if _, err := RestorePins(t.deps.Store, t.deps.Files, t.scope, t.cfg.Devices, t.lower); err != nil {
+			res, err := RestorePins(t.deps.Store, t.deps.Files, t.scope, t.cfg.Devices, t.lower)
+			if err != nil {
 				errs = append(errs, fmt.Errorf("reset per-file windows: %w", err))
 			}
+			t.left = append(t.left, res.Unconfirmed...)
 		}
+	}
+	// Each file once, as last seen (RestorePins tries the undos' again).
+	last := map[FileRef]Unconfirmed{}
+	for _, u := range t.left {
+		last[u.Ref] = u
+	}
+	if len(last) > 0 {
+		var ls []string
+		for _, u := range last {
+			ls = append(ls, u.String())
+		}
+		sort.Strings(ls)
+		errs = append(errs, fmt.Errorf("%d open file(s) not confirmed at their device's window (records kept for readaheadd restore): %s", len(ls), strings.Join(ls, "; ")))
 	}
 	return errors.Join(errs...)
 }

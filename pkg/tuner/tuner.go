@@ -224,6 +224,7 @@ type Tuner struct {
 	// and the event path takes no new action.
 	lowering map[probe.FileKey]int
 	closing  bool
+	left     []Unconfirmed // files the shutdown's lowerings could not confirm
 }
 
 // New builds a tuner. If the store holds originals from an earlier run that
@@ -281,7 +282,10 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 		// After the devices: a reset open file takes its device's window.
 		res, err := RestorePins(deps.Store, deps.Files, scope, cfg.Devices, t.lower)
 		t.log.Warn("tuner: per-file windows of an earlier run were left (crash?); reset them to their devices' windows",
-			"file", deps.Store.PinsPath(), "reset", res.Reset, "readers_gone", res.Gone, "refused_out_of_scope", res.Refused, "err", err)
+			"file", deps.Store.PinsPath(), "reset", res.Reset, "not_confirmed", len(res.Unconfirmed), "readers_gone", res.Gone, "refused_out_of_scope", res.Refused, "err", err)
+		for _, u := range res.Unconfirmed {
+			t.log.Warn("tuner: open file not confirmed at its device's window; its record is kept", "file", u.String())
+		}
 	}
 	t.loadPriors()
 	return t, nil

@@ -23,6 +23,10 @@ type streams struct {
 	*fakeFiles
 	size   map[probe.FileKey]int // KB
 	broken map[probe.FileKey]bool
+	// dropped: the window ahead of an idle reader was dropped from the
+	// page cache; the next read misses and starts afresh at ra_pages.
+	dropped map[probe.FileKey]bool
+	noDrop  bool // DONTNEED drops nothing (pages mapped)
 	// idle: the readers do not move (a break waits for them until
 	// IdleHold); onBreak runs at each poll of a break.
 	idle    bool
@@ -75,10 +79,30 @@ type streamHandle struct {
 	h   Handle
 }
 
-func (h *streamHandle) FD() int      { return h.ref.FD }
+func (h *streamHandle) FD() int { return h.ref.FD }
+
+func (h *streamHandle) CachedBytes(_, n int64) (int64, error) {
+	if h.s.dropped[h.ref.Key] {
+		return 0, nil
+	}
+	return n, nil
+}
+
+func (h *streamHandle) ReadPage(int64) (int, error) {
+	k := h.ref.Key
+	if w := h.s.window[k]; h.s.dropped[k] && w > 0 {
+		h.s.size[k], h.s.broken[k], h.s.dropped[k] = min(w, 16), false, false
+	}
+	return 4096, nil
+}
+
 func (h *streamHandle) Close() error { return h.h.Close() }
 func (h *streamHandle) Fadvise(off, n int64, a Advice) error {
 	k := h.ref.Key
+	if a == AdviceDontNeed {
+		h.s.dropped[k] = !h.s.noDrop
+		return nil
+	}
 	size := h.s.sizeOf(k)
 	if err := h.h.Fadvise(off, n, a); err != nil {
 		return err
@@ -87,7 +111,7 @@ func (h *streamHandle) Fadvise(off, n int64, a Advice) error {
 	switch {
 	case w == 0:
 		h.s.broken[k] = true
-	case h.s.broken[k]:
+	case h.s.broken[k] && !h.s.idle: // an idle reader does not outrun its break
 		h.s.size[k], h.s.broken[k] = w, false
 	default:
 		h.s.size[k] = max(size, w)
@@ -99,7 +123,7 @@ func newStreamRig(t *testing.T, cfg Config) (*rig, *streams) {
 	t.Helper()
 	r := &rig{t: t, clk: clock.NewFake(time.Hour), sys: newFakeSys(128), dir: t.TempDir()}
 	r.files = newFakeFiles(r.sys)
-	s := &streams{fakeFiles: r.files, size: map[probe.FileKey]int{}, broken: map[probe.FileKey]bool{}}
+	s := &streams{fakeFiles: r.files, size: map[probe.FileKey]int{}, broken: map[probe.FileKey]bool{}, dropped: map[probe.FileKey]bool{}}
 	cfg.AllowPaths = []string{filepath.Join(r.dir, "data")}
 	require.NoError(t, os.MkdirAll(cfg.AllowPaths[0], 0o755))
 	st, err := state.Open(filepath.Join(r.dir, "state"), state.Options{BootID: "b"})
@@ -129,12 +153,7 @@ func TestBackOffLowersTheRunningStream(t *testing.T) {
 func TestRegimeEndAndShutdownLowerTheRunningStream(t *testing.T) {
 	for _, end := range []string{"regime end", "shutdown"} {
 		t.Run(end, func(t *testing.T) {
-			r, s := newStreamRig(t, Config{Grace: 5 * time.Second, DisablePrefetch: true})
-			r.tput = kneeModel
-			p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-			r.reader(100, 7, p, key)
-			r.run(6, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
-			require.Greater(t, s.size[key], 128, "the stream runs on a raised window")
+			r, s, key := raisedStreamRig(t)
 			if end == "shutdown" {
 				require.NoError(t, r.tn.RestoreAll())
 			} else {
@@ -145,6 +164,66 @@ func TestRegimeEndAndShutdownLowerTheRunningStream(t *testing.T) {
 			assert.Equal(t, 128, r.sys.get("sdb"))
 		})
 	}
+}
+
+// The same undos, their reader idle through them (a DataNode waiting on a
+// slow client): its stream restarted where it stands, nothing left above
+// the device's window.
+func TestUndosLowerAnIdleReader(t *testing.T) {
+	for _, end := range []string{"back-off", "regime end", "shutdown"} {
+		t.Run(end, func(t *testing.T) {
+			r, s := newStreamRig(t, Config{Grace: 5 * time.Second, DisablePrefetch: true})
+			r.tput = kneeModel
+			if end == "back-off" {
+				r.tput = func(int) float64 { return 60e6 }
+			}
+			p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+			r.reader(100, 7, p, key)
+			r.run(1, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+			if end != "back-off" {
+				r.run(5, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+			}
+			require.Greater(t, s.size[key], 128, "the stream runs on a raised window")
+			s.idle = true
+			switch end {
+			case "back-off":
+				r.run(2, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+			case "regime end":
+				r.run(7, func() detector.Snapshot { return r.snap("", key) })
+			default:
+				require.NoError(t, r.tn.RestoreAll())
+			}
+			assert.Equal(t, 128, r.files.window[key])
+			assert.LessOrEqual(t, s.size[key], 128, "the idle reader's stream starts afresh at the device's window")
+			assert.Empty(t, r.store.Pins())
+		})
+	}
+}
+
+// raisedStreamRig: a reader whose stream the tuner raised (Grace 5 s).
+func raisedStreamRig(t *testing.T) (*rig, *streams, probe.FileKey) {
+	t.Helper()
+	r, s := newStreamRig(t, Config{Grace: 5 * time.Second, DisablePrefetch: true})
+	r.tput = kneeModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.reader(100, 7, p, key)
+	r.run(6, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
+	require.Greater(t, s.size[key], 128, "the stream runs on a raised window")
+	return r, s, key
+}
+
+// An idle reader whose window cannot be dropped: the shutdown names it in
+// its error and keeps its record for readaheadd restore.
+func TestShutdownReportsAFileItCouldNotLower(t *testing.T) {
+	r, s, key := raisedStreamRig(t)
+	s.idle = true
+	s.noDrop = true
+	err := r.tn.RestoreAll()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "1 open file(s) not confirmed at their device's window")
+	assert.Contains(t, err.Error(), "pid 100 fd 7")
+	assert.NotEmpty(t, r.store.Pins(), "its record is kept for readaheadd restore")
+	assert.Equal(t, 128, r.files.window[key], "never left at 0")
 }
 
 func TestRestorePinsLowersTheRunningStream(t *testing.T) {
@@ -160,16 +239,37 @@ func TestRestorePinsLowersTheRunningStream(t *testing.T) {
 	assert.Empty(t, r.store.Pins())
 }
 
+// restore after a crash: an idle reader is restarted; one whose window
+// cannot be dropped is reported and its record kept.
+func TestRestorePinsLowersAnIdleReader(t *testing.T) {
+	for _, drops := range []bool{true, false} {
+		r, s := newStreamRig(t, Config{DisablePrefetch: true})
+		p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+		r.files.open(100, 7, p, key)
+		s.size[key], r.files.window[key] = 1024, 1024 // left by a killed run
+		s.idle, s.noDrop = true, !drops
+		require.NoError(t, r.store.UpdatePins([]state.Pin{{PID: 100, FD: 7, Dev: uint32(key.Dev), Ino: key.Ino, Device: "sdb", WindowKB: 1024, Path: p}}, nil))
+		res, err := RestorePins(r.store, s, r.tn.scope, nil, &Lowerer{Sysfs: r.sys, Files: s, States: s})
+		require.NoError(t, err)
+		assert.Equal(t, 128, r.files.window[key])
+		if drops {
+			assert.Equal(t, PinsRestored{Reset: 1}, res)
+			assert.LessOrEqual(t, s.size[key], 128)
+			assert.Empty(t, r.store.Pins())
+			continue
+		}
+		assert.Zero(t, res.Reset)
+		require.Len(t, res.Unconfirmed, 1)
+		assert.Contains(t, res.Unconfirmed[0].String(), "pid 100 fd 7")
+		assert.Len(t, r.store.Pins(), 1, "its record is kept for another restore")
+	}
+}
+
 // A break waits for its reader with the tuner's lock released: the event
 // path and status are served meanwhile, not after the break (an idle
 // reader holds a break for IdleHold, 200 ms).
 func TestBreakReleasesTheTunersLock(t *testing.T) {
-	r, s := newStreamRig(t, Config{Grace: 5 * time.Second, DisablePrefetch: true})
-	r.tput = kneeModel
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.reader(100, 7, p, key)
-	r.run(6, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
-	require.Greater(t, s.size[key], 128, "the stream runs on a raised window")
+	r, s, key := raisedStreamRig(t)
 	s.idle = true
 	served := make(chan struct{})
 	var started, duringBreak bool

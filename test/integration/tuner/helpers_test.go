@@ -31,6 +31,7 @@ import (
 )
 
 // childEnv makes the test binary a reader process: "seq:PATH",
+// "sendfile:PATH" (sequential, at explicit offsets: a DataNode's sender),
 // "random:PATH" (mmap) or "pread:PATH" (buffered random 4 KB reads). The daemon must reach a separate process's open file
 // (pidfd_getfd), as it reaches a DataNode's.
 const childEnv = "READAHEADD_TUNER_IT_CHILD"
@@ -98,8 +99,17 @@ func childMain(spec string) int {
 		return 0
 	}
 	stop := make(chan struct{})
+	// "pause MS" on stdin: the reader stops reading for MS milliseconds
+	// (a DataNode's sender waiting on a slow client), its file open.
+	var pauseUntil atomic.Int64
 	go func() {
 		for in.Scan() {
+			var ms int64
+			if _, err := fmt.Sscanf(in.Text(), "pause %d", &ms); err == nil {
+				now := monoNow()
+				pauseUntil.Store(int64(now) + ms*int64(time.Millisecond))
+				fmt.Printf("paused %d\n", now)
+			}
 		}
 		close(stop)
 	}()
@@ -127,6 +137,8 @@ func childMain(spec string) int {
 	rng := rand.New(rand.NewPCG(uint64(os.Getpid()), 7))
 	lastDrop := time.Now()
 	var sink byte
+	var null *os.File // sendfile's destination
+	var sendOff int64
 	// touch16 reads one byte of 16 random pages of the mapping.
 	touch16 := func() {
 		for i := 0; i < 16; i++ {
@@ -146,6 +158,10 @@ func childMain(spec string) int {
 			return 0
 		default:
 		}
+		if d := time.Duration(pauseUntil.Load()) - monoNow(); d > 0 {
+			time.Sleep(min(d, 10*time.Millisecond))
+			continue
+		}
 		switch mode {
 		case "seq":
 			n, err := f.Read(buf)
@@ -157,6 +173,27 @@ func childMain(spec string) int {
 				// its readahead state, stay the same.
 				_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
 				_, err = f.Seek(0, io.SeekStart)
+			}
+			if err != nil {
+				fmt.Println("error", err)
+				return 1
+			}
+		case "sendfile":
+			// As a DataNode sends a block: sendfile at explicit offsets,
+			// the file position left at 0.
+			if null == nil {
+				if null, err = os.OpenFile(os.DevNull, os.O_WRONLY, 0); err != nil {
+					fmt.Println("error", err)
+					return 1
+				}
+			}
+			n, err := unix.Sendfile(int(null.Fd()), int(f.Fd()), &sendOff, lab.SeqBlock)
+			mu.Lock()
+			count += int64(n)
+			mu.Unlock()
+			if err == nil && n == 0 {
+				_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+				sendOff = 0
 			}
 			if err != nil {
 				fmt.Println("error", err)
@@ -239,6 +276,8 @@ type child struct {
 	pts  []point
 	errs []string
 	done chan struct{}
+	// pausedAt: when the reader took its latest pause (CLOCK_MONOTONIC).
+	pausedAt atomic.Int64
 }
 
 func startChild(t *testing.T, mode, path string) *child {
@@ -261,6 +300,10 @@ func startChild(t *testing.T, mode, path string) *child {
 		for sc.Scan() {
 			var p point
 			var at int64
+			if _, err := fmt.Sscanf(sc.Text(), "paused %d", &at); err == nil {
+				c.pausedAt.Store(at)
+				continue
+			}
 			if _, err := fmt.Sscanf(sc.Text(), "%d %d %d", &at, &p.Count, &p.ReadBytes); err != nil {
 				c.mu.Lock()
 				c.errs = append(c.errs, sc.Text())
@@ -274,6 +317,17 @@ func startChild(t *testing.T, mode, path string) *child {
 		}
 	}()
 	return c
+}
+
+// pause makes the reader stop reading for d, its file open, and returns
+// when it resumes (CLOCK_MONOTONIC) once it has taken the pause.
+func (c *child) pause(t *testing.T, d time.Duration) time.Duration {
+	t.Helper()
+	before := c.pausedAt.Load()
+	_, err := fmt.Fprintf(c.in, "pause %d\n", d.Milliseconds())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return c.pausedAt.Load() != before }, 5*time.Second, time.Millisecond, "the reader took its pause")
+	return time.Duration(c.pausedAt.Load()) + d
 }
 
 func (c *child) goRead(t *testing.T) {

@@ -39,6 +39,23 @@ func fileKey(t *testing.T, path string) probe.FileKey {
 	return probe.FileKey{Dev: probe.DevFromUnix(st.Dev), Ino: st.Ino}
 }
 
+// lowerOne sets the window of pid's one open file of key through low (the
+// device at 128 KB).
+func lowerOne(t *testing.T, l *lab.Lab, low *rt.Lowerer, pid int, key probe.FileKey) func(kb int) rt.LowerStats {
+	t.Helper()
+	refs, err := low.Files.Find(uint32(pid), key)
+	require.NoError(t, err)
+	require.Len(t, refs, 1)
+	return func(kb int) rt.LowerStats {
+		h, err := low.Files.Dup(refs[0])
+		require.NoError(t, err)
+		defer h.Close()
+		st, err := low.Lower(rt.LowerReq{Device: l.Name, DeviceKB: 128, KB: kb, Files: []rt.LowerFile{{Ref: refs[0], H: h}}})
+		require.NoError(t, err)
+		return st
+	}
+}
+
 // rateOver is a reader's throughput (MB/s) over the next d.
 func rateOver(c *child, d time.Duration) float64 {
 	from := monoNow()
@@ -83,17 +100,7 @@ func TestLowerRunningStream(t *testing.T) {
 	t.Logf("default: %.0f MB/s; f_ra ra_pages %d KB, window %d KB", def, kf.WindowKB(), kf.SizeKB())
 	require.Equal(t, 128, kf.WindowKB())
 
-	refs, err := files.Find(uint32(c.Pid), key)
-	require.NoError(t, err)
-	require.Len(t, refs, 1)
-	set := func(kb int) rt.LowerStats {
-		h, err := files.Dup(refs[0])
-		require.NoError(t, err)
-		defer h.Close()
-		st, err := low.Lower(rt.LowerReq{Device: l.Name, DeviceKB: 128, KB: kb, Files: []rt.LowerFile{{Ref: refs[0], H: h}}})
-		require.NoError(t, err)
-		return st
-	}
+	set := lowerOne(t, l, low, c.Pid, key)
 
 	// Opens in a loop on the device while windows change: each must end
 	// with the device's own window.
@@ -146,6 +153,8 @@ func TestLowerRunningStream(t *testing.T) {
 	require.Greater(t, raised, 1.3*def, "the raised window must speed up the slowed reader")
 
 	// The kernel's behaviour the lowering works around.
+	refs, err := files.Find(uint32(c.Pid), key)
+	require.NoError(t, err)
 	h, err := files.Dup(refs[0])
 	require.NoError(t, err)
 	require.NoError(t, h.Fadvise(0, 0, rt.AdviceNormal))

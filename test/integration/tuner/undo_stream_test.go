@@ -106,6 +106,25 @@ func windowsShown(t *testing.T, d *daemon, l *lab.Lab, kernelKB func() int) {
 		return false
 	}, 5*time.Second, 200*time.Millisecond, "status lists an open file on %s at its kernel window (%d KB):\n%s", l.Name, kb, out)
 	t.Logf("shown at the kernel's %d KB: %s", kb, line)
+	// Above the device's window: counted per device and named.
+	above := fmt.Sprintf(`readaheadd_open_files_above_device_window{device=%q} `, l.Name)
+	assert.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + d.addr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		for _, ln := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(ln, above); ok {
+				n, err := strconv.ParseFloat(v, 64)
+				return err == nil && n >= 1
+			}
+		}
+		return false
+	}, 5*time.Second, 100*time.Millisecond, "/metrics counts the raised reader above its device's window")
+	_, out = runCLI(t, "status", "--metrics-addr", d.addr)
+	assert.Contains(t, out, "open files above their device's window (kernel's f_ra):", out)
 }
 
 // backAtDefault checks the reader's kernel window and, side by side with a
@@ -149,9 +168,9 @@ func noWrap(t *testing.T, c *child, mb int) {
 	require.Less(t, pts[len(pts)-1].Count, int64(mb)<<20, "the reader wrapped around its file: a new pass resets its window, the measurement is void")
 }
 
-// TestUndoReachesRunningStream: SIGTERM, and SIGKILL followed by
-// `readaheadd restore`, bring a reader that is streaming on a window the
-// daemon raised back to the device's window: the kernel's f_ra of its open
+// TestUndoReachesRunningStream: SIGTERM (its reader paused across it), and
+// SIGKILL followed by `readaheadd restore` (its reader streaming), bring a
+// reader on a window the daemon raised back to the device's window: the kernel's f_ra of its open
 // file and its throughput, side by side with a reader at the default.
 func TestUndoReachesRunningStream(t *testing.T) {
 	needRoot(t)
@@ -162,8 +181,19 @@ func TestUndoReachesRunningStream(t *testing.T) {
 	t.Run("SIGTERM", func(t *testing.T) {
 		l := newLab(t)
 		d, seq, target, control, _ := raisedStream(t, l, it)
-		windowsShown(t, d, l, func() int { return kernelFile(t, it, seq.Pid, fileKey(t, target)).WindowKB() })
+		windowsShown(t, d, l, func() int { return kernelFile(t, it, seq.Pid, fileKey(t, target)).InForceKB() })
+		// The reader pauses across the shutdown (a DataNode's sender
+		// waiting on a slow client): it must not resume on its raised
+		// window.
+		resume := seq.pause(t, 1500*time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
+		at := monoNow()
 		require.Equal(t, 0, d.signal(t, syscall.SIGTERM), "SIGTERM exits 0:\n%s", d.logs.String())
+		require.Less(t, monoNow(), resume, "SIGTERM's restore ended while the reader was paused")
+		kf := kernelFile(t, it, seq.Pid, fileKey(t, target))
+		t.Logf("SIGTERM done in %v, the reader paused: f_ra ra_pages %d KB, window %d KB", (monoNow() - at).Round(time.Millisecond), kf.WindowKB(), kf.SizeKB())
+		assert.LessOrEqual(t, kf.SizeKB(), 128, "the paused reader will resume on the device's window (kernel f_ra)")
+		time.Sleep(resume - monoNow()) // measured once it reads again
 		backAtDefault(t, l, it, seq, target, control, 1100)
 	})
 
