@@ -13,6 +13,7 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
 	"github.com/readaheadd/readaheadd/pkg/clock"
 	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/failslow"
 	"github.com/readaheadd/readaheadd/pkg/metrics"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 	"github.com/readaheadd/readaheadd/pkg/state"
@@ -50,6 +51,11 @@ type pipeline struct {
 	counts map[[3]string]uint64 // device, action, result
 	// Regimes active at the last Step, to log each entry and exit once.
 	regimes map[regimeID]bool
+
+	// Fail-slow verdicts, judged on each Step's snapshot.
+	judge *failslow.Judge
+	slow  []failslow.Disk
+	names func(probe.Dev) string // device names for logs; may be nil
 }
 
 type regimeID struct {
@@ -86,6 +92,37 @@ func (p *pipeline) logRegimes(snap detector.Snapshot) {
 	p.regimes = now
 }
 
+// logFailSlow logs, at WARN, each disk named fail-slow and each one
+// cleared since the last Step.
+func (p *pipeline) logFailSlow(prev, cur []failslow.Disk) {
+	was := map[probe.Dev]bool{}
+	for _, d := range prev {
+		was[d.Device] = d.Slow
+	}
+	for _, d := range cur {
+		name := d.Device.String()
+		if p.names != nil {
+			if n := p.names(d.Device); n != "" {
+				name = n
+			}
+		}
+		switch {
+		case d.Slow && !was[d.Device]:
+			p.log.Warn("fail-slow disk: reads slower than its reference for the hold time", "device", name,
+				"ratio", fmt.Sprintf("%.2f", d.Ratio), "reference", string(d.Reference), "requests", d.Requests)
+		case !d.Slow && was[d.Device]:
+			p.log.Info("fail-slow disk cleared", "device", name, "ratio", fmt.Sprintf("%.2f", d.Ratio), "reference", string(d.Reference))
+		}
+	}
+}
+
+// FailSlow is the latest fail-slow verdict per disk.
+func (p *pipeline) FailSlow() []failslow.Disk {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.slow
+}
+
 // BaselineFile is the detector's learned baseline in the state directory.
 const BaselineFile = "baseline.json"
 
@@ -118,7 +155,11 @@ func newController(d controlDeps) (controller, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &pipeline{det: detector.New(dc), tun: tun, allow: d.cfg.AllowPaths, clk: d.clk, log: d.log, sys: d.sys, disks: d.cfg.Disks,
+	judge, err := failslow.New(failslow.DefaultConfig())
+	if err != nil {
+		return nil, err
+	}
+	p := &pipeline{det: detector.New(dc), tun: tun, judge: judge, names: d.names, allow: d.cfg.AllowPaths, clk: d.clk, log: d.log, sys: d.sys, disks: d.cfg.Disks,
 		counts: map[[3]string]uint64{}, baselinePath: filepath.Join(d.cfg.StateDir, BaselineFile), lastSave: d.clk.Now()}
 	switch err := p.loadBaseline(); {
 	case err == nil:
@@ -165,10 +206,14 @@ func (p *pipeline) HandleReadahead(e probe.ReadaheadEvent) {
 
 func (p *pipeline) Step(now time.Duration) {
 	snap := p.det.Evaluate(now)
+	slow := p.judge.Update(snap)
 	p.mu.Lock()
 	p.snap, p.have = snap, true
+	prev := p.slow
+	p.slow = slow
 	p.mu.Unlock()
 	p.logRegimes(snap)
+	p.logFailSlow(prev, slow)
 	p.count(p.tun.Step(snap))
 	if now-p.lastSave >= baselineSaveEvery {
 		p.lastSave = now

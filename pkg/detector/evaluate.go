@@ -239,6 +239,9 @@ func (d *Detector) evalDevice(ds *deviceState, now int64, snap *Snapshot) {
 
 	// Report.
 	d.fillBaselines(ds, devSet, &dst)
+	dc := buildCells(devSet)
+	dst.Profile = dc.profile()
+	d.fillDiskRatios(&dc, devSet)
 	snap.Devices = append(snap.Devices, dst)
 	for ai := range sc.aggs {
 		a := &sc.aggs[ai]

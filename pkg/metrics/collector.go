@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/failslow"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
@@ -39,6 +40,9 @@ var (
 	descRepeated = desc("repeated_failures_total", "Failed per-file actions not logged because the same failure (file, action, cause) was logged once before; they are retried with back-off. Causes: out_of_scope, process_gone, fd_gone, permission, other.", "cause")
 	descOpenWin  = desc("open_file_windows", "Open regular files on the device by the readahead window the kernel holds for them (their ra_pages, read with a BPF iterator over every process's open files), whoever set it; window_kb is rounded up to a power of two, \"+Inf\" above 16384.", "device", "window_kb")
 	descControl  = desc("tuner_control_total", "Events of the tuner's control core: outcome_paid and outcome_not_paid (trials of a larger window for a stream bound by its window, no regime needed), outcome_fresh (first steps of streams opened within the last interval, judged on their recent requests), outcome_onset (steps taken between intervals for streams whose recent requests slowed since the last one), outcome_judged_later (verdicts put off one interval: the step's span stalled, the span before it did not), outcome_tail_kept (steps kept without their margin because the stream's latency has a tail its former window could not cover and the step cost nothing), outcome_shift_kept (steps kept without their margin on a file slower than its device while the window still limits it and the step cost nothing), outcome_knee_stale (knees probed again before their back-off: the stream reads well below its rate when the knee was found, at the same window), outcome_onset_in_trial (trials ended unjudged because the stream slowed during them, the onset's own step following at once), outcome_kept_early (steps kept on their recent requests half an interval after they were taken, because they clearly paid; the next step follows at once), outcome_deferred (first steps beside random readers taken a quarter interval after a slowdown began, once their service in the new conditions is known), outcome_kept_ended (steps kept when their stream stopped reading, its file ended, judged on what it read since the step), outcome_ended_unjudged (steps ended with no knee because their stream stopped too soon after them to judge them), prior_applied (a fresh open given the window that paid in its directory), prior_recheck, prior_confirmed, prior_dropped, prior_climb (a fresh open given the step above its directory's prior, to learn whether the prior should climb), prior_caught_up (a file's kept window raised to its directory's prior at a new stream), actuator_lower (per-file windows lowered), readers_dropped (readers table full), trim_scan_deferred (whole-system descriptor scans over budget), trim_opened (descriptors opened on a trimmed file given the trim at their first read-around, reported by the probe), trim_opened_missed (such reports that found no descriptor to trim, or came over the budget of such trims).", "event")
+	descSlow     = desc("disk_slow", "1 while the disk is named fail-slow: its read latency has stayed at or above the threshold times its reference's (readaheadd_disk_slow_ratio) for the hold time, else 0.", "device")
+	descSlowRat  = desc("disk_slow_ratio", "How many times slower the disk reads than its reference, at the same request size and the same or a deeper queue (1: alike). reference=\"peers\": the median of the host's other watched disks; reference=\"baseline\": the disk's own learned healthy latency (no comparable peer). Absent while the disk has too few comparable reads for a verdict.", "device", "reference")
+	descSlowFile = desc("disk_slow_files", "Files on the disk named slower than the rest of the disk at the same request size and queue depth (readaheadd status names them).", "device")
 	descTunerErr = desc("tuner_errors_total", "Tuner operations that did not happen: file_op (a reader's descriptor could not be taken or advised: process exited, file closed or deleted), out_of_scope (a descriptor outside the allow-paths was refused), rate_limited (a sysfs write deferred).", "kind")
 )
 
@@ -53,7 +57,7 @@ func NewCollector(src Sources) *Collector { return &Collector{src: src} }
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLatency, descBytes, descRequests, descRA, descRAOrig,
-		descRegime, descActions, descFiles, descSample, descLost, descRunTime, descMissed, descAttached, descDryRun, descTunerErr, descRepeated, descControl, descTracked, descEvicted, descOpenWin} {
+		descRegime, descActions, descFiles, descSample, descLost, descRunTime, descMissed, descAttached, descDryRun, descTunerErr, descRepeated, descControl, descTracked, descEvicted, descOpenWin, descSlow, descSlowRat, descSlowFile} {
 		ch <- d
 	}
 }
@@ -165,6 +169,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descEvicted, prometheus.CounterValue, float64(evicted))
 	}
 
+	c.collectFailSlow(ch, devices)
+
 	if c.src.Detector != nil {
 		snap, ok := c.src.Detector()
 		if !ok {
@@ -195,6 +201,49 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			for _, k := range detector.Kinds {
 				ch <- prometheus.MustNewConstMetric(descRegime, prometheus.GaugeValue, b2f(active[[2]string{n, string(k)}]), n, string(k))
 			}
+		}
+	}
+}
+
+// collectFailSlow exports the fail-slow verdicts: readaheadd_disk_slow and
+// readaheadd_disk_slow_files for every watched device (0 until there is
+// something to report), the ratio only with a verdict.
+func (c *Collector) collectFailSlow(ch chan<- prometheus.Metric, watched []string) {
+	if c.src.FailSlow == nil {
+		return
+	}
+	type row struct {
+		slow, files float64
+		ratio       float64
+		ref         string
+	}
+	rows := map[string]*row{}
+	order := []string{}
+	for _, n := range watched {
+		if rows[n] == nil {
+			rows[n] = &row{}
+			order = append(order, n)
+		}
+	}
+	for _, d := range c.src.FailSlow() {
+		n := c.src.devName(d.Device)
+		r := rows[n]
+		if r == nil {
+			r = &row{}
+			rows[n] = r
+			order = append(order, n)
+		}
+		r.slow, r.files = b2f(d.Slow), float64(len(d.SlowFiles))
+		if d.Reference != failslow.None {
+			r.ratio, r.ref = d.Ratio, string(d.Reference)
+		}
+	}
+	for _, n := range order {
+		r := rows[n]
+		ch <- prometheus.MustNewConstMetric(descSlow, prometheus.GaugeValue, r.slow, n)
+		ch <- prometheus.MustNewConstMetric(descSlowFile, prometheus.GaugeValue, r.files, n)
+		if r.ref != "" {
+			ch <- prometheus.MustNewConstMetric(descSlowRat, prometheus.GaugeValue, r.ratio, n, r.ref)
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/failslow"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
@@ -140,6 +141,9 @@ type Sources struct {
 	// kernel holds for them (a BPF iterator over every process's files);
 	// optional.
 	OpenFileWindows func() []OpenWindows
+	// FailSlow is the latest fail-slow verdict per disk (pkg/failslow);
+	// optional.
+	FailSlow func() []failslow.Disk
 }
 
 // OpenWindows is how many open regular files on a device the kernel reads
