@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -56,6 +57,8 @@ type pipeline struct {
 	judge *failslow.Judge
 	slow  []failslow.Disk
 	names func(probe.Dev) string // device names for logs; may be nil
+	// paths of slow files the tuner did not resolve (under the allow-paths)
+	inodes *inodePaths
 }
 
 type regimeID struct {
@@ -109,10 +112,46 @@ func (p *pipeline) logFailSlow(prev, cur []failslow.Disk) {
 		switch {
 		case d.Slow && !was[d.Device]:
 			p.log.Warn("fail-slow disk: reads slower than its reference for the hold time", "device", name,
-				"ratio", fmt.Sprintf("%.2f", d.Ratio), "reference", string(d.Reference), "requests", d.Requests)
+				"ratio", fmt.Sprintf("%.2f", d.Held), "reference", string(d.Reference), "requests", d.Requests)
 		case !d.Slow && was[d.Device]:
-			p.log.Info("fail-slow disk cleared", "device", name, "ratio", fmt.Sprintf("%.2f", d.Ratio), "reference", string(d.Reference))
+			p.log.Info("fail-slow disk cleared", "device", name, "ratio", fmt.Sprintf("%.2f", d.Held), "reference", string(d.Reference))
 		}
+	}
+}
+
+// debugFailSlow logs each disk's verdict with the latency profile it was
+// judged on (class/depth bucket: requests, p10, p50 in ms, mean depth).
+func (p *pipeline) debugFailSlow(snap detector.Snapshot, slow []failslow.Disk) {
+	prof := map[probe.Dev]string{}
+	for _, d := range snap.Devices {
+		var b strings.Builder
+		for _, c := range d.Profile {
+			fmt.Fprintf(&b, " c%d/d%d:%d,%.2f,%.2f,%.1f", c.Class, c.Depth, c.Requests, ms(c.P10), ms(c.P50), c.MeanDepth)
+		}
+		prof[d.Device] = b.String()
+	}
+	for _, d := range slow {
+		p.log.Debug("fail-slow verdict", "device", d.Device.String(), "ratio", fmt.Sprintf("%.2f", d.Ratio), "held", fmt.Sprintf("%.2f", d.Held),
+			"reference", string(d.Reference), "basis", d.Basis, "requests", d.Requests, "over", d.Over, "slow", d.Slow,
+			"slow_files", len(d.SlowFiles), "profile", prof[d.Device])
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// resolveSlowFiles looks for the paths of files named slower than their
+// disk that the tuner has not resolved, under the allow-paths only.
+func (p *pipeline) resolveSlowFiles(slow []failslow.Disk) {
+	var keys []probe.FileKey
+	for _, d := range slow {
+		for _, f := range d.SlowFiles {
+			if p.FilePath(f.Key) == "" {
+				keys = append(keys, f.Key)
+			}
+		}
+	}
+	if len(keys) > 0 {
+		p.inodes.Want(keys, nil)
 	}
 }
 
@@ -159,7 +198,7 @@ func newController(d controlDeps) (controller, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &pipeline{det: detector.New(dc), tun: tun, judge: judge, names: d.names, allow: d.cfg.AllowPaths, clk: d.clk, log: d.log, sys: d.sys, disks: d.cfg.Disks,
+	p := &pipeline{det: detector.New(dc), tun: tun, judge: judge, names: d.names, inodes: newInodePaths(d.cfg.AllowPaths), allow: d.cfg.AllowPaths, clk: d.clk, log: d.log, sys: d.sys, disks: d.cfg.Disks,
 		counts: map[[3]string]uint64{}, baselinePath: filepath.Join(d.cfg.StateDir, BaselineFile), lastSave: d.clk.Now()}
 	switch err := p.loadBaseline(); {
 	case err == nil:
@@ -214,6 +253,10 @@ func (p *pipeline) Step(now time.Duration) {
 	p.mu.Unlock()
 	p.logRegimes(snap)
 	p.logFailSlow(prev, slow)
+	p.resolveSlowFiles(slow)
+	if p.log.Enabled(context.Background(), slog.LevelDebug) {
+		p.debugFailSlow(snap, slow)
+	}
 	p.count(p.tun.Step(snap))
 	if now-p.lastSave >= baselineSaveEvery {
 		p.lastSave = now
@@ -379,7 +422,15 @@ func (p *pipeline) FilePath(k probe.FileKey) string {
 		}
 		p.paths, p.pathsAt = paths, now
 	}
-	return p.paths[k]
+	if path := p.paths[k]; path != "" {
+		return path
+	}
+	if p.inodes != nil {
+		if path := p.inodes.Path(k); inAllowPaths(path, p.allow) {
+			return path
+		}
+	}
+	return ""
 }
 
 // inAllowPaths reports whether path lies under one of the allow-paths.

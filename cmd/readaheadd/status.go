@@ -152,11 +152,14 @@ func printFailSlow(w io.Writer, disks []metrics.SlowDiskStatus) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "  DEVICE\tSLOW\tRATIO\tREFERENCE\tREQUESTS\tFOR")
+	fmt.Fprintln(tw, "  DEVICE\tSLOW\tRATIO\tLAST_WINDOW\tREFERENCE\tREQUESTS\tFOR")
 	for _, d := range disks {
-		ratio, dur := "-", "-"
+		ratio, last, dur := "-", "-", "-"
+		if d.HeldRatio > 0 {
+			ratio = fmt.Sprintf("%.2fx", d.HeldRatio)
+		}
 		if d.Reference != "none" {
-			ratio = fmt.Sprintf("%.2fx", d.Ratio)
+			last = fmt.Sprintf("%.2fx", d.Ratio)
 		}
 		if d.Slow {
 			dur = (time.Duration(d.ForSeconds * float64(time.Second))).Round(time.Second).String()
@@ -168,7 +171,7 @@ func printFailSlow(w io.Writer, disks []metrics.SlowDiskStatus) {
 		case d.Over > 0:
 			verdict = fmt.Sprintf("over for %d", d.Over)
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d\t%s\n", d.Device, verdict, ratio, d.Reference, d.Requests, dur)
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%d\t%s\n", d.Device, verdict, ratio, last, d.Reference, d.Requests, dur)
 	}
 	tw.Flush()
 	var files int

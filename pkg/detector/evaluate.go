@@ -239,9 +239,10 @@ func (d *Detector) evalDevice(ds *deviceState, now int64, snap *Snapshot) {
 
 	// Report.
 	d.fillBaselines(ds, devSet, &dst)
-	dc := buildCells(devSet)
+	dc := buildCells(devSet, cellKey)
 	dst.Profile = dc.profile()
-	d.fillDiskRatios(&dc, devSet)
+	byClass := buildCells(devSet, classKey)
+	d.fillDiskRatios(&byClass, devSet)
 	snap.Devices = append(snap.Devices, dst)
 	for ai := range sc.aggs {
 		a := &sc.aggs[ai]

@@ -63,12 +63,12 @@ type FileStats struct {
 	// file was first seen: how fragmented its reads find it.
 	Jumps           uint64
 	ExtentCrossings uint64
-	// DiskRatio is the median, over the file's requests in the device's
-	// window, of each request's latency over the median latency of the
-	// rest of the device's requests of the same size class and queue-depth
-	// bucket (LatencyCell); DiskRatioRequests counts the requests that had
-	// such a reference (0: no ratio). Above 1: the file reads slower than
-	// its own disk.
+	// DiskRatio is the 10th percentile (DiskRatioQuantile), over the
+	// file's requests in the device's window, of each request's latency
+	// over the 10th percentile of the rest of the device's requests of the
+	// same size class in the same window (they share its queue);
+	// DiskRatioRequests counts the requests that had such a reference (0:
+	// no ratio). Above 1: the file reads slower than its own disk.
 	DiskRatio         float64
 	DiskRatioRequests int
 }

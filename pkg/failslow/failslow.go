@@ -31,6 +31,12 @@ const (
 	None Reference = "none"
 )
 
+// Bases of a ratio.
+const (
+	BasisModel = "model"
+	BasisCells = "cells"
+)
+
 // Config holds the thresholds. The zero value means DefaultConfig.
 type Config struct {
 	// Threshold: a disk whose ratio is at or above it for Hold consecutive
@@ -46,6 +52,9 @@ type Config struct {
 	// hold to take part.
 	MinRequests     int
 	MinCellRequests int
+	// ModelMinCell is the least a cell must hold to be a point of a
+	// disk's cost model (FitModel).
+	ModelMinCell int
 	// LearnWindows is how many windows a baseline cell is learned from
 	// (a plain mean) before it is a reference; LearnAlpha the EWMA weight
 	// of a window after that.
@@ -67,8 +76,8 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Threshold: 1.5, Exit: 1.25, Hold: 10, Release: 10,
-		MinRequests: 100, MinCellRequests: 16,
-		LearnWindows: 10, LearnAlpha: 0.01,
+		MinRequests: 48, MinCellRequests: 16, ModelMinCell: 8,
+		LearnWindows: 30, LearnAlpha: 0.01,
 		Forget:        60,
 		FileThreshold: 1.5, FileMinRequests: 24, FileHold: 3,
 	}
@@ -90,7 +99,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("failslow: threshold %.2f and exit %.2f: need threshold > 1 and 1 <= exit <= threshold", c.Threshold, c.Exit)
 	case c.Hold < 1 || c.Release < 1 || c.FileHold < 1 || c.Forget < 1:
 		return fmt.Errorf("failslow: hold, release, file hold and forget must be at least 1 evaluation")
-	case c.MinRequests < 1 || c.MinCellRequests < 1 || c.FileMinRequests < 1:
+	case c.MinRequests < 1 || c.MinCellRequests < 1 || c.FileMinRequests < 1 || c.ModelMinCell < 1:
 		return fmt.Errorf("failslow: minimum request counts must be at least 1")
 	case c.LearnWindows < 1 || c.LearnAlpha <= 0 || c.LearnAlpha > 1:
 		return fmt.Errorf("failslow: learn windows must be >= 1 and alpha in (0, 1]")
@@ -109,9 +118,14 @@ type Disk struct {
 	Reference Reference
 	// Requests is how many of the window's requests the ratio is based on.
 	Requests int
+	// Basis is how the ratio was computed: BasisModel (the disks' cost
+	// models at RefSize) or BasisCells (cell by cell, same size class).
+	Basis string
 	// Over is how many consecutive evaluations the ratio has been at or
-	// above the threshold.
+	// above the threshold; Held the median ratio of the last Hold
+	// verdicts, which names the disk (0 before Hold verdicts).
 	Over int
+	Held float64
 	// Slow: named fail-slow (held over the threshold for Hold
 	// evaluations); Since is when it was named.
 	Slow  bool
@@ -141,14 +155,31 @@ type cellID struct{ class, depth uint8 }
 
 type learned struct {
 	mean    float64 // ns
+	depth   float64 // mean depth
 	windows int
 }
 
 type diskState struct {
-	over, under, idle int
-	slow              bool
-	since             time.Duration
-	base              map[cellID]*learned
+	recent     []float64 // the last max(Hold, Release) verdicts' ratios
+	over, idle int
+	slow       bool
+	since      time.Duration
+	base       map[cellID]*learned
+	// the cost model learned while healthy: EWMAs of its terms
+	baseFixed, basePerByte, baseMinSize learned
+}
+
+func (st *diskState) baseModel() Model {
+	return Model{FixedNS: st.baseFixed.mean, PerByteNS: st.basePerByte.mean, MinSize: st.baseMinSize.mean, Points: 2}
+}
+
+func (l *learned) add(v float64, cfg Config) {
+	l.windows++
+	a := cfg.LearnAlpha
+	if l.windows <= cfg.LearnWindows {
+		a = 1 / float64(l.windows)
+	}
+	l.mean += a * (v - l.mean)
 }
 
 type fileState struct {
@@ -189,6 +220,10 @@ func (j *Judge) Forget(dev probe.Dev) {
 func (j *Judge) Update(snap detector.Snapshot) []Disk {
 	cfg := j.cfg
 	out := make([]Disk, 0, len(snap.Devices))
+	models := make(map[probe.Dev]Model, len(snap.Devices))
+	for i := range snap.Devices {
+		models[snap.Devices[i].Device] = FitModel(snap.Devices[i].Profile, cfg.ModelMinCell)
+	}
 	seen := map[probe.Dev]bool{}
 	for i := range snap.Devices {
 		ds := &snap.Devices[i]
@@ -199,17 +234,45 @@ func (j *Judge) Update(snap detector.Snapshot) []Disk {
 			j.disks[ds.Device] = st
 		}
 		v := Disk{Device: ds.Device, Reference: None}
-		if r, n := PeerRatio(ds, snap.Devices, cfg.MinCellRequests); n >= cfg.MinRequests {
-			v.Ratio, v.Requests, v.Reference = r, n, Peers
-		} else if r, n := st.baselineRatio(ds, cfg); n >= cfg.MinRequests {
-			v.Ratio, v.Requests, v.Reference = r, n, Baseline
+		mx := models[ds.Device]
+		modelOK := mx.Valid() && mx.Requests >= cfg.MinRequests
+		var peerR []float64
+		if modelOK {
+			for dev, m := range models {
+				if dev != ds.Device && m.Valid() && m.Requests >= cfg.MinRequests {
+					at := CompareAt(mx, m)
+					peerR = append(peerR, mx.At(at)/m.At(at))
+				}
+			}
+		}
+		base := st.baseModel()
+		switch {
+		case len(peerR) > 0:
+			v.Ratio, v.Requests, v.Reference, v.Basis = median(peerR), mx.Requests, Peers, BasisModel
+		default:
+			if r, n := PeerRatio(ds, snap.Devices, cfg.MinCellRequests); n >= cfg.MinRequests {
+				v.Ratio, v.Requests, v.Reference, v.Basis = r, n, Peers, BasisCells
+			} else if modelOK && st.baseFixed.windows >= cfg.LearnWindows && base.Valid() {
+				at := CompareAt(mx, base)
+				v.Ratio, v.Requests, v.Reference, v.Basis = mx.At(at)/base.At(at), mx.Requests, Baseline, BasisModel
+			} else if r, n := st.baselineRatio(ds, cfg); n >= cfg.MinRequests {
+				v.Ratio, v.Requests, v.Reference, v.Basis = r, n, Baseline, BasisCells
+			}
 		}
 		j.step(st, &v, snap.Now)
+		if v.Reference == None {
+			v.Held = st.held(cfg)
+		}
 		// Learn while nothing says the disk is slow: below the exit
 		// ratio, or with no reference yet (a single-disk host's first
 		// windows; a disk slow from the start is learned as normal).
-		if !st.slow && st.over == 0 && (v.Reference == None || v.Ratio < cfg.Exit) {
+		if !st.slow && v.Held < cfg.Threshold && (v.Reference == None || v.Ratio < cfg.Exit) {
 			st.learn(ds, cfg)
+			if modelOK {
+				st.baseFixed.add(mx.FixedNS, cfg)
+				st.basePerByte.add(mx.PerByteNS, cfg)
+				st.baseMinSize.add(mx.MinSize, cfg)
+			}
 		}
 		v.Over, v.Slow, v.Since = st.over, st.slow, st.since
 		out = append(out, v)
@@ -225,37 +288,45 @@ func (j *Judge) Update(snap detector.Snapshot) []Disk {
 	return out
 }
 
-// step moves a disk's hold state by one evaluation.
+// step moves a disk's hold state by one evaluation: the disk is named
+// when the median of its last Hold verdicts is at or above the threshold
+// (a robust hold: single windows far off either way do not decide), and
+// cleared when the median of its last Release verdicts is below Exit.
 func (j *Judge) step(st *diskState, v *Disk, now time.Duration) {
 	cfg := j.cfg
 	if v.Reference == None {
 		// No reads, or none comparable: no verdict, the state holds.
 		st.idle++
 		if st.idle >= cfg.Forget {
-			*st = diskState{base: st.base}
+			*st = diskState{base: st.base, baseFixed: st.baseFixed, basePerByte: st.basePerByte, baseMinSize: st.baseMinSize}
 		}
 		return
 	}
 	st.idle = 0
-	switch {
-	case v.Ratio >= cfg.Threshold:
-		st.over++
-		st.under = 0
-	case v.Ratio < cfg.Exit:
-		st.over = 0
-		st.under++
-	default:
-		// Between exit and threshold: a named disk stays named; an
-		// unnamed one starts its hold again.
-		st.over = 0
-		st.under = 0
+	st.recent = append(st.recent, v.Ratio)
+	if n := max(cfg.Hold, cfg.Release); len(st.recent) > n {
+		st.recent = st.recent[len(st.recent)-n:]
 	}
-	if !st.slow && st.over >= cfg.Hold {
+	if v.Ratio >= cfg.Threshold {
+		st.over++
+	} else {
+		st.over = 0
+	}
+	if !st.slow && len(st.recent) >= cfg.Hold && median(slices.Clone(st.recent[len(st.recent)-cfg.Hold:])) >= cfg.Threshold {
 		st.slow, st.since = true, now
 	}
-	if st.slow && st.under >= cfg.Release {
+	if st.slow && len(st.recent) >= cfg.Release && median(slices.Clone(st.recent[len(st.recent)-cfg.Release:])) < cfg.Exit {
 		st.slow, st.since = false, 0
 	}
+	v.Held = st.held(cfg)
+}
+
+// held is the median of the disk's last Hold verdicts (0 before Hold).
+func (st *diskState) held(cfg Config) float64 {
+	if len(st.recent) < cfg.Hold {
+		return 0
+	}
+	return median(slices.Clone(st.recent[len(st.recent)-cfg.Hold:]))
 }
 
 func (j *Judge) judgeFiles(snap detector.Snapshot, disks []Disk) {
@@ -309,16 +380,13 @@ func (j *Judge) judgeFiles(snap detector.Snapshot, disks []Disk) {
 
 // PeerRatio compares d with the other devices of peers: for each of d's
 // cells with at least minCell requests, the reference is the median over
-// the other devices of their median latency in the cell of the same size
-// class and the nearest depth bucket at or above d's (with at least
-// minCell requests): a peer's deeper queue can only make it look slower,
-// so matching upwards can hide a slow disk but never invent one. The
-// ratio is the median of the cells' ratios weighted by d's requests in
+// the other devices of their latency in a matching cell (cellRatio), and
+// the ratio is the median of the cells' ratios weighted by d's requests in
 // them; n is those requests (0: no comparable cell).
 func PeerRatio(d *detector.DeviceStats, peers []detector.DeviceStats, minCell int) (ratio float64, n int) {
 	var ws []weighted
 	for _, c := range d.Profile {
-		if c.Requests < minCell || c.P50 <= 0 {
+		if c.Requests < minCell || c.P10 <= 0 {
 			continue
 		}
 		var refs []float64
@@ -327,26 +395,45 @@ func PeerRatio(d *detector.DeviceStats, peers []detector.DeviceStats, minCell in
 			if p.Device == d.Device {
 				continue
 			}
-			if ref, ok := nearestAtOrDeeper(p.Profile, c, minCell); ok {
-				refs = append(refs, ref)
+			if r, ok := cellRatio(c, p.Profile, minCell); ok {
+				refs = append(refs, r)
 			}
 		}
 		if len(refs) == 0 {
 			continue
 		}
-		ws = append(ws, weighted{float64(c.P50) / median(refs), c.Requests})
+		ws = append(ws, weighted{median(refs), c.Requests})
 		n += c.Requests
 	}
 	return weightedMedian(ws), n
 }
 
-func nearestAtOrDeeper(profile []detector.LatencyCell, c detector.LatencyCell, minCell int) (float64, bool) {
-	for _, p := range profile { // sorted by class, then depth
-		if p.Class == c.Class && p.Depth >= c.Depth && p.Requests >= minCell && p.P50 > 0 {
-			return float64(p.P50), true
+// cellRatio compares cell c with a reference profile at the same size
+// class, never in a way that makes a healthy disk look slower. The
+// reference cell is the nearest at c's depth bucket or deeper (a deeper
+// queue can only lengthen the reference's latency, so the ratio can only
+// come out lower), else the deepest shallower one. When the reference
+// cell's requests saw fewer requests in flight than c's on average, its
+// latency is scaled up to c's depth as if its throughput stayed put
+// (latency x depth ratio): a device's throughput does not fall when more
+// requests are in flight, so at c's depth it would be at most that slow.
+func cellRatio(c detector.LatencyCell, ref []detector.LatencyCell, minCell int) (float64, bool) {
+	var pick *detector.LatencyCell
+	for i := range ref { // sorted by class, then depth
+		p := &ref[i]
+		if p.Class != c.Class || p.Requests < minCell || p.P10 <= 0 {
+			continue
+		}
+		pick = p
+		if p.Depth >= c.Depth {
+			break
 		}
 	}
-	return 0, false
+	if pick == nil {
+		return 0, false
+	}
+	scale := max(c.MeanDepth, 1) / max(pick.MeanDepth, 1)
+	return float64(c.P10) / (float64(pick.P10) * max(scale, 1)), true
 }
 
 // baselineRatio compares d with the disk's own learned cells, matched as
@@ -355,7 +442,8 @@ func (st *diskState) baselineRatio(d *detector.DeviceStats, cfg Config) (float64
 	var base []detector.LatencyCell
 	for id, l := range st.base {
 		if l.windows >= cfg.LearnWindows {
-			base = append(base, detector.LatencyCell{Class: id.class, Depth: id.depth, Requests: cfg.MinCellRequests, P50: time.Duration(l.mean)})
+			base = append(base, detector.LatencyCell{Class: id.class, Depth: id.depth, Requests: cfg.MinCellRequests,
+				P10: time.Duration(l.mean), MeanDepth: l.depth})
 		}
 	}
 	if len(base) == 0 {
@@ -367,11 +455,11 @@ func (st *diskState) baselineRatio(d *detector.DeviceStats, cfg Config) (float64
 	var ws []weighted
 	n := 0
 	for _, c := range d.Profile {
-		if c.Requests < cfg.MinCellRequests || c.P50 <= 0 {
+		if c.Requests < cfg.MinCellRequests || c.P10 <= 0 {
 			continue
 		}
-		if ref, ok := nearestAtOrDeeper(base, c, cfg.MinCellRequests); ok {
-			ws = append(ws, weighted{float64(c.P50) / ref, c.Requests})
+		if r, ok := cellRatio(c, base, cfg.MinCellRequests); ok {
+			ws = append(ws, weighted{r, c.Requests})
 			n += c.Requests
 		}
 	}
@@ -381,7 +469,7 @@ func (st *diskState) baselineRatio(d *detector.DeviceStats, cfg Config) (float64
 // learn folds the window's cells into the disk's healthy baseline.
 func (st *diskState) learn(d *detector.DeviceStats, cfg Config) {
 	for _, c := range d.Profile {
-		if c.Requests < cfg.MinCellRequests || c.P50 <= 0 {
+		if c.Requests < cfg.MinCellRequests || c.P10 <= 0 {
 			continue
 		}
 		id := cellID{c.Class, c.Depth}
@@ -391,11 +479,12 @@ func (st *diskState) learn(d *detector.DeviceStats, cfg Config) {
 			st.base[id] = l
 		}
 		l.windows++
+		a := cfg.LearnAlpha
 		if l.windows <= cfg.LearnWindows {
-			l.mean += (float64(c.P50) - l.mean) / float64(l.windows)
-		} else {
-			l.mean += cfg.LearnAlpha * (float64(c.P50) - l.mean)
+			a = 1 / float64(l.windows)
 		}
+		l.mean += a * (float64(c.P10) - l.mean)
+		l.depth += a * (c.MeanDepth - l.depth)
 	}
 }
 

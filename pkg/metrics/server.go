@@ -57,8 +57,9 @@ type Status struct {
 // SlowDiskStatus is one disk's fail-slow verdict in Status.
 type SlowDiskStatus struct {
 	Device    string  `json:"device"`
-	Ratio     float64 `json:"ratio"`     // 0 without a verdict
-	Reference string  `json:"reference"` // peers, baseline or none
+	Ratio     float64 `json:"ratio"`      // the latest window's, 0 without a verdict
+	HeldRatio float64 `json:"held_ratio"` // the median of the last verdicts, which names the disk
+	Reference string  `json:"reference"`  // peers, baseline or none
 	Requests  int     `json:"requests"`
 	// Over: consecutive evaluations at or above the threshold.
 	Over       int              `json:"over"`
@@ -292,7 +293,7 @@ func (s *Server) BuildStatus() Status {
 			if d.Reference == failslow.None && !d.Slow && len(d.SlowFiles) == 0 {
 				continue
 			}
-			ds := SlowDiskStatus{Device: s.src.devName(d.Device), Ratio: d.Ratio, Reference: string(d.Reference),
+			ds := SlowDiskStatus{Device: s.src.devName(d.Device), Ratio: d.Ratio, HeldRatio: d.Held, Reference: string(d.Reference),
 				Requests: d.Requests, Over: d.Over, Slow: d.Slow}
 			if d.Slow {
 				ds.ForSeconds = (now - d.Since).Seconds()
