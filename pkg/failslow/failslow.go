@@ -412,11 +412,12 @@ func PeerRatio(d *detector.DeviceStats, peers []detector.DeviceStats, minCell in
 // class, never in a way that makes a healthy disk look slower. The
 // reference cell is the nearest at c's depth bucket or deeper (a deeper
 // queue can only lengthen the reference's latency, so the ratio can only
-// come out lower), else the deepest shallower one. When the reference
-// cell's requests saw fewer requests in flight than c's on average, its
-// latency is scaled up to c's depth as if its throughput stayed put
-// (latency x depth ratio): a device's throughput does not fall when more
-// requests are in flight, so at c's depth it would be at most that slow.
+// come out lower), else the deepest shallower one. A shallower reference
+// is scaled up to c's queue: its 10th percentile is a request that found
+// little or no queue, and behind c's mean depth D of requests sharing the
+// device's throughput a request waits at most D times that, so the
+// reference's latency is multiplied by D. Within one depth bucket (depths
+// within a factor 2) it is multiplied by the ratio of the mean depths.
 func cellRatio(c detector.LatencyCell, ref []detector.LatencyCell, minCell int) (float64, bool) {
 	var pick *detector.LatencyCell
 	for i := range ref { // sorted by class, then depth
@@ -432,8 +433,14 @@ func cellRatio(c detector.LatencyCell, ref []detector.LatencyCell, minCell int) 
 	if pick == nil {
 		return 0, false
 	}
-	scale := max(c.MeanDepth, 1) / max(pick.MeanDepth, 1)
-	return float64(c.P10) / (float64(pick.P10) * max(scale, 1)), true
+	scale := 1.0
+	switch {
+	case pick.Depth < c.Depth:
+		scale = max(c.MeanDepth, 1)
+	case pick.Depth == c.Depth:
+		scale = max(1, max(c.MeanDepth, 1)/max(pick.MeanDepth, 1))
+	}
+	return float64(c.P10) / (float64(pick.P10) * scale), true
 }
 
 // baselineRatio compares d with the disk's own learned cells, matched as
