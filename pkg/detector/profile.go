@@ -26,6 +26,12 @@ type LatencyCell struct {
 	// bytes.
 	MeanDepth float64
 	MeanSize  float64
+	// QueueBytes estimates the bytes in flight around the cell's requests:
+	// MeanDepth times the device's mean request size over the window. A
+	// request waits for the bytes ahead of it, not their count: a 128 KiB
+	// read behind 1 MiB ones waits eight times longer than behind its
+	// like.
+	QueueBytes float64
 }
 
 // DepthBucket is the queue-depth bucket of a request that completed with
@@ -106,13 +112,15 @@ func buildCells(set []sample, key func(*sample) uint16) diskCells {
 	return dc
 }
 
-// profile is the device's latency per cell.
-func (dc *diskCells) profile() []LatencyCell {
+// profile is the device's latency per cell; devMeanSize is the device's
+// mean request size over the same window.
+func (dc *diskCells) profile(devMeanSize float64) []LatencyCell {
 	out := make([]LatencyCell, len(dc.keys))
 	for i, k := range dc.keys {
 		v := dc.values(i)
 		out[i] = LatencyCell{Class: uint8(k >> 8), Depth: uint8(k), Requests: len(v), P10: durNS(percentile(v, 0.1)), P50: durNS(percentile(v, 0.5)),
 			MeanDepth: dc.depth[i] / float64(len(v)), MeanSize: dc.size[i] / float64(len(v))}
+		out[i].QueueBytes = out[i].MeanDepth * max(devMeanSize, out[i].MeanSize)
 	}
 	return out
 }

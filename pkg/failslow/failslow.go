@@ -156,6 +156,8 @@ type cellID struct{ class, depth uint8 }
 type learned struct {
 	mean    float64 // ns
 	depth   float64 // mean depth
+	size    float64 // mean request size
+	queue   float64 // bytes in flight
 	windows int
 }
 
@@ -410,14 +412,14 @@ func PeerRatio(d *detector.DeviceStats, peers []detector.DeviceStats, minCell in
 
 // cellRatio compares cell c with a reference profile at the same size
 // class, never in a way that makes a healthy disk look slower. The
-// reference cell is the nearest at c's depth bucket or deeper (a deeper
-// queue can only lengthen the reference's latency, so the ratio can only
-// come out lower), else the deepest shallower one. A shallower reference
-// is scaled up to c's queue: its 10th percentile is a request that found
-// little or no queue, and behind c's mean depth D of requests sharing the
-// device's throughput a request waits at most D times that, so the
-// reference's latency is multiplied by D. Within one depth bucket (depths
-// within a factor 2) it is multiplied by the ratio of the mean depths.
+// reference cell is the nearest at c's depth bucket or deeper, else the
+// deepest shallower one. A request waits for the bytes in flight ahead of
+// it, so when c's requests had more bytes in flight around them
+// (QueueBytes) than the reference's, the reference's latency is scaled up
+// by the ratio, as if the device's throughput stayed put: a device's
+// throughput does not fall when more is in flight. A shallower reference
+// counts as unqueued (its 10th percentile is a request that found no
+// queue: only its own bytes).
 func cellRatio(c detector.LatencyCell, ref []detector.LatencyCell, minCell int) (float64, bool) {
 	var pick *detector.LatencyCell
 	for i := range ref { // sorted by class, then depth
@@ -433,13 +435,12 @@ func cellRatio(c detector.LatencyCell, ref []detector.LatencyCell, minCell int) 
 	if pick == nil {
 		return 0, false
 	}
-	scale := 1.0
-	switch {
-	case pick.Depth < c.Depth:
-		scale = max(c.MeanDepth, 1)
-	case pick.Depth == c.Depth:
-		scale = max(1, max(c.MeanDepth, 1)/max(pick.MeanDepth, 1))
+	qc := max(c.QueueBytes, c.MeanSize, 1)
+	qp := max(pick.QueueBytes, pick.MeanSize, 1)
+	if pick.Depth < c.Depth {
+		qp = max(pick.MeanSize, 1)
 	}
+	scale := max(1, qc/qp)
 	return float64(c.P10) / (float64(pick.P10) * scale), true
 }
 
@@ -450,7 +451,7 @@ func (st *diskState) baselineRatio(d *detector.DeviceStats, cfg Config) (float64
 	for id, l := range st.base {
 		if l.windows >= cfg.LearnWindows {
 			base = append(base, detector.LatencyCell{Class: id.class, Depth: id.depth, Requests: cfg.MinCellRequests,
-				P10: time.Duration(l.mean), MeanDepth: l.depth})
+				P10: time.Duration(l.mean), MeanDepth: l.depth, MeanSize: l.size, QueueBytes: l.queue})
 		}
 	}
 	if len(base) == 0 {
@@ -492,6 +493,8 @@ func (st *diskState) learn(d *detector.DeviceStats, cfg Config) {
 		}
 		l.mean += a * (float64(c.P10) - l.mean)
 		l.depth += a * (c.MeanDepth - l.depth)
+		l.size += a * (c.MeanSize - l.size)
+		l.queue += a * (c.QueueBytes - l.queue)
 	}
 }
 

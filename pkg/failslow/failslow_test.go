@@ -20,7 +20,13 @@ func cell(class, depth uint8, n int, p10ms, meanDepth float64) detector.LatencyC
 	size := math.Ldexp(0.75, int(class)) // mean size inside the class
 	return detector.LatencyCell{Class: class, Depth: depth, Requests: n,
 		P10: time.Duration(p10ms * float64(time.Millisecond)), P50: time.Duration(1.3 * p10ms * float64(time.Millisecond)),
-		MeanDepth: meanDepth, MeanSize: size}
+		MeanDepth: meanDepth, MeanSize: size, QueueBytes: meanDepth * size}
+}
+
+// behind is c queued behind requests of devMeanSize bytes on average.
+func behind(c detector.LatencyCell, devMeanSize float64) detector.LatencyCell {
+	c.QueueBytes = c.MeanDepth * devMeanSize
+	return c
 }
 
 // ssd is the latency of a lab-like device: fixed cost plus 150 MB/s.
@@ -75,6 +81,10 @@ func TestCellRatio(t *testing.T) {
 			[]detector.LatencyCell{cell(17, 1, 20, 1, 2)}, true, 1},
 		{"same bucket, deeper on average", cell(17, 3, 20, 8, 8),
 			[]detector.LatencyCell{cell(17, 3, 20, 2, 5)}, true, 2.5},
+		{"queued behind 1 MiB requests: their bytes count", behind(cell(17, 3, 20, 30, 6), 1<<20),
+			[]detector.LatencyCell{cell(17, 3, 20, 5, 6)}, true, 30.0 / (5 * (6 * (1 << 20)) / (6 * math.Ldexp(0.75, 17)))},
+		{"a reference queued behind larger requests is not scaled down", cell(17, 3, 20, 8, 6),
+			[]detector.LatencyCell{behind(cell(17, 3, 20, 4, 6), 1<<20)}, true, 2},
 		{"no cell of the class", cell(17, 0, 20, 4, 1), []detector.LatencyCell{cell(20, 0, 20, 1, 1)}, false, 0},
 		{"reference cell too small", cell(17, 0, 20, 4, 1), []detector.LatencyCell{cell(17, 0, 3, 1, 1)}, false, 0},
 	} {
@@ -176,6 +186,25 @@ func TestJudgeScenarios(t *testing.T) {
 					disk(devB, cell(17, 3, 200, noisy(r, deep, 0.2), 8)),
 				}
 			}}},
+			everNamed: map[probe.Dev]bool{devA: false, devB: false},
+		},
+		{
+			name: "one disk read unpaced at a 1 MiB window: its small reads queue behind large ones, it is not slow",
+			phases: []phase{
+				{60, func(r *rand.Rand, _ int) []detector.DeviceStats {
+					return []detector.DeviceStats{streaming(r, devA, 0.15), streaming(r, devB, 0.15)}
+				}},
+				{300, func(r *rand.Rand, _ int) []detector.DeviceStats {
+					// a: 1 MiB requests 6 deep on a 150 MB/s channel, and
+					// the first 128 KiB reads of each pass behind them.
+					wait := 5 * float64(1<<20) / 150e6 * 1e3
+					return []detector.DeviceStats{
+						disk(devA, behind(cell(17, 3, 40, noisy(r, ssd(0.15, 17)+wait, 0.2), 6.5), 900*kib),
+							behind(cell(20, 3, 150, noisy(r, ssd(0.15, 20)+wait, 0.2), 6.5), 900*kib)),
+						streaming(r, devB, 0.15),
+					}
+				}},
+			},
 			everNamed: map[probe.Dev]bool{devA: false, devB: false},
 		},
 		{

@@ -41,8 +41,8 @@ func (m Model) Valid() bool { return m.Points >= 2 && m.At(m.MinSize) > 0 }
 func CompareAt(a, b Model) float64 { return max(a.MinSize, b.MinSize, RefSize) }
 
 // FitModel fits a Model on profile's cells with at least minCell requests
-// at depth bucket ModelMaxDepth or less, taking each class's shallowest
-// such cell: Theil-Sen (the median of the pairwise slopes, then the median
+// at depth bucket ModelMaxDepth or less (and, at depth 2, not queued
+// behind larger requests), taking each class's shallowest such cell: Theil-Sen (the median of the pairwise slopes, then the median
 // intercept), which one odd class cannot swing. A negative slope (noise
 // between close sizes) is taken as zero.
 func FitModel(profile []detector.LatencyCell, minCell int) Model {
@@ -52,6 +52,11 @@ func FitModel(profile []detector.LatencyCell, minCell int) Model {
 	lastClass := -1
 	for _, c := range profile { // sorted by class, then depth
 		if int(c.Class) == lastClass || c.Depth > ModelMaxDepth || c.Requests < minCell || c.P10 <= 0 || c.MeanSize <= 0 {
+			continue
+		}
+		// Two in flight, the other one larger: it waited behind more than
+		// its own bytes.
+		if c.Depth > 0 && c.QueueBytes > 2*c.MeanSize*1.25 {
 			continue
 		}
 		lastClass = int(c.Class)
