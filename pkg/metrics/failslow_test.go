@@ -56,7 +56,7 @@ func TestFailSlowExposition(t *testing.T) {
 readaheadd_disk_slow{device="sdb"} 1
 readaheadd_disk_slow{device="sdc"} 0
 readaheadd_disk_slow{device="sdd"} 0
-# HELP readaheadd_disk_slow_files Files on the disk named slower than the rest of the disk at the same request size and queue depth (readaheadd status names them).
+# HELP readaheadd_disk_slow_files Files on the disk named slower than the rest of the disk at the same request size over the same window (readaheadd status names them).
 # TYPE readaheadd_disk_slow_files gauge
 readaheadd_disk_slow_files{device="sdb"} 0
 readaheadd_disk_slow_files{device="sdc"} 2
