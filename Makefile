@@ -98,6 +98,14 @@ bench-detector: labfs
 	READAHEADD_BENCH=full READAHEADD_DETECTOR_RECORD=$(DETECTOR_TESTDATA) $(GOTEST) $(TESTFLAGS) -v -run 'TestDetectorLab' ./test/integration/detector/
 	$(GOTEST) -count=1 -run '^$$' -bench DetectorReplay -benchtime=1x ./test/integration/detector/
 
+# Fail-slow disks on the lab (root): 10 minutes of two healthy disks under the
+# same load, 3 minutes at different request sizes and queue depths, then one
+# disk 3 ms slower on every read and one file slower than its disk
+# (docs/operations.md, "Fail-slow disks and files"). CI runs a 30 s form.
+.PHONY: bench-failslow
+bench-failslow: labfs
+	READAHEADD_BENCH=failslow $(GOTEST) -count=1 -timeout 30m -v -run '^TestFailSlowDiskLab$$' ./cmd/readaheadd/
+
 # Evaluation (test/bench): every workload and regime on the lab, side by side
 # for the default read_ahead_kb, each static value and readaheadd; writes
 # docs/results/ (report, results.json, PNG plots). Needs root; HDFS needs Java 17

@@ -508,7 +508,7 @@ func TestRulesUseExportedMetrics(t *testing.T) {
 		}
 	}
 	sort.Strings(alerts)
-	for _, want := range []string{"ReadaheaddActionsFailing", "ReadaheaddDeviceStuckInRegime", "ReadaheaddEventsLost"} {
+	for _, want := range []string{"ReadaheaddActionsFailing", "ReadaheaddDeviceStuckInRegime", "ReadaheaddEventsLost", "ReadaheaddDiskFailSlow"} {
 		assert.Contains(t, alerts, want)
 	}
 }
@@ -545,7 +545,7 @@ func TestGrafanaDashboard(t *testing.T) {
 			}
 		}
 	}
-	for _, m := range []string{"readaheadd_read_latency_seconds", "readaheadd_read_ahead_kb", "readaheadd_regime_active", "readaheadd_actions_total", "readaheadd_bpf_events_lost_total"} {
+	for _, m := range []string{"readaheadd_read_latency_seconds", "readaheadd_read_ahead_kb", "readaheadd_regime_active", "readaheadd_actions_total", "readaheadd_bpf_events_lost_total", "readaheadd_disk_slow_ratio", "readaheadd_disk_slow", "readaheadd_disk_slow_files"} {
 		assert.True(t, used[m], "the dashboard shows %s", m)
 	}
 }

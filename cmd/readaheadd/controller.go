@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,6 +14,7 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
 	"github.com/readaheadd/readaheadd/pkg/clock"
 	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/failslow"
 	"github.com/readaheadd/readaheadd/pkg/metrics"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 	"github.com/readaheadd/readaheadd/pkg/state"
@@ -50,6 +52,13 @@ type pipeline struct {
 	counts map[[3]string]uint64 // device, action, result
 	// Regimes active at the last Step, to log each entry and exit once.
 	regimes map[regimeID]bool
+
+	// Fail-slow verdicts, judged on each Step's snapshot.
+	judge *failslow.Judge
+	slow  []failslow.Disk
+	names func(probe.Dev) string // device names for logs; may be nil
+	// paths of slow files the tuner did not resolve (under the allow-paths)
+	inodes *inodePaths
 }
 
 type regimeID struct {
@@ -86,6 +95,73 @@ func (p *pipeline) logRegimes(snap detector.Snapshot) {
 	p.regimes = now
 }
 
+// logFailSlow logs, at WARN, each disk named fail-slow and each one
+// cleared since the last Step.
+func (p *pipeline) logFailSlow(prev, cur []failslow.Disk) {
+	was := map[probe.Dev]bool{}
+	for _, d := range prev {
+		was[d.Device] = d.Slow
+	}
+	for _, d := range cur {
+		name := d.Device.String()
+		if p.names != nil {
+			if n := p.names(d.Device); n != "" {
+				name = n
+			}
+		}
+		switch {
+		case d.Slow && !was[d.Device]:
+			p.log.Warn("fail-slow disk: reads slower than its reference for the hold time", "device", name,
+				"ratio", fmt.Sprintf("%.2f", d.Held), "reference", string(d.Reference), "requests", d.Requests)
+		case !d.Slow && was[d.Device]:
+			p.log.Info("fail-slow disk cleared", "device", name, "ratio", fmt.Sprintf("%.2f", d.Held), "reference", string(d.Reference))
+		}
+	}
+}
+
+// debugFailSlow logs each disk's verdict with the latency profile it was
+// judged on (class/depth bucket: requests, p10, p50 in ms, mean depth).
+func (p *pipeline) debugFailSlow(snap detector.Snapshot, slow []failslow.Disk) {
+	prof := map[probe.Dev]string{}
+	for _, d := range snap.Devices {
+		var b strings.Builder
+		for _, c := range d.Profile {
+			fmt.Fprintf(&b, " c%d/d%d:%d,%.2f,%.2f,%.1f", c.Class, c.Depth, c.Requests, ms(c.P10), ms(c.P50), c.MeanDepth)
+		}
+		prof[d.Device] = b.String()
+	}
+	for _, d := range slow {
+		p.log.Debug("fail-slow verdict", "device", d.Device.String(), "ratio", fmt.Sprintf("%.2f", d.Ratio), "held", fmt.Sprintf("%.2f", d.Held),
+			"reference", string(d.Reference), "basis", d.Basis, "requests", d.Requests, "over", d.Over, "slow", d.Slow,
+			"slow_files", len(d.SlowFiles), "profile", prof[d.Device])
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// resolveSlowFiles looks for the paths of files named slower than their
+// disk that the tuner has not resolved, under the allow-paths only.
+func (p *pipeline) resolveSlowFiles(slow []failslow.Disk) {
+	var keys []probe.FileKey
+	for _, d := range slow {
+		for _, f := range d.SlowFiles {
+			if p.FilePath(f.Key) == "" {
+				keys = append(keys, f.Key)
+			}
+		}
+	}
+	if len(keys) > 0 {
+		p.inodes.Want(keys, nil)
+	}
+}
+
+// FailSlow is the latest fail-slow verdict per disk.
+func (p *pipeline) FailSlow() []failslow.Disk {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.slow
+}
+
 // BaselineFile is the detector's learned baseline in the state directory.
 const BaselineFile = "baseline.json"
 
@@ -118,7 +194,11 @@ func newController(d controlDeps) (controller, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &pipeline{det: detector.New(dc), tun: tun, allow: d.cfg.AllowPaths, clk: d.clk, log: d.log, sys: d.sys, disks: d.cfg.Disks,
+	judge, err := failslow.New(failslow.DefaultConfig())
+	if err != nil {
+		return nil, err
+	}
+	p := &pipeline{det: detector.New(dc), tun: tun, judge: judge, names: d.names, inodes: newInodePaths(d.cfg.AllowPaths), allow: d.cfg.AllowPaths, clk: d.clk, log: d.log, sys: d.sys, disks: d.cfg.Disks,
 		counts: map[[3]string]uint64{}, baselinePath: filepath.Join(d.cfg.StateDir, BaselineFile), lastSave: d.clk.Now()}
 	switch err := p.loadBaseline(); {
 	case err == nil:
@@ -165,10 +245,18 @@ func (p *pipeline) HandleReadahead(e probe.ReadaheadEvent) {
 
 func (p *pipeline) Step(now time.Duration) {
 	snap := p.det.Evaluate(now)
+	slow := p.judge.Update(snap)
 	p.mu.Lock()
 	p.snap, p.have = snap, true
+	prev := p.slow
+	p.slow = slow
 	p.mu.Unlock()
 	p.logRegimes(snap)
+	p.logFailSlow(prev, slow)
+	p.resolveSlowFiles(slow)
+	if p.log.Enabled(context.Background(), slog.LevelDebug) {
+		p.debugFailSlow(snap, slow)
+	}
 	p.count(p.tun.Step(snap))
 	if now-p.lastSave >= baselineSaveEvery {
 		p.lastSave = now
@@ -333,7 +421,15 @@ func (p *pipeline) FilePath(k probe.FileKey) string {
 		}
 		p.paths, p.pathsAt = paths, now
 	}
-	return p.paths[k]
+	if path := p.paths[k]; path != "" {
+		return path
+	}
+	if p.inodes != nil {
+		if path := p.inodes.Path(k); inAllowPaths(path, p.allow) {
+			return path
+		}
+	}
+	return ""
 }
 
 // inAllowPaths reports whether path lies under one of the allow-paths.

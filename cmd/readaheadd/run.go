@@ -21,6 +21,7 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/clock"
 	"github.com/readaheadd/readaheadd/pkg/config"
 	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/failslow"
 	"github.com/readaheadd/readaheadd/pkg/fileras"
 	"github.com/readaheadd/readaheadd/pkg/metrics"
 	"github.com/readaheadd/readaheadd/pkg/probe"
@@ -284,6 +285,9 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 			keep[d.Name] = true
 		}
 		sources.OpenFiles = openFiles(ra, env.sys, keep, log)
+	}
+	if fc, ok := ctl.(interface{ FailSlow() []failslow.Disk }); ok {
+		sources.FailSlow = fc.FailSlow
 	}
 	if fc, ok := ctl.(interface{ DetectorFiles() (int, uint64) }); ok {
 		sources.DetectorFiles = fc.DetectorFiles

@@ -129,6 +129,8 @@ func printStatus(w io.Writer, st metrics.Status) {
 		tw.Flush()
 	}
 
+	printFailSlow(w, st.FailSlow)
+
 	fmt.Fprintln(w)
 	if len(st.RecentActions) == 0 {
 		fmt.Fprintln(w, "recent actions: none")
@@ -139,6 +141,68 @@ func printStatus(w io.Writer, st metrics.Status) {
 	fmt.Fprintln(tw, "  TIME\tDEVICE\tACTION\tTARGET\tWINDOW_KB\tRESULT\tEFFECT")
 	for _, a := range st.RecentActions {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d -> %d\t%s\t%s\n", a.Time.Local().Format("15:04:05"), a.Device, a.Action, a.Target, a.FromKB, a.ToKB, a.Result, a.Effect)
+	}
+	tw.Flush()
+}
+
+// printFailSlow names the disks readaheadd judges fail-slow and the files
+// slower than their own disk (docs/operations.md, "Fail-slow disks and
+// files").
+func printFailSlow(w io.Writer, disks []metrics.SlowDiskStatus) {
+	fmt.Fprintln(w)
+	var slow []string
+	for _, d := range disks {
+		if d.Slow {
+			slow = append(slow, d.Device)
+		}
+	}
+	if len(slow) == 0 {
+		fmt.Fprintln(w, "fail-slow disks: none")
+	} else {
+		fmt.Fprintf(w, "fail-slow disks: %s\n", strings.Join(slow, ", "))
+	}
+	if len(disks) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  DEVICE\tSLOW\tRATIO\tLAST_WINDOW\tREFERENCE\tREQUESTS\tFOR")
+	for _, d := range disks {
+		ratio, last, dur := "-", "-", "-"
+		if d.HeldRatio > 0 {
+			ratio = fmt.Sprintf("%.2fx", d.HeldRatio)
+		}
+		if d.Reference != "none" {
+			last = fmt.Sprintf("%.2fx", d.Ratio)
+		}
+		if d.Slow {
+			dur = (time.Duration(d.ForSeconds * float64(time.Second))).Round(time.Second).String()
+		}
+		verdict := "no"
+		switch {
+		case d.Slow:
+			verdict = "YES"
+		case d.Over > 0:
+			verdict = fmt.Sprintf("over for %d", d.Over)
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%d\t%s\n", d.Device, verdict, ratio, last, d.Reference, d.Requests, dur)
+	}
+	tw.Flush()
+	var files int
+	for _, d := range disks {
+		files += len(d.SlowFiles)
+	}
+	if files == 0 {
+		fmt.Fprintln(w, "files slower than their disk: none")
+		return
+	}
+	fmt.Fprintln(w, "files slower than their disk:")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  DEVICE\tFILE\tRATIO\tREQUESTS\tFOR")
+	for _, d := range disks {
+		for _, f := range d.SlowFiles {
+			fmt.Fprintf(tw, "  %s\t%s\t%.2fx\t%d\t%s\n", d.Device, f.File, f.Ratio, f.Requests,
+				(time.Duration(f.ForSeconds * float64(time.Second))).Round(time.Second))
+		}
 	}
 	tw.Flush()
 }

@@ -239,6 +239,10 @@ func (d *Detector) evalDevice(ds *deviceState, now int64, snap *Snapshot) {
 
 	// Report.
 	d.fillBaselines(ds, devSet, &dst)
+	dc := buildCells(devSet, cellKey)
+	dst.Profile = dc.profile(dst.MeanSize)
+	byClass := buildCells(devSet, classKey)
+	d.fillDiskRatios(&byClass, devSet)
 	snap.Devices = append(snap.Devices, dst)
 	for ai := range sc.aggs {
 		a := &sc.aggs[ai]

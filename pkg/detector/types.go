@@ -63,6 +63,14 @@ type FileStats struct {
 	// file was first seen: how fragmented its reads find it.
 	Jumps           uint64
 	ExtentCrossings uint64
+	// DiskRatio is the 10th percentile (DiskRatioQuantile), over the
+	// file's requests in the device's window, of each request's latency
+	// over the 10th percentile of the rest of the device's requests of the
+	// same size class in the same window (they share its queue);
+	// DiskRatioRequests counts the requests that had such a reference (0:
+	// no ratio). Above 1: the file reads slower than its own disk.
+	DiskRatio         float64
+	DiskRatioRequests int
 }
 
 // ClassBaseline is a device's healthy latency for one request-size class:
@@ -95,6 +103,10 @@ type DeviceStats struct {
 	BaselineInflight float64
 	CapacityBPS      float64
 	Errors           uint64
+	// Profile is the window's median latency per size class and
+	// queue-depth bucket, sorted by class then depth: what fail-slow
+	// comparisons between disks match on.
+	Profile []LatencyCell
 }
 
 // Snapshot is what the detector reports at each evaluation.

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/failslow"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 	"github.com/readaheadd/readaheadd/pkg/tuner"
 )
@@ -41,6 +42,9 @@ var (
 	descOpenWin  = desc("open_file_windows", "Open regular files on the device by the readahead window the kernel holds for them (the larger of their ra_pages and their stream's current window f_ra.size, which asynchronous readahead keeps when ra_pages comes down; read with a BPF iterator over every process's open files), whoever set it; window_kb is rounded up to a power of two, \"+Inf\" above 16384.", "device", "window_kb")
 	descAbove    = desc("open_files_above_device_window", "Open regular files on the device whose window in force (as in open_file_windows) is above the device's read_ahead_kb, whoever set it: while readaheadd runs, the files it raised; after it stops, windows left behind.", "device")
 	descControl  = desc("tuner_control_total", "Events of the tuner's control core by name; docs/metrics.md says what each means (from the tuner's one list of events).", "event")
+	descSlow     = desc("disk_slow", "1 while the disk is named fail-slow: its read latency has stayed at or above the threshold times its reference's (readaheadd_disk_slow_ratio) for the hold time, else 0.", "device")
+	descSlowRat  = desc("disk_slow_ratio", "How many times slower the disk reads than its reference (1: alike): the median over the last 10 evaluations of its low-percentile read latency against the reference's at the same request size and the same or a deeper queue. reference=\"peers\": the median of the host's other watched disks; reference=\"baseline\": the disk's own learned healthy latency (no comparable peer). Absent while the disk has too few comparable reads for a verdict.", "device", "reference")
+	descSlowFile = desc("disk_slow_files", "Files on the disk named slower than the rest of the disk at the same request size over the same window (readaheadd status names them).", "device")
 	descTunerErr = desc("tuner_errors_total", "Tuner operations that did not happen: file_op (a reader's descriptor could not be taken or advised: process exited, file closed or deleted), out_of_scope (a descriptor outside the allow-paths was refused), rate_limited (a sysfs write deferred).", "kind")
 )
 
@@ -55,7 +59,7 @@ func NewCollector(src Sources) *Collector { return &Collector{src: src} }
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLatency, descBytes, descRequests, descRA, descRAOrig,
-		descRegime, descActions, descFiles, descSample, descLost, descRunTime, descMissed, descAttached, descDryRun, descTunerErr, descRepeated, descControl, descTracked, descEvicted, descOpenWin, descAbove} {
+		descRegime, descActions, descFiles, descSample, descLost, descRunTime, descMissed, descAttached, descDryRun, descTunerErr, descRepeated, descControl, descTracked, descEvicted, descOpenWin, descAbove, descSlow, descSlowRat, descSlowFile} {
 		ch <- d
 	}
 }
@@ -173,6 +177,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descEvicted, prometheus.CounterValue, float64(evicted))
 	}
 
+	c.collectFailSlow(ch, devices)
+
 	if c.src.Detector != nil {
 		snap, ok := c.src.Detector()
 		if !ok {
@@ -203,6 +209,49 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			for _, k := range detector.Kinds {
 				ch <- prometheus.MustNewConstMetric(descRegime, prometheus.GaugeValue, b2f(active[[2]string{n, string(k)}]), n, string(k))
 			}
+		}
+	}
+}
+
+// collectFailSlow exports the fail-slow verdicts: readaheadd_disk_slow and
+// readaheadd_disk_slow_files for every watched device (0 until there is
+// something to report), the ratio only with a verdict.
+func (c *Collector) collectFailSlow(ch chan<- prometheus.Metric, watched []string) {
+	if c.src.FailSlow == nil {
+		return
+	}
+	type row struct {
+		slow, files float64
+		ratio       float64
+		ref         string
+	}
+	rows := map[string]*row{}
+	order := []string{}
+	for _, n := range watched {
+		if rows[n] == nil {
+			rows[n] = &row{}
+			order = append(order, n)
+		}
+	}
+	for _, d := range c.src.FailSlow() {
+		n := c.src.devName(d.Device)
+		r := rows[n]
+		if r == nil {
+			r = &row{}
+			rows[n] = r
+			order = append(order, n)
+		}
+		r.slow, r.files = b2f(d.Slow), float64(len(d.SlowFiles))
+		if d.Reference != failslow.None && d.Held > 0 {
+			r.ratio, r.ref = d.Held, string(d.Reference)
+		}
+	}
+	for _, n := range order {
+		r := rows[n]
+		ch <- prometheus.MustNewConstMetric(descSlow, prometheus.GaugeValue, r.slow, n)
+		ch <- prometheus.MustNewConstMetric(descSlowFile, prometheus.GaugeValue, r.files, n)
+		if r.ref != "" {
+			ch <- prometheus.MustNewConstMetric(descSlowRat, prometheus.GaugeValue, r.ratio, n, r.ref)
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/failslow"
 	"github.com/readaheadd/readaheadd/pkg/tuner"
 )
 
@@ -55,6 +56,32 @@ type Status struct {
 	// OpenFilesAbove: open files whose window in force is above their
 	// device's read_ahead_kb (at most MaxAboveListed).
 	OpenFilesAbove []OpenFileAbove `json:"open_files_above_device,omitempty"`
+	// FailSlow: the fail-slow verdict of every disk with one, or named
+	// (sorted by device), with the files named slower than their disk.
+	FailSlow []SlowDiskStatus `json:"fail_slow,omitempty"`
+}
+
+// SlowDiskStatus is one disk's fail-slow verdict in Status.
+type SlowDiskStatus struct {
+	Device    string  `json:"device"`
+	Ratio     float64 `json:"ratio"`      // the latest window's, 0 without a verdict
+	HeldRatio float64 `json:"held_ratio"` // the median of the last verdicts, which names the disk
+	Reference string  `json:"reference"`  // peers, baseline or none
+	Requests  int     `json:"requests"`
+	// Over: consecutive evaluations at or above the threshold.
+	Over       int              `json:"over"`
+	Slow       bool             `json:"slow"`
+	ForSeconds float64          `json:"for_seconds,omitempty"` // named this long
+	SlowFiles  []SlowFileStatus `json:"slow_files,omitempty"`
+}
+
+// SlowFileStatus is a file named slower than its own disk: its path when
+// it lies under the allow-paths, else major:minor/inode.
+type SlowFileStatus struct {
+	File       string  `json:"file"`
+	Ratio      float64 `json:"ratio"`
+	Requests   int     `json:"requests"`
+	ForSeconds float64 `json:"for_seconds"`
 }
 
 // DeviceStatus is one device in Status.
@@ -245,8 +272,10 @@ func (s *Server) BuildStatus() Status {
 		st.ProbeAttached = ps.Attached
 		st.EventsLost = ps.EventsLost
 	}
+	var now time.Duration
 	if s.src.Detector != nil {
 		if snap, ok := s.src.Detector(); ok {
+			now = snap.Now
 			for _, d := range snap.Devices {
 				n := s.src.devName(d.Device)
 				i, ok := byName[n]
@@ -269,6 +298,28 @@ func (s *Server) BuildStatus() Status {
 				}
 				st.Regimes = append(st.Regimes, rs)
 			}
+		}
+	}
+	if s.src.FailSlow != nil {
+		for _, d := range s.src.FailSlow() {
+			if d.Reference == failslow.None && !d.Slow && len(d.SlowFiles) == 0 {
+				continue
+			}
+			ds := SlowDiskStatus{Device: s.src.devName(d.Device), Ratio: d.Ratio, HeldRatio: d.Held, Reference: string(d.Reference),
+				Requests: d.Requests, Over: d.Over, Slow: d.Slow}
+			if d.Slow {
+				ds.ForSeconds = (now - d.Since).Seconds()
+			}
+			for _, f := range d.SlowFiles {
+				name := f.Key.String()
+				if s.src.FilePath != nil {
+					if p := s.src.FilePath(f.Key); p != "" {
+						name = p
+					}
+				}
+				ds.SlowFiles = append(ds.SlowFiles, SlowFileStatus{File: name, Ratio: f.Ratio, Requests: f.Requests, ForSeconds: (now - f.Since).Seconds()})
+			}
+			st.FailSlow = append(st.FailSlow, ds)
 		}
 	}
 	return st

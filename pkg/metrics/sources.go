@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/failslow"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
@@ -129,6 +130,9 @@ type Sources struct {
 	// holds for them and lists those above their device's (a BPF iterator
 	// over every process's files); optional.
 	OpenFiles func() OpenFiles
+	// FailSlow is the latest fail-slow verdict per disk (pkg/failslow);
+	// optional.
+	FailSlow func() []failslow.Disk
 }
 
 // OpenFiles is one walk of every process's open files on the tuned disks.
