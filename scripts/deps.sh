@@ -60,7 +60,7 @@ deps_list() {
 # deps_missing LEVEL: the packages LEVEL needs that dpkg does not have installed.
 deps_missing() {
 	for p in $(deps_list "$1"); do
-		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || printf '%s ' "$p"
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || printf "%s " "$p"
 	done
 }
 
@@ -137,6 +137,7 @@ deps_install() {
 		return 2
 	}
 	missing=$(deps_missing "$deps_level")
+	missing=${missing% }
 	go_have=""
 	if ! deps_go_pick; then
 		command -v go >/dev/null 2>&1 && go_have=$(deps_go_version go)

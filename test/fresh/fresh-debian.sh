@@ -42,6 +42,7 @@ fi
 
 dir=${FRESH_DIR:-$(mktemp -d /var/tmp/readaheadd-fresh.XXXXXX)}
 mkdir -p "$dir"
+chmod 755 "$dir"
 dir=$(cd "$dir" && pwd -P)
 if [ "$dir" = / ]; then
 	echo "fresh-debian: FRESH_DIR must not be /" >&2
@@ -154,9 +155,11 @@ for step in "${steps[@]}"; do
 	case "$step" in
 	nonroot)
 		echo "=== test.sh as nobody (must list what to install and exit non-zero)"
-		in_root chroot --userspec=nobody:nogroup "$dir" /bin/sh -c 'cd /srv/readaheadd && ./test.sh'
+		out=$(in_root chroot --userspec=nobody:nogroup "$dir" /bin/sh -c 'cd /srv/readaheadd && ./test.sh' 2>&1)
 		rc=$?
-		[ "$rc" -ne 0 ] && rc=0 || rc=1
+		echo "$out"
+		# Fails, names the packages and the Go version, installs nothing.
+		if [ "$rc" -ne 0 ] && grep -q 'apt-get install' <<<"$out" && grep -q '^  Go ' <<<"$out"; then rc=0; else rc=1; fi
 		;;
 	demo)
 		echo "=== ./demo.sh"
