@@ -53,8 +53,8 @@ func Build(prefix string) (bin string, cleanup func(), err error) {
 	bin = filepath.Join(dir, "readaheadd")
 	cmd := exec.Command("go", "build", "-o", bin, "./cmd/readaheadd")
 	cmd.Dir = root
-	// As make build and the image build it: without cgo the daemon can
-	// drop its capabilities once attached, which the tests then cover.
+	// As make build and the image build it (a static binary); a cgo build
+	// drops its capabilities as well (cmd/readaheadd's caps test).
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		cleanup()

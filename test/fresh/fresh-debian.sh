@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # demo.sh and test.sh on a bare Debian, as a new machine would run them: a
 # minbase root (debootstrap, nothing installed by hand) with the host's apt
-# configuration and resolv.conf, /proc, /sys and /dev bound into it, a clean
+# configuration, resolv.conf and local certificate authorities, /proc, /sys and /dev bound into it, a clean
 # clone of HEAD copied in, each command run in a chroot with an empty
 # environment. Prints the time of each step and the packages each added.
 # Whatever happens, it stops the processes left in the root, detaches the
@@ -127,6 +127,12 @@ for d in sources.list sources.list.d apt.conf.d preferences.d trusted.gpg.d keyr
 	[ -e "/etc/apt/$d" ] && cp -a "/etc/apt/$d" "$dir/etc/apt/"
 done
 cp -L /etc/resolv.conf "$dir/etc/resolv.conf"
+# The certificate authorities this machine adds to Debian's (its network may
+# need one for HTTPS); the ca-certificates package, once installed, takes them in.
+if [ -d /usr/local/share/ca-certificates ]; then
+	mkdir -p "$dir/usr/local/share/ca-certificates"
+	cp -a /usr/local/share/ca-certificates/. "$dir/usr/local/share/ca-certificates/"
+fi
 
 for m in proc sys dev; do
 	mount --rbind "/$m" "$dir/$m"
