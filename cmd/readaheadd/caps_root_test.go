@@ -179,12 +179,7 @@ func checkDaemonCaps(t *testing.T, bin, dev string, prefix []string, want, unitM
 		}
 	})
 	require.Eventually(t, func() bool {
-		resp, err := http.Get("http://" + addr + "/healthz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
+		return daemontest.OK("http://" + addr + "/healthz")
 	}, 30*time.Second, 100*time.Millisecond, "daemon not healthy:\n%s", logs)
 
 	threads := threadCaps(t, cmd.Process.Pid)

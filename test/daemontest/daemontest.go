@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -75,6 +76,17 @@ func FreeAddr(t testing.TB) string {
 		t.Fatalf("release loopback port %s: %v", a, err)
 	}
 	return a
+}
+
+// OK reports whether a GET of url answers 200: for require.Eventually while
+// a daemon (or a server beside it) starts.
+func OK(url string) bool {
+	resp, err := http.Get(url)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 // SyncBuffer is a bytes.Buffer safe for a child's stdout and stderr writers
