@@ -153,6 +153,7 @@ deps_install() {
 		return 1
 	fi
 
+	deps_t0=$(date +%s)
 	if [ -n "$missing" ]; then
 		echo "deps: installing $missing"
 		DEBIAN_FRONTEND=noninteractive
@@ -167,6 +168,9 @@ deps_install() {
 			echo "deps: Go $DEPS_GO_FETCH installed but not usable from /usr/local/go/bin" >&2
 			return 1
 		}
+	fi
+	if [ -n "$missing$go_have" ]; then
+		echo "deps: installed in $(($(date +%s) - deps_t0)) s"
 	fi
 	return 0
 }
