@@ -139,19 +139,20 @@ func TestRunningDaemonKeepsOnlyRuntimeCapabilities(t *testing.T) {
 		unitMask |= 1 << n
 	}
 	for _, cgo := range []bool{false, true} {
-		build := map[bool]string{false: "without cgo", true: "with cgo"}[cgo]
-		bin := buildDaemon(t, cgo)
-		for _, start := range []struct {
-			name   string
-			prefix []string
-		}{
-			{"as the unit starts it", []string{sp, "--bounding-set", "-all," + unitCapabilities(t), "--inh-caps", "-all", "--no-new-privs", "--"}},
-			{"as root", nil},
-		} {
-			t.Run(build+"/"+start.name, func(t *testing.T) {
-				checkDaemonCaps(t, bin, dev, start.prefix, want, unitMask)
-			})
-		}
+		t.Run(map[bool]string{false: "without cgo", true: "with cgo"}[cgo], func(t *testing.T) {
+			bin := buildDaemon(t, cgo)
+			for _, start := range []struct {
+				name   string
+				prefix []string
+			}{
+				{"as the unit starts it", []string{sp, "--bounding-set", "-all," + unitCapabilities(t), "--inh-caps", "-all", "--no-new-privs", "--"}},
+				{"as root", nil},
+			} {
+				t.Run(start.name, func(t *testing.T) {
+					checkDaemonCaps(t, bin, dev, start.prefix, want, unitMask)
+				})
+			}
+		})
 	}
 }
 
