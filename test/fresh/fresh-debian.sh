@@ -134,6 +134,11 @@ if [ -d /usr/local/share/ca-certificates ]; then
 	cp -a /usr/local/share/ca-certificates/. "$dir/usr/local/share/ca-certificates/"
 fi
 
+# The root a mount point of its own, as a machine's root is: container
+# storage (buildah, podman) remounts / private and fails with EINVAL on a
+# plain directory.
+mount --bind "$dir" "$dir"
+mount --make-private "$dir"
 for m in proc sys dev; do
 	mount --rbind "/$m" "$dir/$m"
 	# Unmounting under the root must not reach the host's mounts.
