@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # demo.sh and test.sh on a bare Debian, as a new machine would run them: a
 # minbase root (debootstrap, nothing installed by hand) with the host's apt
-# configuration, resolv.conf and local certificate authorities, /proc, /sys and /dev bound into it, a clean
+# configuration, resolv.conf, hosts and local certificate authorities, /proc, /sys and /dev bound into it, a clean
 # clone of HEAD copied in, each command run in a chroot with an empty
 # environment. Prints the time of each step and the packages each added.
 # Whatever happens, it stops the processes left in the root, detaches the
@@ -127,6 +127,10 @@ for d in sources.list sources.list.d apt.conf.d preferences.d trusted.gpg.d keyr
 	[ -e "/etc/apt/$d" ] && cp -a "/etc/apt/$d" "$dir/etc/apt/"
 done
 cp -L /etc/resolv.conf "$dir/etc/resolv.conf"
+# The root shares the host's name (one UTS namespace): Java (the HDFS tests)
+# resolves it, so the names in /etc/hosts come along, as an installer writes them.
+cp -L /etc/hosts "$dir/etc/hosts"
+cp -L /etc/hostname "$dir/etc/hostname" 2>/dev/null || hostname >"$dir/etc/hostname"
 # The certificate authorities this machine adds to Debian's (its network may
 # need one for HTTPS); the ca-certificates package, once installed, takes them in.
 if [ -d /usr/local/share/ca-certificates ]; then
