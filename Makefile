@@ -164,3 +164,14 @@ bench-openfiles: labfs
 # share and RSS, and events lost. See docs/probe.md.
 bench-iops: build
 	READAHEADD_BENCH=1 READAHEADD_BIN=$(CURDIR)/$(BIN)/readaheadd $(GOTEST) -count=1 -timeout 60m -v -run '^TestIOPSCost$$' ./test/probecost/
+
+.PHONY: fresh-debian
+# demo.sh and test.sh on a bare Debian (root, debootstrap; 10-40 minutes):
+# a minbase root with this machine's apt configuration, a clean clone of
+# HEAD, each command in a chroot; prints each step's time and the packages
+# it installed, and unmounts and removes the root even on failure. Steps and
+# a part of the suite: FRESH_TESTFLAGS='-count=1 -run TestX' and
+# FRESH_STEPS='nonroot demo test'. See docs/fresh-install.md.
+FRESH_STEPS ?= nonroot demo test
+fresh-debian:
+	test/fresh/fresh-debian.sh $(FRESH_STEPS)

@@ -13,6 +13,7 @@ require (
 	gonum.org/v1/plot v0.17.0
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
+	kernel.org/pub/linux/libs/security/libcap/psx v1.2.78
 	sigs.k8s.io/yaml v1.6.0
 )
 

@@ -195,12 +195,7 @@ func TestImageBuildsAndRunsWithTheDaemonSetsPrivileges(t *testing.T) {
 		}
 	})
 	require.Eventually(t, func() bool {
-		resp, err := http.Get("http://" + addr + "/healthz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
+		return daemontest.OK("http://" + addr + "/healthz")
 	}, 60*time.Second, 200*time.Millisecond, "the daemon in the container did not become healthy:\n%s", logs)
 	// The filter is in force on the daemon (seccomp mode 2, no_new_privs),
 	// seen from the host.

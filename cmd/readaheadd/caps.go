@@ -1,15 +1,14 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
-	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+	"kernel.org/pub/linux/libs/security/libcap/psx"
 )
 
 // runtimeCaps are the capabilities the daemon keeps once its BPF programs
@@ -37,21 +36,18 @@ func capsMask(caps []int) uint64 {
 	return m
 }
 
-// errCapsCgo: a binary that uses cgo cannot change the capabilities of all
-// its threads from Go (syscall.AllThreadsSyscall refuses).
-var errCapsCgo = errors.New("this binary was built with cgo, which keeps Go from changing the capabilities of every thread: build it with CGO_ENABLED=0 (make build and the image do)")
-
 // allThreads runs a syscall on every thread of the process: capabilities
-// are per thread, and Go runs the daemon on many.
+// are per thread, and Go runs the daemon on many. psx does it in both
+// builds: without cgo through the Go runtime (syscall.AllThreadsSyscall),
+// with cgo, where the runtime refuses, through libpsx, which also reaches
+// threads the C side started. Syscall6 with zeros: libpsx's Syscall3
+// leaves the fourth and fifth arguments unset, and prctl(PR_CAP_AMBIENT,
+// PR_CAP_AMBIENT_CLEAR_ALL) fails with EINVAL unless they are 0.
 func allThreads(trap, a1, a2, a3 uintptr) error {
-	_, _, e := syscall.AllThreadsSyscall(trap, a1, a2, a3)
-	switch {
-	case e == 0:
-		return nil
-	case e == syscall.ENOTSUP:
-		return errCapsCgo
+	if _, _, e := psx.Syscall6(trap, a1, a2, a3, 0, 0, 0); e != 0 {
+		return e
 	}
-	return e
+	return nil
 }
 
 // dropCapabilities reduces the effective and permitted sets to keep (what

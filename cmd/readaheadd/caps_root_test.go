@@ -2,7 +2,10 @@ package main
 
 import (
 	"bufio"
+	"debug/buildinfo"
+	"debug/elf"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -34,12 +37,9 @@ func requireRootAndSetpriv(t *testing.T) string {
 	return sp
 }
 
-// procCaps reads the capability sets of process pid.
-func procCaps(t *testing.T, pid int) map[string]uint64 {
+// readCaps reads the Cap* lines of a /proc status file.
+func readCaps(t *testing.T, f io.Reader) map[string]uint64 {
 	t.Helper()
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	require.NoError(t, err)
-	defer f.Close()
 	out := map[string]uint64{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
@@ -50,6 +50,7 @@ func procCaps(t *testing.T, pid int) map[string]uint64 {
 			out[k] = n
 		}
 	}
+	require.NoError(t, sc.Err())
 	return out
 }
 
@@ -66,24 +67,69 @@ func loopDevice(t *testing.T) string {
 	return filepath.Base(dev)
 }
 
-// buildDaemon builds readaheadd without cgo, as `make build` and the image
-// do: Go changes every thread's capabilities only in such a binary.
-func buildDaemon(t *testing.T) string {
+// threadCaps reads the capability sets of every thread of process pid:
+// capabilities are per thread, and /proc/PID/status shows only the first.
+func threadCaps(t *testing.T, pid int) map[int]map[string]uint64 {
+	t.Helper()
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	require.NoError(t, err)
+	out := map[int]map[string]uint64{}
+	for _, task := range tasks {
+		tid, err := strconv.Atoi(task.Name())
+		require.NoError(t, err)
+		f, err := os.Open(fmt.Sprintf("/proc/%d/task/%d/status", pid, tid))
+		if os.IsNotExist(err) {
+			continue // the thread exited
+		}
+		require.NoError(t, err)
+		out[tid] = readCaps(t, f)
+		f.Close()
+	}
+	require.NotEmpty(t, out)
+	return out
+}
+
+// buildDaemon builds readaheadd with cgo or without, as a plain `go build`
+// does on a machine with or without a C compiler, and checks which it got:
+// a cgo binary calls the C library's pthread_create.
+func buildDaemon(t *testing.T, cgo bool) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "readaheadd")
 	cmd := exec.Command("go", "build", "-o", bin, ".")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	flag := map[bool]string{true: "1", false: "0"}[cgo]
+	cmd.Env = append(os.Environ(), "CGO_ENABLED="+flag)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "build: %s", out)
+	info, err := buildinfo.ReadFile(bin)
+	require.NoError(t, err)
+	var setting string
+	for _, s := range info.Settings {
+		if s.Key == "CGO_ENABLED" {
+			setting = s.Value
+		}
+	}
+	require.Equal(t, flag, setting, "CGO_ENABLED of the build")
+	f, err := elf.Open(bin)
+	require.NoError(t, err)
+	defer f.Close()
+	syms, _ := f.ImportedSymbols()
+	var pthread bool
+	for _, s := range syms {
+		pthread = pthread || strings.HasPrefix(s.Name, "pthread_create")
+	}
+	require.Equal(t, cgo, pthread, "threads started by the C library in a cgo build only")
 	return bin
 }
 
 // The running daemon, once its programs are attached, holds only
-// runtimeCaps: read from its /proc/PID/status, started as the systemd unit
-// starts it (bounding set from the unit) and as plain root.
+// runtimeCaps on every thread: read from /proc/PID/task/*/status, for a
+// build with cgo and one without, started as the systemd unit starts it
+// (bounding set from the unit) and as plain root.
 func TestRunningDaemonKeepsOnlyRuntimeCapabilities(t *testing.T) {
 	sp := requireRootAndSetpriv(t)
-	bin := buildDaemon(t)
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("gcc not installed: no cgo build to check (apt-get install gcc libc6-dev)")
+	}
 	dev := loopDevice(t)
 	want := capsMask(runtimeCaps)
 	var unitMask uint64
@@ -92,73 +138,88 @@ func TestRunningDaemonKeepsOnlyRuntimeCapabilities(t *testing.T) {
 		require.NoError(t, err)
 		unitMask |= 1 << n
 	}
-	for name, prefix := range map[string][]string{
-		"as the unit starts it": {sp, "--bounding-set", "-all," + unitCapabilities(t), "--inh-caps", "-all", "--no-new-privs", "--"},
-		"as root":               nil,
-	} {
-		t.Run(name, func(t *testing.T) {
-			addr := daemontest.FreeAddr(t)
-			logs := &daemontest.SyncBuffer{}
-			argv := append(append([]string(nil), prefix...), bin, "run", "--device", dev, "--metrics-addr", addr,
-				"--state-dir", filepath.Join(t.TempDir(), "state"), "--interval", "200ms")
-			cmd := exec.Command(argv[0], argv[1:]...)
-			cmd.Stdout, cmd.Stderr = logs, logs
-			cmd.Env = append(os.Environ(), "NOTIFY_SOCKET=")
-			require.NoError(t, cmd.Start())
-			done := make(chan error, 1)
-			go func() { done <- cmd.Wait() }()
-			t.Cleanup(func() {
-				if cmd.ProcessState == nil {
-					_ = cmd.Process.Kill()
-					<-done
-				}
-				if t.Failed() {
-					t.Logf("daemon log:\n%s", logs)
-				}
-			})
-			require.Eventually(t, func() bool {
-				resp, err := http.Get("http://" + addr + "/healthz")
-				if err != nil {
-					return false
-				}
-				resp.Body.Close()
-				return resp.StatusCode == http.StatusOK
-			}, 30*time.Second, 100*time.Millisecond, "daemon not healthy:\n%s", logs)
-
-			caps := procCaps(t, cmd.Process.Pid)
-			t.Logf("daemon after attach: CapEff=%016x CapPrm=%016x CapInh=%016x CapAmb=%016x CapBnd=%016x (kept: %v)",
-				caps["CapEff"], caps["CapPrm"], caps["CapInh"], caps["CapAmb"], caps["CapBnd"], capNames(caps["CapEff"]))
-			assert.Equal(t, want, caps["CapEff"], "effective: %v", capNames(caps["CapEff"]))
-			assert.Equal(t, want, caps["CapPrm"], "permitted: %v", capNames(caps["CapPrm"]))
-			assert.Zero(t, caps["CapInh"])
-			assert.Zero(t, caps["CapAmb"])
-			if prefix == nil {
-				assert.Equal(t, want, caps["CapBnd"], "with CAP_SETPCAP the bounding set is narrowed too: %v", capNames(caps["CapBnd"]))
-			} else {
-				assert.Equal(t, unitMask, caps["CapBnd"], "the unit's bounding set (no CAP_SETPCAP to narrow it)")
+	for _, cgo := range []bool{false, true} {
+		t.Run(map[bool]string{false: "without cgo", true: "with cgo"}[cgo], func(t *testing.T) {
+			bin := buildDaemon(t, cgo)
+			for _, start := range []struct {
+				name   string
+				prefix []string
+			}{
+				{"as the unit starts it", []string{sp, "--bounding-set", "-all," + unitCapabilities(t), "--inh-caps", "-all", "--no-new-privs", "--"}},
+				{"as root", nil},
+			} {
+				t.Run(start.name, func(t *testing.T) {
+					checkDaemonCaps(t, bin, dev, start.prefix, want, unitMask)
+				})
 			}
-
-			// Still working without them: metrics read the BPF maps and
-			// program statistics, and SIGTERM restores.
-			resp, err := http.Get("http://" + addr + "/metrics")
-			require.NoError(t, err)
-			b := new(strings.Builder)
-			_, _ = fmt.Fprint(b, readAll(resp))
-			assert.Contains(t, b.String(), "readaheadd_probe_attached 1")
-			resp, err = http.Get("http://" + addr + "/debug/status")
-			require.NoError(t, err)
-			assert.Equal(t, http.StatusOK, resp.StatusCode)
-			resp.Body.Close()
-			require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-			select {
-			case <-done:
-			case <-time.After(30 * time.Second):
-				t.Fatal("no exit within 30 s of SIGTERM")
-			}
-			assert.Equal(t, 0, cmd.ProcessState.ExitCode())
-			assert.Contains(t, logs.String(), "capabilities dropped after attaching")
 		})
 	}
+}
+
+// checkDaemonCaps starts bin on dev (argv prefixed by prefix), waits until
+// it is healthy, checks every thread's capabilities and that the daemon
+// still works without the ones dropped, and stops it with SIGTERM.
+func checkDaemonCaps(t *testing.T, bin, dev string, prefix []string, want, unitMask uint64) {
+	addr := daemontest.FreeAddr(t)
+	logs := &daemontest.SyncBuffer{}
+	argv := append(append([]string(nil), prefix...), bin, "run", "--device", dev, "--metrics-addr", addr,
+		"--state-dir", filepath.Join(t.TempDir(), "state"), "--interval", "200ms")
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = logs, logs
+	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET=")
+	require.NoError(t, cmd.Start())
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", logs)
+		}
+	})
+	require.Eventually(t, func() bool {
+		return daemontest.OK("http://" + addr + "/healthz")
+	}, 30*time.Second, 100*time.Millisecond, "daemon not healthy:\n%s", logs)
+
+	threads := threadCaps(t, cmd.Process.Pid)
+	main := threads[cmd.Process.Pid]
+	t.Logf("daemon after attach, %d threads: CapEff=%016x CapPrm=%016x CapInh=%016x CapAmb=%016x CapBnd=%016x (kept: %v)",
+		len(threads), main["CapEff"], main["CapPrm"], main["CapInh"], main["CapAmb"], main["CapBnd"], capNames(main["CapEff"]))
+	assert.Greater(t, len(threads), 1, "the Go runtime runs the daemon on several threads")
+	for tid, caps := range threads {
+		assert.Equal(t, want, caps["CapEff"], "thread %d effective: %v", tid, capNames(caps["CapEff"]))
+		assert.Equal(t, want, caps["CapPrm"], "thread %d permitted: %v", tid, capNames(caps["CapPrm"]))
+		assert.Zero(t, caps["CapInh"], "thread %d inheritable", tid)
+		assert.Zero(t, caps["CapAmb"], "thread %d ambient", tid)
+		if prefix == nil {
+			assert.Equal(t, want, caps["CapBnd"], "thread %d: with CAP_SETPCAP the bounding set is narrowed too: %v", tid, capNames(caps["CapBnd"]))
+		} else {
+			assert.Equal(t, unitMask, caps["CapBnd"], "thread %d: the unit's bounding set (no CAP_SETPCAP to narrow it)", tid)
+		}
+	}
+
+	// Still working without them: metrics read the BPF maps and
+	// program statistics, and SIGTERM restores.
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	b := new(strings.Builder)
+	_, _ = fmt.Fprint(b, readAll(resp))
+	assert.Contains(t, b.String(), "readaheadd_probe_attached 1")
+	resp, err = http.Get("http://" + addr + "/debug/status")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	resp.Body.Close()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no exit within 30 s of SIGTERM")
+	}
+	assert.Equal(t, 0, cmd.ProcessState.ExitCode())
+	assert.Contains(t, logs.String(), "capabilities dropped after attaching")
+	assert.NotContains(t, logs.String(), "capabilities not dropped")
 }
 
 func readAll(resp *http.Response) string {

@@ -80,12 +80,7 @@ func startDaemon(t *testing.T, args ...string) *daemonProc {
 		}
 	})
 	require.Eventually(t, func() bool {
-		resp, err := http.Get("http://" + d.addr + "/healthz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
+		return daemontest.OK("http://" + d.addr + "/healthz")
 	}, 30*time.Second, 100*time.Millisecond, "daemon did not become healthy:\n%s", d.logs)
 	return d
 }
@@ -176,12 +171,7 @@ func prometheusServer(t *testing.T, target string) string {
 		}
 	})
 	require.Eventually(t, func() bool {
-		resp, err := http.Get("http://" + addr + "/-/ready")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
+		return daemontest.OK("http://" + addr + "/-/ready")
 	}, 30*time.Second, 200*time.Millisecond, "prometheus not ready: %s", logs)
 	return addr
 }

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,8 +54,8 @@ func Build(prefix string) (bin string, cleanup func(), err error) {
 	bin = filepath.Join(dir, "readaheadd")
 	cmd := exec.Command("go", "build", "-o", bin, "./cmd/readaheadd")
 	cmd.Dir = root
-	// As make build and the image build it: without cgo the daemon can
-	// drop its capabilities once attached, which the tests then cover.
+	// As make build and the image build it (a static binary); a cgo build
+	// drops its capabilities as well (cmd/readaheadd's caps test).
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		cleanup()
@@ -75,6 +76,17 @@ func FreeAddr(t testing.TB) string {
 		t.Fatalf("release loopback port %s: %v", a, err)
 	}
 	return a
+}
+
+// OK reports whether a GET of url answers 200: for require.Eventually while
+// a daemon (or a server beside it) starts.
+func OK(url string) bool {
+	resp, err := http.Get(url)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 // SyncBuffer is a bytes.Buffer safe for a child's stdout and stderr writers

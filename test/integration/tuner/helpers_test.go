@@ -510,12 +510,7 @@ func runDaemon(t *testing.T, l *lab.Lab, stateDir string, extra ...string) *daem
 			return true
 		default:
 		}
-		resp, err := http.Get("http://" + d.addr + "/healthz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
+		return daemontest.OK("http://" + d.addr + "/healthz")
 	}, 30*time.Second, 100*time.Millisecond, "daemon did not become healthy")
 	select {
 	case <-d.done:
