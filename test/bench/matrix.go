@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -9,7 +10,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/readaheadd/readaheadd/test/lab"
 )
@@ -364,16 +368,18 @@ func (e *mEnv) runArmAs(ctx context.Context, kb int, daemon bool, state string, 
 		if !daemon {
 			return nil
 		}
-		var err error
-		if d, err = StartDaemonState(ctx, e.cfg.DaemonBin, e.l.Name, e.l.Mount, e.work, state); err != nil {
-			return err
+		start := func() error {
+			var err error
+			if d, err = StartDaemonState(ctx, e.cfg.DaemonBin, e.l.Name, e.l.Mount, e.work, state); err != nil {
+				return err
+			}
+			a.DaemonLog = d.LogPath
+			return nil
 		}
-		a.DaemonLog = d.LogPath
 		if cg != nil {
-			// The daemon is no reader: out of the readers' memory limit.
-			return leaveMemcg(d.cmd.Process.Pid)
+			return cg.outside(start)
 		}
-		return nil
+		return start()
 	}
 	defer func() {
 		if d == nil {
@@ -547,8 +553,19 @@ const memcgRoot = "/sys/fs/cgroup/memory"
 // memcg is a memory cgroup this process runs in for one arm: the page
 // cache its readers fault in is charged to it, so a limit of a few MB a
 // stream makes 4096 KB windows thrash (pages read ahead are evicted
-// before they are read).
-type memcg struct{ dir string }
+// before they are read). The process's own text and heap are charged too
+// when touched, so the limit can also catch the harness: the cgroup's OOM
+// killer is off, and a watchdog that allocates nothing moves the process
+// out as soon as the cgroup is under OOM (the arm then reports it).
+type memcg struct {
+	dir      string
+	stop     chan struct{}
+	done     chan struct{}
+	escaped  atomic.Bool
+	rootFD   int
+	oomFD    int
+	pidBytes []byte
+}
 
 func enterMemcg(mb int) (*memcg, error) {
 	if _, err := os.Stat(filepath.Join(memcgRoot, "memory.limit_in_bytes")); err != nil {
@@ -558,16 +575,81 @@ func enterMemcg(mb int) (*memcg, error) {
 	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
 		return nil, fmt.Errorf("create memory cgroup: %w", err)
 	}
-	m := &memcg{dir: dir}
-	if err := os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte(strconv.Itoa(mb<<20)), 0); err != nil {
+	m := &memcg{dir: dir, stop: make(chan struct{}), done: make(chan struct{}), rootFD: -1, oomFD: -1,
+		pidBytes: []byte(strconv.Itoa(os.Getpid()))}
+	fail := func(what string, err error) (*memcg, error) {
+		m.closeFDs()
 		os.Remove(dir)
-		return nil, fmt.Errorf("set memory limit %d MB: %w", mb, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
-		os.Remove(dir)
-		return nil, fmt.Errorf("enter memory cgroup: %w", err)
+	var err error
+	if err = os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte(strconv.Itoa(mb<<20)), 0); err != nil {
+		return fail(fmt.Sprintf("set memory limit %d MB", mb), err)
 	}
+	if err = os.WriteFile(filepath.Join(dir, "memory.oom_control"), []byte("1"), 0); err != nil {
+		return fail("turn the memory cgroup's OOM killer off", err)
+	}
+	if m.rootFD, err = unix.Open(filepath.Join(memcgRoot, "cgroup.procs"), unix.O_WRONLY, 0); err != nil {
+		return fail("open the root memory cgroup", err)
+	}
+	if m.oomFD, err = unix.Open(filepath.Join(dir, "memory.oom_control"), unix.O_RDONLY, 0); err != nil {
+		return fail("open memory.oom_control", err)
+	}
+	if err = os.WriteFile(filepath.Join(dir, "cgroup.procs"), m.pidBytes, 0); err != nil {
+		return fail("enter memory cgroup", err)
+	}
+	go m.watch()
 	return m, nil
+}
+
+// watch leaves the cgroup when it is under OOM (see memcg). No
+// allocation: a blocked allocation must not be needed to get out.
+func (m *memcg) watch() {
+	defer close(m.done)
+	buf := make([]byte, 256)
+	key := []byte("under_oom 1")
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		n, err := unix.Pread(m.oomFD, buf, 0)
+		if err != nil || !bytes.Contains(buf[:n], key) {
+			continue
+		}
+		if _, err := unix.Write(m.rootFD, m.pidBytes); err == nil {
+			m.escaped.Store(true)
+			return
+		}
+	}
+}
+
+func (m *memcg) closeFDs() {
+	if m.rootFD >= 0 {
+		unix.Close(m.rootFD)
+	}
+	if m.oomFD >= 0 {
+		unix.Close(m.oomFD)
+	}
+}
+
+// run calls f outside the cgroup (starting the daemon: a child inherits
+// its parent's cgroup, and the daemon is no reader).
+func (m *memcg) outside(f func() error) error {
+	if err := leaveMemcg(os.Getpid()); err != nil {
+		return err
+	}
+	err := f()
+	if m.escaped.Load() {
+		return err
+	}
+	if e := os.WriteFile(filepath.Join(m.dir, "cgroup.procs"), m.pidBytes, 0); e != nil && err == nil {
+		err = fmt.Errorf("enter memory cgroup again: %w", e)
+	}
+	return err
 }
 
 func leaveMemcg(pid int) error {
@@ -578,8 +660,12 @@ func leaveMemcg(pid int) error {
 }
 
 // leave moves this process back to the root cgroup, removes the cgroup and
-// returns how often it hit its limit.
+// returns how often it hit its limit; an error if the harness itself ran
+// out of memory in it.
 func (m *memcg) leave() (uint64, error) {
+	close(m.stop)
+	<-m.done
+	m.closeFDs()
 	err := leaveMemcg(os.Getpid())
 	var fc uint64
 	if b, e := os.ReadFile(filepath.Join(m.dir, "memory.failcnt")); e == nil {
@@ -597,6 +683,9 @@ func (m *memcg) leave() (uint64, error) {
 	}
 	if err == nil && rerr != nil {
 		err = fmt.Errorf("remove memory cgroup %s: %w", m.dir, rerr)
+	}
+	if err == nil && m.escaped.Load() {
+		err = fmt.Errorf("the harness ran out of memory in the scenario's memory cgroup (%s): raise lab's memcgMB", m.dir)
 	}
 	return fc, err
 }
