@@ -39,7 +39,7 @@ type MatrixConfig struct {
 	Warm time.Duration
 	// DaemonBin is the readaheadd binary; WorkDir keeps its logs.
 	DaemonBin, WorkDir string
-	Log               *slog.Logger
+	Log                *slog.Logger
 	// OnRow is called after every scenario (to write the table so far).
 	OnRow func(MatrixRow)
 }

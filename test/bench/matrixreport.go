@@ -14,17 +14,17 @@ import (
 
 // MatrixReport is a matrix run: how it ran and its rows so far.
 type MatrixReport struct {
-	Started  time.Time `json:"started"`
-	Command  string    `json:"command"`
-	Seed     uint64    `json:"seed"`
-	N        int       `json:"n"`
-	Named    []string  `json:"named,omitempty"`
-	Arms     []string  `json:"arms"`
-	Measure  float64   `json:"measure_s"`
-	Planned  int       `json:"planned"`
-	LoadAt   string    `json:"load_at_start"` // /proc/loadavg
-	Uptime   string    `json:"uptime"`
-	Device   string    `json:"device"`
+	Started  time.Time      `json:"started"`
+	Command  string         `json:"command"`
+	Seed     uint64         `json:"seed"`
+	N        int            `json:"n"`
+	Named    []string       `json:"named,omitempty"`
+	Arms     []string       `json:"arms"`
+	Measure  float64        `json:"measure_s"`
+	Planned  int            `json:"planned"`
+	LoadAt   string         `json:"load_at_start"` // /proc/loadavg
+	Uptime   string         `json:"uptime"`
+	Device   string         `json:"device"`
 	Coverage map[string]int `json:"coverage"`
 	Rows     []MatrixRow    `json:"rows"`
 	// Error: the harness error that ended the run early, if any.

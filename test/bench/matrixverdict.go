@@ -59,8 +59,8 @@ type VerdictResult struct {
 	RandP99  []float64 `json:"rand_p99"`
 	// WorstBucket: the largest 1 s p99 of a random reader under
 	// readaheadd over the default's p99.
-	WorstBucket float64 `json:"worst_bucket"`
-	AmpRatio    float64 `json:"amp_ratio"`
+	WorstBucket float64  `json:"worst_bucket"`
+	AmpRatio    float64  `json:"amp_ratio"`
 	Reasons     []string `json:"reasons,omitempty"`
 }
 
