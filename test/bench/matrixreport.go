@@ -107,6 +107,16 @@ func RowText(r MatrixRow) string {
 		readers, dm.Actions, dm.Kept, first, dm.CPUPct, v.Verdict)
 }
 
+// Rescore recomputes every row's description and verdict from its
+// scenario and arms (after a change of the rules or of the table).
+func (rep *MatrixReport) Rescore() {
+	for i := range rep.Rows {
+		r := &rep.Rows[i]
+		r.Desc, r.Classes = r.Scenario.String(), r.Scenario.Classes()
+		r.Verdict = Verdict(r.Arms)
+	}
+}
+
 // WriteMatrix writes rep as README.md and matrix.json into dir.
 func WriteMatrix(rep *MatrixReport, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {

@@ -256,7 +256,8 @@ func (s MatrixScenario) String() string {
 	if s.MemoryMB > 0 {
 		mem = fmt.Sprintf("memcg %dMB", s.MemoryMB)
 	}
-	return fmt.Sprintf("%s | %s | %s | %s %s", strings.Join(dev, ", "), strings.Join(rd, "; "), s.Start, s.FS, mem)
+	// No "|": the description is a cell of a Markdown table.
+	return fmt.Sprintf("%s / %s / %s / %s %s", strings.Join(dev, ", "), strings.Join(rd, " + "), s.Start, s.FS, mem)
 }
 
 // Validate checks that s can run.

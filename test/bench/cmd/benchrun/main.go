@@ -40,6 +40,13 @@ func main() {
 	only := flag.String("only", "", "matrix: run only these scenarios (comma-separated names, of the named and generated set)")
 	list := flag.Bool("list", false, "matrix: print the scenarios and the classes they cover, run nothing")
 	flag.Parse()
+	if *matrix && *from != "" {
+		if err := rerenderMatrix(*from, *out); err != nil {
+			fmt.Fprintln(os.Stderr, "re-render:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *matrix {
 		o := matrixOpts{seed: *seed, n: *n, named: *named, short: *shortMatrix, reportOnly: *reportOnly,
 			listOnly: *list, only: *only, out: *out, work: *work, measure: *measure}

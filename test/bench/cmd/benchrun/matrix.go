@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -126,4 +127,22 @@ func runMatrix(ctx context.Context, o matrixOpts) int {
 		return 3
 	}
 	return 0
+}
+
+// rerenderMatrix writes the table of an earlier run's matrix.json again,
+// its descriptions and verdicts recomputed (no root).
+func rerenderMatrix(from, out string) error {
+	b, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	var rep bench.MatrixReport
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return fmt.Errorf("%s: %w", from, err)
+	}
+	rep.Rescore()
+	if out == "docs/results" {
+		out = "docs/results/matrix"
+	}
+	return bench.WriteMatrix(&rep, out)
 }
