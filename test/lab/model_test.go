@@ -61,16 +61,16 @@ func TestLabModelGroundTruth(t *testing.T) {
 	require.NoError(t, err)
 	fe, err := lab.Extents(fast)
 	require.NoError(t, err)
-	const extra = 8 * time.Millisecond
+	const extra = 20 * time.Millisecond
 	setup, err := l.RequestLog() // mkfs's and the writes' reads
 	require.NoError(t, err)
 	require.NoError(t, l.SetPermanent(extra, slow))
 
-	// A slow read, and about 1 ms later a fast one, ten times. labfs's
+	// A slow read (+20 ms), and about 1 ms later a fast one, ten times. labfs's
 	// log says when each arrived and how long it took: a fast read that
 	// arrived while the slow one was still in its extra latency must
 	// finish first and take far less than that latency. A channel booked
-	// at arrival would make it wait the slow read's 8 ms, every time.
+	// at arrival would make it wait the slow read's 20 ms, every time.
 	sr, fr := newDirectReader(t, slow, 128<<10), newDirectReader(t, fast, 128<<10)
 	for i := 0; i < 10; i++ {
 		off := int64(i) << 20
@@ -119,8 +119,10 @@ func TestLabModelGroundTruth(t *testing.T) {
 	require.Positive(t, nSlow, "no request of the slowed file in labfs's log")
 	require.Positive(t, nFast, "no request of the other file in labfs's log")
 	require.GreaterOrEqual(t, overlapped, 5, "fewer than 5 of 10 fast reads arrived during a slow read's latency: the host is too busy to tell")
-	assert.GreaterOrEqual(t, firsts, overlapped-1, "of %d fast reads issued behind a slow one, only %d finished first and quickly", overlapped, firsts)
-	t.Logf("%d fast reads issued during a slow read's 8 ms: %d finished first", overlapped, firsts)
+	// A busy host delays a labfs thread now and then: two thirds, where a
+	// channel booked at arrival would give none.
+	assert.GreaterOrEqual(t, 3*firsts, 2*overlapped, "of %d fast reads issued behind a slow one, only %d finished first and quickly", overlapped, firsts)
+	t.Logf("%d fast reads issued during a slow read's %v: %d finished first", overlapped, extra, firsts)
 
 	// The whole device slowed: both files' requests carry it (the
 	// slowed file's on top of its own).
