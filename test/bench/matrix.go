@@ -52,17 +52,30 @@ func FullMatrixConfig() MatrixConfig {
 }
 
 // ShortMatrixConfig is CI's: one static window besides the default, the
-// default once.
+// default once, a 2 s warm-up.
 func ShortMatrixConfig() MatrixConfig {
-	return MatrixConfig{StaticKB: []int{512}, Measure: 20 * time.Second, Warm: 5 * time.Second}
+	return MatrixConfig{StaticKB: []int{512}, Measure: 20 * time.Second, Warm: 2 * time.Second}
 }
 
 // ShortMatrixScenarios are CI's scenarios: the whole device slow beside a
-// bursty reader, and a saturated device.
+// bursty reader, and a saturated device, with smaller files than the
+// named ones (writing them is most of a scenario's set-up).
 func ShortMatrixScenarios() []lab.MatrixScenario {
 	a, _ := lab.NamedScenario("whole-device-bursty")
 	b, _ := lab.NamedScenario("saturated-streams")
-	return []lab.MatrixScenario{a, b}
+	out := []lab.MatrixScenario{a, b}
+	for i := range out {
+		s := &out[i]
+		s.Name += "-ci"
+		s.Readers = append([]lab.MatrixReader(nil), s.Readers...)
+		for j := range s.Readers {
+			s.Readers[j].FileMB = min(s.Readers[j].FileMB, 128)
+			if s.Device.BandwidthMBps > 0 {
+				s.Readers[j].FileMB = 64
+			}
+		}
+	}
+	return out
 }
 
 // RandomFig is one random reader's figures in one arm.
