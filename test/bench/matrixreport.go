@@ -97,7 +97,7 @@ func RowText(r MatrixRow) string {
 	}
 	readers := "-"
 	if len(v.RandRate) > 0 {
-		readers = fmt.Sprintf("%s; %s; %.2f", ratios(v.RandRate), ratios(v.RandP99), v.WorstBucket)
+		readers = fmt.Sprintf("%s; %s; %.2f (default's %.2f)", ratios(v.RandRate), ratios(v.RandP99), v.WorstBucket, v.DefaultWorstBucket)
 	}
 	return fmt.Sprintf("%s | %s | %.1f (%.0f%%) | %s %.2fx | %s %.2fx | %.2f of best adm., %.2fx default, amp %.2fx | %s | %d (%d), %s, %.1f%% | %s",
 		r.Scenario.Name, r.Desc, v.DefaultMBps, 100*v.Spread,
@@ -152,7 +152,7 @@ func (rep *MatrixReport) Markdown() string {
 	fmt.Fprintf(&b, "- Machine load at the start (`uptime`): %s; each row's load at its end is in the last column. The machine has 2 cores shared with other work: the default's spread between its two runs is the noise floor of a row.\n", rep.Uptime)
 	fmt.Fprintf(&b, "- Verdict (see docs/benchmarks.md): where a static window beats the default by %.0f%%, readaheadd's streams reach %.2f of the best admissible static window, every random reader keeps >= %.2fx its touches/s and <= %.2fx its p99, amplification <= %.2fx; where none does, streams >= %.2f of the default and nothing kept; always no 1 s bucket of a random reader's p99 above %.0fx the default's p99.\n\n",
 		100*(HelpGain-1), StreamsOfBest, RandomRate, RandomP99, AmpOfDefault, StreamsOfDefault, BucketP99)
-	fmt.Fprintf(&b, "Columns: best static and best admissible as multiples of the default's streams; readaheadd as a share of the best admissible, a multiple of the default, and its read amplification over the default's; readers: each random reader's touches/s and p99 under readaheadd over the default's, and the worst 1 s p99 over the default's p99.\n\n")
+	fmt.Fprintf(&b, "Columns: best static and best admissible as multiples of the default's streams; readaheadd as a share of the best admissible, a multiple of the default, and its read amplification over the default's; readers: each random reader's touches/s and p99 under readaheadd over the default's, and the worst 1 s p99 over the default's p99 (in brackets: the same for the default's own runs, the bucket rule's noise floor).\n\n")
 	fmt.Fprintf(&b, "| %s | s | load |\n|%s\n", strings.ReplaceAll(RowHeader, " | ", " | "), strings.Repeat("---|", strings.Count(RowHeader, "|")+3))
 	for _, r := range rep.Rows {
 		fmt.Fprintf(&b, "| %s | %.0f | %s |\n", RowText(r), r.Seconds, r.Load)

@@ -59,9 +59,13 @@ type VerdictResult struct {
 	RandP99  []float64 `json:"rand_p99"`
 	// WorstBucket: the largest 1 s p99 of a random reader under
 	// readaheadd over the default's p99.
-	WorstBucket float64  `json:"worst_bucket"`
-	AmpRatio    float64  `json:"amp_ratio"`
-	Reasons     []string `json:"reasons,omitempty"`
+	WorstBucket float64 `json:"worst_bucket"`
+	// DefaultWorstBucket is the same for the default's own runs: how far
+	// its seconds stray from its whole-arm p99 (the noise floor of the
+	// bucket rule).
+	DefaultWorstBucket float64  `json:"default_worst_bucket"`
+	AmpRatio           float64  `json:"amp_ratio"`
+	Reasons            []string `json:"reasons,omitempty"`
 }
 
 // defaultFigures averages the default's runs: streams, each random
@@ -148,6 +152,16 @@ func Verdict(arms []MatrixArm) VerdictResult {
 		return v
 	}
 	v.DaemonMBps = dm.StreamsMBps
+	for _, a := range arms {
+		if a.Daemon || a.KB != DefaultKB {
+			continue
+		}
+		for i, r := range a.Randoms {
+			for _, q := range r.P99PerSec {
+				v.DefaultWorstBucket = math.Max(v.DefaultWorstBucket, ratio(q, base.Randoms[i].P99ms))
+			}
+		}
+	}
 	v.Helps = base.StreamsMBps > 0 && v.BestMBps >= HelpGain*base.StreamsMBps
 	fail := func(f string, args ...any) { v.Reasons = append(v.Reasons, fmt.Sprintf(f, args...)) }
 	for i, r := range dm.Randoms {
