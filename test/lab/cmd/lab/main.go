@@ -1,6 +1,6 @@
 // Command lab starts, drives and removes the readaheadd lab device: a loop
 // device with an ext4 file system on a labfs image whose latency regimes
-// (permanent, temporal, intrinsic, contention) are switched at run time.
+// (permanent, temporal, intrinsic, device, contention) are switched at run time.
 package main
 
 import (
@@ -214,8 +214,23 @@ func regime(dir *string) *cobra.Command {
 	cont.Flags().IntVar(&blockKB, "block-kb", 1024, "read size")
 	cont.Flags().DurationVar(&dur, "for", 0, "how long (0: until interrupted)")
 
+	var dextra time.Duration
+	dev := &cobra.Command{
+		Use:   "device",
+		Short: "Add --extra latency to every read of the whole device (a fail-slow drive)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			l, err := lab.Attach(*dir)
+			if err != nil {
+				return err
+			}
+			return l.SetDevice(dextra)
+		},
+	}
+	dev.Flags().DurationVar(&dextra, "extra", 3*time.Millisecond, "added latency")
+
 	clear := &cobra.Command{
-		Use:   "clear [permanent|temporal|intrinsic]",
+		Use:   "clear [permanent|temporal|intrinsic|device]",
 		Short: "End regimes (all when none is named)",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			l, err := lab.Attach(*dir)
@@ -225,7 +240,7 @@ func regime(dir *string) *cobra.Command {
 			return l.Clear(args...)
 		},
 	}
-	c.AddCommand(perm, temp, intr, cont, clear)
+	c.AddCommand(perm, temp, intr, dev, cont, clear)
 	return c
 }
 
