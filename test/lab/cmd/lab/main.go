@@ -56,6 +56,7 @@ func root() *cobra.Command {
 	var size string
 	var model lab.Model
 	var reqlog bool
+	var fs string
 	up := &cobra.Command{
 		Use:   "up",
 		Short: "Create the lab and leave it running (until `lab down`)",
@@ -65,7 +66,7 @@ func root() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			l, err := lab.Up(lab.Options{Dir: dir, SizeBytes: n, Model: model, Detach: true, RequestLog: reqlog})
+			l, err := lab.Up(lab.Options{Dir: dir, SizeBytes: n, Model: model, Detach: true, RequestLog: reqlog, FS: fs})
 			if err != nil {
 				return err
 			}
@@ -80,6 +81,7 @@ func root() *cobra.Command {
 	up.Flags().Float64Var(&model.BandwidthMBps, "bandwidth", lab.DefaultModel.BandwidthMBps, "transfer channel bandwidth, MB/s")
 	up.Flags().IntVar(&model.Slots, "slots", lab.DefaultModel.Slots, "internal parallelism")
 	up.Flags().BoolVar(&reqlog, "request-log", false, "log every read request labfs serves")
+	up.Flags().StringVar(&fs, "fs", "ext4", "file system on the device: ext4 or xfs")
 
 	down := &cobra.Command{
 		Use:   "down",
