@@ -175,3 +175,27 @@ bench-iops: build
 FRESH_STEPS ?= nonroot demo test
 fresh-debian:
 	test/fresh/fresh-debian.sh $(FRESH_STEPS)
+
+.PHONY: bench-matrix bench-matrix-short
+# The scenario matrix (root; about 3.5 minutes a scenario): the named
+# scenarios, then N drawn from SEED (device model x readers x start x file
+# system x memory), each with the default window (twice), every static
+# window from 128 to 4096 KB and readaheadd, 20 s an arm; prints a row and
+# a verdict (met / not met) per scenario and the classes the set covers,
+# writes docs/results/matrix/ (README.md, matrix.json) after every row,
+# and exits non-zero on any `not met`. NAMED=0 leaves out the named ones;
+# ONLY=name,... runs only those. See docs/benchmarks.md and docs/lab.md.
+SEED  ?= 1
+N     ?= 10
+NAMED ?= 1
+ONLY  ?=
+bench-matrix: labfs build
+	READAHEADD_BIN=$(CURDIR)/$(BIN)/readaheadd $(GO) run ./test/bench/cmd/benchrun -matrix -seed $(SEED) -n $(N) \
+		-named=$(if $(filter 0,$(NAMED)),false,true) $(if $(ONLY),-only $(ONLY)) -out docs/results/matrix
+
+# CI's short set (root, under 3 minutes): the whole device slow beside a
+# bursty reader, and a saturated device; the default, 512 KB and
+# readaheadd. Reports its verdicts without failing on `not met`; fails on
+# harness errors.
+bench-matrix-short: labfs build
+	READAHEADD_BIN=$(CURDIR)/$(BIN)/readaheadd $(GOTEST) -count=1 -timeout 10m -v -run '^TestMatrixShort$$' ./test/bench/

@@ -106,9 +106,22 @@ type mmapRandom struct {
 	// sink keeps the page touch: a load whose value is never used is
 	// removed by the compiler, and then nothing faults.
 	sink atomic.Uint64
-	mu   sync.Mutex
-	ts   []time.Time
-	lat  []time.Duration
+	touchLog
+}
+
+// touchLog records a random reader's touches (or requests): when each
+// started and how long it took.
+type touchLog struct {
+	mu  sync.Mutex
+	ts  []time.Time
+	lat []time.Duration
+}
+
+func (m *touchLog) add(t time.Time, d time.Duration) {
+	m.mu.Lock()
+	m.ts = append(m.ts, t)
+	m.lat = append(m.lat, d)
+	m.mu.Unlock()
 }
 
 func openMmapRandom(path string) (*mmapRandom, error) {
@@ -176,17 +189,13 @@ func (m *mmapRandom) run(ctx context.Context, seed uint64) error {
 		off := rng.Int64N(pages) * 4096
 		t := time.Now()
 		m.sink.Add(uint64(m.data[off]))
-		d := time.Since(t)
-		m.mu.Lock()
-		m.ts = append(m.ts, t)
-		m.lat = append(m.lat, d)
-		m.mu.Unlock()
+		m.add(t, time.Since(t))
 	}
 	return nil
 }
 
 // since returns the touches from t on: their count and sorted latencies.
-func (m *mmapRandom) since(t time.Time) []time.Duration {
+func (m *touchLog) since(t time.Time) []time.Duration {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	i := sort.Search(len(m.ts), func(i int) bool { return !m.ts[i].Before(t) })
@@ -197,7 +206,7 @@ func (m *mmapRandom) since(t time.Time) []time.Duration {
 
 // p99PerSecond is the p99 touch latency in each second from t on (the last
 // one partial), in ms: where in a run the random reader's tail came from.
-func (m *mmapRandom) p99PerSecond(t time.Time) []float64 {
+func (m *touchLog) p99PerSecond(t time.Time) []float64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []float64

@@ -16,16 +16,16 @@ import (
 // and the daemon's start. The lab cases (Result) are all SOnset: the
 // reader opened the file on a healthy device, the daemon watching.
 const (
-	SOnset = "onset"
+	SOnset = lab.StartOnset
 	// SBeforeOpen: the daemon runs, the file is slow, then the reader
 	// opens it (HDFS opens a block file per read).
-	SBeforeOpen = "slow-before-open"
+	SBeforeOpen = lab.StartBeforeOpen
 	// SBeforeDaemon: the file is slow and being read when the daemon
 	// starts, with no saved state.
-	SBeforeDaemon = "slow-before-daemon"
+	SBeforeDaemon = lab.StartBeforeDaemon
 	// SBeforeDaemonSaved: as SBeforeDaemon, with the state directory an
 	// earlier run of the daemon on the slow file left behind.
-	SBeforeDaemonSaved = "slow-before-daemon-saved"
+	SBeforeDaemonSaved = lab.StartSaved
 )
 
 // Starts lists the start conditions other than SOnset, in report order.

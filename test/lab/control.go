@@ -154,8 +154,15 @@ func (l *Lab) SetIntrinsic(firstN int, extra time.Duration, paths ...string) err
 	return nil
 }
 
-// Clear ends regimes: "permanent", "temporal", "intrinsic", or all when
-// none is named.
+// SetDevice makes every read of the whole device wait extra more (a
+// fail-slow drive), on top of any other regime; 0 ends it.
+func (l *Lab) SetDevice(extra time.Duration) error {
+	_, err := l.ctl.do("device " + us(extra) + label("device"))
+	return err
+}
+
+// Clear ends regimes: "permanent", "temporal", "intrinsic", "device", or
+// all when none is named.
 func (l *Lab) Clear(what ...string) error {
 	if len(what) == 0 {
 		what = []string{"all"}
@@ -186,6 +193,8 @@ type Stats struct {
 	HitsPermanent  uint64  `json:"hits_permanent"`
 	HitsTemporal   uint64  `json:"hits_temporal"`
 	HitsIntrinsic  uint64  `json:"hits_intrinsic"`
+	HitsDevice     uint64  `json:"hits_device"`
+	DeviceExtraUS  float64 `json:"device_extra_us"`
 	Inflight       int     `json:"inflight"`
 	MaxInflight    int     `json:"max_inflight"`
 	LatencyUS      float64 `json:"lat_us"`
@@ -257,7 +266,7 @@ type Request struct {
 	Len     uint64        `json:"len"`
 	Latency time.Duration `json:"-"`   // arrival to reply
 	Extra   time.Duration `json:"-"`   // latency the regimes added
-	Why     string        `json:"why"` // regimes that added it: p, t, i
+	Why     string        `json:"why"` // regimes that added it: p, t, i, d (device)
 	T       int64         `json:"t"`
 	LatNS   int64         `json:"lat_ns"`
 	ExtraNS int64         `json:"extra_ns"`

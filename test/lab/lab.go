@@ -65,6 +65,8 @@ type Options struct {
 	Detach bool
 	// RequestLog makes labfs log every read request (RequestLog method).
 	RequestLog bool
+	// FS is the file system made on the device: "ext4" (default) or "xfs".
+	FS string
 }
 
 // State is what a running lab records in StateDir so that Attach and
@@ -130,6 +132,16 @@ func Up(opts Options) (l *Lab, err error) {
 	}
 	if opts.SizeBytes < 64<<20 || opts.SizeBytes%4096 != 0 {
 		return nil, fmt.Errorf("lab size %d: give a multiple of 4096 of at least 64 MiB", opts.SizeBytes)
+	}
+	switch opts.FS {
+	case "":
+		opts.FS = "ext4"
+	case "ext4", "xfs":
+	default:
+		return nil, fmt.Errorf("lab file system %q: give ext4 or xfs", opts.FS)
+	}
+	if _, err := exec.LookPath("mkfs." + opts.FS); err != nil {
+		return nil, fmt.Errorf("needs mkfs.%s in PATH (xfsprogs for xfs): %w", opts.FS, err)
 	}
 	m := opts.Model
 	if m.Latency == 0 {
@@ -268,11 +280,16 @@ func Up(opts Options) (l *Lab, err error) {
 	}
 	// lazy_*_init=0: no background zeroing disturbs the measurements;
 	// nodiscard: nothing to discard in a fresh RAM image.
-	if _, err := run("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard", l.st.Loop); err != nil {
+	mkfs := []string{"mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard", l.st.Loop}
+	if opts.FS == "xfs" {
+		// -K: no discard at mkfs (nothing to discard in a fresh RAM image).
+		mkfs = []string{"mkfs.xfs", "-q", "-f", "-K", l.st.Loop}
+	}
+	if _, err := run(mkfs[0], mkfs[1:]...); err != nil {
 		return l, err
 	}
 	// noatime: reads must not cause journal writes.
-	if _, err := run("mount", "-t", "ext4", "-o", "noatime", l.st.Loop, l.st.Mount); err != nil {
+	if _, err := run("mount", "-t", opts.FS, "-o", "noatime", l.st.Loop, l.st.Mount); err != nil {
 		return l, err
 	}
 	l.st.Mounted = true

@@ -17,6 +17,8 @@
 //   permanent EXTRA_US OFF:LEN [OFF:LEN ...] [# label]
 //   temporal PERIOD_MS DURATION_MS FRACTION EXTRA_US [# label]
 //   intrinsic N EXTRA_US OFF:LEN [OFF:LEN ...] [# label]   (one file's extents)
+//   device EXTRA_US [# label]  (every read of the whole device waits EXTRA_US
+//                               more: a fail-slow drive; adds to the others)
 //   mark NAME [# label]        (records an event, e.g. contention-start)
 //   clear [all|permanent|temporal|intrinsic] [# label]
 //   stats                      (JSON counters)
@@ -81,6 +83,8 @@ static struct {
 	struct range *perm;
 	int nperm;
 
+	uint64_t dev_extra_ns; // whole-device slowdown
+
 	int temporal_on;
 	uint64_t t_start_ns, t_period_ns, t_dur_ns, t_extra_ns;
 	double t_frac;
@@ -89,7 +93,7 @@ static struct {
 	int nifiles;
 
 	uint64_t reads, read_bytes, writes, write_bytes;
-	uint64_t hits_perm, hits_temporal, hits_intrinsic;
+	uint64_t hits_perm, hits_temporal, hits_intrinsic, hits_device;
 	int inflight, max_inflight;
 	uint64_t rng;
 
@@ -175,6 +179,11 @@ static uint64_t extra_for(uint64_t off, uint64_t len, uint64_t now, char *why)
 	if (extra) {
 		why[w++] = 'p';
 		g.hits_perm++;
+	}
+	if (g.dev_extra_ns) {
+		extra += g.dev_extra_ns;
+		why[w++] = 'd';
+		g.hits_device++;
 	}
 	if (g.temporal_on && now >= g.t_start_ns && (now - g.t_start_ns) % g.t_period_ns < g.t_dur_ns && rnd01() < g.t_frac) {
 		extra += g.t_extra_ns;
@@ -331,7 +340,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
 	uint64_t t0 = now_ns(CLOCK_MONOTONIC);
 	sem_wait(&g.slot_sem);
 	uint64_t t1 = now_ns(CLOCK_MONOTONIC);
-	char why[4];
+	char why[8];
 	pthread_mutex_lock(&g.mu);
 	uint64_t extra = extra_for((uint64_t)off, size, t1, why);
 	uint64_t lat = g.lat_ns + extra;
@@ -616,6 +625,18 @@ static void command(char *line, char *out, size_t outn)
 		ranges_json(rj, sizeof rj, offs, lens, k);
 		truth("intrinsic", label, "\"first_n\":%d,\"extra_us\":%g,\"extents\":%s", n, extra_us, rj);
 		snprintf(out, outn, "ok");
+	} else if (!strcmp(cmd, "device") && nt == 2) {
+		char *e;
+		double extra_us = strtod(tok[1], &e);
+		if (*e || extra_us < 0) {
+			snprintf(out, outn, "err device: need EXTRA_US>=0");
+			return;
+		}
+		pthread_mutex_lock(&g.mu);
+		g.dev_extra_ns = (uint64_t)(extra_us * 1000);
+		pthread_mutex_unlock(&g.mu);
+		truth("device", label, "\"extra_us\":%g", extra_us);
+		snprintf(out, outn, "ok");
 	} else if (!strcmp(cmd, "mark") && nt == 2) {
 		char name[128];
 		json_escape(name, sizeof name, tok[1]);
@@ -624,8 +645,8 @@ static void command(char *line, char *out, size_t outn)
 	} else if (!strcmp(cmd, "clear") && nt <= 2) {
 		const char *what = nt == 2 ? tok[1] : "all";
 		int all = !strcmp(what, "all");
-		if (!all && strcmp(what, "permanent") && strcmp(what, "temporal") && strcmp(what, "intrinsic")) {
-			snprintf(out, outn, "err clear: give all, permanent, temporal or intrinsic");
+		if (!all && strcmp(what, "permanent") && strcmp(what, "temporal") && strcmp(what, "intrinsic") && strcmp(what, "device")) {
+			snprintf(out, outn, "err clear: give all, permanent, temporal, intrinsic or device");
 			return;
 		}
 		pthread_mutex_lock(&g.mu);
@@ -635,6 +656,8 @@ static void command(char *line, char *out, size_t outn)
 			g.temporal_on = 0;
 		if (all || !strcmp(what, "intrinsic"))
 			clear_intrinsic();
+		if (all || !strcmp(what, "device"))
+			g.dev_extra_ns = 0;
 		pthread_mutex_unlock(&g.mu);
 		truth("clear", label, "\"what\":\"%s\"", what);
 		snprintf(out, outn, "ok");
@@ -642,9 +665,9 @@ static void command(char *line, char *out, size_t outn)
 		pthread_mutex_lock(&g.mu);
 		snprintf(out, outn,
 			 "{\"reads\":%" PRIu64 ",\"read_bytes\":%" PRIu64 ",\"writes\":%" PRIu64 ",\"write_bytes\":%" PRIu64
-			 ",\"hits_permanent\":%" PRIu64 ",\"hits_temporal\":%" PRIu64 ",\"hits_intrinsic\":%" PRIu64
+			 ",\"hits_permanent\":%" PRIu64 ",\"hits_temporal\":%" PRIu64 ",\"hits_intrinsic\":%" PRIu64 ",\"hits_device\":%" PRIu64 ",\"device_extra_us\":%g"
 			 ",\"inflight\":%d,\"max_inflight\":%d,\"lat_us\":%g,\"bw_mbps\":%g,\"slots\":%d,\"permanent_ranges\":%d,\"temporal\":%d,\"intrinsic_files\":%d}",
-			 g.reads, g.read_bytes, g.writes, g.write_bytes, g.hits_perm, g.hits_temporal, g.hits_intrinsic,
+			 g.reads, g.read_bytes, g.writes, g.write_bytes, g.hits_perm, g.hits_temporal, g.hits_intrinsic, g.hits_device, (double)g.dev_extra_ns / 1000,
 			 g.inflight, g.max_inflight, (double)g.lat_ns / 1000, g.bw_bytes_per_ns * 1e3, g.slots, g.nperm,
 			 g.temporal_on, g.nifiles);
 		pthread_mutex_unlock(&g.mu);

@@ -31,7 +31,33 @@ func main() {
 	reps := flag.Int("mixed-reps", -1, "run each seq+mmap row this many times, interleaved, and report the medians (default: 3 with -full, 1 otherwise)")
 	reopen := flag.Bool("random-reopen", false, "the seq+mmap rows' random reader closes and re-opens its file at every eviction (every 250 ms), as a service that opens its index per batch")
 	measure := flag.Duration("measure", 0, "how long readers read after each onset (default: 8s with -full, 5s otherwise): a longer one shows what a kept window does after the first seconds")
+	matrix := flag.Bool("matrix", false, "run the scenario matrix instead (see -seed, -n); writes its table to -out (default docs/results/matrix)")
+	seed := flag.Uint64("seed", 1, "matrix: the generator's seed")
+	n := flag.Int("n", 10, "matrix: how many generated scenarios")
+	named := flag.Bool("named", true, "matrix: run the named scenarios (lab.Named) before the generated ones")
+	shortMatrix := flag.Bool("short-matrix", false, "matrix: CI's short set (two named scenarios, the default, 512 KB and readaheadd)")
+	reportOnly := flag.Bool("report-only", false, "matrix: exit 0 on `not met` verdicts (still 1 on harness errors)")
+	only := flag.String("only", "", "matrix: run only these scenarios (comma-separated names, of the named and generated set)")
+	list := flag.Bool("list", false, "matrix: print the scenarios and the classes they cover, run nothing")
 	flag.Parse()
+	if *matrix && *from != "" {
+		if err := rerenderMatrix(*from, *out); err != nil {
+			fmt.Fprintln(os.Stderr, "re-render:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *matrix {
+		o := matrixOpts{seed: *seed, n: *n, named: *named, short: *shortMatrix, reportOnly: *reportOnly,
+			listOnly: *list, only: *only, out: *out, work: *work, measure: *measure}
+		if o.out == "docs/results" {
+			o.out = "docs/results/matrix"
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		code := runMatrix(ctx, o)
+		stop()
+		os.Exit(code)
+	}
 	if *from != "" {
 		b, err := os.ReadFile(*from)
 		if err == nil {

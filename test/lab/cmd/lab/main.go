@@ -1,6 +1,6 @@
 // Command lab starts, drives and removes the readaheadd lab device: a loop
 // device with an ext4 file system on a labfs image whose latency regimes
-// (permanent, temporal, intrinsic, contention) are switched at run time.
+// (permanent, temporal, intrinsic, device, contention) are switched at run time.
 package main
 
 import (
@@ -56,6 +56,7 @@ func root() *cobra.Command {
 	var size string
 	var model lab.Model
 	var reqlog bool
+	var fs string
 	up := &cobra.Command{
 		Use:   "up",
 		Short: "Create the lab and leave it running (until `lab down`)",
@@ -65,7 +66,7 @@ func root() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			l, err := lab.Up(lab.Options{Dir: dir, SizeBytes: n, Model: model, Detach: true, RequestLog: reqlog})
+			l, err := lab.Up(lab.Options{Dir: dir, SizeBytes: n, Model: model, Detach: true, RequestLog: reqlog, FS: fs})
 			if err != nil {
 				return err
 			}
@@ -80,6 +81,7 @@ func root() *cobra.Command {
 	up.Flags().Float64Var(&model.BandwidthMBps, "bandwidth", lab.DefaultModel.BandwidthMBps, "transfer channel bandwidth, MB/s")
 	up.Flags().IntVar(&model.Slots, "slots", lab.DefaultModel.Slots, "internal parallelism")
 	up.Flags().BoolVar(&reqlog, "request-log", false, "log every read request labfs serves")
+	up.Flags().StringVar(&fs, "fs", "ext4", "file system on the device: ext4 or xfs")
 
 	down := &cobra.Command{
 		Use:   "down",
@@ -214,8 +216,23 @@ func regime(dir *string) *cobra.Command {
 	cont.Flags().IntVar(&blockKB, "block-kb", 1024, "read size")
 	cont.Flags().DurationVar(&dur, "for", 0, "how long (0: until interrupted)")
 
+	var dextra time.Duration
+	dev := &cobra.Command{
+		Use:   "device",
+		Short: "Add --extra latency to every read of the whole device (a fail-slow drive)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			l, err := lab.Attach(*dir)
+			if err != nil {
+				return err
+			}
+			return l.SetDevice(dextra)
+		},
+	}
+	dev.Flags().DurationVar(&dextra, "extra", 3*time.Millisecond, "added latency")
+
 	clear := &cobra.Command{
-		Use:   "clear [permanent|temporal|intrinsic]",
+		Use:   "clear [permanent|temporal|intrinsic|device]",
 		Short: "End regimes (all when none is named)",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			l, err := lab.Attach(*dir)
@@ -225,7 +242,7 @@ func regime(dir *string) *cobra.Command {
 			return l.Clear(args...)
 		},
 	}
-	c.AddCommand(perm, temp, intr, cont, clear)
+	c.AddCommand(perm, temp, intr, dev, cont, clear)
 	return c
 }
 

@@ -1,0 +1,117 @@
+package bench
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/test/lab"
+)
+
+func arm(kb int, daemon bool, mbps float64, rnd ...RandomFig) MatrixArm {
+	a := MatrixArm{Arm: Static(kb).Name, KB: kb, Daemon: daemon, Run: 1, StreamsMBps: mbps, Randoms: rnd, Amp: 1}
+	if daemon {
+		a.Arm = Readaheadd.Name
+	}
+	return a
+}
+
+func rf(rate, p99 float64, buckets ...float64) RandomFig {
+	return RandomFig{TouchesPerSec: rate, P99ms: p99, P99PerSec: buckets}
+}
+
+// The verdict's rules on figures made up to sit on each side of a bound.
+func TestMatrixVerdict(t *testing.T) {
+	// A static window helps the stream, but 1024 KB costs the random
+	// reader: the best admissible is 512 KB at 140.
+	base := []MatrixArm{
+		arm(128, false, 60, rf(200, 10, 10, 11)),
+		arm(512, false, 140, rf(195, 10.5)),
+		arm(1024, false, 150, rf(100, 30)),
+	}
+	v := Verdict(append(base, arm(128, true, 130, rf(190, 10.9, 12, 19))))
+	assert.Equal(t, Met, v.Verdict, v.Reasons)
+	assert.True(t, v.Helps)
+	assert.Equal(t, 1024, v.BestKB)
+	assert.Equal(t, 512, v.BestAdmKB)
+	assert.InDelta(t, 130.0/140, v.DaemonMBps/v.BestAdmMBps, 1e-9)
+
+	for name, dm := range map[string]MatrixArm{
+		"streams below 0.9 of the best admissible": arm(128, true, 120, rf(200, 10)),
+		"random reader's rate below 0.9x":          arm(128, true, 140, rf(170, 10)),
+		"random reader's p99 above 1.10x":          arm(128, true, 140, rf(200, 11.5)),
+		"a second's p99 above 2x":                  arm(128, true, 140, rf(200, 10, 9, 21)),
+	} {
+		v := Verdict(append(base, dm))
+		assert.Equal(t, NotMet, v.Verdict, name)
+		assert.Len(t, v.Reasons, 1, "%s: %v", name, v.Reasons)
+	}
+	amp := arm(128, true, 140, rf(200, 10))
+	amp.Amp = 1.2
+	assert.Equal(t, NotMet, Verdict(append(base, amp)).Verdict, "amplification 1.2x the default's")
+
+	// No static window helps (a saturated device): the default is kept,
+	// and a window kept fails even at the same throughput.
+	flat := []MatrixArm{arm(128, false, 100), arm(512, false, 103), arm(4096, false, 104)}
+	v = Verdict(append(flat, arm(128, true, 98)))
+	assert.Equal(t, Met, v.Verdict, v.Reasons)
+	assert.False(t, v.Helps)
+	kept := arm(128, true, 101)
+	kept.Kept = 2
+	assert.Equal(t, NotMet, Verdict(append(flat, kept)).Verdict)
+	assert.Equal(t, NotMet, Verdict(append(flat, arm(128, true, 96))).Verdict, "0.96 of the default")
+
+	// Two default runs: the mean is the reference, their spread reported.
+	two := []MatrixArm{arm(128, false, 90), arm(512, false, 92), arm(128, true, 98)}
+	again := arm(128, false, 110)
+	again.Run = 2
+	v = Verdict(append(two, again))
+	assert.InDelta(t, 100, v.DefaultMBps, 1e-9)
+	assert.InDelta(t, 0.2, v.Spread, 1e-9)
+	assert.Equal(t, Met, v.Verdict, v.Reasons)
+
+	assert.Equal(t, NotMet, Verdict([]MatrixArm{arm(512, false, 1), arm(128, true, 1)}).Verdict, "no default arm")
+}
+
+// CI's short matrix on the lab (root, about 2.5 minutes): the whole device
+// slow beside a bursty reader, and a saturated device, each with the
+// default, 512 KB and readaheadd for 20 s. It prints the rows and fails on
+// a harness error; until the control loop is redesigned a `not met` only
+// fails with READAHEADD_MATRIX_STRICT=1.
+func TestMatrixShort(t *testing.T) {
+	if err := lab.Available(); err != nil {
+		t.Skipf("lab: %v", err)
+	}
+	cfg := ShortMatrixConfig()
+	cfg.DaemonBin = os.Getenv("READAHEADD_BIN")
+	cfg.WorkDir = t.TempDir()
+	t0 := time.Now()
+	rows, err := RunMatrix(context.Background(), cfg, ShortMatrixScenarios())
+	for _, r := range rows {
+		t.Logf("%s (%.0f s, load %s)", RowText(r), r.Seconds, r.Load)
+		if r.Verdict.Verdict != Met {
+			t.Logf("  %s not met: %v", r.Scenario.Name, r.Verdict.Reasons)
+		}
+	}
+	require.NoError(t, err, "the matrix harness failed")
+	require.Len(t, rows, len(ShortMatrixScenarios()))
+	for _, r := range rows {
+		require.Len(t, r.Arms, 3, "%s: default, 512 KB, readaheadd", r.Scenario.Name)
+		for _, a := range r.Arms {
+			assert.Positive(t, a.StreamsMBps, "%s/%s: streams read nothing", r.Scenario.Name, a.Arm)
+			assert.GreaterOrEqual(t, a.Seconds, 20.0, "%s/%s: arm shorter than 20 s", r.Scenario.Name, a.Arm)
+			assert.Len(t, a.Randoms, len(r.Scenario.Randoms()))
+			for _, x := range a.Randoms {
+				assert.Positive(t, x.TouchesPerSec, "%s/%s: random reader touched nothing", r.Scenario.Name, a.Arm)
+			}
+		}
+		if os.Getenv("READAHEADD_MATRIX_STRICT") == "1" {
+			assert.Equal(t, Met, r.Verdict.Verdict, "%s: %v", r.Scenario.Name, r.Verdict.Reasons)
+		}
+	}
+	t.Logf("short matrix: %.0f s", time.Since(t0).Seconds())
+}
