@@ -163,6 +163,10 @@ func TestFailSlowDiskLab(t *testing.T) {
 		args = append(args, "--log-level", lv)
 	}
 	d := startDaemon(t, args...)
+	if dir := os.Getenv("READAHEADD_FAILSLOW_LOGDIR"); dir != "" {
+		// keep the daemon's log of a passing run too
+		t.Cleanup(func() { _ = os.WriteFile(filepath.Join(dir, "daemon.log"), []byte(d.logs.String()), 0o644) })
+	}
 	t.Logf("two labs and the daemon up in %.1f s (uptime: %s)", time.Since(start).Seconds(), loadAvg())
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -10,6 +10,7 @@ package failslow
 import (
 	"cmp"
 	"fmt"
+	"math/bits"
 	"slices"
 	"time"
 
@@ -33,8 +34,9 @@ const (
 
 // Bases of a ratio.
 const (
-	BasisModel = "model"
-	BasisCells = "cells"
+	BasisModel    = "model"
+	BasisCells    = "cells"
+	BasisUnqueued = "unqueued"
 )
 
 // Config holds the thresholds. The zero value means DefaultConfig.
@@ -55,6 +57,9 @@ type Config struct {
 	// ModelMinCell is the least a cell must hold to be a point of a
 	// disk's cost model (FitModel).
 	ModelMinCell int
+	// UnqueuedMinCell is the least each of two disks' unqueued cells
+	// (UnqueuedRatio) must hold to be compared.
+	UnqueuedMinCell int
 	// LearnWindows is how many windows a baseline cell is learned from
 	// (a plain mean) before it is a reference; LearnAlpha the EWMA weight
 	// of a window after that.
@@ -76,7 +81,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Threshold: 1.5, Exit: 1.25, Hold: 10, Release: 10,
-		MinRequests: 48, MinCellRequests: 16, ModelMinCell: 8,
+		MinRequests: 48, MinCellRequests: 16, ModelMinCell: 8, UnqueuedMinCell: 6,
 		LearnWindows: 30, LearnAlpha: 0.01,
 		Forget:        60,
 		FileThreshold: 1.5, FileMinRequests: 24, FileHold: 3,
@@ -99,7 +104,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("failslow: threshold %.2f and exit %.2f: need threshold > 1 and 1 <= exit <= threshold", c.Threshold, c.Exit)
 	case c.Hold < 1 || c.Release < 1 || c.FileHold < 1 || c.Forget < 1:
 		return fmt.Errorf("failslow: hold, release, file hold and forget must be at least 1 evaluation")
-	case c.MinRequests < 1 || c.MinCellRequests < 1 || c.FileMinRequests < 1 || c.ModelMinCell < 1:
+	case c.MinRequests < 1 || c.MinCellRequests < 1 || c.FileMinRequests < 1 || c.ModelMinCell < 1 || c.UnqueuedMinCell < 1:
 		return fmt.Errorf("failslow: minimum request counts must be at least 1")
 	case c.LearnWindows < 1 || c.LearnAlpha <= 0 || c.LearnAlpha > 1:
 		return fmt.Errorf("failslow: learn windows must be >= 1 and alpha in (0, 1]")
@@ -118,8 +123,10 @@ type Disk struct {
 	Reference Reference
 	// Requests is how many of the window's requests the ratio is based on.
 	Requests int
-	// Basis is how the ratio was computed: BasisModel (the disks' cost
-	// models at RefSize) or BasisCells (cell by cell, same size class).
+	// Basis is how the ratio was computed: BasisUnqueued (the smallest
+	// requests that completed alone, UnqueuedRatio), BasisModel (the
+	// disks' cost models at RefSize) or BasisCells (cell by cell, same
+	// size class).
 	Basis string
 	// Over is how many consecutive evaluations the ratio has been at or
 	// above the threshold; Held the median ratio of the last Hold
@@ -248,7 +255,10 @@ func (j *Judge) Update(snap detector.Snapshot) []Disk {
 			}
 		}
 		base := st.baseModel()
+		ur, un := UnqueuedRatio(ds, snap.Devices, cfg.UnqueuedMinCell)
 		switch {
+		case un > 0:
+			v.Ratio, v.Requests, v.Reference, v.Basis = ur, un, Peers, BasisUnqueued
 		case len(peerR) > 0:
 			v.Ratio, v.Requests, v.Reference, v.Basis = median(peerR), mx.Requests, Peers, BasisModel
 		default:
@@ -408,6 +418,62 @@ func PeerRatio(d *detector.DeviceStats, peers []detector.DeviceStats, minCell in
 		n += c.Requests
 	}
 	return weightedMedian(ws), n
+}
+
+// UnqueuedMaxClass is the largest size class UnqueuedRatio compares:
+// up to 256 KiB, twice RefSize, a fixed cost of a few ms is not diluted
+// in the transfer time.
+const UnqueuedMaxClass = 18
+
+// UnqueuedRatio compares d with each other device of peers on their
+// smallest requests that completed alone (depth bucket 0: no other read of
+// the device in flight), in the smallest size class from RefSize's to
+// UnqueuedMaxClass in which both hold at least minCell, and returns the
+// median over the peers (n: d's requests compared, at most one class per
+// peer; 0 when no peer has such a class). A request alone at its
+// completion did not share the transfer channel at its end, so its latency
+// is its fixed cost plus its own bytes, whatever windows and queues the
+// disk's other reads have: when a tuner grows most reads to several MiB
+// and queues them deep (which dilutes and hides a fixed cost in every
+// other cell), each stream's first small readahead requests still show it
+// whole. When d's requests in the class are larger on average, the peer's
+// latency is scaled up by the size ratio, as if it were all per byte: a
+// mismatch can only hide a slow disk, never make a healthy one look slow.
+func UnqueuedRatio(d *detector.DeviceStats, peers []detector.DeviceStats, minCell int) (ratio float64, n int) {
+	var rs []float64
+	for i := range peers {
+		p := &peers[i]
+		if p.Device == d.Device {
+			continue
+		}
+		if r, k, ok := unqueuedPair(d.Profile, p.Profile, minCell); ok {
+			rs = append(rs, r)
+			n = max(n, k)
+		}
+	}
+	if len(rs) == 0 {
+		return 0, 0
+	}
+	return median(rs), n
+}
+
+func unqueuedPair(a, b []detector.LatencyCell, minCell int) (ratio float64, n int, ok bool) {
+	alone := func(cells []detector.LatencyCell, class uint8) *detector.LatencyCell {
+		for i := range cells {
+			if c := &cells[i]; c.Class == class && c.Depth == 0 && c.Requests >= minCell && c.P10 > 0 && c.MeanSize > 0 {
+				return c
+			}
+		}
+		return nil
+	}
+	for class := uint8(bits.Len(RefSize - 1)); class <= UnqueuedMaxClass; class++ {
+		ca, cb := alone(a, class), alone(b, class)
+		if ca == nil || cb == nil {
+			continue
+		}
+		return float64(ca.P10) / (float64(cb.P10) * max(1, ca.MeanSize/cb.MeanSize)), ca.Requests, true
+	}
+	return 0, 0, false
 }
 
 // cellRatio compares cell c with a reference profile at the same size
