@@ -124,7 +124,7 @@ type Disk struct {
 	// Requests is how many of the window's requests the ratio is based on.
 	Requests int
 	// Basis is how the ratio was computed: BasisUnqueued (the smallest
-	// requests that completed alone, UnqueuedRatio), BasisModel (the
+	// requests issued with nothing ahead, UnqueuedRatio), BasisModel (the
 	// disks' cost models at RefSize) or BasisCells (cell by cell, same
 	// size class).
 	Basis string
@@ -426,19 +426,20 @@ func PeerRatio(d *detector.DeviceStats, peers []detector.DeviceStats, minCell in
 const UnqueuedMaxClass = 18
 
 // UnqueuedRatio compares d with each other device of peers on their
-// smallest requests that completed alone (depth bucket 0: no other read of
-// the device in flight), in the smallest size class from RefSize's to
+// smallest requests issued with no other read of the device in flight
+// (DeviceStats.Unqueued), in the smallest size class from RefSize's to
 // UnqueuedMaxClass in which both hold at least minCell, and returns the
 // median over the peers (n: d's requests compared, at most one class per
-// peer; 0 when no peer has such a class). A request alone at its
-// completion did not share the transfer channel at its end, so its latency
-// is its fixed cost plus its own bytes, whatever windows and queues the
-// disk's other reads have: when a tuner grows most reads to several MiB
-// and queues them deep (which dilutes and hides a fixed cost in every
-// other cell), each stream's first small readahead requests still show it
-// whole. When d's requests in the class are larger on average, the peer's
-// latency is scaled up by the size ratio, as if it were all per byte: a
-// mismatch can only hide a slow disk, never make a healthy one look slow.
+// peer; 0 when no peer has such a class). A request with nothing ahead of
+// it at issue waits for no other transfer: its latency is its fixed cost
+// plus its own bytes, whatever windows and queues the disk's other reads
+// have. When a tuner grows most reads to several MiB and queues them deep
+// (which dilutes and hides a fixed cost in every other cell), each
+// stream's first small readahead requests still find the disk idle now
+// and then and show it whole. When d's requests in the class are larger
+// on average, the peer's latency is scaled up by the size ratio, as if it
+// were all per byte: a mismatch can only hide a slow disk, never make a
+// healthy one look slow.
 func UnqueuedRatio(d *detector.DeviceStats, peers []detector.DeviceStats, minCell int) (ratio float64, n int) {
 	var rs []float64
 	for i := range peers {
@@ -446,7 +447,7 @@ func UnqueuedRatio(d *detector.DeviceStats, peers []detector.DeviceStats, minCel
 		if p.Device == d.Device {
 			continue
 		}
-		if r, k, ok := unqueuedPair(d.Profile, p.Profile, minCell); ok {
+		if r, k, ok := unqueuedPair(d.Unqueued, p.Unqueued, minCell); ok {
 			rs = append(rs, r)
 			n = max(n, k)
 		}
@@ -458,16 +459,16 @@ func UnqueuedRatio(d *detector.DeviceStats, peers []detector.DeviceStats, minCel
 }
 
 func unqueuedPair(a, b []detector.LatencyCell, minCell int) (ratio float64, n int, ok bool) {
-	alone := func(cells []detector.LatencyCell, class uint8) *detector.LatencyCell {
+	find := func(cells []detector.LatencyCell, class uint8) *detector.LatencyCell {
 		for i := range cells {
-			if c := &cells[i]; c.Class == class && c.Depth == 0 && c.Requests >= minCell && c.P10 > 0 && c.MeanSize > 0 {
+			if c := &cells[i]; c.Class == class && c.Requests >= minCell && c.P10 > 0 && c.MeanSize > 0 {
 				return c
 			}
 		}
 		return nil
 	}
 	for class := uint8(bits.Len(RefSize - 1)); class <= UnqueuedMaxClass; class++ {
-		ca, cb := alone(a, class), alone(b, class)
+		ca, cb := find(a, class), find(b, class)
 		if ca == nil || cb == nil {
 			continue
 		}

@@ -120,18 +120,21 @@ func streaming(r *rand.Rand, dev probe.Dev, fixedMS float64) detector.DeviceStat
 // reads are 1-2 MiB, queued 2-6 deep on a 150 MB/s channel (a fixed cost
 // is diluted there, and the host's jitter is a few ms), 128-256 KiB reads
 // behind them wait for their transfers, and only each stream's first
-// small readahead requests (a handful a window, r decides how many)
-// complete alone.
+// small readahead requests (a handful a window, r decides how many) are
+// issued with nothing ahead of them (Unqueued).
 func tuned(r *rand.Rand, dev probe.Dev, fixedMS float64) detector.DeviceStats {
 	big := func(depth uint8, meanDepth float64) detector.LatencyCell {
 		wait := (meanDepth - 1) * math.Ldexp(0.75, 21) / 150e6 * 1e3
 		return behind(cell(21, depth, 30, noisy(r, ssd(fixedMS, 21)+wait, 0.35), meanDepth), 1.4*1024*kib)
 	}
 	behindBig := ssd(fixedMS, 18) + math.Ldexp(0.75, 21)/150e6*1e3
-	return disk(dev,
-		cell(18, 0, 4+r.IntN(8), noisy(r, ssd(fixedMS, 18), 0.15), 1),
+	d := disk(dev,
+		// alone at completion, but some waited behind a 2 MiB transfer
+		cell(18, 0, 4+r.IntN(8), noisy(r, behindBig, 0.5), 1),
 		behind(cell(18, 1, 6, noisy(r, behindBig, 0.3), 2), 1.4*1024*kib),
 		big(0, 1), big(1, 2), big(2, 3.5), big(3, 6))
+	d.Unqueued = []detector.LatencyCell{cell(18, 0, 4+r.IntN(8), noisy(r, ssd(fixedMS, 18), 0.15), 1), big(0, 1)}
+	return d
 }
 
 // TestJudgeScenarios drives the judge with fake snapshots, one a second.
@@ -238,7 +241,7 @@ func TestJudgeScenarios(t *testing.T) {
 			named:     map[probe.Dev]bool{devA: true, devB: false},
 			everNamed: map[probe.Dev]bool{devB: false},
 			reference: map[probe.Dev]Reference{devA: Peers},
-			namedBy:   12,
+			namedBy:   30, // windows without enough unqueued reads judge on diluted cells
 		},
 		{
 			name: "one disk with windows of several MiB beside one at 128 KiB (a trial): nothing named",
@@ -257,7 +260,9 @@ func TestJudgeScenarios(t *testing.T) {
 				a.MeanSize = 120 * kib
 				b := cell(17, 0, 40, noisy(r, 0.15+66*kib/150e6*1e3, 0.2), 1)
 				b.MeanSize = 66 * kib
-				return []detector.DeviceStats{disk(devA, a), disk(devB, b)}
+				da, db := disk(devA), disk(devB)
+				da.Unqueued, db.Unqueued = []detector.LatencyCell{a}, []detector.LatencyCell{b}
+				return []detector.DeviceStats{da, db}
 			}}},
 			everNamed: map[probe.Dev]bool{devA: false, devB: false},
 		},
