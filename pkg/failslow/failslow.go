@@ -81,7 +81,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Threshold: 1.5, Exit: 1.25, Hold: 10, Release: 10,
-		MinRequests: 48, MinCellRequests: 16, ModelMinCell: 8, UnqueuedMinCell: 6,
+		MinRequests: 48, MinCellRequests: 16, ModelMinCell: 8, UnqueuedMinCell: 4,
 		LearnWindows: 30, LearnAlpha: 0.01,
 		Forget:        60,
 		FileThreshold: 1.5, FileMinRequests: 24, FileHold: 3,
@@ -230,8 +230,10 @@ func (j *Judge) Update(snap detector.Snapshot) []Disk {
 	cfg := j.cfg
 	out := make([]Disk, 0, len(snap.Devices))
 	models := make(map[probe.Dev]Model, len(snap.Devices))
+	uqModels := make(map[probe.Dev]Model, len(snap.Devices))
 	for i := range snap.Devices {
 		models[snap.Devices[i].Device] = FitModel(snap.Devices[i].Profile, cfg.ModelMinCell)
+		uqModels[snap.Devices[i].Device] = FitModel(snap.Devices[i].Unqueued, cfg.UnqueuedMinCell)
 	}
 	seen := map[probe.Dev]bool{}
 	for i := range snap.Devices {
@@ -245,22 +247,17 @@ func (j *Judge) Update(snap detector.Snapshot) []Disk {
 		v := Disk{Device: ds.Device, Reference: None}
 		mx := models[ds.Device]
 		modelOK := mx.Valid() && mx.Requests >= cfg.MinRequests
-		var peerR []float64
-		if modelOK {
-			for dev, m := range models {
-				if dev != ds.Device && m.Valid() && m.Requests >= cfg.MinRequests {
-					at := CompareAt(mx, m)
-					peerR = append(peerR, mx.At(at)/m.At(at))
-				}
-			}
-		}
+		mr, mn := modelRatio(ds.Device, models, cfg.MinRequests)
 		base := st.baseModel()
 		ur, un := UnqueuedRatio(ds, snap.Devices, cfg.UnqueuedMinCell)
+		if un == 0 {
+			ur, un = modelRatio(ds.Device, uqModels, cfg.MinRequests)
+		}
 		switch {
 		case un > 0:
 			v.Ratio, v.Requests, v.Reference, v.Basis = ur, un, Peers, BasisUnqueued
-		case len(peerR) > 0:
-			v.Ratio, v.Requests, v.Reference, v.Basis = median(peerR), mx.Requests, Peers, BasisModel
+		case mn > 0:
+			v.Ratio, v.Requests, v.Reference, v.Basis = mr, mn, Peers, BasisModel
 		default:
 			if r, n := PeerRatio(ds, snap.Devices, cfg.MinCellRequests); n >= cfg.MinRequests {
 				v.Ratio, v.Requests, v.Reference, v.Basis = r, n, Peers, BasisCells
@@ -418,6 +415,31 @@ func PeerRatio(d *detector.DeviceStats, peers []detector.DeviceStats, minCell in
 		n += c.Requests
 	}
 	return weightedMedian(ws), n
+}
+
+// modelRatio compares dev's cost model in models with each other
+// device's at CompareAt, both fitted on at least minRequests requests, and
+// returns the median over the peers (n: dev's model requests; 0 without a
+// comparable peer). For the models of unqueued requests (no queueing at
+// all), a disk whose small unqueued reads are too few in a window to
+// compare is still judged at the smallest size it and a peer read, on the
+// line through all its unqueued sizes.
+func modelRatio(dev probe.Dev, models map[probe.Dev]Model, minRequests int) (float64, int) {
+	mx := models[dev]
+	if !mx.Valid() || mx.Requests < minRequests {
+		return 0, 0
+	}
+	var rs []float64
+	for d, m := range models {
+		if d != dev && m.Valid() && m.Requests >= minRequests {
+			at := CompareAt(mx, m)
+			rs = append(rs, mx.At(at)/m.At(at))
+		}
+	}
+	if len(rs) == 0 {
+		return 0, 0
+	}
+	return median(rs), mx.Requests
 }
 
 // UnqueuedMaxClass is the largest size class UnqueuedRatio compares:

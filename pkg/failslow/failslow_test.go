@@ -137,6 +137,20 @@ func tuned(r *rand.Rand, dev probe.Dev, fixedMS float64) detector.DeviceStats {
 	return d
 }
 
+// tunedLarge is tuned with too few small unqueued reads to compare (2 a
+// window): the unqueued 256-512 KiB, 1 MiB and 2 MiB reads still draw the
+// disk's cost line.
+func tunedLarge(r *rand.Rand, dev probe.Dev, fixedMS float64) detector.DeviceStats {
+	d := tuned(r, dev, fixedMS)
+	d.Unqueued = []detector.LatencyCell{
+		cell(18, 0, 2, noisy(r, ssd(fixedMS, 18), 0.1), 1),
+		cell(19, 0, 4+r.IntN(4), noisy(r, ssd(fixedMS, 19), 0.1), 1),
+		cell(20, 0, 60+r.IntN(60), noisy(r, ssd(fixedMS, 20), 0.05), 1),
+		cell(21, 0, 5+r.IntN(15), noisy(r, ssd(fixedMS, 21), 0.1), 1),
+	}
+	return d
+}
+
 // TestJudgeScenarios drives the judge with fake snapshots, one a second.
 func TestJudgeScenarios(t *testing.T) {
 	type phase struct {
@@ -242,6 +256,21 @@ func TestJudgeScenarios(t *testing.T) {
 			everNamed: map[probe.Dev]bool{devB: false},
 			reference: map[probe.Dev]Reference{devA: Peers},
 			namedBy:   30, // windows without enough unqueued reads judge on diluted cells
+		},
+		{
+			name: "windows of several MiB, too few small unqueued reads: judged on the unqueued cost lines",
+			phases: []phase{
+				{600, func(r *rand.Rand, _ int) []detector.DeviceStats {
+					return []detector.DeviceStats{tunedLarge(r, devA, 0.15), tunedLarge(r, devB, 0.15)}
+				}},
+				{20, func(r *rand.Rand, _ int) []detector.DeviceStats {
+					return []detector.DeviceStats{tunedLarge(r, devA, 3.15), tunedLarge(r, devB, 0.15)}
+				}},
+			},
+			named:     map[probe.Dev]bool{devA: true, devB: false},
+			everNamed: map[probe.Dev]bool{devB: false},
+			reference: map[probe.Dev]Reference{devA: Peers},
+			namedBy:   10,
 		},
 		{
 			name: "one disk with windows of several MiB beside one at 128 KiB (a trial): nothing named",
