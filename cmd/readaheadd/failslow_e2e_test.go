@@ -150,11 +150,11 @@ func TestFailSlowDiskLab(t *testing.T) {
 	}
 	args := []string{"--device", a.Name, "--device", b.Name, "--allow-path", a.Mount, "--allow-path", b.Mount,
 		"--state-dir", filepath.Join(t.TempDir(), "state"), "--interval", "1s"}
-	// The signal under test is the detector's and the judge's: with the
-	// tuner acting, streams get windows of up to 4 MiB and the slowed
-	// disk's reads queue behind each other (docs/operations.md, "Fail-slow
-	// disks and files", on what that hides). READAHEADD_FAILSLOW_TUNER=1
-	// runs it acting.
+	// The signal under test is the detector's and the judge's. With the
+	// tuner acting, streams get windows of up to 4 MiB: disks are still
+	// named on their unqueued reads, but a slowed file's requests grow to
+	// 1-2 MiB, where its ratio is diluted (docs/operations.md, "Fail-slow
+	// disks and files"). READAHEADD_FAILSLOW_TUNER=1 runs it acting.
 	if os.Getenv("READAHEADD_FAILSLOW_TUNER") != "1" {
 		args = append(args, "--dry-run")
 	}
