@@ -128,6 +128,10 @@ func (p *pipeline) debugFailSlow(snap detector.Snapshot, slow []failslow.Disk) {
 		for _, c := range d.Profile {
 			fmt.Fprintf(&b, " c%d/d%d:%d,%.2f,%.2f,%.1f", c.Class, c.Depth, c.Requests, ms(c.P10), ms(c.P50), c.MeanDepth)
 		}
+		b.WriteString(" unqueued:")
+		for _, c := range d.Unqueued {
+			fmt.Fprintf(&b, " c%d:%d,%.2f", c.Class, c.Requests, ms(c.P10))
+		}
 		prof[d.Device] = b.String()
 	}
 	for _, d := range slow {

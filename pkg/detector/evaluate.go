@@ -241,6 +241,10 @@ func (d *Detector) evalDevice(ds *deviceState, now int64, snap *Snapshot) {
 	d.fillBaselines(ds, devSet, &dst)
 	dc := buildCells(devSet, cellKey)
 	dst.Profile = dc.profile(dst.MeanSize)
+	if uq := unqueuedAtIssue(devSet); len(uq) > 0 {
+		uc := buildCells(uq, classKey)
+		dst.Unqueued = uc.profile(dst.MeanSize)
+	}
 	byClass := buildCells(devSet, classKey)
 	d.fillDiskRatios(&byClass, devSet)
 	snap.Devices = append(snap.Devices, dst)

@@ -201,3 +201,30 @@ func (d *Detector) fillDiskRatios(dc *diskCells, set []sample) {
 		}
 	}
 }
+
+// unqueuedAtIssue returns the samples of set (one device's window) issued
+// while no other sample of set was in flight: every request issued
+// before it had completed. The first issued is left out (what was in
+// flight before the window is unknown), and so is everything when any
+// sample stands for several requests (sampling: a request not streamed
+// could have been ahead).
+func unqueuedAtIssue(set []sample) []sample {
+	idx := make([]int, 0, len(set))
+	for i := range set {
+		if set[i].weight > 1 {
+			return nil
+		}
+		idx = append(idx, i)
+	}
+	sort.Slice(idx, func(a, b int) bool { return set[idx[a]].issue() < set[idx[b]].issue() })
+	var out []sample
+	var busyUntil int64 // latest completion among the requests issued so far
+	for k, i := range idx {
+		s := &set[i]
+		if k > 0 && busyUntil <= s.issue() {
+			out = append(out, *s)
+		}
+		busyUntil = max(busyUntil, s.complete)
+	}
+	return out
+}

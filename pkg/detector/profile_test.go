@@ -77,3 +77,29 @@ func TestProfileAndDiskRatio(t *testing.T) {
 	assert.Greater(t, ratio[slow], 3.0, "the slow file against the rest of its disk")
 	assert.Less(t, ratio[fast], 0.5, "the fast file against the rest of its disk (the slow one)")
 }
+
+func TestUnqueuedAtIssue(t *testing.T) {
+	ms := int64(time.Millisecond)
+	// issue, latency in ms
+	mk := func(issue, lat int64) sample {
+		return sample{complete: (issue + lat) * ms, lat: lat * ms, bytes: 128 << 10}
+	}
+	set := []sample{
+		mk(0, 10),  // first issued: what was ahead is unknown
+		mk(2, 10),  // behind the first (in flight until 10)
+		mk(20, 1),  // nothing in flight: unqueued
+		mk(21, 30), // issued after the previous completed: unqueued
+		mk(25, 1),  // behind the 30 ms one
+		mk(60, 2),  // unqueued
+	}
+	got := unqueuedAtIssue(set)
+	var issues []int64
+	for _, s := range got {
+		issues = append(issues, s.issue()/ms)
+	}
+	assert.Equal(t, []int64{20, 21, 60}, issues)
+
+	// A sampled window: a request not streamed could have been ahead.
+	set[3].weight = 4
+	assert.Empty(t, unqueuedAtIssue(set))
+}

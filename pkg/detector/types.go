@@ -107,6 +107,13 @@ type DeviceStats struct {
 	// queue-depth bucket, sorted by class then depth: what fail-slow
 	// comparisons between disks match on.
 	Profile []LatencyCell
+	// Unqueued is the window's latency per size class (Depth 0) of the
+	// requests issued with no other read of the device in flight, from the
+	// window's own issue and completion times: their latency is the
+	// device's fixed cost plus their own bytes, whatever the queues around
+	// them. Empty when the window's records are sampled (a request not
+	// streamed could have been ahead).
+	Unqueued []LatencyCell
 }
 
 // Snapshot is what the detector reports at each evaluation.

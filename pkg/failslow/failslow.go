@@ -10,6 +10,7 @@ package failslow
 import (
 	"cmp"
 	"fmt"
+	"math/bits"
 	"slices"
 	"time"
 
@@ -33,8 +34,9 @@ const (
 
 // Bases of a ratio.
 const (
-	BasisModel = "model"
-	BasisCells = "cells"
+	BasisModel    = "model"
+	BasisCells    = "cells"
+	BasisUnqueued = "unqueued"
 )
 
 // Config holds the thresholds. The zero value means DefaultConfig.
@@ -55,6 +57,9 @@ type Config struct {
 	// ModelMinCell is the least a cell must hold to be a point of a
 	// disk's cost model (FitModel).
 	ModelMinCell int
+	// UnqueuedMinCell is the least each of two disks' unqueued cells
+	// (UnqueuedRatio) must hold to be compared.
+	UnqueuedMinCell int
 	// LearnWindows is how many windows a baseline cell is learned from
 	// (a plain mean) before it is a reference; LearnAlpha the EWMA weight
 	// of a window after that.
@@ -76,7 +81,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Threshold: 1.5, Exit: 1.25, Hold: 10, Release: 10,
-		MinRequests: 48, MinCellRequests: 16, ModelMinCell: 8,
+		MinRequests: 48, MinCellRequests: 16, ModelMinCell: 8, UnqueuedMinCell: 4,
 		LearnWindows: 30, LearnAlpha: 0.01,
 		Forget:        60,
 		FileThreshold: 1.5, FileMinRequests: 24, FileHold: 3,
@@ -99,7 +104,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("failslow: threshold %.2f and exit %.2f: need threshold > 1 and 1 <= exit <= threshold", c.Threshold, c.Exit)
 	case c.Hold < 1 || c.Release < 1 || c.FileHold < 1 || c.Forget < 1:
 		return fmt.Errorf("failslow: hold, release, file hold and forget must be at least 1 evaluation")
-	case c.MinRequests < 1 || c.MinCellRequests < 1 || c.FileMinRequests < 1 || c.ModelMinCell < 1:
+	case c.MinRequests < 1 || c.MinCellRequests < 1 || c.FileMinRequests < 1 || c.ModelMinCell < 1 || c.UnqueuedMinCell < 1:
 		return fmt.Errorf("failslow: minimum request counts must be at least 1")
 	case c.LearnWindows < 1 || c.LearnAlpha <= 0 || c.LearnAlpha > 1:
 		return fmt.Errorf("failslow: learn windows must be >= 1 and alpha in (0, 1]")
@@ -118,8 +123,10 @@ type Disk struct {
 	Reference Reference
 	// Requests is how many of the window's requests the ratio is based on.
 	Requests int
-	// Basis is how the ratio was computed: BasisModel (the disks' cost
-	// models at RefSize) or BasisCells (cell by cell, same size class).
+	// Basis is how the ratio was computed: BasisUnqueued (the smallest
+	// requests issued with nothing ahead, UnqueuedRatio), BasisModel (the
+	// disks' cost models at RefSize) or BasisCells (cell by cell, same
+	// size class).
 	Basis string
 	// Over is how many consecutive evaluations the ratio has been at or
 	// above the threshold; Held the median ratio of the last Hold
@@ -223,8 +230,10 @@ func (j *Judge) Update(snap detector.Snapshot) []Disk {
 	cfg := j.cfg
 	out := make([]Disk, 0, len(snap.Devices))
 	models := make(map[probe.Dev]Model, len(snap.Devices))
+	uqModels := make(map[probe.Dev]Model, len(snap.Devices))
 	for i := range snap.Devices {
 		models[snap.Devices[i].Device] = FitModel(snap.Devices[i].Profile, cfg.ModelMinCell)
+		uqModels[snap.Devices[i].Device] = FitModel(snap.Devices[i].Unqueued, cfg.UnqueuedMinCell)
 	}
 	seen := map[probe.Dev]bool{}
 	for i := range snap.Devices {
@@ -238,19 +247,17 @@ func (j *Judge) Update(snap detector.Snapshot) []Disk {
 		v := Disk{Device: ds.Device, Reference: None}
 		mx := models[ds.Device]
 		modelOK := mx.Valid() && mx.Requests >= cfg.MinRequests
-		var peerR []float64
-		if modelOK {
-			for dev, m := range models {
-				if dev != ds.Device && m.Valid() && m.Requests >= cfg.MinRequests {
-					at := CompareAt(mx, m)
-					peerR = append(peerR, mx.At(at)/m.At(at))
-				}
-			}
-		}
+		mr, mn := modelRatio(ds.Device, models, cfg.MinRequests)
 		base := st.baseModel()
+		ur, un := UnqueuedRatio(ds, snap.Devices, cfg.UnqueuedMinCell)
+		if un == 0 {
+			ur, un = modelRatio(ds.Device, uqModels, cfg.MinRequests)
+		}
 		switch {
-		case len(peerR) > 0:
-			v.Ratio, v.Requests, v.Reference, v.Basis = median(peerR), mx.Requests, Peers, BasisModel
+		case un > 0:
+			v.Ratio, v.Requests, v.Reference, v.Basis = ur, un, Peers, BasisUnqueued
+		case mn > 0:
+			v.Ratio, v.Requests, v.Reference, v.Basis = mr, mn, Peers, BasisModel
 		default:
 			if r, n := PeerRatio(ds, snap.Devices, cfg.MinCellRequests); n >= cfg.MinRequests {
 				v.Ratio, v.Requests, v.Reference, v.Basis = r, n, Peers, BasisCells
@@ -408,6 +415,88 @@ func PeerRatio(d *detector.DeviceStats, peers []detector.DeviceStats, minCell in
 		n += c.Requests
 	}
 	return weightedMedian(ws), n
+}
+
+// modelRatio compares dev's cost model in models with each other
+// device's at CompareAt, both fitted on at least minRequests requests, and
+// returns the median over the peers (n: dev's model requests; 0 without a
+// comparable peer). For the models of unqueued requests (no queueing at
+// all), a disk whose small unqueued reads are too few in a window to
+// compare is still judged at the smallest size it and a peer read, on the
+// line through all its unqueued sizes.
+func modelRatio(dev probe.Dev, models map[probe.Dev]Model, minRequests int) (float64, int) {
+	mx := models[dev]
+	if !mx.Valid() || mx.Requests < minRequests {
+		return 0, 0
+	}
+	var rs []float64
+	for d, m := range models {
+		if d != dev && m.Valid() && m.Requests >= minRequests {
+			at := CompareAt(mx, m)
+			rs = append(rs, mx.At(at)/m.At(at))
+		}
+	}
+	if len(rs) == 0 {
+		return 0, 0
+	}
+	return median(rs), mx.Requests
+}
+
+// UnqueuedMaxClass is the largest size class UnqueuedRatio compares:
+// up to 256 KiB, twice RefSize, a fixed cost of a few ms is not diluted
+// in the transfer time.
+const UnqueuedMaxClass = 18
+
+// UnqueuedRatio compares d with each other device of peers on their
+// smallest requests issued with no other read of the device in flight
+// (DeviceStats.Unqueued), in the smallest size class from RefSize's to
+// UnqueuedMaxClass in which both hold at least minCell, and returns the
+// median over the peers (n: d's requests compared, at most one class per
+// peer; 0 when no peer has such a class). A request with nothing ahead of
+// it at issue waits for no other transfer: its latency is its fixed cost
+// plus its own bytes, whatever windows and queues the disk's other reads
+// have. When a tuner grows most reads to several MiB and queues them deep
+// (which dilutes and hides a fixed cost in every other cell), each
+// stream's first small readahead requests still find the disk idle now
+// and then and show it whole. When d's requests in the class are larger
+// on average, the peer's latency is scaled up by the size ratio, as if it
+// were all per byte: a mismatch can only hide a slow disk, never make a
+// healthy one look slow.
+func UnqueuedRatio(d *detector.DeviceStats, peers []detector.DeviceStats, minCell int) (ratio float64, n int) {
+	var rs []float64
+	for i := range peers {
+		p := &peers[i]
+		if p.Device == d.Device {
+			continue
+		}
+		if r, k, ok := unqueuedPair(d.Unqueued, p.Unqueued, minCell); ok {
+			rs = append(rs, r)
+			n = max(n, k)
+		}
+	}
+	if len(rs) == 0 {
+		return 0, 0
+	}
+	return median(rs), n
+}
+
+func unqueuedPair(a, b []detector.LatencyCell, minCell int) (ratio float64, n int, ok bool) {
+	find := func(cells []detector.LatencyCell, class uint8) *detector.LatencyCell {
+		for i := range cells {
+			if c := &cells[i]; c.Class == class && c.Requests >= minCell && c.P10 > 0 && c.MeanSize > 0 {
+				return c
+			}
+		}
+		return nil
+	}
+	for class := uint8(bits.Len(RefSize - 1)); class <= UnqueuedMaxClass; class++ {
+		ca, cb := find(a, class), find(b, class)
+		if ca == nil || cb == nil {
+			continue
+		}
+		return float64(ca.P10) / (float64(cb.P10) * max(1, ca.MeanSize/cb.MeanSize)), ca.Requests, true
+	}
+	return 0, 0, false
 }
 
 // cellRatio compares cell c with a reference profile at the same size

@@ -116,6 +116,41 @@ func streaming(r *rand.Rand, dev probe.Dev, fixedMS float64) detector.DeviceStat
 	return disk(dev, cell(17, 0, 120, noisy(r, ssd(fixedMS, 17), 0.25), 1), cell(17, 1, 60, noisy(r, ssd(fixedMS, 17)*1.1, 0.25), 2))
 }
 
+// tuned is a disk whose streams a tuner gave windows of several MiB: most
+// reads are 1-2 MiB, queued 2-6 deep on a 150 MB/s channel (a fixed cost
+// is diluted there, and the host's jitter is a few ms), 128-256 KiB reads
+// behind them wait for their transfers, and only each stream's first
+// small readahead requests (a handful a window, r decides how many) are
+// issued with nothing ahead of them (Unqueued).
+func tuned(r *rand.Rand, dev probe.Dev, fixedMS float64) detector.DeviceStats {
+	big := func(depth uint8, meanDepth float64) detector.LatencyCell {
+		wait := (meanDepth - 1) * math.Ldexp(0.75, 21) / 150e6 * 1e3
+		return behind(cell(21, depth, 30, noisy(r, ssd(fixedMS, 21)+wait, 0.35), meanDepth), 1.4*1024*kib)
+	}
+	behindBig := ssd(fixedMS, 18) + math.Ldexp(0.75, 21)/150e6*1e3
+	d := disk(dev,
+		// alone at completion, but some waited behind a 2 MiB transfer
+		cell(18, 0, 4+r.IntN(8), noisy(r, behindBig, 0.5), 1),
+		behind(cell(18, 1, 6, noisy(r, behindBig, 0.3), 2), 1.4*1024*kib),
+		big(0, 1), big(1, 2), big(2, 3.5), big(3, 6))
+	d.Unqueued = []detector.LatencyCell{cell(18, 0, 4+r.IntN(8), noisy(r, ssd(fixedMS, 18), 0.15), 1), big(0, 1)}
+	return d
+}
+
+// tunedLarge is tuned with too few small unqueued reads to compare (2 a
+// window): the unqueued 256-512 KiB, 1 MiB and 2 MiB reads still draw the
+// disk's cost line.
+func tunedLarge(r *rand.Rand, dev probe.Dev, fixedMS float64) detector.DeviceStats {
+	d := tuned(r, dev, fixedMS)
+	d.Unqueued = []detector.LatencyCell{
+		cell(18, 0, 2, noisy(r, ssd(fixedMS, 18), 0.1), 1),
+		cell(19, 0, 4+r.IntN(4), noisy(r, ssd(fixedMS, 19), 0.1), 1),
+		cell(20, 0, 60+r.IntN(60), noisy(r, ssd(fixedMS, 20), 0.05), 1),
+		cell(21, 0, 5+r.IntN(15), noisy(r, ssd(fixedMS, 21), 0.1), 1),
+	}
+	return d
+}
+
 // TestJudgeScenarios drives the judge with fake snapshots, one a second.
 func TestJudgeScenarios(t *testing.T) {
 	type phase struct {
@@ -205,6 +240,59 @@ func TestJudgeScenarios(t *testing.T) {
 					}
 				}},
 			},
+			everNamed: map[probe.Dev]bool{devA: false, devB: false},
+		},
+		{
+			name: "windows of several MiB on both disks: one 3 ms slower named on its small unqueued reads, the other not",
+			phases: []phase{
+				{60, func(r *rand.Rand, _ int) []detector.DeviceStats {
+					return []detector.DeviceStats{tuned(r, devA, 0.15), tuned(r, devB, 0.15)}
+				}},
+				{30, func(r *rand.Rand, _ int) []detector.DeviceStats {
+					return []detector.DeviceStats{tuned(r, devA, 3.15), tuned(r, devB, 0.15)}
+				}},
+			},
+			named:     map[probe.Dev]bool{devA: true, devB: false},
+			everNamed: map[probe.Dev]bool{devB: false},
+			reference: map[probe.Dev]Reference{devA: Peers},
+			namedBy:   30, // windows without enough unqueued reads judge on diluted cells
+		},
+		{
+			name: "windows of several MiB, too few small unqueued reads: judged on the unqueued cost lines",
+			phases: []phase{
+				{600, func(r *rand.Rand, _ int) []detector.DeviceStats {
+					return []detector.DeviceStats{tunedLarge(r, devA, 0.15), tunedLarge(r, devB, 0.15)}
+				}},
+				{20, func(r *rand.Rand, _ int) []detector.DeviceStats {
+					return []detector.DeviceStats{tunedLarge(r, devA, 3.15), tunedLarge(r, devB, 0.15)}
+				}},
+			},
+			named:     map[probe.Dev]bool{devA: true, devB: false},
+			everNamed: map[probe.Dev]bool{devB: false},
+			reference: map[probe.Dev]Reference{devA: Peers},
+			namedBy:   10,
+		},
+		{
+			name: "one disk with windows of several MiB beside one at 128 KiB (a trial): nothing named",
+			phases: []phase{{600, func(r *rand.Rand, i int) []detector.DeviceStats {
+				if i%20 < 10 {
+					return []detector.DeviceStats{tuned(r, devA, 0.15), streaming(r, devB, 0.15)}
+				}
+				return []detector.DeviceStats{streaming(r, devA, 0.15), tuned(r, devB, 0.15)}
+			}}},
+			everNamed: map[probe.Dev]bool{devA: false, devB: false},
+		},
+		{
+			name: "unqueued reads of different sizes within a class: the larger are not a slow disk",
+			phases: []phase{{300, func(r *rand.Rand, _ int) []detector.DeviceStats {
+				a := cell(17, 0, 40, noisy(r, 0.15+120*kib/150e6*1e3, 0.2), 1)
+				a.MeanSize = 120 * kib
+				b := cell(17, 0, 40, noisy(r, 0.15+66*kib/150e6*1e3, 0.2), 1)
+				b.MeanSize = 66 * kib
+				da, db := disk(devA), disk(devB)
+				da.Unqueued, db.Unqueued = []detector.LatencyCell{a}, []detector.LatencyCell{b}
+				return []detector.DeviceStats{da, db}
+			}}},
 			everNamed: map[probe.Dev]bool{devA: false, devB: false},
 		},
 		{
