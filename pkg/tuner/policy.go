@@ -58,9 +58,11 @@ func (t *Tuner) windowKB(k probe.FileKey) (int, bool) {
 // windowBound reports whether a file's stream is bound by its window, and
 // why (or why not). It needs no baseline and no onset: only the stream's
 // own reads now. Whether the stream is at the device's bandwidth cannot be
-// told from the stream alone (a device slow from the start learns its slow
-// rate as its capacity), so that is left to the trial: at bandwidth a
-// larger window does not pay, the step is undone and backed off.
+// told from the stream alone: until the device's capacity is learned
+// (capacity.go) that is left to the trial (at bandwidth a larger window
+// does not pay, the step is undone and backed off, and the trial teaches
+// the capacity); once it is, a stream that reads at it is not bound by its
+// window.
 func (t *Tuner) windowBound(fs detector.FileStats, now time.Duration) (bool, string) {
 	if fs.Sequentiality < t.cfg.MinSequentiality {
 		return false, fmt.Sprintf("not sequential (%.2f)", fs.Sequentiality)
@@ -82,6 +84,11 @@ func (t *Tuner) windowBound(fs detector.FileStats, now time.Duration) (bool, str
 	}
 	why := fmt.Sprintf("%.0f KB in flight of a %d KB window (%.0f%%), %.1f MB/s at p50 %v", inflight/1024, w, 100*fill,
 		fs.BusyThroughput/1e6, fs.P50)
+	if at, cap := t.atCapacity(fs); at {
+		// Its window's bytes wait in the device's queue: a larger one
+		// adds latency for every reader there and no throughput.
+		return false, why + "; but " + cap + ": the device binds it, not its window"
+	}
 	if t.randomBesideDev(fs.Device, fs.Key) {
 		// Beside random readers a full window may be the device's queue,
 		// which they wait in too: only a stream slower than them is
@@ -392,6 +399,9 @@ func (t *Tuner) windowHint(k probe.FileKey) int {
 		return 0
 	}
 	capBPS := ds.CapacityBPS
+	if c := t.learnedCapacity(t.devs[fs.Device]); c > 0 {
+		capBPS = c
+	}
 	if capBPS <= 0 {
 		// Not learned yet (the daemon just started): what the device
 		// reads now, its other readers included, is a lower bound.

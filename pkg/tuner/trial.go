@@ -168,8 +168,9 @@ type measure struct {
 	// the stream's reader gets, unlike busy throughput, which a larger
 	// window raises even for a reader limited by its application).
 	rate float64
-	// dev: the device's bytes per second over the same window, 0 if unknown.
-	dev float64
+	// dev: the device's bytes per second over the same window, 0 if unknown;
+	// devQ: its bytes in flight (mean depth x mean size).
+	dev, devQ float64
 	// others: bytes per second of the device's other readers whose share
 	// is protected (protectedStream: the other sequential streams
 	// readaheadd serves), over the same window.
@@ -230,6 +231,9 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 			b.tput = l.steadyTput
 		}
 		l.judged = m
+		if l.kind == KindFileWindow {
+			t.learnCapacity(d, l.before, m)
+		}
 		gain := 0.0
 		if m.ok && b.tput > 0 {
 			gain = m.tput/b.tput - 1

@@ -1,0 +1,111 @@
+package tuner
+
+// A device's capacity, learned by the model rather than by the best rate
+// seen: by Little's law a stream reads at bytes in flight over latency;
+// below the device's capacity more bytes in flight add throughput at the
+// same latency, at its capacity they only add latency. A file window step
+// is that experiment: when it raised the device's bytes in flight by half
+// again and its total read no more (not even half the keep margin more),
+// the device was at its capacity, and the rate it read is that capacity. A
+// fail-slow drive's steps pay (the latency, not the device, bound them), so
+// its slow rate is never taken for its capacity.
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/state"
+)
+
+// capQRise: a step counts as an experiment on the device's capacity when
+// the device's bytes in flight rose at least this much.
+const capQRise = 1.5
+
+// devCapacity is a learned capacity (bytes/s) and when it was learned.
+type devCapacity struct {
+	bps  float64
+	wall time.Time
+}
+
+// learnCapacity updates the capacity of d from a file window step's
+// before- and after-measures.
+func (t *Tuner) learnCapacity(d *devState, b, m measure) {
+	if d.name == "" || !b.ok || !m.ok || m.young || m.ended || b.dev <= 0 || m.dev <= 0 || b.devQ <= 0 {
+		return
+	}
+	old := t.mem.caps[d.name].bps
+	rose := m.dev >= (1+t.halfMargin())*b.dev
+	switch {
+	case m.devQ >= capQRise*b.devQ && !rose:
+		c := max(b.dev, m.dev)
+		t.mem.caps[d.name] = devCapacity{bps: c, wall: time.Now()}
+		t.mem.dirty = true
+		if old == 0 || c < old*(1-devLossMax) || c > old*(1+devLossMax) {
+			t.log.Info("tuner: device capacity learned: more bytes in flight added no throughput", "device", d.name,
+				"capacity_mbps", c/1e6, "inflight_kb_before", b.devQ/1024, "inflight_kb_after", m.devQ/1024,
+				"mbps_before", b.dev/1e6, "mbps_after", m.dev/1e6)
+		}
+	case old > 0 && rose && m.dev > (1+t.halfMargin())*old:
+		// It read well past the capacity learned: that was no knee.
+		delete(t.mem.caps, d.name)
+		t.mem.dirty = true
+		t.log.Info("tuner: device capacity forgotten: the device read past it", "device", d.name,
+			"capacity_mbps", old/1e6, "mbps_now", m.dev/1e6)
+	}
+}
+
+// learnedCapacity is the capacity of the device learnCapacity learned, 0
+// when none is known.
+func (t *Tuner) learnedCapacity(d *devState) float64 {
+	if d == nil {
+		return 0
+	}
+	return t.mem.caps[d.name].bps
+}
+
+// atCapacity reports whether a stream reads at its device's learned
+// capacity, or the streams readaheadd serves on the device read at it
+// together: a larger window then adds latency (for every reader of the
+// device) and no throughput, so the stream is not bound by its window. A
+// device's other readers (O_DIRECT, files outside the allow-paths) are
+// contenders whose share a larger window legitimately wins back: they do
+// not count.
+func (t *Tuner) atCapacity(fs detector.FileStats) (bool, string) {
+	c := t.learnedCapacity(t.devs[fs.Device])
+	if c <= 0 {
+		return false, ""
+	}
+	if fs.BusyThroughput >= capacityReach*c {
+		return true, fmt.Sprintf("it reads %.1f MB/s, the device's capacity (%.1f MB/s)", fs.BusyThroughput/1e6, c/1e6)
+	}
+	span := t.viewSpan().Seconds()
+	var sum float64
+	for k, o := range t.fstats {
+		if o.Device == fs.Device && (k == fs.Key || t.protectedStream(k, o)) {
+			sum += float64(o.Bytes) / span
+		}
+	}
+	if sum >= capacityReach*c {
+		return true, fmt.Sprintf("the device's streams read %.1f MB/s together, its capacity (%.1f MB/s)", sum/1e6, c/1e6)
+	}
+	return false, ""
+}
+
+// exportCaps and loadCaps carry the learned capacities in the priors file.
+func (m *memory) exportCaps(p *state.Priors) {
+	for name, c := range m.caps {
+		p.Devices = append(p.Devices, state.DeviceCapacity{Device: name, CapacityBPS: c.bps, Updated: c.wall})
+	}
+}
+
+func (m *memory) loadCaps(p state.Priors, ok func(device string) bool) (refused int) {
+	for _, d := range p.Devices {
+		if !ok(d.Device) {
+			refused++
+			continue
+		}
+		m.caps[d.Device] = devCapacity{bps: d.CapacityBPS, wall: d.Updated}
+	}
+	return refused
+}

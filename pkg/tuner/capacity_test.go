@@ -1,0 +1,92 @@
+package tuner
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/pkg/state"
+)
+
+// A healthy device at its bandwidth: the first trial (128 -> 1024 KB)
+// raises the device's bytes in flight eightfold and its total not at all.
+// That is its capacity; no stream reading at it is tried again, however
+// long the run, and a restarted daemon knows it from the priors file.
+func TestCapacityLearnedFromATrialEndsTrialsAtIt(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, BackoffMax: time.Minute}, func(r *rig) { r.queue = true })
+	r.tput = func(int) float64 { return 80e6 }
+	p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p1, k1)
+	acts := r.runOutcome(300, stream{key: k1, tgid: 100, fill: 0.9})
+	logActs(t, acts)
+	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1, "one trial, the one that measured the capacity")
+	assert.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1)
+	assert.Equal(t, 128, r.files.window[k1])
+	assert.InDelta(t, 80e6, r.tn.mem.caps["sdb"].bps, 1)
+	ok, why := r.tn.windowBound(r.tn.fstats[k1], r.clk.Now())
+	assert.False(t, ok)
+	assert.Contains(t, why, "the device's capacity (80.0 MB/s)")
+
+	require.NoError(t, r.tn.RestoreAll())
+	p, err := state.LoadPriors(filepath.Join(r.dir, "state", state.PriorsName))
+	require.NoError(t, err)
+	require.Len(t, p.Devices, 1)
+	assert.Equal(t, "sdb", p.Devices[0].Device)
+	assert.InDelta(t, 80e6, p.Devices[0].CapacityBPS, 1)
+
+	// A restarted daemon: no trial at all on a stream at that capacity.
+	require.NoError(t, r.store.Close())
+	st, err := state.Open(filepath.Join(r.dir, "state"), state.Options{BootID: "b"})
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close() })
+	r.tn, err = New(Config{AllowPaths: []string{filepath.Join(r.dir, "data")}, DisablePrefetch: true},
+		Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: st, Logger: quiet()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.tn.RestoreAll() })
+	acts = r.runOutcome(30, stream{key: k1, tgid: 100, fill: 0.9})
+	assert.Empty(t, filter(acts, KindFileWindow, ResultTrial), "the saved capacity holds after a restart")
+}
+
+// Three streams that fill the device together: once a trial showed that
+// more bytes in flight add nothing there, none of them is tried, though
+// each alone reads a third of the capacity.
+func TestStreamsThatFillTheDeviceTogetherAreNotTried(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, BackoffMax: time.Minute}, func(r *rig) { r.queue = true })
+	r.tput = func(int) float64 { return 50e6 } // 150 MB/s together whatever the windows
+	var ss []stream
+	for i, name := range []string{"blk_1", "blk_2", "blk_3"} {
+		p, k := realFile(t, filepath.Join(r.dir, "data"), name)
+		r.files.open(100, 7+i, p, k)
+		ss = append(ss, stream{key: k, tgid: 100, fill: 0.9})
+	}
+	acts := r.runOutcome(300, ss...)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.NotEmpty(t, trials)
+	for _, a := range trials {
+		assert.Equal(t, trials[0].Time, a.Time, "only the first Step's trials, taken before the capacity was known")
+	}
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
+	assert.InDelta(t, 150e6, r.tn.mem.caps["sdb"].bps, 1)
+}
+
+// A fail-slow device: a larger window reads proportionally more (the
+// latency binds the stream, not the device), so its slow rate is never
+// taken for its capacity and the steps go on to where it is reached.
+func TestSlowDevicesRateIsNotItsCapacity(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, func(r *rig) { r.queue = true })
+	r.tput = func(kb int) float64 { return min(150e6, 40e6*float64(kb)/128*0.7) }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	acts := r.runOutcome(8, stream{key: key, tgid: 100, fill: 0.9})
+	logActs(t, acts)
+	kept := filter(acts, KindFileWindow, ResultKept)
+	require.NotEmpty(t, kept)
+	assert.Equal(t, 1024, kept[len(kept)-1].ToKB)
+	// The step past 1024 KB added bytes in flight and no throughput: that
+	// is where the capacity is, 150 MB/s, not the 28 MB/s it read first.
+	assert.InDelta(t, 150e6, r.tn.mem.caps["sdb"].bps, 1)
+
+}
