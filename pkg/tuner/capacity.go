@@ -29,29 +29,31 @@ type devCapacity struct {
 }
 
 // learnCapacity updates the capacity of d from a file window step's
-// before- and after-measures.
+// before- and after-measures. The device's busy throughput is its rate
+// while it had requests in flight: a rate however far back the detector
+// reached for its samples.
 func (t *Tuner) learnCapacity(d *devState, b, m measure) {
-	if d.name == "" || !b.ok || !m.ok || m.young || m.ended || b.dev <= 0 || m.dev <= 0 || b.devQ <= 0 {
+	if d.name == "" || !b.ok || !m.ok || m.young || m.ended || b.devBusy <= 0 || m.devBusy <= 0 || b.devQ <= 0 {
 		return
 	}
 	old := t.mem.caps[d.name].bps
-	rose := m.dev >= (1+t.halfMargin())*b.dev
+	rose := m.devBusy >= (1+t.halfMargin())*b.devBusy
 	switch {
 	case m.devQ >= capQRise*b.devQ && !rose:
-		c := max(b.dev, m.dev)
+		c := max(b.devBusy, m.devBusy)
 		t.mem.caps[d.name] = devCapacity{bps: c, wall: time.Now()}
 		t.mem.dirty = true
 		if old == 0 || c < old*(1-devLossMax) || c > old*(1+devLossMax) {
 			t.log.Info("tuner: device capacity learned: more bytes in flight added no throughput", "device", d.name,
 				"capacity_mbps", c/1e6, "inflight_kb_before", b.devQ/1024, "inflight_kb_after", m.devQ/1024,
-				"mbps_before", b.dev/1e6, "mbps_after", m.dev/1e6)
+				"mbps_before", b.devBusy/1e6, "mbps_after", m.devBusy/1e6)
 		}
-	case old > 0 && rose && m.dev > (1+t.halfMargin())*old:
+	case old > 0 && rose && m.devBusy > (1+t.halfMargin())*old:
 		// It read well past the capacity learned: that was no knee.
 		delete(t.mem.caps, d.name)
 		t.mem.dirty = true
 		t.log.Info("tuner: device capacity forgotten: the device read past it", "device", d.name,
-			"capacity_mbps", old/1e6, "mbps_now", m.dev/1e6)
+			"capacity_mbps", old/1e6, "mbps_now", m.devBusy/1e6)
 	}
 }
 
@@ -79,11 +81,10 @@ func (t *Tuner) atCapacity(fs detector.FileStats) (bool, string) {
 	if fs.BusyThroughput >= capacityReach*c {
 		return true, fmt.Sprintf("it reads %.1f MB/s, the device's capacity (%.1f MB/s)", fs.BusyThroughput/1e6, c/1e6)
 	}
-	span := t.viewSpan().Seconds()
 	var sum float64
 	for k, o := range t.fstats {
 		if o.Device == fs.Device && (k == fs.Key || t.protectedStream(k, o)) {
-			sum += float64(o.Bytes) / span
+			sum += o.BusyThroughput
 		}
 	}
 	if sum >= capacityReach*c {

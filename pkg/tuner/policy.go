@@ -330,21 +330,28 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 
 // stillPays judges a re-probe of a decision judged by rate: at the end of
 // the hold, the stream at the device's window must read slower than at its
-// kept window by the margin for the window to come back.
-func (t *Tuner) stillPays(fd *fileDec) bool {
+// kept window by the margin for the window to come back. No window reads
+// past the device's learned capacity (capacity.go): a stream within the
+// margin of it at the device's window has nothing left to gain, whatever
+// the kept window read under the conditions it was kept in.
+func (t *Tuner) stillPays(fd *fileDec) (bool, string) {
 	l := &fd.win
 	if t.deps.Clock.Now() < l.probeUntil {
-		return true
+		return true, ""
 	}
 	m := t.measureFor(fd)
 	if !m.ok || l.keptM.tput <= 0 {
-		return true // nothing to judge by: keep the window, probe again later
+		return true, "nothing to judge by" // keep the window, probe again later
 	}
 	margin := t.cfg.Margin
 	if t.loneAtCapacity(fd.dev, fd.key, l.keptM) {
 		margin = t.halfMargin() // what a step to the capacity pays (marginFor)
 	}
-	return m.tput*(1+margin) < l.keptM.tput
+	ref, of := l.keptM.tput, "the kept window's"
+	if c := t.learnedCapacity(fd.dev); c > 0 && c < ref {
+		ref, of = c, "the device's capacity"
+	}
+	return m.tput*(1+margin) < ref, fmt.Sprintf("%s at the device's window against %s %.1f MB/s (margin %.0f%%)", m, of, ref/1e6, 100*margin)
 }
 
 // streamShareMin: when at least this share of a contended device's bytes

@@ -460,10 +460,11 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			// A stream at the device's window is bound by it whatever
 			// its speed (a healthy one too): when that is all that
 			// asks for the window now, the stream's rate judges.
+			var why string
 			if fd.byRate || needed && onlyOutcome(fileNeeds[k]) {
-				needed = t.stillPays(fd)
+				needed, why = t.stillPays(fd)
 			}
-			t.reprobeJudge(fd, needed)
+			t.reprobeJudge(fd, needed, why)
 			if t.files[k] == nil && fd.byRate {
 				t.mem.forgetFile(k)
 				if p := t.mem.dirPrior(k.Dev, fd.path); p != nil {
