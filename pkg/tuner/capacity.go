@@ -5,8 +5,9 @@ package tuner
 // below the device's capacity more bytes in flight add throughput at the
 // same latency, at its capacity they only add latency. A file window step
 // is that experiment: when it raised the device's bytes in flight by half
-// again and its total read no more (not even half the keep margin more),
-// the device was at its capacity, and the rate it read is that capacity. A
+// again and its total read less than the keep margin more (a step's gain
+// that would not be kept), the device was at its capacity, and the rate it
+// read is that capacity. A
 // fail-slow drive's steps pay (the latency, not the device, bound them), so
 // its slow rate is never taken for its capacity.
 
@@ -37,7 +38,7 @@ func (t *Tuner) learnCapacity(d *devState, b, m measure) {
 		return
 	}
 	old := t.mem.caps[d.name].bps
-	rose := m.devBusy >= (1+t.halfMargin())*b.devBusy
+	rose := m.devBusy >= (1+t.cfg.Margin)*b.devBusy
 	switch {
 	case m.devQ >= capQRise*b.devQ && !rose:
 		c := max(b.devBusy, m.devBusy)
@@ -48,7 +49,7 @@ func (t *Tuner) learnCapacity(d *devState, b, m measure) {
 				"capacity_mbps", c/1e6, "inflight_kb_before", b.devQ/1024, "inflight_kb_after", m.devQ/1024,
 				"mbps_before", b.devBusy/1e6, "mbps_after", m.devBusy/1e6)
 		}
-	case old > 0 && rose && m.devBusy > (1+t.halfMargin())*old:
+	case old > 0 && rose && m.devBusy > (1+t.cfg.Margin)*old:
 		// It read well past the capacity learned: that was no knee.
 		delete(t.mem.caps, d.name)
 		t.mem.dirty = true
@@ -68,8 +69,10 @@ func (t *Tuner) learnedCapacity(d *devState) float64 {
 
 // atCapacity reports whether a stream reads at its device's learned
 // capacity, or the streams readaheadd serves on the device read at it
-// together: a larger window then adds latency (for every reader of the
-// device) and no throughput, so the stream is not bound by its window. A
+// together: within half the keep margin of it (shortOfCapacity), where no
+// step can gain what a step to the capacity must (marginFor). A larger
+// window then adds latency (for every reader of the device) and no
+// throughput worth a trial, so the stream is not bound by its window. A
 // device's other readers (O_DIRECT, files outside the allow-paths) are
 // contenders whose share a larger window legitimately wins back: they do
 // not count.
@@ -78,7 +81,7 @@ func (t *Tuner) atCapacity(fs detector.FileStats) (bool, string) {
 	if c <= 0 {
 		return false, ""
 	}
-	if fs.BusyThroughput >= capacityReach*c {
+	if fs.BusyThroughput >= t.shortOfCapacity()*c {
 		return true, fmt.Sprintf("it reads %.1f MB/s, the device's capacity (%.1f MB/s)", fs.BusyThroughput/1e6, c/1e6)
 	}
 	var sum float64
@@ -87,7 +90,7 @@ func (t *Tuner) atCapacity(fs detector.FileStats) (bool, string) {
 			sum += o.BusyThroughput
 		}
 	}
-	if sum >= capacityReach*c {
+	if sum >= t.shortOfCapacity()*c {
 		return true, fmt.Sprintf("the device's streams read %.1f MB/s together, its capacity (%.1f MB/s)", sum/1e6, c/1e6)
 	}
 	return false, ""
