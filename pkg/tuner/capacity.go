@@ -68,32 +68,46 @@ func (t *Tuner) learnedCapacity(d *devState) float64 {
 }
 
 // atCapacity reports whether a stream reads at its device's learned
-// capacity, or the streams readaheadd serves on the device read at it
-// together: within half the keep margin of it (shortOfCapacity), where no
-// step can gain what a step to the capacity must (marginFor). A larger
-// window then adds latency (for every reader of the device) and no
-// throughput worth a trial, so the stream is not bound by its window. A
-// device's other readers (O_DIRECT, files outside the allow-paths) are
-// contenders whose share a larger window legitimately wins back: they do
-// not count.
+// capacity, or the device does with the streams readaheadd serves taking
+// most of its bytes: within the keep margin of it, where no step can gain
+// what an outcome step must. A larger window then adds latency (for every
+// reader of the device) and no throughput worth a trial, so the stream is
+// not bound by its window. The device's busy throughput counts too. Other
+// readers (O_DIRECT, files outside the allow-paths) are contenders whose
+// share a larger window legitimately wins back: a device they load is not
+// judged.
 func (t *Tuner) atCapacity(fs detector.FileStats) (bool, string) {
 	c := t.learnedCapacity(t.devs[fs.Device])
 	if c <= 0 {
 		return false, ""
 	}
-	if fs.BusyThroughput >= t.shortOfCapacity()*c {
-		return true, fmt.Sprintf("it reads %.1f MB/s, the device's capacity (%.1f MB/s)", fs.BusyThroughput/1e6, c/1e6)
+	reach := 1 / (1 + t.cfg.Margin)
+	// What its window gives at its latency (Little's law: bytes in flight
+	// over latency), or what it read while busy, whichever is more: a
+	// pause of the reader's or a lowering's break leaves the device idle
+	// and the rate low, not the latency.
+	x := fs.BusyThroughput
+	if fs.P50 > 0 {
+		x = max(x, fs.Inflight*fs.MeanSize/fs.P50.Seconds())
 	}
-	var sum float64
+	if x >= reach*c {
+		return true, fmt.Sprintf("it reads %.1f MB/s by its bytes in flight and latency, the device's capacity (%.1f MB/s)", x/1e6, c/1e6)
+	}
+	ds, ok := t.dstats[fs.Device]
+	if !ok || ds.Bytes == 0 || ds.BusyThroughput < reach*c {
+		return false, ""
+	}
+	var served uint64
 	for k, o := range t.fstats {
 		if o.Device == fs.Device && (k == fs.Key || t.protectedStream(k, o)) {
-			sum += o.BusyThroughput
+			served += o.Bytes
 		}
 	}
-	if sum >= t.shortOfCapacity()*c {
-		return true, fmt.Sprintf("the device's streams read %.1f MB/s together, its capacity (%.1f MB/s)", sum/1e6, c/1e6)
+	if float64(served) < streamShareMin*float64(ds.Bytes) {
+		return false, ""
 	}
-	return false, ""
+	return true, fmt.Sprintf("the device reads %.1f MB/s, its capacity (%.1f MB/s), %.0f%% of it for the streams readaheadd serves",
+		ds.BusyThroughput/1e6, c/1e6, 100*float64(served)/float64(ds.Bytes))
 }
 
 // exportCaps and loadCaps carry the learned capacities in the priors file.

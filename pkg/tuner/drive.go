@@ -90,8 +90,9 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		fd.win.limit = fd.win.limitFn()
 	}
 	// A decision no regime started skips this unless the capacity was
-	// learned (capacity.go): the detector's, its best rate seen, is a
-	// device slow from the start's slow rate, and only the trial tells. So does a regime the fast path entered a moment
+	// learned (capacity.go, atCapacity): the detector's, its best rate
+	// seen, is a device slow from the start's slow rate, and only the
+	// trial tells. So does a regime the fast path entered a moment
 	// ago: its last requests are slow, and a measure over a span mostly
 	// before them reads the rate the file had (real HDFS at +3 ms: "at the
 	// device's capacity" 60 ms after the onset, and the block waited 1.3 s
@@ -102,11 +103,9 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		// margin (marginFor): it is tried up to where that half is left.
 		capFrac = max(capFrac, t.shortOfCapacity())
 	}
-	capBPS, learned := t.dstats[fd.dev.dev].CapacityBPS, t.learnedCapacity(fd.dev)
-	if learned > 0 {
-		capBPS = learned
-	}
-	if escalate && m.ok && capBPS > 0 && m.tput >= capFrac*capBPS && (!fd.byRate || fd.win.capKept || learned > 0) && !fd.regimeJustIn {
+	capBPS := t.dstats[fd.dev.dev].CapacityBPS
+	learnedAt, _ := t.atCapacity(t.fstats[fd.key])
+	if escalate && m.ok && (capBPS > 0 && m.tput >= capFrac*capBPS && (!fd.byRate || fd.win.capKept) || learnedAt) && !fd.regimeJustIn {
 		// The file already reads at (nearly) the device's capacity: a
 		// further window step or prefetch has nothing left to gain and
 		// costs a trial interval to learn that. Judge a trial, take none.
