@@ -34,22 +34,27 @@ type devCapacity struct {
 // while it had requests in flight: a rate however far back the detector
 // reached for its samples.
 func (t *Tuner) learnCapacity(d *devState, b, m measure) {
-	if d.name == "" || !b.ok || !m.ok || m.young || m.ended || b.devBusy <= 0 || m.devBusy <= 0 || b.devQ <= 0 {
+	if d.name == "" || !b.ok || !m.ok || m.young || m.ended || b.devBusy <= 0 || m.devBusy <= 0 || b.devQ <= 0 || b.devP50 <= 0 || m.devP50 <= 0 {
 		return
 	}
 	old := t.mem.caps[d.name].bps
-	rose := m.devBusy >= (1+t.cfg.Margin)*b.devBusy
+	// By Little's law the device reads its bytes in flight over its
+	// latency. Judged so rather than by the bytes read, a reader starved
+	// of CPU for part of either interval (the device idle meanwhile, its
+	// latency unchanged) does not move the verdict.
+	bx, mx := b.devQ/b.devP50.Seconds(), m.devQ/m.devP50.Seconds()
+	saturated := m.devQ >= capQRise*b.devQ && mx < (1+t.cfg.Margin)*bx
 	switch {
-	case m.devQ >= capQRise*b.devQ && !rose:
+	case saturated:
 		c := max(b.devBusy, m.devBusy)
 		t.mem.caps[d.name] = devCapacity{bps: c, wall: time.Now()}
 		t.mem.dirty = true
 		if old == 0 || c < old*(1-devLossMax) || c > old*(1+devLossMax) {
 			t.log.Info("tuner: device capacity learned: more bytes in flight added no throughput", "device", d.name,
 				"capacity_mbps", c/1e6, "inflight_kb_before", b.devQ/1024, "inflight_kb_after", m.devQ/1024,
-				"mbps_before", b.devBusy/1e6, "mbps_after", m.devBusy/1e6)
+				"p50_before", b.devP50, "p50_after", m.devP50, "mbps_before", b.devBusy/1e6, "mbps_after", m.devBusy/1e6)
 		}
-	case old > 0 && rose && m.devBusy > (1+t.cfg.Margin)*old:
+	case old > 0 && m.devBusy > (1+t.cfg.Margin)*old:
 		// It read well past the capacity learned: that was no knee.
 		delete(t.mem.caps, d.name)
 		t.mem.dirty = true
@@ -81,6 +86,25 @@ func (t *Tuner) atCapacity(fs detector.FileStats) (bool, string) {
 	if c <= 0 {
 		return false, ""
 	}
+	now := t.deps.Clock.Now()
+	at, why := t.readsAtCapacity(fs, c)
+	if at {
+		t.capSeen[fs.Key] = now
+		return true, why
+	}
+	// One interval below it is the host's (a reader starved of CPU on a
+	// busy host read 47 MB/s at 128 KB, against 78 on either side).
+	if seen, ok := t.capSeen[fs.Key]; ok && now-seen <= capHold {
+		return true, fmt.Sprintf("it read at the device's capacity (%.1f MB/s) %v ago", c/1e6, (now - seen).Round(time.Millisecond))
+	}
+	return false, ""
+}
+
+// capHold: a stream seen at its device's capacity within this long still
+// counts as at it (atCapacity).
+const capHold = 2 * time.Second
+
+func (t *Tuner) readsAtCapacity(fs detector.FileStats, c float64) (bool, string) {
 	reach := 1 / (1 + t.cfg.Margin)
 	// What its window gives at its latency (Little's law: bytes in flight
 	// over latency), or what it read while busy, whichever is more: a

@@ -56,6 +56,8 @@ func (r *rig) outcomeSnap(ss ...stream) detector.Snapshot {
 	}
 	if r.queue {
 		s.Devices[0].MeanDepth, s.Devices[0].MeanSize = depth, 128<<10
+		// Little's law: the latency at which those bytes read at that rate.
+		s.Devices[0].P50 = time.Duration(depth * (128 << 10) / float64(devBytes) * float64(time.Second))
 	}
 	return s
 }

@@ -110,6 +110,11 @@ func (t *Tuner) outcomeNeeds(snap detector.Snapshot, needs map[probe.FileKey][]d
 	if t.scope.Empty() {
 		return out
 	}
+	for k, at := range t.capSeen {
+		if snap.Now-at > capHold {
+			delete(t.capSeen, k)
+		}
+	}
 	for _, f := range snap.Files {
 		ok, why := t.windowBound(f, snap.Now)
 		if !ok || t.mem.checking(f.Key) || t.trims[f.Key] != nil {

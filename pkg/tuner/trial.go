@@ -173,6 +173,7 @@ type measure struct {
 	// extended its window); devQ: its bytes in flight (mean depth x mean
 	// size).
 	dev, devBusy, devQ float64
+	devP50             time.Duration // the device's median latency
 	// others: bytes per second of the device's other readers whose share
 	// is protected (protectedStream: the other sequential streams
 	// readaheadd serves), over the same window.

@@ -218,6 +218,9 @@ type Tuner struct {
 	endedJudge bool
 	// scopeOf: cached scope verdicts of other readers' files (outsideScope).
 	scopeOf map[probe.FileKey]scopeVerdict
+	// capSeen: when a stream was last seen at its device's learned
+	// capacity (atCapacity).
+	capSeen map[probe.FileKey]time.Duration
 	// lowering: files whose window a break is setting (the lock is
 	// released while it waits: actuator.go); closing: RestoreAll runs,
 	// and the event path takes no new action.
@@ -261,6 +264,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 		fresh:      map[probe.FileKey]time.Duration{},
 		onsetMild:  map[probe.FileKey]time.Duration{},
 		scopeOf:    map[probe.FileKey]scopeVerdict{},
+		capSeen:    map[probe.FileKey]time.Duration{},
 		lowering:   map[probe.FileKey]int{},
 	}
 	if deps.Store != nil {
