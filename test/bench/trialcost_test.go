@@ -29,24 +29,11 @@ import (
 // READAHEADD_TRIALCOST_MIN: minutes per arm (default 10); _SEG: segment
 // length (default 60s); _CASES: "healthy", "saturated" or both (default).
 func TestTrialsCost(t *testing.T) {
-	if os.Getenv("READAHEADD_BENCH") != "trialcost" {
-		t.Skip("set READAHEADD_BENCH=trialcost (root) to measure what trials cost (make bench-trialcost)")
-	}
-	if err := lab.Available(); err != nil {
-		t.Skipf("lab unavailable: %v", err)
-	}
+	work, bin := benchDaemon(t, "trialcost", "measure what trials cost")
 	perArm := time.Duration(envInts(t, "READAHEADD_TRIALCOST_MIN", "10")[0]) * time.Minute
 	seg, err := time.ParseDuration(envOr("READAHEADD_TRIALCOST_SEG", "60s"))
 	if err != nil || seg <= 0 {
 		t.Fatalf("READAHEADD_TRIALCOST_SEG: %v", err)
-	}
-	work, err := os.MkdirTemp("", "readaheadd-trialcost-") // kept: the daemons' logs
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin, err := BuildDaemon(context.Background(), filepath.Join(work, "readaheadd"))
-	if err != nil {
-		t.Fatal(err)
 	}
 	cases := map[string]struct {
 		model   lab.Model
@@ -81,15 +68,7 @@ func (a *costArm) p99() time.Duration {
 }
 
 func trialCost(t *testing.T, bin, work, name string, m lab.Model, n int, perArm, seg time.Duration) string {
-	l, err := lab.Up(lab.Options{SizeBytes: int64(n*512+1024) << 20, Model: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
+	l := labUp(t, lab.Options{SizeBytes: int64(n*512+1024) << 20, Model: m})
 	must := func(err error) {
 		t.Helper()
 		if err != nil {

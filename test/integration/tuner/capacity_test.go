@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -34,9 +33,7 @@ func TestNoTrialsOnceTheDeviceCapacityIsKnown(t *testing.T) {
 	d := runDaemon(t, l, stateDir)
 	seq := startChild(t, "seq", target)
 	seq.goRead(t)
-	learned := func() bool { return strings.Contains(d.logs.String(), "device capacity learned") }
-	require.Eventually(t, learned, 20*time.Second, 100*time.Millisecond, "a trial on the healthy stream teaches the device's capacity:\n%s", d.logs.String())
-	at := time.Now()
+	at := d.capacityLearned(t, 20*time.Second)
 	time.Sleep(20 * time.Second)
 	var after []actionEntry
 	for _, a := range d.actions() {

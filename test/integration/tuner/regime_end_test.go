@@ -2,7 +2,6 @@ package tuner
 
 import (
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -49,13 +48,7 @@ func TestWindowUndoneAfterSlowdownEnds(t *testing.T) {
 	require.NoError(t, lab.DropFileCache(target))
 	seq := startChild(t, "seq", target)
 	seq.goRead(t)
-	learned := func() bool { return strings.Contains(d.logs.String(), "device capacity learned") }
-	require.Eventually(t, learned, 30*time.Second, 100*time.Millisecond, "the healthy stream's trial teaches the device's capacity")
-	for _, line := range strings.Split(d.logs.String(), "\n") {
-		if strings.Contains(line, "device capacity") {
-			t.Logf("%s", line)
-		}
-	}
+	d.capacityLearned(t, 30*time.Second)
 	time.Sleep(2 * time.Second)
 	require.NoError(t, l.SetPermanent(severe, target))
 
@@ -103,11 +96,7 @@ func TestWindowUndoneAfterSlowdownEnds(t *testing.T) {
 	for _, a := range d.actions() {
 		t.Logf("  %s %s %s %d->%d %s: %s", a.Time.Format("15:04:05.0"), a.Action, filepath.Base(a.Target), a.FromKB, a.ToKB, a.Result, a.Evidence)
 	}
-	for _, line := range strings.Split(d.logs.String(), "\n") {
-		if strings.Contains(line, "device capacity") {
-			t.Logf("%s", line)
-		}
-	}
+	d.logCapacity(t)
 	assert.NotZero(t, undoneAfter, "the file window is taken back after the slowdown ends")
 	assert.True(t, seq.alive())
 	assert.Equal(t, 0, d.signal(t, syscall.SIGTERM))
