@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/readaheadd/readaheadd/pkg/probe"
 	"github.com/readaheadd/readaheadd/pkg/state"
 )
 
@@ -89,4 +90,39 @@ func TestSlowDevicesRateIsNotItsCapacity(t *testing.T) {
 	// is where the capacity is, 150 MB/s, not the 28 MB/s it read first.
 	assert.InDelta(t, 150e6, r.tn.mem.caps["sdb"].bps, 1)
 
+}
+
+// Once the capacity is known, a stream is at it by its bytes in flight over
+// its latency though one interval's rate dips (a reader starved of CPU:
+// the device idles, its latency does not change); one below it by both is
+// still at it for capHold after it was last seen there, and not after.
+func TestStreamAtCapacityByLittlesLawAndForTwoSeconds(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, BackoffMax: time.Minute}, func(r *rig) { r.queue = true })
+	r.tput = func(int) float64 { return 80e6 }
+	p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p1, k1)
+	r.runOutcome(4, stream{key: k1, tgid: 100, fill: 0.9})
+	require.InDelta(t, 80e6, r.tn.mem.caps["sdb"].bps, 1)
+
+	fs := r.tn.fstats[k1]
+	fs.BusyThroughput = 47e6
+	fs.Inflight, fs.MeanSize, fs.P50 = 2, 128<<10, 3300*time.Microsecond // 79 MB/s by Little's law
+	ds := r.tn.dstats[sdb]
+	ds.BusyThroughput = 47e6 // the device idled with it
+	r.tn.dstats[sdb] = ds
+	ok, why := r.tn.windowBound(fs, r.clk.Now())
+	assert.False(t, ok)
+	assert.Contains(t, why, "by its bytes in flight and latency")
+
+	fs.P50 = 6 * time.Millisecond // 44 MB/s: below it by both
+	r.clk.Advance(time.Second)
+	fs.LastSeen = r.clk.Now()
+	ok, why = r.tn.windowBound(fs, r.clk.Now())
+	assert.False(t, ok, "seen at the capacity a second ago")
+	assert.Contains(t, why, "ago")
+	r.clk.Advance(2 * time.Second)
+	fs.LastSeen = r.clk.Now()
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: k1, Device: sdb, RaPages: 32})
+	ok, why = r.tn.windowBound(fs, r.clk.Now())
+	assert.True(t, ok, "below the capacity for longer than capHold: bound by its window (%s)", why)
 }
