@@ -4,10 +4,7 @@ package tuner
 // seen: by Little's law a stream reads at bytes in flight over latency;
 // below the device's capacity more bytes in flight add throughput at the
 // same latency, at its capacity they only add latency. A file window step
-// is that experiment: when it raised the device's bytes in flight by half
-// again and its total read less than the keep margin more (a step's gain
-// that would not be kept), the device was at its capacity, and the rate it
-// read is that capacity. A
+// is that experiment (learnCapacity). A
 // fail-slow drive's steps pay (the latency, not the device, bound them), so
 // its slow rate is never taken for its capacity.
 
@@ -20,7 +17,7 @@ import (
 )
 
 // capQRise: a step counts as an experiment on the device's capacity when
-// the device's bytes in flight rose at least this much.
+// it grew the window at least this much.
 const capQRise = 1.5
 
 // devCapacity is a learned capacity (bytes/s) and when it was learned.
@@ -29,21 +26,24 @@ type devCapacity struct {
 	wall time.Time
 }
 
-// learnCapacity updates the capacity of d from a file window step's
-// before- and after-measures. The device's busy throughput is its rate
-// while it had requests in flight: a rate however far back the detector
-// reached for its samples.
-func (t *Tuner) learnCapacity(d *devState, b, m measure) {
-	if d.name == "" || !b.ok || !m.ok || m.young || m.ended || b.devBusy <= 0 || m.devBusy <= 0 || b.devQ <= 0 || b.devP50 <= 0 || m.devP50 <= 0 {
+// learnCapacity updates the capacity of d from a file window step from
+// w0 to w1 KB and its before- and after-measures. By Little's law a stream
+// reads its bytes in flight, which its window sets, over its latency: when
+// the window grew by half again or more and the latency grew with it (the
+// window over the median latency gained less than the keep margin), the
+// extra bytes only waited in the device's queue and the device was at its
+// capacity: its busy throughput, the larger of before and after (a rate
+// while it had requests in flight, however far back the detector reached
+// for its samples). Judged by latency rather than bytes read, a reader
+// starved of CPU for part of an interval (the device idle meanwhile, its
+// latency unchanged) does not move the verdict.
+func (t *Tuner) learnCapacity(d *devState, w0, w1 int, b, m measure) {
+	if d.name == "" || !b.ok || !m.ok || m.young || m.ended || b.devBusy <= 0 || m.devBusy <= 0 || b.p50 <= 0 || m.p50 <= 0 || w0 <= 0 {
 		return
 	}
 	old := t.mem.caps[d.name].bps
-	// By Little's law the device reads its bytes in flight over its
-	// latency. Judged so rather than by the bytes read, a reader starved
-	// of CPU for part of either interval (the device idle meanwhile, its
-	// latency unchanged) does not move the verdict.
-	bx, mx := b.devQ/b.devP50.Seconds(), m.devQ/m.devP50.Seconds()
-	saturated := m.devQ >= capQRise*b.devQ && mx < (1+t.cfg.Margin)*bx
+	grew := float64(w1) / float64(w0)
+	saturated := grew >= capQRise && grew*float64(b.p50)/float64(m.p50) < 1+t.cfg.Margin
 	switch {
 	case saturated:
 		c := max(b.devBusy, m.devBusy)
@@ -51,8 +51,8 @@ func (t *Tuner) learnCapacity(d *devState, b, m measure) {
 		t.mem.dirty = true
 		if old == 0 || c < old*(1-devLossMax) || c > old*(1+devLossMax) {
 			t.log.Info("tuner: device capacity learned: more bytes in flight added no throughput", "device", d.name,
-				"capacity_mbps", c/1e6, "inflight_kb_before", b.devQ/1024, "inflight_kb_after", m.devQ/1024,
-				"p50_before", b.devP50, "p50_after", m.devP50, "mbps_before", b.devBusy/1e6, "mbps_after", m.devBusy/1e6)
+				"capacity_mbps", c/1e6, "from_kb", w0, "to_kb", w1, "p50_before", b.p50, "p50_after", m.p50,
+				"mbps_before", b.devBusy/1e6, "mbps_after", m.devBusy/1e6)
 		}
 	case old > 0 && m.devBusy > (1+t.cfg.Margin)*old:
 		// It read well past the capacity learned: that was no knee.
@@ -105,7 +105,13 @@ func (t *Tuner) atCapacity(fs detector.FileStats) (bool, string) {
 const capHold = 2 * time.Second
 
 func (t *Tuner) readsAtCapacity(fs detector.FileStats, c float64) (bool, string) {
-	reach := 1 / (1 + t.cfg.Margin)
+	// Within what a step must gain: half the margin for a lone stream (a
+	// step to the capacity pays that, marginFor), the margin beside a
+	// random reader.
+	reach := t.shortOfCapacity()
+	if t.randomBesideDev(fs.Device, fs.Key) {
+		reach = 1 / (1 + t.cfg.Margin)
+	}
 	// What its window gives at its latency (Little's law: bytes in flight
 	// over latency), or what it read while busy, whichever is more: a
 	// pause of the reader's or a lowering's break leaves the device idle

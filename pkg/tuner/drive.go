@@ -104,7 +104,10 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		capFrac = max(capFrac, t.shortOfCapacity())
 	}
 	capBPS := t.dstats[fd.dev.dev].CapacityBPS
-	learnedAt, _ := t.atCapacity(t.fstats[fd.key])
+	learnedAt := false
+	if fd.byRate {
+		learnedAt, _ = t.atCapacity(t.fstats[fd.key])
+	}
 	if escalate && m.ok && (capBPS > 0 && m.tput >= capFrac*capBPS && (!fd.byRate || fd.win.capKept) || learnedAt) && !fd.regimeJustIn {
 		// The file already reads at (nearly) the device's capacity: a
 		// further window step or prefetch has nothing left to gain and

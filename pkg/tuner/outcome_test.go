@@ -55,9 +55,13 @@ func (r *rig) outcomeSnap(ss ...stream) detector.Snapshot {
 		s.Devices[0].CapacityBPS = r.capBPS
 	}
 	if r.queue {
+		// Little's law: the latency at which the streams' bytes in flight
+		// read at their rate.
+		for i := range s.Files {
+			f := &s.Files[i]
+			f.P50 = time.Duration(f.Inflight * (128 << 10) / f.BusyThroughput * float64(time.Second))
+		}
 		s.Devices[0].MeanDepth, s.Devices[0].MeanSize = depth, 128<<10
-		// Little's law: the latency at which those bytes read at that rate.
-		s.Devices[0].P50 = time.Duration(depth * (128 << 10) / float64(devBytes) * float64(time.Second))
 	}
 	return s
 }

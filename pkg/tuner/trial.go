@@ -170,10 +170,8 @@ type measure struct {
 	rate float64
 	// dev: the device's bytes per second over the same window, 0 if unknown;
 	// devBusy: its busy throughput (a rate however far back the detector
-	// extended its window); devQ: its bytes in flight (mean depth x mean
-	// size).
-	dev, devBusy, devQ float64
-	devP50             time.Duration // the device's median latency
+	// extended its window).
+	dev, devBusy float64
 	// others: bytes per second of the device's other readers whose share
 	// is protected (protectedStream: the other sequential streams
 	// readaheadd serves), over the same window.
@@ -235,7 +233,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		}
 		l.judged = m
 		if l.kind == KindFileWindow {
-			t.learnCapacity(d, l.before, m)
+			t.learnCapacity(d, l.trialFrom, l.trial, l.before, m)
 		}
 		gain := 0.0
 		if m.ok && b.tput > 0 {
