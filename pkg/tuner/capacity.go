@@ -4,9 +4,9 @@ package tuner
 // seen: by Little's law a stream reads at bytes in flight over latency;
 // below the device's capacity more bytes in flight add throughput at the
 // same latency, at its capacity they only add latency. A file window step
-// is that experiment (learnCapacity). A
-// fail-slow drive's steps pay (the latency, not the device, bound them), so
-// its slow rate is never taken for its capacity.
+// is that experiment (learnCapacity). A fail-slow drive's steps pay (the
+// latency, not the device, bound them): its slow rate is never taken for
+// its capacity.
 
 import (
 	"fmt"
@@ -74,8 +74,7 @@ func (t *Tuner) learnedCapacity(d *devState) float64 {
 
 // atCapacity reports whether a stream reads at its device's learned
 // capacity, or the device does with the streams readaheadd serves taking
-// most of its bytes: within the keep margin of it, where no step can gain
-// what an outcome step must. A larger window then adds latency (for every
+// most of its bytes: within what a step must gain of it (reach below). A larger window then adds latency (for every
 // reader of the device) and no throughput worth a trial, so the stream is
 // not bound by its window. The device's busy throughput counts too. Other
 // readers (O_DIRECT, files outside the allow-paths) are contenders whose
