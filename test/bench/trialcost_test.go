@@ -69,6 +69,7 @@ func (a *costArm) p99() time.Duration {
 
 func trialCost(t *testing.T, bin, work, name string, m lab.Model, n int, perArm, seg time.Duration) string {
 	l := labUp(t, lab.Options{SizeBytes: int64(n*512+1024) << 20, Model: m})
+	defer func() { _ = l.Down() }() // before the next case's, not at the test's end
 	must := func(err error) {
 		t.Helper()
 		if err != nil {
