@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 	"github.com/readaheadd/readaheadd/pkg/state"
 )
@@ -125,4 +126,39 @@ func TestStreamAtCapacityByLittlesLawAndForTwoSeconds(t *testing.T) {
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: k1, Device: sdb, RaPages: 32})
 	ok, why = r.tn.windowBound(fs, r.clk.Now())
 	assert.True(t, ok, "below the capacity for longer than capHold: bound by its window (%s)", why)
+}
+
+// A stream that shares a device at its capacity with a random reader reads
+// well below the capacity itself, and a step would still pay it: the
+// device is at its capacity, and the step's bytes would queue ahead of the
+// random reader's faults. No trial; a contender that is another sequential
+// reader the tuner does not serve does not count.
+func TestStreamBesideARandomReaderOnADeviceAtCapacityIsNotTried(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, BackoffMax: time.Minute}, func(r *rig) { r.queue = true })
+	r.tput = func(int) float64 { return 80e6 }
+	p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p1, k1)
+	r.runOutcome(4, stream{key: k1, tgid: 100, fill: 0.9})
+	require.InDelta(t, 80e6, r.tn.mem.caps["sdb"].bps, 1)
+
+	now := r.clk.Now()
+	fs := r.tn.fstats[k1]
+	fs.BusyThroughput, fs.Bytes, fs.LastSeen = 40e6, 40e6, now
+	fs.Inflight, fs.MeanSize, fs.P50 = 1, 128<<10, 3300*time.Microsecond
+	rnd := detector.FileStats{Key: probe.FileKey{Dev: k1.Dev, Ino: 999}, Device: sdb, Requests: 4000, Bytes: 40e6,
+		BusyThroughput: 40e6, Sequentiality: 0, LastSeen: now, MeanSize: 16 << 10}
+	r.tn.snap.Now = now
+	r.tn.fstats = map[probe.FileKey]detector.FileStats{k1: fs, rnd.Key: rnd}
+	r.tn.dstats[sdb] = detector.DeviceStats{Device: sdb, Bytes: 80e6, BusyThroughput: 80e6}
+	r.tn.capSeen = map[probe.FileKey]time.Duration{}
+	at, why := r.tn.atCapacity(fs)
+	assert.True(t, at)
+	assert.Contains(t, why, "random readers")
+
+	rnd.Sequentiality, rnd.Requests = 1, 300 // a sequential contender instead
+	r.tn.fstats[rnd.Key] = rnd
+	r.tn.scopeOf[rnd.Key] = scopeVerdict{outside: true, at: now}
+	r.tn.capSeen = map[probe.FileKey]time.Duration{}
+	at, why = r.tn.atCapacity(fs)
+	assert.False(t, at, why)
 }
