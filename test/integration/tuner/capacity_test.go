@@ -40,7 +40,7 @@ func healthyTrials(t *testing.T, acts []actionEntry, at time.Time) []actionEntry
 // and 14 s later: each trial a queue of 1 MB ahead of every other reader of
 // the device). The capacity is saved with the priors, and a restarted
 // daemon tries no stream at it at all, where without it the first trial
-// comes within two seconds. Root, about 50 s.
+// comes within two seconds. Root, 45-70 s on a loaded host.
 func TestNoTrialsOnceTheDeviceCapacityIsKnown(t *testing.T) {
 	needRoot(t)
 	l := newBandwidthBoundLab(t)
