@@ -154,6 +154,16 @@ bench-blocks: labfs build
 bench-openfiles: labfs
 	READAHEADD_BENCH=openfiles $(GOTEST) -count=1 -timeout 15m -v -run '^TestManyOpenFiles$$' ./test/bench/
 
+.PHONY: bench-trialcost
+# What trials cost other readers (root, about 45 minutes with the defaults):
+# a healthy device at its bandwidth with one stream, and a device three
+# streams fill, each with a random mmap reader beside; default and
+# readaheadd in alternating segments of one run; prints the streams' total
+# and the random reader's p99 per arm, and their ratios against the goals
+# (docs/reliability.md). READAHEADD_TRIALCOST_MIN sets minutes per arm.
+bench-trialcost: labfs
+	READAHEADD_BENCH=trialcost $(GOTEST) -count=1 -timeout 90m -v -run '^TestTrialsCost$$' ./test/bench/
+
 .PHONY: bench-iops
 # What watching a fast device costs (root, fio, about 4 minutes): 4 KiB
 # random and 1 MiB sequential direct reads on a loop device in tmpfs, fio

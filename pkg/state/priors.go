@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -30,6 +31,7 @@ const PriorsVersion = 1
 const (
 	MaxPriorDirs   = 1024
 	MaxSlowFiles   = 4096
+	MaxDevices     = 256
 	MaxPriorsBytes = 2 << 20
 )
 
@@ -57,17 +59,28 @@ type SlowFile struct {
 	Updated  time.Time `json:"updated"`
 }
 
+// DeviceCapacity is a disk's capacity as the tuner learned it: the rate at
+// which more bytes in flight stopped adding throughput (a step that raised
+// them and left the device's total where it was), not the best rate seen.
+type DeviceCapacity struct {
+	Device      string    `json:"device"` // whole disk in /sys/block
+	CapacityBPS float64   `json:"capacity_bps"`
+	Updated     time.Time `json:"updated"`
+}
+
 // Priors is the content of the priors file.
 type Priors struct {
-	Dirs  []DirPrior `json:"dirs"`
-	Files []SlowFile `json:"files"`
+	Dirs    []DirPrior       `json:"dirs"`
+	Files   []SlowFile       `json:"files"`
+	Devices []DeviceCapacity `json:"devices,omitempty"`
 }
 
 type priorsFile struct {
-	Format  string     `json:"format"`
-	Version int        `json:"version"`
-	Dirs    []DirPrior `json:"dirs"`
-	Files   []SlowFile `json:"files"`
+	Format  string           `json:"format"`
+	Version int              `json:"version"`
+	Dirs    []DirPrior       `json:"dirs"`
+	Files   []SlowFile       `json:"files"`
+	Devices []DeviceCapacity `json:"devices,omitempty"`
 }
 
 // PriorsPath is the priors file's path in the store's directory.
@@ -118,6 +131,11 @@ func LoadPriors(path string) (Priors, error) {
 			p.Files = append(p.Files, sf)
 		}
 	}
+	for _, d := range pf.Devices {
+		if d.Device != "" && d.CapacityBPS > 0 && !math.IsInf(d.CapacityBPS, 0) {
+			p.Devices = append(p.Devices, d)
+		}
+	}
 	p.bound()
 	return p, nil
 }
@@ -132,13 +150,16 @@ func (p *Priors) bound() {
 	if len(p.Files) > MaxSlowFiles {
 		p.Files = p.Files[:MaxSlowFiles]
 	}
+	if len(p.Devices) > MaxDevices {
+		p.Devices = p.Devices[:MaxDevices]
+	}
 }
 
 // SavePriors writes the priors atomically (temporary file, rename). Not
 // fsynced: losing the latest priors in a power loss only costs relearning.
 func SavePriors(path string, p Priors) error {
 	p.bound()
-	pf := priorsFile{Format: PriorsFormat, Version: PriorsVersion, Dirs: p.Dirs, Files: p.Files}
+	pf := priorsFile{Format: PriorsFormat, Version: PriorsVersion, Dirs: p.Dirs, Files: p.Files, Devices: p.Devices}
 	if pf.Dirs == nil {
 		pf.Dirs = []DirPrior{}
 	}

@@ -40,11 +40,13 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		escalate = false // its reader stopped: no next step to judge
 	}
 	fd.win.hint = t.windowHint(fd.key)
-	if fd.byRate {
-		// The learned capacity of a device slow from the start is its slow
+	if fd.byRate && t.learnedCapacity(fd.dev) == 0 {
+		// Without a learned capacity the hint's is the detector's best
+		// rate seen, which on a device slow from the start is its slow
 		// rate, so the Little's-law hint undershoots: a stream bound by its
 		// window starts at FirstStepFactor times it (one trial, judged like
-		// any other; at bandwidth it does not pay and is undone).
+		// any other; at bandwidth it does not pay, is undone, and teaches
+		// the capacity).
 		fd.win.hint = max(fd.win.hint, t.cfg.FirstStepFactor*fd.win.base)
 	}
 	if m.ok {
@@ -87,9 +89,10 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		}
 		fd.win.limit = fd.win.limitFn()
 	}
-	// A decision no regime started skips this: a device slow from the start
-	// learned its slow rate (then each kept step's) as its capacity, and
-	// only the trial tells. So does a regime the fast path entered a moment
+	// A decision no regime started skips this unless the capacity was
+	// learned (capacity.go, atCapacity): the detector's, its best rate
+	// seen, is a device slow from the start's slow rate, and only the
+	// trial tells. So does a regime the fast path entered a moment
 	// ago: its last requests are slow, and a measure over a span mostly
 	// before them reads the rate the file had (real HDFS at +3 ms: "at the
 	// device's capacity" 60 ms after the onset, and the block waited 1.3 s
@@ -100,7 +103,12 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 		// margin (marginFor): it is tried up to where that half is left.
 		capFrac = max(capFrac, t.shortOfCapacity())
 	}
-	if capBPS := t.dstats[fd.dev.dev].CapacityBPS; escalate && m.ok && capBPS > 0 && m.tput >= capFrac*capBPS && (!fd.byRate || fd.win.capKept) && !fd.regimeJustIn {
+	capBPS := t.dstats[fd.dev.dev].CapacityBPS
+	learnedAt := false
+	if fd.byRate {
+		learnedAt, _ = t.atCapacity(t.fstats[fd.key])
+	}
+	if escalate && m.ok && (capBPS > 0 && m.tput >= capFrac*capBPS && (!fd.byRate || fd.win.capKept) || learnedAt) && !fd.regimeJustIn {
 		// The file already reads at (nearly) the device's capacity: a
 		// further window step or prefetch has nothing left to gain and
 		// costs a trial interval to learn that. Judge a trial, take none.

@@ -213,11 +213,15 @@ func (t *Tuner) loadPriors() {
 		_, err := t.deps.Sysfs.ReadAheadKB(device)
 		return err == nil
 	}, t.cfg.MaxKB, t.deps.Clock.Now(), PriorRecheck)
+	refused += t.mem.loadCaps(p, func(device string) bool {
+		_, err := t.deps.Sysfs.ReadAheadKB(device)
+		return blockdev.ValidName(device) == nil && (len(t.cfg.Devices) == 0 || slices.Contains(t.cfg.Devices, device)) && err == nil
+	})
 	if refused > 0 {
 		t.log.Warn("tuner: saved priors outside the configured devices and allow-paths were ignored", "file", t.priorsPath, "refused", refused)
 	}
-	if n := len(t.mem.dirs) + len(t.mem.files); n > 0 {
-		t.log.Info("tuner: loaded saved priors", "file", t.priorsPath, "dirs", len(t.mem.dirs), "files", len(t.mem.files))
+	if n := len(t.mem.dirs) + len(t.mem.files) + len(t.mem.caps); n > 0 {
+		t.log.Info("tuner: loaded saved priors", "file", t.priorsPath, "dirs", len(t.mem.dirs), "files", len(t.mem.files), "capacities", len(t.mem.caps))
 	}
 }
 

@@ -54,6 +54,7 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 		// The stream's own share counts at its rate while it read, as
 		// the device's before-measure counted it.
 		m.dev = float64(ds.Bytes)/span - float64(fs.Bytes)/span + m.rate
+		m.devBusy = ds.BusyThroughput
 		// Random readers' bytes say nothing of what they get (a trimmed
 		// mmap reader reads fewer bytes by design, and touches more
 		// pages): they are left out of the total a step is judged by,

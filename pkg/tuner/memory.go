@@ -22,6 +22,8 @@ type memory struct {
 	// asks it first, so a device with nothing learned costs one map lookup.
 	perDev map[probe.Dev]int
 	dirty  bool
+	// caps: each device's learned capacity, by disk name (capacity.go).
+	caps map[string]devCapacity
 	// evicted counts entries dropped to keep the tables bounded.
 	evicted uint64
 }
@@ -63,7 +65,7 @@ type slowFile struct {
 }
 
 func newMemory() *memory {
-	return &memory{dirs: map[dirKey]*dirPrior{}, files: map[probe.FileKey]*slowFile{}, perDev: map[probe.Dev]int{}}
+	return &memory{dirs: map[dirKey]*dirPrior{}, files: map[probe.FileKey]*slowFile{}, perDev: map[probe.Dev]int{}, caps: map[string]devCapacity{}}
 }
 
 // has reports whether anything was learned on a filesystem (cheap).
@@ -218,6 +220,8 @@ func (m *memory) export() state.Priors {
 	for k, f := range m.files {
 		p.Files = append(p.Files, state.SlowFile{Dev: uint32(k.Dev), Ino: k.Ino, Device: f.device, Path: f.path, WindowKB: f.window, Updated: f.wall})
 	}
+	m.exportCaps(&p)
+	sort.Slice(p.Devices, func(i, j int) bool { return p.Devices[i].Device < p.Devices[j].Device })
 	sort.Slice(p.Dirs, func(i, j int) bool { return p.Dirs[i].Dir < p.Dirs[j].Dir })
 	sort.Slice(p.Files, func(i, j int) bool { return p.Files[i].Ino < p.Files[j].Ino })
 	return p

@@ -34,6 +34,7 @@ type stream struct {
 func (r *rig) outcomeSnap(ss ...stream) detector.Snapshot {
 	now := r.clk.Now()
 	var devBytes uint64
+	var depth float64
 	s := detector.Snapshot{Now: now}
 	for _, st := range ss {
 		w := r.files.window[st.key]
@@ -41,6 +42,7 @@ func (r *rig) outcomeSnap(ss ...stream) detector.Snapshot {
 		rate := r.tput(w)
 		b := uint64(rate) // one-second window
 		devBytes += b
+		depth += st.fill * float64(w) / 128
 		s.Files = append(s.Files, detector.FileStats{Key: st.key, Device: sdb, Requests: b / (128 << 10), Bytes: b,
 			BusyThroughput: rate, Sequentiality: 1, NextOffset: 64 << 20, LastSeen: now, P50: 3 * time.Millisecond,
 			P95: 3 * time.Millisecond, MeanSize: 128 << 10, Inflight: st.fill * float64(w) / 128})
@@ -51,6 +53,15 @@ func (r *rig) outcomeSnap(ss ...stream) detector.Snapshot {
 	s.Devices = []detector.DeviceStats{{Device: sdb, Bytes: devBytes, BusyThroughput: float64(devBytes), CapacityBPS: float64(devBytes)}}
 	if r.capBPS > 0 {
 		s.Devices[0].CapacityBPS = r.capBPS
+	}
+	if r.queue {
+		// Little's law: the latency at which the streams' bytes in flight
+		// read at their rate.
+		for i := range s.Files {
+			f := &s.Files[i]
+			f.P50 = time.Duration(f.Inflight * (128 << 10) / f.BusyThroughput * float64(time.Second))
+		}
+		s.Devices[0].MeanDepth, s.Devices[0].MeanSize = depth, 128<<10
 	}
 	return s
 }

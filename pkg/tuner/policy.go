@@ -58,9 +58,11 @@ func (t *Tuner) windowKB(k probe.FileKey) (int, bool) {
 // windowBound reports whether a file's stream is bound by its window, and
 // why (or why not). It needs no baseline and no onset: only the stream's
 // own reads now. Whether the stream is at the device's bandwidth cannot be
-// told from the stream alone (a device slow from the start learns its slow
-// rate as its capacity), so that is left to the trial: at bandwidth a
-// larger window does not pay, the step is undone and backed off.
+// told from the stream alone: until the device's capacity is learned
+// (capacity.go) that is left to the trial (at bandwidth a larger window
+// does not pay, the step is undone and backed off, and the trial teaches
+// the capacity); once it is, a stream that reads at it is not bound by its
+// window.
 func (t *Tuner) windowBound(fs detector.FileStats, now time.Duration) (bool, string) {
 	if fs.Sequentiality < t.cfg.MinSequentiality {
 		return false, fmt.Sprintf("not sequential (%.2f)", fs.Sequentiality)
@@ -82,6 +84,11 @@ func (t *Tuner) windowBound(fs detector.FileStats, now time.Duration) (bool, str
 	}
 	why := fmt.Sprintf("%.0f KB in flight of a %d KB window (%.0f%%), %.1f MB/s at p50 %v", inflight/1024, w, 100*fill,
 		fs.BusyThroughput/1e6, fs.P50)
+	if at, cap := t.atCapacity(fs); at {
+		// Its window's bytes wait in the device's queue: a larger one
+		// adds latency for every reader there and no throughput.
+		return false, why + "; but " + cap + ": the device binds it, not its window"
+	}
 	if t.randomBesideDev(fs.Device, fs.Key) {
 		// Beside random readers a full window may be the device's queue,
 		// which they wait in too: only a stream slower than them is
@@ -102,6 +109,11 @@ func (t *Tuner) outcomeNeeds(snap detector.Snapshot, needs map[probe.FileKey][]d
 	out := map[probe.FileKey]bool{}
 	if t.scope.Empty() {
 		return out
+	}
+	for k, at := range t.capSeen {
+		if snap.Now-at > capHold {
+			delete(t.capSeen, k)
+		}
 	}
 	for _, f := range snap.Files {
 		ok, why := t.windowBound(f, snap.Now)
@@ -323,21 +335,32 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 
 // stillPays judges a re-probe of a decision judged by rate: at the end of
 // the hold, the stream at the device's window must read slower than at its
-// kept window by the margin for the window to come back.
-func (t *Tuner) stillPays(fd *fileDec) bool {
+// kept window by the margin for the window to come back. No window reads
+// past the device's learned capacity (capacity.go): a stream within the
+// margin of it at the device's window has nothing left to gain, whatever
+// the kept window read under the conditions it was kept in.
+func (t *Tuner) stillPays(fd *fileDec) (bool, string) {
 	l := &fd.win
 	if t.deps.Clock.Now() < l.probeUntil {
-		return true
+		return true, ""
 	}
 	m := t.measureFor(fd)
 	if !m.ok || l.keptM.tput <= 0 {
-		return true // nothing to judge by: keep the window, probe again later
+		return true, "nothing to judge by" // keep the window, probe again later
 	}
 	margin := t.cfg.Margin
 	if t.loneAtCapacity(fd.dev, fd.key, l.keptM) {
 		margin = t.halfMargin() // what a step to the capacity pays (marginFor)
 	}
-	return m.tput*(1+margin) < l.keptM.tput
+	ref, of := l.keptM.tput, "the kept window's"
+	if c := t.learnedCapacity(fd.dev); c > 0 && c < ref {
+		// Against the capacity, the whole margin: a stream within it at the
+		// device's window gains no step's worth (on the lab the stream read
+		// 69.6-72.6 MB/s at 128 KB, its median the healthy 3.2 ms, against
+		// 76.2, and half the margin put the 4096 KB window back twice).
+		ref, of, margin = c, "the device's capacity", t.cfg.Margin
+	}
+	return m.tput*(1+margin) < ref, fmt.Sprintf("%s at the device's window against %s %.1f MB/s (margin %.0f%%)", m, of, ref/1e6, 100*margin)
 }
 
 // streamShareMin: when at least this share of a contended device's bytes
@@ -392,6 +415,9 @@ func (t *Tuner) windowHint(k probe.FileKey) int {
 		return 0
 	}
 	capBPS := ds.CapacityBPS
+	if c := t.learnedCapacity(t.devs[fs.Device]); c > 0 {
+		capBPS = c
+	}
 	if capBPS <= 0 {
 		// Not learned yet (the daemon just started): what the device
 		// reads now, its other readers included, is a lower bound.

@@ -168,8 +168,10 @@ type measure struct {
 	// the stream's reader gets, unlike busy throughput, which a larger
 	// window raises even for a reader limited by its application).
 	rate float64
-	// dev: the device's bytes per second over the same window, 0 if unknown.
-	dev float64
+	// dev: the device's bytes per second over the same window, 0 if unknown;
+	// devBusy: its busy throughput (a rate however far back the detector
+	// extended its window).
+	dev, devBusy float64
 	// others: bytes per second of the device's other readers whose share
 	// is protected (protectedStream: the other sequential streams
 	// readaheadd serves), over the same window.
@@ -230,6 +232,9 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 			b.tput = l.steadyTput
 		}
 		l.judged = m
+		if l.kind == KindFileWindow {
+			t.learnCapacity(d, l.trialFrom, l.trial, l.before, m)
+		}
 		gain := 0.0
 		if m.ok && b.tput > 0 {
 			gain = m.tput/b.tput - 1
@@ -566,10 +571,18 @@ func (t *Tuner) reprobeStart(fd *fileDec) bool {
 	return true
 }
 
+// sep prefixes a non-empty clause with "; ".
+func sep(s string) string {
+	if s == "" {
+		return ""
+	}
+	return "; " + s
+}
+
 // reprobeJudge ends a re-probe: the regime cleared at the device's window
 // (the decision ends), or it persisted for ReprobeHold (the kept window is
 // put back and the next probe waits twice as long).
-func (t *Tuner) reprobeJudge(fd *fileDec, needed bool) {
+func (t *Tuner) reprobeJudge(fd *fileDec, needed bool, why string) {
 	now := t.deps.Clock.Now()
 	l := &fd.win
 	if !needed {
@@ -579,7 +592,7 @@ func (t *Tuner) reprobeJudge(fd *fileDec, needed bool) {
 		if kept > l.base {
 			t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
 				FromKB: kept, ToKB: l.base, Result: ResultUndone,
-				Evidence: fmt.Sprintf("re-probe: no regime at the device's window (was %v): the %d KB window is no longer needed", fd.regimes, kept)})
+				Evidence: fmt.Sprintf("re-probe: no regime at the device's window (was %v): the %d KB window is no longer needed%s", fd.regimes, kept, sep(why))})
 		}
 		t.undoFile(fd, "re-probe ended the decision") // stops prefetch; the window is already back
 		delete(t.files, fd.key)
@@ -598,7 +611,7 @@ func (t *Tuner) reprobeJudge(fd *fileDec, needed bool) {
 	} else {
 		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindow,
 			FromKB: l.base, ToKB: l.cur, Result: ResultKept,
-			Evidence: fmt.Sprintf("re-probe: regimes %v persist at the device's window after %v; the kept window is back, next re-probe in %v", fd.regimes, t.cfg.ReprobeHold, min(2*l.probeEvery, t.cfg.BackoffMax))})
+			Evidence: fmt.Sprintf("re-probe: regimes %v persist at the device's window after %v%s; the kept window is back, next re-probe in %v", fd.regimes, t.cfg.ReprobeHold, sep(why), min(2*l.probeEvery, t.cfg.BackoffMax))})
 	}
 	l.probeUntil, l.keptAt, l.movedAt = 0, now, now
 	fd.pf.probeUntil = 0 // a held prefetch is issued again

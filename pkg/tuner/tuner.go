@@ -219,6 +219,9 @@ type Tuner struct {
 	endedJudge bool
 	// scopeOf: cached scope verdicts of other readers' files (outsideScope).
 	scopeOf map[probe.FileKey]scopeVerdict
+	// capSeen: when a stream was last seen at its device's learned
+	// capacity (atCapacity).
+	capSeen map[probe.FileKey]time.Duration
 	// lowering: files whose window a break is setting (the lock is
 	// released while it waits: actuator.go); closing: RestoreAll runs,
 	// and the event path takes no new action.
@@ -263,6 +266,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 		fresh:      map[probe.FileKey]time.Duration{},
 		onsetMild:  map[probe.FileKey]time.Duration{},
 		scopeOf:    map[probe.FileKey]scopeVerdict{},
+		capSeen:    map[probe.FileKey]time.Duration{},
 		lowering:   map[probe.FileKey]int{},
 	}
 	if deps.Store != nil {
@@ -465,10 +469,11 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			// A stream at the device's window is bound by it whatever
 			// its speed (a healthy one too): when that is all that
 			// asks for the window now, the stream's rate judges.
+			var why string
 			if fd.byRate || needed && onlyOutcome(fileNeeds[k]) {
-				needed = t.stillPays(fd)
+				needed, why = t.stillPays(fd)
 			}
-			t.reprobeJudge(fd, needed)
+			t.reprobeJudge(fd, needed, why)
 			if t.files[k] == nil && fd.byRate {
 				t.mem.forgetFile(k)
 				if p := t.mem.dirPrior(k.Dev, fd.path); p != nil {

@@ -189,6 +189,9 @@ type rig struct {
 	// capBPS, if set, is the device's capacity in outcomeSnap (else what
 	// the device read).
 	capBPS float64
+	// queue: outcomeSnap reports the device's bytes in flight (its
+	// streams' windows times their fill), which the capacity is learned by.
+	queue bool
 	// around, if set before New (mutate), is the tuner's ReadAroundWatch.
 	around *fakeAround
 }

@@ -34,12 +34,7 @@ import (
 // (default 3ms); READAHEADD_BLOCKS_FILES, _MB: how many files of how many
 // MiB (6, 128); READAHEADD_BLOCKS_SENDFILE=1: read with sendfile(2).
 func TestFreshBlockFiles(t *testing.T) {
-	if os.Getenv("READAHEADD_BENCH") != "blocks" {
-		t.Skip("set READAHEADD_BENCH=blocks (root) to measure fresh block files (make bench-blocks)")
-	}
-	if err := lab.Available(); err != nil {
-		t.Skipf("lab unavailable: %v", err)
-	}
+	work, bin := benchDaemon(t, "blocks", "measure fresh block files")
 	models := envOr("READAHEADD_BLOCKS_MODELS", "500us,400,32;150us,150,16")
 	extra, err := time.ParseDuration(envOr("READAHEADD_BLOCKS_EXTRA", "3ms"))
 	if err != nil {
@@ -48,14 +43,6 @@ func TestFreshBlockFiles(t *testing.T) {
 	n := envInts(t, "READAHEADD_BLOCKS_FILES", "6")[0]
 	mb := envInts(t, "READAHEADD_BLOCKS_MB", "128")[0]
 	sendfile := os.Getenv("READAHEADD_BLOCKS_SENDFILE") == "1"
-	work, err := os.MkdirTemp("", "readaheadd-blocks-") // kept: the daemons' logs
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin, err := BuildDaemon(context.Background(), filepath.Join(work, "readaheadd"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	reader := "read(2) 64 KB"
 	if sendfile {
 		reader = "sendfile(2)"
@@ -68,6 +55,26 @@ func TestFreshBlockFiles(t *testing.T) {
 		}
 		blocksModel(t, bin, work, m, extra, n, mb, sendfile)
 	}
+}
+
+// benchDaemon skips a benchmark unless READAHEADD_BENCH names it and the
+// lab is available, and builds the daemon into a fresh work directory
+// (kept: the daemons' logs).
+func benchDaemon(t *testing.T, name, what string) (work, bin string) {
+	if os.Getenv("READAHEADD_BENCH") != name {
+		t.Skipf("set READAHEADD_BENCH=%s (root) to %s (make bench-%s)", name, what, name)
+	}
+	if err := lab.Available(); err != nil {
+		t.Skipf("lab unavailable: %v", err)
+	}
+	work, err := os.MkdirTemp("", "readaheadd-"+name+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bin, err = BuildDaemon(context.Background(), filepath.Join(work, "readaheadd")); err != nil {
+		t.Fatal(err)
+	}
+	return work, bin
 }
 
 func blocksModel(t *testing.T, bin, work string, m lab.Model, extra time.Duration, n, mb int, sendfile bool) {

@@ -623,3 +623,24 @@ func runCLI(t *testing.T, args ...string) (int, string) {
 	}
 	return cmd.ProcessState.ExitCode(), string(out)
 }
+
+// capacityLearned waits until the daemon logs that it learned its device's
+// capacity (a trial that raised the bytes in flight and not the
+// throughput) and returns when it saw it.
+func (d *daemon) capacityLearned(t *testing.T, within time.Duration) time.Time {
+	t.Helper()
+	learned := func() bool { return strings.Contains(d.logs.String(), "device capacity learned") }
+	require.Eventually(t, learned, within, 100*time.Millisecond, "a trial on the healthy stream teaches the device's capacity")
+	at := time.Now()
+	d.logCapacity(t)
+	return at
+}
+
+// logCapacity logs the daemon's lines about its devices' capacity.
+func (d *daemon) logCapacity(t *testing.T) {
+	for _, line := range strings.Split(d.logs.String(), "\n") {
+		if strings.Contains(line, "device capacity") {
+			t.Logf("%s", line)
+		}
+	}
+}

@@ -1,0 +1,164 @@
+package tuner
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/state"
+)
+
+// A healthy device at its bandwidth: the first trial (128 -> 1024 KB)
+// raises the device's bytes in flight eightfold and its total not at all.
+// That is its capacity; no stream reading at it is tried again, however
+// long the run, and a restarted daemon knows it from the priors file.
+func TestCapacityLearnedFromATrialEndsTrialsAtIt(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, BackoffMax: time.Minute}, func(r *rig) { r.queue = true })
+	r.tput = func(int) float64 { return 80e6 }
+	p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p1, k1)
+	acts := r.runOutcome(300, stream{key: k1, tgid: 100, fill: 0.9})
+	logActs(t, acts)
+	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1, "one trial, the one that measured the capacity")
+	assert.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1)
+	assert.Equal(t, 128, r.files.window[k1])
+	assert.InDelta(t, 80e6, r.tn.mem.caps["sdb"].bps, 1)
+	ok, why := r.tn.windowBound(r.tn.fstats[k1], r.clk.Now())
+	assert.False(t, ok)
+	assert.Contains(t, why, "the device's capacity (80.0 MB/s)")
+
+	require.NoError(t, r.tn.RestoreAll())
+	p, err := state.LoadPriors(filepath.Join(r.dir, "state", state.PriorsName))
+	require.NoError(t, err)
+	require.Len(t, p.Devices, 1)
+	assert.Equal(t, "sdb", p.Devices[0].Device)
+	assert.InDelta(t, 80e6, p.Devices[0].CapacityBPS, 1)
+
+	// A restarted daemon: no trial at all on a stream at that capacity.
+	require.NoError(t, r.store.Close())
+	st, err := state.Open(filepath.Join(r.dir, "state"), state.Options{BootID: "b"})
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close() })
+	r.tn, err = New(Config{AllowPaths: []string{filepath.Join(r.dir, "data")}, DisablePrefetch: true},
+		Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: st, Logger: quiet()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.tn.RestoreAll() })
+	acts = r.runOutcome(30, stream{key: k1, tgid: 100, fill: 0.9})
+	assert.Empty(t, filter(acts, KindFileWindow, ResultTrial), "the saved capacity holds after a restart")
+}
+
+// Three streams that fill the device together: once a trial showed that
+// more bytes in flight add nothing there, none of them is tried, though
+// each alone reads a third of the capacity.
+func TestStreamsThatFillTheDeviceTogetherAreNotTried(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, BackoffMax: time.Minute}, func(r *rig) { r.queue = true })
+	r.tput = func(int) float64 { return 50e6 } // 150 MB/s together whatever the windows
+	var ss []stream
+	for i, name := range []string{"blk_1", "blk_2", "blk_3"} {
+		p, k := realFile(t, filepath.Join(r.dir, "data"), name)
+		r.files.open(100, 7+i, p, k)
+		ss = append(ss, stream{key: k, tgid: 100, fill: 0.9})
+	}
+	acts := r.runOutcome(300, ss...)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.NotEmpty(t, trials)
+	for _, a := range trials {
+		assert.Equal(t, trials[0].Time, a.Time, "only the first Step's trials, taken before the capacity was known")
+	}
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
+	assert.InDelta(t, 150e6, r.tn.mem.caps["sdb"].bps, 1)
+}
+
+// A fail-slow device: a larger window reads proportionally more (the
+// latency binds the stream, not the device), so its slow rate is never
+// taken for its capacity and the steps go on to where it is reached.
+func TestSlowDevicesRateIsNotItsCapacity(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, func(r *rig) { r.queue = true })
+	r.tput = func(kb int) float64 { return min(150e6, 40e6*float64(kb)/128*0.7) }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	acts := r.runOutcome(8, stream{key: key, tgid: 100, fill: 0.9})
+	logActs(t, acts)
+	kept := filter(acts, KindFileWindow, ResultKept)
+	require.NotEmpty(t, kept)
+	assert.Equal(t, 1024, kept[len(kept)-1].ToKB)
+	// The step past 1024 KB added bytes in flight and no throughput: that
+	// is where the capacity is, 150 MB/s, not the 28 MB/s it read first.
+	assert.InDelta(t, 150e6, r.tn.mem.caps["sdb"].bps, 1)
+
+}
+
+// Once the capacity is known, a stream is at it by its bytes in flight over
+// its latency though one interval's rate dips (a reader starved of CPU:
+// the device idles, its latency does not change); one below it by both is
+// still at it for capHold after it was last seen there, and not after.
+func TestStreamAtCapacityByLittlesLawAndForTwoSeconds(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, BackoffMax: time.Minute}, func(r *rig) { r.queue = true })
+	r.tput = func(int) float64 { return 80e6 }
+	p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p1, k1)
+	r.runOutcome(4, stream{key: k1, tgid: 100, fill: 0.9})
+	require.InDelta(t, 80e6, r.tn.mem.caps["sdb"].bps, 1)
+
+	fs := r.tn.fstats[k1]
+	fs.BusyThroughput = 47e6
+	fs.Inflight, fs.MeanSize, fs.P50 = 2, 128<<10, 3300*time.Microsecond // 79 MB/s by Little's law
+	ds := r.tn.dstats[sdb]
+	ds.BusyThroughput = 47e6 // the device idled with it
+	r.tn.dstats[sdb] = ds
+	ok, why := r.tn.windowBound(fs, r.clk.Now())
+	assert.False(t, ok)
+	assert.Contains(t, why, "by its bytes in flight and latency")
+
+	fs.P50 = 6 * time.Millisecond // 44 MB/s: below it by both
+	r.clk.Advance(time.Second)
+	fs.LastSeen = r.clk.Now()
+	ok, why = r.tn.windowBound(fs, r.clk.Now())
+	assert.False(t, ok, "seen at the capacity a second ago")
+	assert.Contains(t, why, "ago")
+	r.clk.Advance(2 * time.Second)
+	fs.LastSeen = r.clk.Now()
+	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: k1, Device: sdb, RaPages: 32})
+	ok, why = r.tn.windowBound(fs, r.clk.Now())
+	assert.True(t, ok, "below the capacity for longer than capHold: bound by its window (%s)", why)
+}
+
+// A stream that shares a device at its capacity with a random reader reads
+// well below the capacity itself, and a step would still pay it: the
+// device is at its capacity, and the step's bytes would queue ahead of the
+// random reader's faults. No trial; a contender that is another sequential
+// reader the tuner does not serve does not count.
+func TestStreamBesideARandomReaderOnADeviceAtCapacityIsNotTried(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, BackoffMax: time.Minute}, func(r *rig) { r.queue = true })
+	r.tput = func(int) float64 { return 80e6 }
+	p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p1, k1)
+	r.runOutcome(4, stream{key: k1, tgid: 100, fill: 0.9})
+	require.InDelta(t, 80e6, r.tn.mem.caps["sdb"].bps, 1)
+
+	now := r.clk.Now()
+	fs := r.tn.fstats[k1]
+	fs.BusyThroughput, fs.Bytes, fs.LastSeen = 40e6, 40e6, now
+	fs.Inflight, fs.MeanSize, fs.P50 = 1, 128<<10, 3300*time.Microsecond
+	rnd := detector.FileStats{Key: probe.FileKey{Dev: k1.Dev, Ino: 999}, Device: sdb, Requests: 4000, Bytes: 40e6,
+		BusyThroughput: 40e6, Sequentiality: 0, LastSeen: now, MeanSize: 16 << 10}
+	r.tn.snap.Now = now
+	r.tn.fstats = map[probe.FileKey]detector.FileStats{k1: fs, rnd.Key: rnd}
+	r.tn.dstats[sdb] = detector.DeviceStats{Device: sdb, Bytes: 80e6, BusyThroughput: 80e6}
+	r.tn.capSeen = map[probe.FileKey]time.Duration{}
+	at, why := r.tn.atCapacity(fs)
+	assert.True(t, at)
+	assert.Contains(t, why, "random readers")
+
+	rnd.Sequentiality, rnd.Requests = 1, 300 // a sequential contender instead
+	r.tn.fstats[rnd.Key] = rnd
+	r.tn.scopeOf[rnd.Key] = scopeVerdict{outside: true, at: now}
+	r.tn.capSeen = map[probe.FileKey]time.Duration{}
+	at, why = r.tn.atCapacity(fs)
+	assert.False(t, at, why)
+}
