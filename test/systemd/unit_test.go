@@ -24,6 +24,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/readaheadd/readaheadd/pkg/fileras"
 	"github.com/readaheadd/readaheadd/pkg/probe"
@@ -54,6 +55,7 @@ const labOrig = 96
 type rig struct {
 	lab      *lab.Lab
 	files    []string // host paths of the slowed files, in /data in the container
+	fast     string   // host path of a file left at the device's own speed
 	state    string   // host directory bound to /var/lib/readaheadd
 	addr     string   // metrics address (the container shares the host's network)
 	config   string   // host path of config.yaml, bound to /etc/readaheadd/config.yaml
@@ -90,6 +92,8 @@ func setup(t *testing.T) *rig {
 		u.files = append(u.files, f)
 	}
 	require.NoError(t, u.lab.SetPermanent(6*time.Millisecond, u.files...))
+	u.fast, err = u.lab.WriteFile("fast", 256)
+	require.NoError(t, err)
 
 	// The unit as shipped; what a site adds for its own disks in a
 	// drop-in, and its config.
@@ -211,6 +215,7 @@ func lifecycle(t *testing.T, u *rig) {
 	}
 	raised := func(what string) {
 		t.Helper()
+		u.showCapacity(t)
 		t0 := time.Now()
 		for time.Since(t0) < 30*time.Second {
 			if kb := readKB(t, l); kb > orig {
@@ -397,6 +402,7 @@ func perFileActions(t *testing.T, u *rig) {
 	require.Equal(t, labOrig, window(), "the reader's window at open: the device's")
 	acted := func(what string) {
 		t.Helper()
+		u.showCapacity(t)
 		t0 := time.Now()
 		most := 0
 		for time.Since(t0) < 30*time.Second {
@@ -437,6 +443,34 @@ func perFileActions(t *testing.T, u *rig) {
 // sameTIDReader starts the reader on path (in the container) with a pid it
 // has both in the container and on the host, waits until open() is true,
 // and returns the pid. It is killed when the test ends.
+// showCapacity reads the fast file with direct I/O for a moment, while the
+// daemon watches: the detector learns a device's capacity from the
+// throughput it sees it reach, and slowed streams that together read near
+// the highest throughput seen so far look like a busy device, not starved
+// ones (a daemon with no saved baseline would wait for a burst). A real
+// disk has shown its capacity long before; this lab device has not.
+func (u *rig) showCapacity(t *testing.T) {
+	t.Helper()
+	f, err := os.OpenFile(u.fast, os.O_RDONLY|syscall.O_DIRECT, 0)
+	require.NoError(t, err)
+	defer f.Close()
+	buf, err := unix.Mmap(-1, 0, 1<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	require.NoError(t, err)
+	defer unix.Munmap(buf)
+	t0 := time.Now()
+	var n int64
+	for off := int64(0); time.Since(t0) < 1500*time.Millisecond; off += int64(len(buf)) {
+		m, err := f.ReadAt(buf, off)
+		n += int64(m)
+		if errors.Is(err, io.EOF) || m == 0 {
+			off = -int64(len(buf))
+			continue
+		}
+		require.NoError(t, err)
+	}
+	t.Logf("showed the device its capacity: %.0f MB/s of direct reads for %.1f s", float64(n)/time.Since(t0).Seconds()/1e6, time.Since(t0).Seconds())
+}
+
 func (u *rig) sameTIDReader(t *testing.T, helper, path string, open func(pid int) bool) int {
 	t.Helper()
 	b, err := os.ReadFile("/proc/sys/kernel/pid_max")
