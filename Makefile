@@ -194,14 +194,17 @@ fresh-debian:
 # a verdict (met / not met) per scenario and the classes the set covers,
 # writes docs/results/matrix/ (README.md, matrix.json) after every row,
 # and exits non-zero on any `not met`. NAMED=0 leaves out the named ones;
-# ONLY=name,... runs only those. See docs/benchmarks.md and docs/lab.md.
+# ONLY=name,... runs only those. RESUME=1 keeps the rows of the committed
+# table (same SEED, N, NAMED) and runs only the scenarios it lacks, each
+# row marked with the run (and source commit) that measured it.
 SEED  ?= 1
 N     ?= 10
 NAMED ?= 1
 ONLY  ?=
+RESUME ?=
 bench-matrix: labfs build
 	READAHEADD_BIN=$(CURDIR)/$(BIN)/readaheadd $(GO) run ./test/bench/cmd/benchrun -matrix -seed $(SEED) -n $(N) \
-		-named=$(if $(filter 0,$(NAMED)),false,true) $(if $(ONLY),-only $(ONLY)) -out docs/results/matrix
+		-named=$(if $(filter 0,$(NAMED)),false,true) $(if $(ONLY),-only $(ONLY)) $(if $(RESUME),-resume) -out docs/results/matrix
 
 # CI's short set (root, under 3 minutes): the whole device slow beside a
 # bursty reader, and a saturated device; the default, 512 KB and

@@ -122,8 +122,9 @@ type MatrixRow struct {
 	Classes  []string           `json:"classes"`
 	Arms     []MatrixArm        `json:"arms"`
 	Verdict  VerdictResult      `json:"verdict"`
-	Seconds  float64            `json:"seconds"` // wall time of the scenario
-	Load     string             `json:"load"`    // /proc/loadavg at its end
+	Seconds  float64            `json:"seconds"`       // wall time of the scenario
+	Load     string             `json:"load"`          // /proc/loadavg at its end
+	Run      int                `json:"run,omitempty"` // MatrixReport.Runs index
 	Error    string             `json:"error,omitempty"`
 }
 

@@ -27,6 +27,9 @@ type MatrixReport struct {
 	Device   string         `json:"device"`
 	Coverage map[string]int `json:"coverage"`
 	Rows     []MatrixRow    `json:"rows"`
+	// Runs: the runs whose rows the table holds, when a later run resumed
+	// an earlier one (-resume); a row's Run indexes it (0: the report's own).
+	Runs []MatrixRun `json:"runs,omitempty"`
 	// Error: the harness error that ended the run early, if any.
 	Error string `json:"error,omitempty"`
 }
@@ -107,6 +110,39 @@ func RowText(r MatrixRow) string {
 		readers, dm.Actions, dm.Kept, first, dm.CPUPct, v.Verdict)
 }
 
+// MatrixRun is one run of a table that a later run resumed.
+type MatrixRun struct {
+	Started time.Time `json:"started"`
+	Command string    `json:"command"`
+	Commit  string    `json:"commit,omitempty"` // the source the daemon was built from
+	Uptime  string    `json:"uptime"`
+	Error   string    `json:"error,omitempty"`
+}
+
+// Resume makes rep, a new run of the same scenario set, continue prev: it
+// keeps prev's rows (their run recorded) and returns the names already
+// run, which the new run skips.
+func (rep *MatrixReport) Resume(prev *MatrixReport, now MatrixRun) (done map[string]bool, err error) {
+	if prev.Seed != rep.Seed || prev.N != rep.N || strings.Join(prev.Named, ",") != strings.Join(rep.Named, ",") {
+		return nil, fmt.Errorf("resume: the table holds seed %d, n %d, %d named scenarios; this run is seed %d, n %d, %d: run with the same SEED, N and NAMED, or without resume",
+			prev.Seed, prev.N, len(prev.Named), rep.Seed, rep.N, len(rep.Named))
+	}
+	runs := prev.Runs
+	if len(runs) == 0 {
+		runs = []MatrixRun{{Started: prev.Started, Command: prev.Command, Uptime: prev.Uptime, Error: prev.Error}}
+	} else {
+		runs[len(runs)-1].Error = prev.Error
+	}
+	rep.Started, rep.Command, rep.Uptime, rep.LoadAt = prev.Started, prev.Command, prev.Uptime, prev.LoadAt
+	rep.Runs = append(runs, now)
+	done = map[string]bool{}
+	for _, r := range prev.Rows {
+		done[r.Scenario.Name] = true
+		rep.Rows = append(rep.Rows, r)
+	}
+	return done, nil
+}
+
 // Rescore recomputes every row's description and verdict from its
 // scenario and arms (after a change of the rules or of the table).
 func (rep *MatrixReport) Rescore() {
@@ -147,15 +183,30 @@ func (rep *MatrixReport) Markdown() string {
 	if rep.Error != "" {
 		fmt.Fprintf(&b, "The run ended early: %s\n\n", rep.Error)
 	}
+	if len(rep.Runs) > 0 {
+		fmt.Fprintf(&b, "The rows come from %d runs, each resuming the last (the run is a row's `run` column):\n\n", len(rep.Runs))
+		for i, r := range rep.Runs {
+			commit := r.Commit
+			if commit == "" {
+				commit = "not recorded"
+			}
+			fmt.Fprintf(&b, "%d. `%s`, started %s, source %s; `uptime` at its start: %s", i+1, r.Command, r.Started.UTC().Format("2006-01-02 15:04 UTC"), commit, r.Uptime)
+			if r.Error != "" && i < len(rep.Runs)-1 {
+				fmt.Fprintf(&b, "; ended early: %s", r.Error)
+			}
+			b.WriteString("\n")
+		}
+		b.WriteString("\n")
+	}
 	fmt.Fprintf(&b, "- Device: %s\n", rep.Device)
 	fmt.Fprintf(&b, "- Arms, each measured %.0f s, one after another on the scenario's own lab: %s\n", rep.Measure, strings.Join(rep.Arms, ", "))
 	fmt.Fprintf(&b, "- Machine load at the start (`uptime`): %s; each row's load at its end is in the last column. The machine has 2 cores shared with other work: the default's spread between its two runs is the noise floor of a row.\n", rep.Uptime)
 	fmt.Fprintf(&b, "- Verdict (see docs/benchmarks.md): where a static window beats the default by %.0f%%, readaheadd's streams reach %.2f of the best admissible static window, every random reader keeps >= %.2fx its touches/s and <= %.2fx its p99, amplification <= %.2fx; where none does, streams >= %.2f of the default and nothing kept; always no 1 s bucket of a random reader's p99 above %.0fx the default's p99.\n\n",
 		100*(HelpGain-1), StreamsOfBest, RandomRate, RandomP99, AmpOfDefault, StreamsOfDefault, BucketP99)
 	fmt.Fprintf(&b, "Columns: best static and best admissible as multiples of the default's streams; readaheadd as a share of the best admissible, a multiple of the default, and its read amplification over the default's; readers: each random reader's touches/s and p99 under readaheadd over the default's, and the worst 1 s p99 over the default's p99 (in brackets: the same for the default's own runs, the bucket rule's noise floor).\n\n")
-	fmt.Fprintf(&b, "| %s | s | load |\n|%s\n", strings.ReplaceAll(RowHeader, " | ", " | "), strings.Repeat("---|", strings.Count(RowHeader, "|")+3))
+	fmt.Fprintf(&b, "| %s | s | load | run |\n|%s\n", strings.ReplaceAll(RowHeader, " | ", " | "), strings.Repeat("---|", strings.Count(RowHeader, "|")+4))
 	for _, r := range rep.Rows {
-		fmt.Fprintf(&b, "| %s | %.0f | %s |\n", RowText(r), r.Seconds, r.Load)
+		fmt.Fprintf(&b, "| %s | %.0f | %s | %d |\n", RowText(r), r.Seconds, r.Load, r.Run+1)
 	}
 	fmt.Fprintf(&b, "\n## Why not met\n\n")
 	for _, r := range rep.Rows {

@@ -38,6 +38,7 @@ func main() {
 	shortMatrix := flag.Bool("short-matrix", false, "matrix: CI's short set (two named scenarios, the default, 512 KB and readaheadd)")
 	reportOnly := flag.Bool("report-only", false, "matrix: exit 0 on `not met` verdicts (still 1 on harness errors)")
 	only := flag.String("only", "", "matrix: run only these scenarios (comma-separated names, of the named and generated set)")
+	resume := flag.Bool("resume", false, "matrix: keep the rows of the table in -out (same seed, n, named) and run only the scenarios it lacks")
 	list := flag.Bool("list", false, "matrix: print the scenarios and the classes they cover, run nothing")
 	flag.Parse()
 	if *matrix && *from != "" {
@@ -49,7 +50,7 @@ func main() {
 	}
 	if *matrix {
 		o := matrixOpts{seed: *seed, n: *n, named: *named, short: *shortMatrix, reportOnly: *reportOnly,
-			listOnly: *list, only: *only, out: *out, work: *work, measure: *measure}
+			listOnly: *list, only: *only, out: *out, work: *work, measure: *measure, resume: *resume}
 		if o.out == "docs/results" {
 			o.out = "docs/results/matrix"
 		}

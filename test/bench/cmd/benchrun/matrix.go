@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -25,6 +26,7 @@ type matrixOpts struct {
 	out, work  string
 	measure    time.Duration
 	only       string // comma-separated scenario names
+	resume     bool   // keep the rows of out's table, run the rest
 }
 
 // runMatrix runs the scenario matrix and returns the exit code: 0 when
@@ -88,11 +90,21 @@ func runMatrix(ctx context.Context, o matrixOpts) int {
 			lab.DefaultModel.Latency, lab.DefaultModel.BandwidthMBps, lab.DefaultModel.Slots),
 		Coverage: lab.Coverage(scs),
 	}
+	if o.resume {
+		if err := resumeFrom(rep, o.out, &scs); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fmt.Printf("resumed %s: %d scenarios run already, %d to run\n", o.out, len(rep.Rows), len(scs))
+	}
 	cfg.WorkDir = o.work
 	cfg.DaemonBin = os.Getenv("READAHEADD_BIN")
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	fmt.Println(bench.RowHeader)
 	cfg.OnRow = func(r bench.MatrixRow) {
+		if len(rep.Runs) > 0 {
+			r.Run = len(rep.Runs) - 1
+		}
 		fmt.Println(bench.RowText(r))
 		rep.Rows = append(rep.Rows, r)
 		if o.out != "" {
@@ -127,6 +139,33 @@ func runMatrix(ctx context.Context, o matrixOpts) int {
 		return 3
 	}
 	return 0
+}
+
+// resumeFrom continues the table in out: its rows are kept, and the
+// scenarios they ran are taken out of scs.
+func resumeFrom(rep *bench.MatrixReport, out string, scs *[]lab.MatrixScenario) error {
+	b, err := os.ReadFile(filepath.Join(out, "matrix.json"))
+	if err != nil {
+		return fmt.Errorf("resume: %w (run once without resume to start a table)", err)
+	}
+	var prev bench.MatrixReport
+	if err := json.Unmarshal(b, &prev); err != nil {
+		return fmt.Errorf("resume: %s/matrix.json: %w", out, err)
+	}
+	commit, _ := exec.Command("git", "describe", "--always", "--dirty").Output()
+	done, err := rep.Resume(&prev, bench.MatrixRun{Started: time.Now(), Command: "benchrun " + strings.Join(os.Args[1:], " "),
+		Commit: strings.TrimSpace(string(commit)), Uptime: rep.Uptime})
+	if err != nil {
+		return err
+	}
+	var rest []lab.MatrixScenario
+	for _, s := range *scs {
+		if !done[s.Name] {
+			rest = append(rest, s)
+		}
+	}
+	*scs = rest
+	return nil
 }
 
 // rerenderMatrix writes the table of an earlier run's matrix.json again,

@@ -1,0 +1,48 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/test/lab"
+)
+
+// TestMatrixResume: a resumed table keeps the earlier run's rows, with the
+// run that measured each, skips their scenarios, and refuses another set.
+func TestMatrixResume(t *testing.T) {
+	scs := lab.Generate(7, 3)
+	prev := &MatrixReport{Started: time.Date(2026, 11, 28, 4, 21, 0, 0, time.UTC), Command: "benchrun -matrix -seed 7 -n 3",
+		Seed: 7, N: 3, Uptime: "up 15 min", Error: "stopped by hand", Rows: []MatrixRow{{Scenario: scs[0]}}}
+	rep := &MatrixReport{Started: time.Now(), Command: "benchrun -matrix -seed 7 -n 3 -resume", Seed: 7, N: 3, Planned: 3}
+	done, err := rep.Resume(prev, MatrixRun{Command: rep.Command, Commit: "abc1234", Started: time.Now()})
+	require.NoError(t, err)
+	assert.Equal(t, map[string]bool{scs[0].Name: true}, done)
+	require.Len(t, rep.Rows, 1)
+	assert.Equal(t, 0, rep.Rows[0].Run, "the earlier row is the first run's")
+	require.Len(t, rep.Runs, 2)
+	assert.Equal(t, "stopped by hand", rep.Runs[0].Error)
+	assert.Equal(t, prev.Started, rep.Started, "the table is dated by its first run")
+
+	rep.Rows = append(rep.Rows, MatrixRow{Scenario: scs[1], Run: 1})
+	rep.Rescore()
+	md := rep.Markdown()
+	assert.Contains(t, md, "The rows come from 2 runs")
+	assert.Contains(t, md, "source abc1234")
+	assert.Contains(t, md, "ended early: stopped by hand")
+	var runs []string
+	for _, line := range strings.Split(md, "\n") {
+		if strings.HasPrefix(line, "| "+scs[0].Name+" |") || strings.HasPrefix(line, "| "+scs[1].Name+" |") {
+			cells := strings.Split(strings.TrimSuffix(line, " |"), " | ")
+			runs = append(runs, cells[len(cells)-1])
+		}
+	}
+	assert.Equal(t, []string{"1", "2"}, runs, "each row names its run")
+
+	other := &MatrixReport{Seed: 8, N: 3}
+	_, err = other.Resume(prev, MatrixRun{})
+	assert.ErrorContains(t, err, "same SEED, N and NAMED")
+}
