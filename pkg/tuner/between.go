@@ -56,17 +56,20 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 		ds.CapacityBPS = d.CapacityBPS
 		t.dstats[d.Device] = ds
 	}
+	// Measured on the last Step's view that the fast path's files joined,
+	// or on the recent requests (onRecent).
+	j := t.atStep()
 	// Random readers in the recent requests: before the first Step (a
 	// daemon that has just started) the tuner's view holds none, and a
 	// step sized for a stream alone would be paid by them.
 	randomNow := map[probe.Dev]bool{}
 	for _, f := range recent.Files {
-		if t.readRandomly(f) {
+		if j.readRandomly(f) {
 			randomNow[f.Device] = true
 		}
 	}
 	deferStep := func(fd *fileDec, dev probe.Dev) bool {
-		return t.deferBesideRandom(fd, dev, now, randomNow[dev])
+		return j.deferBesideRandom(fd, dev, now, randomNow[dev])
 	}
 	start := func(key probe.FileKey, dev probe.Dev, kind detector.RegimeKind) {
 		if fd := t.files[key]; fd != nil {
@@ -85,7 +88,7 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 					return
 				}
 				if !deferStep(fd, dev) {
-					t.onRecent(key, recent, span, func() { t.driveJustIn(fd) })
+					t.onRecent(j, key, recent, span).driveJustIn(fd)
 				}
 			}
 			return
@@ -101,7 +104,7 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 		fd.regimes = []detector.RegimeKind{kind}
 		fd.lastNeeded = now
 		if !deferStep(fd, dev) {
-			t.driveJustIn(fd)
+			j.driveJustIn(fd)
 		}
 	}
 	for _, r := range snap.Regimes {
@@ -125,22 +128,21 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 }
 
 // driveJustIn drives fd for a regime the fast path entered a moment ago.
-func (t *Tuner) driveJustIn(fd *fileDec) {
+func (t judgeCtx) driveJustIn(fd *fileDec) {
 	fd.regimeJustIn = true
 	defer func() { fd.regimeJustIn = false }()
 	t.driveFile(fd, true)
 }
 
-// onRecent runs f with the tuner's view switched to recent (over span) if
-// it holds enough of key's requests to measure it by, and back after.
-func (t *Tuner) onRecent(key probe.FileKey, recent detector.Snapshot, span time.Duration, f func()) {
+// onRecent is j on the recent requests (over span) if they hold enough of
+// key's to measure it by.
+func (t *Tuner) onRecent(j judgeCtx, key probe.FileKey, recent detector.Snapshot, span time.Duration) judgeCtx {
 	i := slices.IndexFunc(recent.Files, func(fs detector.FileStats) bool { return fs.Key == key })
 	if span <= 0 || i < 0 || recent.Files[i].Requests < freshMinRequests || recent.Files[i].BusyThroughput <= 0 {
-		f()
-		return
+		return j
 	}
-	defer t.useView(recent, span)()
-	f()
+	j.view = newView(recent, span, t.dstats)
+	return j
 }
 
 // ApplyPending gives readers that opened a file after its decision the
