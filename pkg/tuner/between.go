@@ -57,8 +57,9 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 		t.dstats[d.Device] = ds
 	}
 	// Measured on the last Step's view that the fast path's files joined,
-	// or on the recent requests (onRecent).
+	// or on the recent requests (onRecent), with the regime just in.
 	j := t.atStep()
+	j.justIn = true
 	// Random readers in the recent requests: before the first Step (a
 	// daemon that has just started) the tuner's view holds none, and a
 	// step sized for a stream alone would be paid by them.
@@ -88,7 +89,7 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 					return
 				}
 				if !deferStep(fd, dev) {
-					t.onRecent(j, key, recent, span).driveJustIn(fd)
+					t.onRecent(j, key, recent, span).driveFile(fd, true)
 				}
 			}
 			return
@@ -104,7 +105,7 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 		fd.regimes = []detector.RegimeKind{kind}
 		fd.lastNeeded = now
 		if !deferStep(fd, dev) {
-			j.driveJustIn(fd)
+			j.driveFile(fd, true)
 		}
 	}
 	for _, r := range snap.Regimes {
@@ -125,13 +126,6 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 		}
 	}
 	return t.out
-}
-
-// driveJustIn drives fd for a regime the fast path entered a moment ago.
-func (t judgeCtx) driveJustIn(fd *fileDec) {
-	fd.regimeJustIn = true
-	defer func() { fd.regimeJustIn = false }()
-	t.driveFile(fd, true)
 }
 
 // onRecent is j on the recent requests (over span) if they hold enough of

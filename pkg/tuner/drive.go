@@ -108,7 +108,7 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 	if fd.byRate {
 		learnedAt, _ = t.atCapacity(t.fstats[fd.key])
 	}
-	if escalate && m.ok && (capBPS > 0 && m.tput >= capFrac*capBPS && (!fd.byRate || fd.win.capKept) || learnedAt) && !fd.regimeJustIn {
+	if escalate && m.ok && (capBPS > 0 && m.tput >= capFrac*capBPS && (!fd.byRate || fd.win.capKept) || learnedAt) && !t.justIn {
 		// The file already reads at (nearly) the device's capacity: a
 		// further window step or prefetch has nothing left to gain and
 		// costs a trial interval to learn that. Judge a trial, take none.

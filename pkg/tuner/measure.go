@@ -49,14 +49,16 @@ const (
 	judgeEnded                  // at once, on the span since it: its stream stopped (EndedVerdict)
 )
 
-// judgeCtx is what one call measures and judges by: a view and the judging
-// mode. Measuring and judging are its methods, so a verdict is a function
-// of these values, whichever entry point called. Its view shadows the
-// Tuner's (the last Step's).
+// judgeCtx is what one call measures and judges by: a view, the judging
+// mode, and whether the detector's fast path entered the regime a moment
+// ago (justIn: drive.go does not hold the stream at capacity). Measuring
+// and judging are its methods, so a verdict is a function of these values,
+// whichever entry point called. Its view shadows the Tuner's (the last Step's).
 type judgeCtx struct {
 	*Tuner
 	*view
-	mode judgeMode
+	mode   judgeMode
+	justIn bool
 }
 
 // on is the context of a call on snap (over span, a check between Steps).

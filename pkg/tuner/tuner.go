@@ -134,9 +134,6 @@ type fileDec struct {
 	notSeqLogged bool
 	// atCapLogged: the file was found at the device's capacity (logged once).
 	atCapLogged bool
-	// regimeJustIn: FastOn is driving it for a regime the detector's fast
-	// path entered a moment ago (drive.go does not hold it at capacity).
-	regimeJustIn bool
 	// byRate: judged by the stream's rate, not its busy throughput (an
 	// outcome-driven or prior decision: no regime says the file is slow,
 	// so only what the reader gets counts).
