@@ -39,22 +39,15 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 		return nil
 	}
 	now := t.deps.Clock.Now()
-	if t.fstats == nil {
-		t.fstats = map[probe.FileKey]detector.FileStats{}
-	}
-	if t.dstats == nil {
-		t.dstats = map[probe.Dev]detector.DeviceStats{}
-	}
 	for _, f := range snap.Files {
 		t.fstats[f.Key] = f
 	}
 	for _, d := range snap.Devices {
-		ds, ok := t.dstats[d.Device]
-		if !ok {
-			ds = d
+		if ds, ok := t.dstats[d.Device]; ok { // the last Step's, with the fast path's capacity
+			ds.CapacityBPS = d.CapacityBPS
+			d = ds
 		}
-		ds.CapacityBPS = d.CapacityBPS
-		t.dstats[d.Device] = ds
+		t.dstats[d.Device] = d
 	}
 	// Measured on the last Step's view that the fast path's files joined,
 	// or on the recent requests (onRecent), with the regime just in.

@@ -243,6 +243,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 	}
 	t := &Tuner{
 		cfg: cfg, deps: deps, log: deps.Logger.With("component", "tuner"), scope: scope,
+		view:       *newView(detector.Snapshot{}, 0, nil),
 		devs:       map[probe.Dev]*devState{},
 		watchedAt:  map[probe.Dev]time.Duration{},
 		files:      map[probe.FileKey]*fileDec{},
