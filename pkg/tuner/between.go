@@ -51,8 +51,7 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 	}
 	// Measured on the last Step's view that the fast path's files joined,
 	// or on the recent requests (onRecent), with the regime just in.
-	j := t.atStep()
-	j.justIn = true
+	j := judgeCtx{Tuner: t, view: &t.view, justIn: true}
 	// Random readers in the recent requests: before the first Step (a
 	// daemon that has just started) the tuner's view holds none, and a
 	// step sized for a stream alone would be paid by them.

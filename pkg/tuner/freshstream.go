@@ -104,8 +104,7 @@ func (t *Tuner) FastOutcome(snap detector.Snapshot, span time.Duration) []Action
 		return nil
 	}
 	now := t.deps.Clock.Now()
-	// The first step is measured on the recent span (the last Step's view
-	// stays as it is).
+	// The first step is measured on the recent span.
 	j := t.on(snap, span, judgeStep)
 	j.noteTails(snap.Files, now)
 	for _, f := range snap.Files {

@@ -6,6 +6,7 @@ package tuner
 // one a step must not take.
 
 import (
+	"cmp"
 	"slices"
 	"time"
 
@@ -70,12 +71,7 @@ func (t *Tuner) on(snap detector.Snapshot, span time.Duration, mode judgeMode) j
 func (t *Tuner) atStep() judgeCtx { return judgeCtx{Tuner: t, view: &t.view} }
 
 // viewSpan is the span the view's stats cover.
-func (t judgeCtx) viewSpan() time.Duration {
-	if t.span > 0 {
-		return t.span
-	}
-	return t.cfg.Settle
-}
+func (t judgeCtx) viewSpan() time.Duration { return cmp.Or(t.span, t.cfg.Settle) }
 
 func (t judgeCtx) fileMeasure(k probe.FileKey) measure {
 	fs, ok := t.fstats[k]
