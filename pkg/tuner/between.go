@@ -90,12 +90,7 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 		if d == nil {
 			return
 		}
-		fd := &fileDec{key: key, dev: d,
-			win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
-			pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
-		t.files[key] = fd
-		fd.regimes = []detector.RegimeKind{kind}
-		fd.lastNeeded = now
+		fd := t.newDec(key, d, false, now, kind)
 		if !deferStep(fd, dev) {
 			j.driveFile(fd, true)
 		}

@@ -84,7 +84,12 @@ func (t *Tuner) RecentSpan() time.Duration { return t.cfg.Settle / freshSpanDiv 
 // newOutcomeDec records a decision judged by the stream's rate, for a
 // stream bound by its window with no regime, at the device's window.
 func (t *Tuner) newOutcomeDec(k probe.FileKey, d *devState, now time.Duration) *fileDec {
-	fd := &fileDec{key: k, dev: d, byRate: true, regimes: []detector.RegimeKind{WindowBound}, lastNeeded: now,
+	return t.newDec(k, d, true, now, WindowBound)
+}
+
+// newDec records a decision on k, at the device's window, needed now.
+func (t *Tuner) newDec(k probe.FileKey, d *devState, byRate bool, now time.Duration, regimes ...detector.RegimeKind) *fileDec {
+	fd := &fileDec{key: k, dev: d, byRate: byRate, regimes: regimes, lastNeeded: now,
 		win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
 		pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
 	t.files[k] = fd

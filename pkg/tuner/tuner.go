@@ -419,10 +419,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 				if byRate[key] && !j.outcomeDue(d, key) {
 					continue // the device's outcome trials are backing off
 				}
-				fd = &fileDec{key: key, dev: d, byRate: byRate[key],
-					win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
-					pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
-				t.files[key] = fd
+				fd = t.newDec(key, d, byRate[key], now)
 			}
 			fd.regimes = kinds
 			fd.lastNeeded = now
