@@ -35,7 +35,7 @@ const (
 )
 
 // keepsEarly reports whether a file window step under trial may be judged
-// now, before its Settle: FastVerdict is judging, the step has run half a
+// now, before its Settle: it is judged early (FastVerdict), has run half a
 // Settle, the measure's span holds only its window, and the measure says it
 // pays by earlyKeepGain with nothing lost elsewhere.
 func (t judgeCtx) keepsEarly(d *devState, l *ladder, m measure, now time.Duration) bool {
