@@ -39,34 +39,30 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 		return nil
 	}
 	now := t.deps.Clock.Now()
-	if t.fstats == nil {
-		t.fstats = map[probe.FileKey]detector.FileStats{}
-	}
-	if t.dstats == nil {
-		t.dstats = map[probe.Dev]detector.DeviceStats{}
-	}
 	for _, f := range snap.Files {
 		t.fstats[f.Key] = f
 	}
 	for _, d := range snap.Devices {
-		ds, ok := t.dstats[d.Device]
-		if !ok {
-			ds = d
+		if ds, ok := t.dstats[d.Device]; ok { // the last Step's, with the fast path's capacity
+			ds.CapacityBPS = d.CapacityBPS
+			d = ds
 		}
-		ds.CapacityBPS = d.CapacityBPS
-		t.dstats[d.Device] = ds
+		t.dstats[d.Device] = d
 	}
+	// Measured on the last Step's view that the fast path's files joined,
+	// or on the recent requests (onRecent), with the regime just in.
+	j := judgeCtx{Tuner: t, view: &t.view, justIn: true}
 	// Random readers in the recent requests: before the first Step (a
 	// daemon that has just started) the tuner's view holds none, and a
 	// step sized for a stream alone would be paid by them.
 	randomNow := map[probe.Dev]bool{}
 	for _, f := range recent.Files {
-		if t.readRandomly(f) {
+		if j.readRandomly(f) {
 			randomNow[f.Device] = true
 		}
 	}
 	deferStep := func(fd *fileDec, dev probe.Dev) bool {
-		return t.deferBesideRandom(fd, dev, now, randomNow[dev])
+		return j.deferBesideRandom(fd, dev, now, randomNow[dev])
 	}
 	start := func(key probe.FileKey, dev probe.Dev, kind detector.RegimeKind) {
 		if fd := t.files[key]; fd != nil {
@@ -85,7 +81,7 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 					return
 				}
 				if !deferStep(fd, dev) {
-					t.onRecent(key, recent, span, func() { t.driveJustIn(fd) })
+					t.onRecent(j, key, recent, span).driveFile(fd, true)
 				}
 			}
 			return
@@ -94,14 +90,9 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 		if d == nil {
 			return
 		}
-		fd := &fileDec{key: key, dev: d,
-			win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
-			pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
-		t.files[key] = fd
-		fd.regimes = []detector.RegimeKind{kind}
-		fd.lastNeeded = now
+		fd := t.newDec(key, d, false, now, kind)
 		if !deferStep(fd, dev) {
-			t.driveJustIn(fd)
+			j.driveFile(fd, true)
 		}
 	}
 	for _, r := range snap.Regimes {
@@ -124,23 +115,15 @@ func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 	return t.out
 }
 
-// driveJustIn drives fd for a regime the fast path entered a moment ago.
-func (t *Tuner) driveJustIn(fd *fileDec) {
-	fd.regimeJustIn = true
-	defer func() { fd.regimeJustIn = false }()
-	t.driveFile(fd, true)
-}
-
-// onRecent runs f with the tuner's view switched to recent (over span) if
-// it holds enough of key's requests to measure it by, and back after.
-func (t *Tuner) onRecent(key probe.FileKey, recent detector.Snapshot, span time.Duration, f func()) {
+// onRecent is j on the recent requests (over span) if they hold enough of
+// key's to measure it by.
+func (t *Tuner) onRecent(j judgeCtx, key probe.FileKey, recent detector.Snapshot, span time.Duration) judgeCtx {
 	i := slices.IndexFunc(recent.Files, func(fs detector.FileStats) bool { return fs.Key == key })
 	if span <= 0 || i < 0 || recent.Files[i].Requests < freshMinRequests || recent.Files[i].BusyThroughput <= 0 {
-		f()
-		return
+		return j
 	}
-	defer t.useView(recent, span)()
-	f()
+	j.view = newView(recent, span, t.dstats)
+	return j
 }
 
 // ApplyPending gives readers that opened a file after its decision the

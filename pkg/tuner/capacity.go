@@ -85,7 +85,7 @@ func (t *Tuner) learnedCapacity(d *devState) float64 {
 // readers (O_DIRECT, files outside the allow-paths) are contenders whose
 // share a larger window legitimately wins back: a device they load is not
 // judged.
-func (t *Tuner) atCapacity(fs detector.FileStats) (bool, string) {
+func (t judgeCtx) atCapacity(fs detector.FileStats) (bool, string) {
 	c := t.learnedCapacity(t.devs[fs.Device])
 	if c <= 0 {
 		return false, ""
@@ -108,7 +108,7 @@ func (t *Tuner) atCapacity(fs detector.FileStats) (bool, string) {
 // counts as at it (atCapacity).
 const capHold = 2 * time.Second
 
-func (t *Tuner) readsAtCapacity(fs detector.FileStats, c float64) (bool, string) {
+func (t judgeCtx) readsAtCapacity(fs detector.FileStats, c float64) (bool, string) {
 	// Within what a step must gain: half the margin for a lone stream (a
 	// step to the capacity pays that, marginFor), the margin beside a
 	// random reader.

@@ -28,7 +28,7 @@ func TestCapacityLearnedFromATrialEndsTrialsAtIt(t *testing.T) {
 	assert.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1)
 	assert.Equal(t, 128, r.files.window[k1])
 	assert.InDelta(t, 80e6, r.tn.mem.caps["sdb"].bps, 1)
-	ok, why := r.tn.windowBound(r.tn.fstats[k1], r.clk.Now())
+	ok, why := r.tn.atStep().windowBound(r.tn.fstats[k1], r.clk.Now())
 	assert.False(t, ok)
 	assert.Contains(t, why, "the device's capacity (80.0 MB/s)")
 
@@ -111,20 +111,20 @@ func TestStreamAtCapacityByLittlesLawAndForTwoSeconds(t *testing.T) {
 	ds := r.tn.dstats[sdb]
 	ds.BusyThroughput = 47e6 // the device idled with it
 	r.tn.dstats[sdb] = ds
-	ok, why := r.tn.windowBound(fs, r.clk.Now())
+	ok, why := r.tn.atStep().windowBound(fs, r.clk.Now())
 	assert.False(t, ok)
 	assert.Contains(t, why, "by its bytes in flight and latency")
 
 	fs.P50 = 6 * time.Millisecond // 44 MB/s: below it by both
 	r.clk.Advance(time.Second)
 	fs.LastSeen = r.clk.Now()
-	ok, why = r.tn.windowBound(fs, r.clk.Now())
+	ok, why = r.tn.atStep().windowBound(fs, r.clk.Now())
 	assert.False(t, ok, "seen at the capacity a second ago")
 	assert.Contains(t, why, "ago")
 	r.clk.Advance(2 * time.Second)
 	fs.LastSeen = r.clk.Now()
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: k1, Device: sdb, RaPages: 32})
-	ok, why = r.tn.windowBound(fs, r.clk.Now())
+	ok, why = r.tn.atStep().windowBound(fs, r.clk.Now())
 	assert.True(t, ok, "below the capacity for longer than capHold: bound by its window (%s)", why)
 }
 
@@ -151,7 +151,7 @@ func TestStreamBesideARandomReaderOnADeviceAtCapacityIsNotTried(t *testing.T) {
 	r.tn.fstats = map[probe.FileKey]detector.FileStats{k1: fs, rnd.Key: rnd}
 	r.tn.dstats[sdb] = detector.DeviceStats{Device: sdb, Bytes: 80e6, BusyThroughput: 80e6}
 	r.tn.capSeen = map[probe.FileKey]time.Duration{}
-	at, why := r.tn.atCapacity(fs)
+	at, why := r.tn.atStep().atCapacity(fs)
 	assert.True(t, at)
 	assert.Contains(t, why, "random readers")
 
@@ -159,6 +159,6 @@ func TestStreamBesideARandomReaderOnADeviceAtCapacityIsNotTried(t *testing.T) {
 	r.tn.fstats[rnd.Key] = rnd
 	r.tn.scopeOf[rnd.Key] = scopeVerdict{outside: true, at: now}
 	r.tn.capSeen = map[probe.FileKey]time.Duration{}
-	at, why = r.tn.atCapacity(fs)
+	at, why = r.tn.atStep().atCapacity(fs)
 	assert.False(t, at, why)
 }

@@ -14,7 +14,7 @@ import (
 
 // driveFile advances the file's knobs; with escalate false it only judges
 // a step under trial (the regime ended: no new step).
-func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
+func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 	// A file refused by the allow-paths is not retried for BackoffMax;
 	// but one refused silently while it was tried on its outcome alone is
 	// tried once more when a regime asks for it, so the refusal of a
@@ -108,7 +108,7 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 	if fd.byRate {
 		learnedAt, _ = t.atCapacity(t.fstats[fd.key])
 	}
-	if escalate && m.ok && (capBPS > 0 && m.tput >= capFrac*capBPS && (!fd.byRate || fd.win.capKept) || learnedAt) && !fd.regimeJustIn {
+	if escalate && m.ok && (capBPS > 0 && m.tput >= capFrac*capBPS && (!fd.byRate || fd.win.capKept) || learnedAt) && !t.justIn {
 		// The file already reads at (nearly) the device's capacity: a
 		// further window step or prefetch has nothing left to gain and
 		// costs a trial interval to learn that. Judge a trial, take none.
@@ -131,7 +131,7 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 	if escalate && fd.pf.trial == 0 {
 		t.kneeStale(fd, m)
 	}
-	if t.measSpan == 0 && fd.pf.trial == 0 && t.watchRandom(fd, m) {
+	if t.span == 0 && fd.pf.trial == 0 && t.watchRandom(fd, m) {
 		return // the kept window cost the random readers beside it too much: lowered
 	}
 	applyWin := func(kb int) error { return t.pinFile(fd, kb, nil, true) }
@@ -168,7 +168,7 @@ func (t *Tuner) driveFile(fd *fileDec, escalate bool) {
 	}
 }
 
-func (t *Tuner) driveDevice(d *devState, why string, escalate bool) {
+func (t judgeCtx) driveDevice(d *devState, why string, escalate bool) {
 	t.drive(&d.win, d, probe.FileKey{}, "", t.devMeasure(d.dev), why, escalate, func(kb int) error {
 		if err := t.setDevice(d, kb, true); err != nil {
 			return err
@@ -192,7 +192,7 @@ func (t *Tuner) ownWindow(k probe.FileKey) bool {
 // (tail inflation) slows the readers that already hold their files open
 // too. Files with a decision of their own keep their window. With the
 // device back at its original, the files reached earlier get it back.
-func (t *Tuner) reachOpenFiles(d *devState) {
+func (t judgeCtx) reachOpenFiles(d *devState) {
 	if t.cfg.DryRun || t.scope.Empty() {
 		return
 	}
@@ -282,7 +282,7 @@ func (t *Tuner) undoFile(fd *fileDec, why string) {
 	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo, FromKB: w, ToKB: fd.win.base, Result: res, Evidence: why})
 }
 
-func (t *Tuner) undoDevice(d *devState, why string) {
+func (t judgeCtx) undoDevice(d *devState, why string) {
 	now := t.deps.Clock.Now()
 	d.winActive = false
 	if t.cfg.DryRun {

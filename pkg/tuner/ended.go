@@ -117,7 +117,7 @@ func (t *Tuner) endUnjudged(fd *fileDec, read time.Duration) {
 // device's other files: they are not judged here). No next step is taken:
 // the stream has stopped.
 func (t *Tuner) EndedVerdict(ts TrialSpan, snap detector.Snapshot) []Action {
-	return t.judgeOn(snap, ts.Span, &t.endedJudge, false, EvKeptEnded, func(f detector.FileStats, fd *fileDec) bool {
+	return t.judgeOn(snap, ts.Span, judgeEnded, EvKeptEnded, func(f detector.FileStats, fd *fileDec) bool {
 		return f.Key == ts.Key && fd.pf.trial == 0
 	})
 }

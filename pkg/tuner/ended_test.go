@@ -113,7 +113,7 @@ func TestStreamsRateIsOverThePartOfTheSpanItRead(t *testing.T) {
 	view := func(fs detector.FileStats) measure {
 		r.tn.snap = detector.Snapshot{Now: now, Files: []detector.FileStats{fs}}
 		r.tn.fstats = map[probe.FileKey]detector.FileStats{k: fs}
-		return r.tn.fileMeasure(k)
+		return r.tn.atStep().fileMeasure(k)
 	}
 	assert.InDelta(t, 60e6, view(fs).rate, 1, "read all along")
 	r.tn.readers[k] = map[uint32]*readerInfo{7: {firstSeen: now - 300*time.Millisecond, lastSeen: now}}

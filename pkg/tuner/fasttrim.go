@@ -68,10 +68,10 @@ func (t *Tuner) FastTrim(snap detector.Snapshot, span time.Duration) []Action {
 	if t.cfg.DisableTrim || t.scope.Empty() || span <= 0 || len(snap.Files) == 0 {
 		return nil
 	}
-	defer t.useView(snap, span)()
+	j := t.on(snap, span, judgeStep)
 	for _, d := range sortedDevs(t.devs) {
 		if t.helping(d) && slices.ContainsFunc(snap.Devices, func(ds detector.DeviceStats) bool { return ds.Device == d.dev }) {
-			t.startTrims(d, false)
+			j.startTrims(d, false)
 		}
 	}
 	return t.out

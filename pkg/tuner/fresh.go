@@ -27,7 +27,7 @@ const priorsSaveEvery = 5 * time.Second
 // is pinned on the reader's open file now, from the event path, as a trial
 // judged like any other one Settle later against the throughput the prior's
 // streams had at the device's window. Called with t.mu held.
-func (t *Tuner) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Duration) {
+func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Duration) {
 	key, disk, tgid, evTime := ev.File, ev.Device, ev.Tgid, ev.Time
 	if disk == 0 || t.cfg.DryRun || t.scope.Empty() || !t.mem.has(key.Dev) || now-r.priorAt < t.cfg.Grace && r.priorAt != 0 {
 		return
@@ -151,7 +151,7 @@ func followsStream(prev uint64, ev probe.ReadaheadEvent) bool {
 // window no longer pays there (the device recovered): the prior is
 // dropped. Otherwise the prior stands and the next re-check waits twice as
 // long. Called from Step with t.mu held.
-func (t *Tuner) judgePriorChecks(now time.Duration) {
+func (t judgeCtx) judgePriorChecks(now time.Duration) {
 	for _, p := range t.mem.dirs {
 		if p.checking.IsZero() || now-p.checkStart < t.cfg.Settle-t.cfg.Settle/10 {
 			continue
@@ -246,7 +246,7 @@ func (t *Tuner) savePriors(force bool) {
 // fresh open; its decision is from an earlier stream). Not over a knee the
 // file's own steps found, nor beside random readers (their budget sizes
 // every step there), nor while a step or re-probe is under way.
-func (t *Tuner) catchUp(fd *fileDec, now time.Duration) {
+func (t judgeCtx) catchUp(fd *fileDec, now time.Duration) {
 	l := &fd.win
 	if t.cfg.DryRun || l.trial != 0 || l.probeUntil != 0 || l.knee || fd.pf.trial != 0 || l.cur <= l.base || t.randomReaderBeside(fd) {
 		return

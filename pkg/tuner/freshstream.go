@@ -81,40 +81,15 @@ func (t *Tuner) FreshStreams() ([]probe.FileKey, time.Duration) {
 // is measured on (FastOn's recent snapshot).
 func (t *Tuner) RecentSpan() time.Duration { return t.cfg.Settle / freshSpanDiv }
 
-// useView switches the tuner's view to snap, a snapshot of the detector's
-// recent requests over span (its measures are then over span), and returns
-// what switches it back. A device's capacity missing from snap is the one
-// the view had.
-func (t *Tuner) useView(snap detector.Snapshot, span time.Duration) (restore func()) {
-	savedF, savedD, savedSnap := t.fstats, t.dstats, t.snap
-	t.fstats = make(map[probe.FileKey]detector.FileStats, len(snap.Files))
-	for _, f := range snap.Files {
-		t.fstats[f.Key] = f
-	}
-	t.dstats = make(map[probe.Dev]detector.DeviceStats, len(snap.Devices))
-	for _, d := range snap.Devices {
-		if old, ok := savedD[d.Device]; ok && d.CapacityBPS <= 0 {
-			d.CapacityBPS = old.CapacityBPS
-		}
-		t.dstats[d.Device] = d
-	}
-	t.snap, t.measSpan = snap, span
-	return func() { t.fstats, t.dstats, t.snap, t.measSpan = savedF, savedD, savedSnap, 0 }
-}
-
-// viewSpan is the span the tuner's view covers: a Settle, or the recent
-// span of a check between Steps (useView).
-func (t *Tuner) viewSpan() time.Duration {
-	if t.measSpan > 0 {
-		return t.measSpan
-	}
-	return t.cfg.Settle
-}
-
 // newOutcomeDec records a decision judged by the stream's rate, for a
 // stream bound by its window with no regime, at the device's window.
 func (t *Tuner) newOutcomeDec(k probe.FileKey, d *devState, now time.Duration) *fileDec {
-	fd := &fileDec{key: k, dev: d, byRate: true, regimes: []detector.RegimeKind{WindowBound}, lastNeeded: now,
+	return t.newDec(k, d, true, now, WindowBound)
+}
+
+// newDec records a decision on k, at the device's window, needed now.
+func (t *Tuner) newDec(k probe.FileKey, d *devState, byRate bool, now time.Duration, regimes ...detector.RegimeKind) *fileDec {
+	fd := &fileDec{key: k, dev: d, byRate: byRate, regimes: regimes, lastNeeded: now,
 		win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
 		pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
 	t.files[k] = fd
@@ -134,10 +109,9 @@ func (t *Tuner) FastOutcome(snap detector.Snapshot, span time.Duration) []Action
 		return nil
 	}
 	now := t.deps.Clock.Now()
-	// The measures of the first step are over the recent span: the tuner's
-	// view is switched to it for the step, and back after.
-	defer t.useView(snap, span)()
-	t.noteTails(snap.Files, now)
+	// The first step is measured on the recent span.
+	j := t.on(snap, span, judgeStep)
+	j.noteTails(snap.Files, now)
 	for _, f := range snap.Files {
 		if _, ok := t.fresh[f.Key]; !ok || t.ownWindow(f.Key) || t.trims[f.Key] != nil || t.mem.checking(f.Key) {
 			continue
@@ -145,16 +119,16 @@ func (t *Tuner) FastOutcome(snap detector.Snapshot, span time.Duration) []Action
 		if f.Requests < freshMinRequests {
 			continue
 		}
-		ok, why := t.windowBound(f, snap.Now)
+		ok, why := j.windowBound(f, snap.Now)
 		if !ok {
 			continue
 		}
 		d := t.device(f.Device)
-		if d == nil || !t.outcomeDue(d, f.Key) {
+		if d == nil || !j.outcomeDue(d, f.Key) {
 			continue
 		}
 		delete(t.fresh, f.Key)
-		t.refreshRandom(d)
+		j.refreshRandom(d)
 		fd := t.files[f.Key]
 		created := fd == nil
 		if created {
@@ -168,7 +142,7 @@ func (t *Tuner) FastOutcome(snap detector.Snapshot, span time.Duration) []Action
 		}
 		t.log.Debug("tuner: fresh stream bound by its window", "file", f.Key.String(), "span", span, "why", why, "reopened", !created)
 		n := len(t.out)
-		t.driveFile(fd, true)
+		j.driveFile(fd, true)
 		if len(t.out) == n {
 			// No step and nothing to report (no reader's descriptor found
 			// yet, the sysfs budget spent): the next Step decides, as it

@@ -6,6 +6,7 @@ package tuner
 // one a step must not take.
 
 import (
+	"cmp"
 	"slices"
 	"time"
 
@@ -13,7 +14,66 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-func (t *Tuner) fileMeasure(k probe.FileKey) measure {
+// view is what steps are measured and judged on: a detector snapshot, its
+// files and devices by key, and the span its stats cover (0: a Step's
+// Settle; else the recent span of a check between Steps).
+type view struct {
+	snap   detector.Snapshot
+	fstats map[probe.FileKey]detector.FileStats
+	dstats map[probe.Dev]detector.DeviceStats
+	span   time.Duration
+}
+
+// newView indexes snap, over span. A device's capacity missing from snap
+// is the one in carry (the last Step's).
+func newView(snap detector.Snapshot, span time.Duration, carry map[probe.Dev]detector.DeviceStats) *view {
+	v := &view{snap: snap, span: span, fstats: make(map[probe.FileKey]detector.FileStats, len(snap.Files)),
+		dstats: make(map[probe.Dev]detector.DeviceStats, len(snap.Devices))}
+	for _, f := range snap.Files {
+		v.fstats[f.Key] = f
+	}
+	for _, d := range snap.Devices {
+		if old, ok := carry[d.Device]; ok && d.CapacityBPS <= 0 {
+			d.CapacityBPS = old.CapacityBPS
+		}
+		v.dstats[d.Device] = d
+	}
+	return v
+}
+
+// judgeMode is how a step under trial is judged.
+type judgeMode int
+
+const (
+	judgeStep  judgeMode = iota // at its Settle (a Step; a step taken between Steps)
+	judgeEarly                  // before it, kept only if it clearly pays (FastVerdict)
+	judgeEnded                  // at once, on the span since it: its stream stopped (EndedVerdict)
+)
+
+// judgeCtx is what one call measures and judges by: a view, the judging
+// mode, and whether the detector's fast path entered the regime a moment
+// ago (justIn: drive.go does not hold the stream at capacity). Measuring
+// and judging are its methods, so a verdict is a function of these values,
+// whichever entry point called. Its view shadows the Tuner's (the last Step's).
+type judgeCtx struct {
+	*Tuner
+	*view
+	mode   judgeMode
+	justIn bool
+}
+
+// on is the context of a call on snap (over span, a check between Steps).
+func (t *Tuner) on(snap detector.Snapshot, span time.Duration, mode judgeMode) judgeCtx {
+	return judgeCtx{Tuner: t, view: newView(snap, span, t.dstats), mode: mode}
+}
+
+// atStep is the context of a call on the last Step's view.
+func (t *Tuner) atStep() judgeCtx { return judgeCtx{Tuner: t, view: &t.view} }
+
+// viewSpan is the span the view's stats cover.
+func (t judgeCtx) viewSpan() time.Duration { return cmp.Or(t.span, t.cfg.Settle) }
+
+func (t judgeCtx) fileMeasure(k probe.FileKey) measure {
 	fs, ok := t.fstats[k]
 	if !ok || fs.BusyThroughput <= 0 || t.snap.Now-fs.LastSeen > t.cfg.Settle {
 		return measure{}
@@ -29,7 +89,7 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 	// Judging a stream that stopped (EndedVerdict), the span is the
 	// step's: it ends at the stream's last request.
 	active, ended := span, false
-	if gap := (t.snap.Now - fs.LastSeen).Seconds(); gap > endedGap.Seconds() || t.endedJudge {
+	if gap := (t.snap.Now - fs.LastSeen).Seconds(); gap > endedGap.Seconds() || t.mode == judgeEnded {
 		active, ended = span-gap, true
 		if active < endedMinActive.Seconds() {
 			return measure{}
@@ -88,7 +148,7 @@ func (t *Tuner) fileMeasure(k probe.FileKey) measure {
 // wins back, as it does under a contention regime; random and mmap readers
 // are protected by the trim and the no-device-window rule instead, and
 // left out of every total.
-func (t *Tuner) protectedStream(k probe.FileKey, fs detector.FileStats) bool {
+func (t judgeCtx) protectedStream(k probe.FileKey, fs detector.FileStats) bool {
 	if fs.Sequentiality < t.cfg.MinSequentiality || t.snap.Now-fs.LastSeen > t.cfg.Settle {
 		return false
 	}
@@ -149,7 +209,7 @@ func (t *Tuner) outsideScope(k probe.FileKey) bool {
 
 // measureFor is the measure a decision is judged by: the stream's rate for
 // decisions no regime started, its busy throughput otherwise.
-func (t *Tuner) measureFor(fd *fileDec) measure {
+func (t judgeCtx) measureFor(fd *fileDec) measure {
 	m := t.fileMeasure(fd.key)
 	m.othersMustNotLose = fd.byRate
 	if fd.byRate {
@@ -167,7 +227,7 @@ func (t *Tuner) measureFor(fd *fileDec) measure {
 	return m
 }
 
-func (t *Tuner) devMeasure(dev probe.Dev) measure {
+func (t judgeCtx) devMeasure(dev probe.Dev) measure {
 	ds, ok := t.dstats[dev]
 	if !ok || ds.BusyThroughput <= 0 {
 		return measure{}

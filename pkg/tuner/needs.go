@@ -15,7 +15,7 @@ import (
 // regimes), the device of each, and the devices that need a device-wide
 // window and why. Outcome-driven needs (streams bound by their window, no
 // regime) are added by outcomeNeeds.
-func (t *Tuner) needs(snap detector.Snapshot) (fileNeeds map[probe.FileKey][]detector.RegimeKind, fileDev map[probe.FileKey]probe.Dev, devWide map[probe.Dev]string) {
+func (t judgeCtx) needs(snap detector.Snapshot) (fileNeeds map[probe.FileKey][]detector.RegimeKind, fileDev map[probe.FileKey]probe.Dev, devWide map[probe.Dev]string) {
 	fileNeeds = map[probe.FileKey][]detector.RegimeKind{}
 	fileDev = map[probe.FileKey]probe.Dev{}
 	devWide = map[probe.Dev]string{}

@@ -196,8 +196,9 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		return nil
 	}
 	now := t.deps.Clock.Now()
-	t.stepDeferred(snap, span, now)
-	t.retryYoung(snap, span, now)
+	j := t.on(snap, span, judgeStep)
+	j.stepDeferred(now)
+	j.retryYoung(now)
 	type cand struct {
 		key  probe.FileKey
 		step float64 // bytes/s at the last Step
@@ -255,11 +256,10 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 	if len(cands) == 0 {
 		return t.out // the deferred steps'
 	}
-	defer t.useView(snap, span)()
-	t.noteTails(snap.Files, now)
+	j.noteTails(snap.Files, now)
 	for _, c := range cands {
-		f := t.fstats[c.key]
-		if ok, why := t.windowBound(f, snap.Now); !ok {
+		f := j.fstats[c.key]
+		if ok, why := j.windowBound(f, snap.Now); !ok {
 			t.log.Debug("tuner: stream slowed, not bound by its window", "file", c.key.String(), "why", why)
 			continue
 		}
@@ -271,7 +271,7 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		created := fd == nil
 		// At the device's window the device's outcome back-off holds, unless
 		// the latency says the conditions changed (outcomeDue).
-		if (created || fd.win.cur == fd.win.base) && !t.outcomeDue(d, c.key) {
+		if (created || fd.win.cur == fd.win.base) && !j.outcomeDue(d, c.key) {
 			t.log.Debug("tuner: stream slowed, device's outcome trials backed off", "file", c.key.String(),
 				"retry_in", d.outcomeRetryAt-now, "fail_p50", d.outcomeFailP50, "p50", f.P50)
 			continue
@@ -303,7 +303,7 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		// The interval before the slowdown is no reference for the step.
 		fd.win.lastM = measure{}
 		n := len(t.out)
-		t.driveFile(fd, true)
+		j.driveFile(fd, true)
 		if winAbandoned && fd.win.trial == 0 {
 			if err := t.pinFile(fd, fd.win.cur, nil, true); err != nil && !errors.Is(err, errNoReaders) {
 				t.log.Warn("tuner: could not put back the window kept before a trial the stream slowed in",
@@ -321,13 +321,13 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 	return t.out
 }
 
-// retryYoung takes again, on the recent requests (snap, over span), the
+// retryYoung takes again, on the recent requests (t's view), the
 // first steps undone because they were judged against a stream's start
 // (trial.go): once a quarter interval has measured the stream whole at the
 // device's window, not at the next Step. A block HDFS reads in two seconds
 // at +1 ms spent one of them at the default window waiting for that Step
 // (0.87 of the best static window).
-func (t *Tuner) retryYoung(snap detector.Snapshot, span time.Duration, now time.Duration) {
+func (t judgeCtx) retryYoung(now time.Duration) {
 	var due []*fileDec
 	for _, k := range sortedKeys(t.files) {
 		fd := t.files[k]
@@ -339,21 +339,20 @@ func (t *Tuner) retryYoung(snap detector.Snapshot, span time.Duration, now time.
 			l.youngUndoneAt = 0 // taken again, or the Step's to take
 			continue
 		}
-		if now-l.youngUndoneAt >= span {
+		if now-l.youngUndoneAt >= t.span {
 			due = append(due, fd)
 		}
 	}
 	if len(due) == 0 {
 		return
 	}
-	defer t.useView(snap, span)()
 	for _, fd := range due {
 		f, ok := t.fstats[fd.key]
 		if !ok || f.Requests < onsetMinRequests {
 			continue // not read enough in the span: the next check or Step
 		}
 		fd.win.youngUndoneAt = 0
-		if ok, why := t.windowBound(f, snap.Now); !ok {
+		if ok, why := t.windowBound(f, t.snap.Now); !ok {
 			t.log.Debug("tuner: step undone on a stream's start not taken again: not bound by its window", "file", fd.key.String(), "why", why)
 			continue
 		}
@@ -367,10 +366,10 @@ func (t *Tuner) retryYoung(snap detector.Snapshot, span time.Duration, now time.
 }
 
 // stepDeferred takes the first steps put off beside random readers
-// (deferBesideRandom) that are due, on the recent requests (snap, over
-// span): the random readers' references are first lowered to what they
+// (deferBesideRandom) that are due, on the recent requests (t's view):
+// the random readers' references are first lowered to what they
 // get since the slowdown began.
-func (t *Tuner) stepDeferred(snap detector.Snapshot, span time.Duration, now time.Duration) {
+func (t judgeCtx) stepDeferred(now time.Duration) {
 	var due []*fileDec
 	for _, k := range sortedKeys(t.files) {
 		if fd := t.files[k]; fd.deferUntil != 0 && now >= fd.deferUntil {
@@ -380,7 +379,6 @@ func (t *Tuner) stepDeferred(snap detector.Snapshot, span time.Duration, now tim
 	if len(due) == 0 {
 		return
 	}
-	defer t.useView(snap, span)()
 	for _, fd := range due {
 		fd.deferUntil = 0
 		if _, ok := t.fstats[fd.key]; !ok {

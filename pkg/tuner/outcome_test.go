@@ -1179,7 +1179,7 @@ func TestStreamThatPausedInsideAnIntervalIsMeasuredOnWhatItRead(t *testing.T) {
 	rate := func() float64 {
 		r.tn.mu.Lock()
 		defer r.tn.mu.Unlock()
-		return r.tn.fileMeasure(key).rate
+		return r.tn.atStep().fileMeasure(key).rate
 	}
 	assert.InDelta(t, 148e6, rate(), 2e6, "read all along")
 	events(0, 250*time.Millisecond)

@@ -38,7 +38,7 @@ const minBoundRequests = 8
 // and whether a reader has been reading it for a whole measurement (a
 // stream that started within the detector's window reads at a fraction of
 // its rate there: a step judged against that would be kept for nothing).
-func (t *Tuner) windowKB(k probe.FileKey) (int, bool) {
+func (t judgeCtx) windowKB(k probe.FileKey) (int, bool) {
 	now := t.deps.Clock.Now()
 	w, whole := 0, false
 	// Whole: read since before the span the tuner's view covers (a
@@ -63,7 +63,7 @@ func (t *Tuner) windowKB(k probe.FileKey) (int, bool) {
 // does not pay, the step is undone and backed off, and the trial teaches
 // the capacity); once it is, a stream that reads at it is not bound by its
 // window.
-func (t *Tuner) windowBound(fs detector.FileStats, now time.Duration) (bool, string) {
+func (t judgeCtx) windowBound(fs detector.FileStats, now time.Duration) (bool, string) {
 	if fs.Sequentiality < t.cfg.MinSequentiality {
 		return false, fmt.Sprintf("not sequential (%.2f)", fs.Sequentiality)
 	}
@@ -105,7 +105,7 @@ func (t *Tuner) windowBound(fs detector.FileStats, now time.Duration) (bool, str
 // outcomeNeeds adds to the needs every stream under the allow-paths that is
 // bound by its window (no regime required) and returns those whose need is
 // only that: their decisions are judged by the stream's rate.
-func (t *Tuner) outcomeNeeds(snap detector.Snapshot, needs map[probe.FileKey][]detector.RegimeKind, devOf map[probe.FileKey]probe.Dev) map[probe.FileKey]bool {
+func (t judgeCtx) outcomeNeeds(snap detector.Snapshot, needs map[probe.FileKey][]detector.RegimeKind, devOf map[probe.FileKey]probe.Dev) map[probe.FileKey]bool {
 	out := map[probe.FileKey]bool{}
 	if t.scope.Empty() {
 		return out
@@ -162,14 +162,14 @@ func (t *Tuner) regimeTakesOver(fd *fileDec) bool {
 // window than that trial tried (the conditions changed: a slowdown began
 // after a healthy spell, which must not wait out a healthy device's
 // back-off).
-func (t *Tuner) outcomeDue(d *devState, k probe.FileKey) bool {
+func (t judgeCtx) outcomeDue(d *devState, k probe.FileKey) bool {
 	return t.deps.Clock.Now() >= d.outcomeRetryAt || t.outcomeEvidence(d, k)
 }
 
 // outcomeEvidence reports whether file k shows what the device's last
 // unpaid outcome trial did not (outcomeDue): new evidence, which neither
 // the device's nor the file's own back-off holds up.
-func (t *Tuner) outcomeEvidence(d *devState, k probe.FileKey) bool {
+func (t judgeCtx) outcomeEvidence(d *devState, k probe.FileKey) bool {
 	fs, ok := t.fstats[k]
 	if !ok {
 		return false
@@ -215,7 +215,7 @@ const outcomeP50Nudge = 1.05
 // static window to the end of the run). Not in an interval where another
 // stream on the device had a step under trial (peerStepIn): its larger
 // window may have taken the share.
-func (t *Tuner) rateDropped(d *devState, k probe.FileKey, fs detector.FileStats) bool {
+func (t judgeCtx) rateDropped(d *devState, k probe.FileKey, fs detector.FileStats) bool {
 	risen := d.outcomeFailP50 > 0 && float64(fs.P50) >= outcomeP50Rise*float64(d.outcomeFailP50)
 	drop, mild := outcomeRateDrop, false
 	if fs.BusyThroughput >= drop*d.outcomeFailTput && d.outcomeFailP50 > 0 && float64(fs.P50) >= outcomeP50Nudge*float64(d.outcomeFailP50) {
@@ -248,7 +248,7 @@ func (t *Tuner) rateDropped(d *devState, k probe.FileKey, fs detector.FileStats)
 // before the stalls showed): new evidence, which neither the device's nor
 // the file's back-off holds up. (A healthy trial at 1024 KB that did not
 // pay says nothing of a stall that began after it and needs about as much.)
-func (t *Tuner) tailDue(d *devState, k probe.FileKey) bool {
+func (t judgeCtx) tailDue(d *devState, k probe.FileKey) bool {
 	fs, ok := t.fstats[k]
 	return ok && t.tailNow(k) && (!d.outcomeFailTail || t.tailNeedKB(k, fs.BusyThroughput) > d.outcomeFailKB)
 }
@@ -339,7 +339,7 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 // past the device's learned capacity (capacity.go): a stream within the
 // margin of it at the device's window has nothing left to gain, whatever
 // the kept window read under the conditions it was kept in.
-func (t *Tuner) stillPays(fd *fileDec) (bool, string) {
+func (t judgeCtx) stillPays(fd *fileDec) (bool, string) {
 	l := &fd.win
 	if t.deps.Clock.Now() < l.probeUntil {
 		return true, ""
@@ -401,7 +401,7 @@ func (t *Tuner) contentionAmongStreams(snap detector.Snapshot, dev probe.Dev) (s
 // the file's p95 latency at the device's learned capacity (Little's law),
 // 0 when the detector has not measured both. The p95, not the median: a
 // sequential reader stalls on the slowest request of its window.
-func (t *Tuner) windowHint(k probe.FileKey) int {
+func (t judgeCtx) windowHint(k probe.FileKey) int {
 	fs, ok := t.fstats[k]
 	if !ok {
 		return 0
@@ -432,7 +432,7 @@ func (t *Tuner) windowHint(k probe.FileKey) int {
 // under tail inflation that is the p99. Steps below it would each cost an
 // interval to learn only that they are too small (and under a periodic
 // stall, one interval's throughput says little).
-func (t *Tuner) tailHint(snap detector.Snapshot, dev probe.Dev) int {
+func (t judgeCtx) tailHint(snap detector.Snapshot, dev probe.Dev) int {
 	tail := false
 	for _, r := range snap.Regimes {
 		if r.Kind == detector.TailInflation && r.Device == dev && r.File.IsZero() {

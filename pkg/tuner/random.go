@@ -154,7 +154,7 @@ func (c randCost) over() bool { return c.n > 0 && (c.mean > 1 || c.tail >= randT
 
 // randomCost measures what the random readers on dev (other than except)
 // get now against their budgets.
-func (t *Tuner) randomCost(dev probe.Dev, except probe.FileKey) randCost {
+func (t judgeCtx) randomCost(dev probe.Dev, except probe.FileKey) randCost {
 	var c randCost
 	worst := -1.0
 	for _, r := range t.randomsBeside(dev, except) {
@@ -217,7 +217,7 @@ func (t *Tuner) meanBudget(r randObs) float64 {
 // now (a random reader without a reference yet, or no budget left), -1
 // when no random reader is beside it. A reader still reading around with
 // the device's window is counted as trimmed: its trim comes with the step.
-func (t *Tuner) randomLimitKB(fd *fileDec) (int, string) {
+func (t judgeCtx) randomLimitKB(fd *fileDec) (int, string) {
 	rs := t.randomsBeside(fd.dev.dev, fd.key)
 	if len(rs) == 0 {
 		return -1, ""
@@ -370,7 +370,7 @@ func (t *Tuner) learnRandomSlope(d *devState, l *ladder, m measure) {
 // randomNow: the recent requests hold a random reader on dev, which the
 // tuner's view does not before its first Step (a daemon that has just
 // started). It reports whether it did.
-func (t *Tuner) deferBesideRandom(fd *fileDec, dev probe.Dev, now time.Duration, randomNow bool) bool {
+func (t judgeCtx) deferBesideRandom(fd *fileDec, dev probe.Dev, now time.Duration, randomNow bool) bool {
 	if !randomNow && !t.randomBesideDev(dev, fd.key) || !t.untouched(fd.dev) {
 		return false
 	}
@@ -391,7 +391,7 @@ func (t *Tuner) deferBesideRandom(fd *fileDec, dev probe.Dev, now time.Duration,
 // raised at all (the default window's p99 per second on the lab: 3.5-7.1
 // ms within one run); a cost the window causes shows in most intervals. It
 // reports whether it lowered the window.
-func (t *Tuner) watchRandom(fd *fileDec, m measure) bool {
+func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 	l := &fd.win
 	if m.rand.n == 0 || l.cur <= l.base {
 		l.resetWatch()
@@ -450,7 +450,7 @@ func (t *Tuner) watchRandom(fd *fileDec, m measure) bool {
 // untrimmedBeside reports whether a random reader beside except on dev
 // still reads around with the device's window though a trim could reach
 // it (readAroundSized, trims on, none backed off).
-func (t *Tuner) untrimmedBeside(dev probe.Dev, except probe.FileKey) bool {
+func (t judgeCtx) untrimmedBeside(dev probe.Dev, except probe.FileKey) bool {
 	if t.cfg.DisableTrim {
 		return false
 	}

@@ -357,7 +357,7 @@ func TestNoStepBesideARandomReaderWithoutItsReference(t *testing.T) {
 	l.run(1)
 	delete(l.tn.randRefs, l.rkey)
 	l.tn.mu.Lock()
-	lim, why := l.tn.randomLimitKB(&fileDec{key: l.st.key, dev: l.tn.devs[sdb], win: ladder{base: 128, cur: 128}})
+	lim, why := l.tn.atStep().randomLimitKB(&fileDec{key: l.st.key, dev: l.tn.devs[sdb], win: ladder{base: 128, cur: 128}})
 	l.tn.mu.Unlock()
 	assert.Zero(t, lim)
 	assert.Contains(t, why, "no reference")
@@ -512,7 +512,7 @@ func TestRandomCostEvidenceNamesTheReader(t *testing.T) {
 			l.tn.fstats[k] = fs
 		}
 	}
-	c := l.tn.randomCost(sdb, l.st.key)
+	c := l.tn.atStep().randomCost(sdb, l.st.key)
 	assert.Equal(t, 1, c.n)
 	assert.Greater(t, c.mean, 1.0)
 	assert.InDelta(t, 2.0, c.tail, 0.01)
@@ -993,7 +993,7 @@ func TestEstimatedReferenceCountsTheTrimOnTheRequestsItReached(t *testing.T) {
 		fs := randomStats(l.rkey, l.clk.Now(), 600, mean, p99, uint64(sizeKB)<<10)
 		svc, ok := serviceOf(fs)
 		require.True(t, ok)
-		est := tn.untouchedEstimate(fs, svc)
+		est := tn.atStep().untouchedEstimate(fs, svc)
 		t.Logf("%d KB per request: measured %v, estimated %v, %v at the default window", sizeKB, svc.mean, est.mean, trueMean)
 		assert.InDelta(t, float64(trueMean), float64(est.mean), 0.1*float64(trueMean), "%d KB per request", sizeKB)
 	}

@@ -14,7 +14,7 @@ import (
 
 // randomReaderBeside reports whether another file on fd's device is read
 // randomly now (or its read-around is trimmed).
-func (t *Tuner) randomReaderBeside(fd *fileDec) bool {
+func (t judgeCtx) randomReaderBeside(fd *fileDec) bool {
 	for _, td := range t.trims {
 		if td.dev == fd.dev {
 			return true
@@ -33,7 +33,7 @@ func (t *Tuner) randomReaderBeside(fd *fileDec) bool {
 // around it, so a larger device window makes every fault larger), or one
 // trimmed there, if any. A buffered random reader reads what it asks for
 // whatever the window and is no reason to keep the device's window down.
-func (t *Tuner) randomOnDevice(dev probe.Dev) (probe.FileKey, bool) {
+func (t judgeCtx) randomOnDevice(dev probe.Dev) (probe.FileKey, bool) {
 	for k, td := range t.trims {
 		if td.dev != nil && td.dev.dev == dev {
 			return k, true
@@ -53,7 +53,7 @@ func (t *Tuner) randomOnDevice(dev probe.Dev) (probe.FileKey, bool) {
 
 // randomsBeside returns the random readers on dev in the tuner's view,
 // other than except, with their service now.
-func (t *Tuner) randomsBeside(dev probe.Dev, except probe.FileKey) []randObs {
+func (t judgeCtx) randomsBeside(dev probe.Dev, except probe.FileKey) []randObs {
 	var out []randObs
 	for k, fs := range t.fstats {
 		if k == except || fs.Device != dev || !t.readRandomly(fs) {
@@ -80,7 +80,7 @@ type randObs struct {
 // they wait in too), with why; false with no random reader to compare with.
 // Measured on the lab, healthy: the stream's median 2.5 ms, 1.1 of it
 // behind its own requests, beside a random reader's 1.2-2.5 ms.
-func (t *Tuner) slowerThanPeers(fs detector.FileStats) (bool, string) {
+func (t judgeCtx) slowerThanPeers(fs detector.FileStats) (bool, string) {
 	var peer time.Duration
 	for _, r := range t.randomsBeside(fs.Device, fs.Key) {
 		if r.fs.Requests >= minBoundRequests && r.fs.P50 > peer {
@@ -106,7 +106,7 @@ func (t *Tuner) slowerThanPeers(fs detector.FileStats) (bool, string) {
 
 // randomBesideDev reports whether a file other than except is read
 // randomly on dev in the tuner's view.
-func (t *Tuner) randomBesideDev(dev probe.Dev, except probe.FileKey) bool {
+func (t judgeCtx) randomBesideDev(dev probe.Dev, except probe.FileKey) bool {
 	for k, fs := range t.fstats {
 		if k != except && fs.Device == dev && t.readRandomly(fs) {
 			return true

@@ -55,7 +55,7 @@ func (t *Tuner) untouched(d *devState) bool {
 
 // observeRandom learns the references of the random readers in the Step's
 // snapshot (t.mu held).
-func (t *Tuner) observeRandom(now time.Duration) {
+func (t judgeCtx) observeRandom(now time.Duration) {
 	for _, fs := range t.snap.Files {
 		if !t.readRandomly(fs) {
 			continue
@@ -95,7 +95,7 @@ func (t *Tuner) observeRandom(now time.Duration) {
 // delays its requests by randSlack KB transfers at the device's capacity;
 // a trim it already has saves it the transfer of the part of its
 // read-around it no longer reads. That account is of its mean.
-func (t *Tuner) untouchedEstimate(fs detector.FileStats, svc randService) randService {
+func (t judgeCtx) untouchedEstimate(fs detector.FileStats, svc randService) randService {
 	d := t.devs[fs.Device]
 	capBPS := t.capacity(fs.Device)
 	if d == nil || capBPS <= 0 {
@@ -116,7 +116,7 @@ func (t *Tuner) untouchedEstimate(fs detector.FileStats, svc randService) randSe
 
 // capacity is the device's learned capacity in bytes per second, or its
 // busy throughput before one is learned; 0 when neither is known.
-func (t *Tuner) capacity(dev probe.Dev) float64 {
+func (t judgeCtx) capacity(dev probe.Dev) float64 {
 	if c := t.dstats[dev].CapacityBPS; c > 0 {
 		return c
 	}
@@ -128,7 +128,7 @@ func (t *Tuner) capacity(dev probe.Dev) float64 {
 // counted for the share of the measure it was in force: a window raised
 // within the measure delayed only the part of the requests after it (a
 // prior given a moment ago).
-func (t *Tuner) raisedExcess(d *devState, except probe.FileKey) float64 {
+func (t judgeCtx) raisedExcess(d *devState, except probe.FileKey) float64 {
 	span, now := t.viewSpan(), t.deps.Clock.Now()
 	var excess float64
 	for _, fd := range t.files {
@@ -177,7 +177,7 @@ func (t *Tuner) trimSaving(key probe.FileKey, size float64) float64 {
 // enough recent requests for their p99 (refreshTailRequests) and no
 // device-wide window raised (that one enlarges the reader's own requests
 // too); ok is false otherwise.
-func (t *Tuner) tailAtDefault(r randObs) (time.Duration, bool) {
+func (t judgeCtx) tailAtDefault(r randObs) (time.Duration, bool) {
 	d := t.devs[r.fs.Device]
 	capBPS := t.capacity(r.fs.Device)
 	if !r.ok || r.ref == nil || r.svc.requests < refreshTailRequests || d == nil || d.raisedWide() || capBPS <= 0 ||
@@ -216,7 +216,7 @@ func tailPerByte(d *devState, capBPS float64) float64 {
 // reference says, which holds a step back through the verdict's second
 // interval and the watch, never at once (far off is 1.6x). It reports
 // whether the p99 is sure, and whether it is the account's.
-func (t *Tuner) tailRef(r randObs) (tail time.Duration, sure, estimated bool) {
+func (t judgeCtx) tailRef(r randObs) (tail time.Duration, sure, estimated bool) {
 	tail, sure = r.ref.svc.tail, r.ref.tailSure
 	if est, ok := t.tailAtDefault(r); ok {
 		floor := tail
@@ -244,7 +244,7 @@ func (t *Tuner) tailRef(r randObs) (tail time.Duration, sure, estimated bool) {
 // account, which on the lab at +3 ms put it at 0.51 ms against the 1.6 ms
 // the default window gives it, and held the stream beside it at the
 // default window.
-func (t *Tuner) referAtTrim(fs detector.FileStats) {
+func (t judgeCtx) referAtTrim(fs detector.FileStats) {
 	if t.randRefs[fs.Key] != nil {
 		return
 	}
@@ -256,7 +256,7 @@ func (t *Tuner) referAtTrim(fs detector.FileStats) {
 // addRandRef gives a random reader with no reference one from svc: as
 // measured where nothing readaheadd does is in force on its device
 // (clean), else estimated without the raised windows (untouchedEstimate).
-func (t *Tuner) addRandRef(fs detector.FileStats, svc randService, clean bool, now time.Duration, msg string) {
+func (t judgeCtx) addRandRef(fs detector.FileStats, svc randService, clean bool, now time.Duration, msg string) {
 	if len(t.randRefs) >= maxRandRefs {
 		return
 	}
@@ -291,7 +291,7 @@ func (t *Tuner) addRandRef(fs detector.FileStats, svc randService, clean bool, n
 // prior read p99 2.0-2.7 ms against the default window's 2.1-2.6 in the
 // same runs; taken as estimates, their p99 counted only from 1.6x, and the
 // stream stepped past the prior to 352 KB with the reader's p99 1.25x.
-func (t *Tuner) raisedJustNow(dev probe.Dev, except probe.FileKey) bool {
+func (t judgeCtx) raisedJustNow(dev probe.Dev, except probe.FileKey) bool {
 	d := t.devs[dev]
 	if d == nil || d.raisedWide() || t.trimmedOn(d) {
 		return false
@@ -330,7 +330,7 @@ func ewmaDur(old, x time.Duration, alpha float64) time.Duration {
 // the moment, and a slowdown that just began (a slowed stream leaves them
 // more of the device) or a stream that just opened (it takes some) changed
 // those since the last Step learned it.
-func (t *Tuner) refreshRandom(d *devState) {
+func (t judgeCtx) refreshRandom(d *devState) {
 	if !t.untouched(d) {
 		return
 	}

@@ -29,7 +29,7 @@ const slowedFrac = 0.8
 // bandwidth to spare (a healthy stream alone reads at 0.93-1.0 of it;
 // several share it). Never beside a random reader. The device's total and
 // its other readers are judged after this, as for any step.
-func (t *Tuner) shiftKeep(file probe.FileKey, l *ladder, m measure) (string, bool) {
+func (t judgeCtx) shiftKeep(file probe.FileKey, l *ladder, m measure) (string, bool) {
 	fd := t.files[file]
 	if fd == nil || !m.ok || l.kind != KindFileWindow || t.randomReaderBeside(fd) {
 		// Beside a random reader every step pays its margin, as for a

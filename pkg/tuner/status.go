@@ -133,7 +133,7 @@ func (t *Tuner) RestoreAll() error {
 			t.emit(Action{Time: t.deps.Clock.Now(), Device: d.name, Dev: d.dev, Kind: KindDeviceWindowUndo, FromKB: from, ToKB: d.orig, Result: ResultUndone, Evidence: "shutting down"})
 		}
 		if len(d.reached) > 0 {
-			t.reachOpenFiles(d)
+			t.atStep().reachOpenFiles(d)
 		}
 	}
 	for k, fd := range t.files {

@@ -68,7 +68,7 @@ const (
 
 // noteTails records the files whose requests show a tail now, and forgets
 // stale ones (the table stays as small as the streams with a tail).
-func (t *Tuner) noteTails(files []detector.FileStats, now time.Duration) {
+func (t judgeCtx) noteTails(files []detector.FileStats, now time.Duration) {
 	if t.tails == nil {
 		t.tails = map[probe.FileKey]tailSeen{}
 	}
@@ -155,7 +155,7 @@ func (t *Tuner) tailNeedKB(k probe.FileKey, rateBPS float64) int {
 // the device's capacity). Never beside a random reader, whose faults wait
 // behind every window of the stream's queued transfers: there each step
 // must pay.
-func (t *Tuner) tailKeep(file probe.FileKey, l *ladder, m measure) (string, bool) {
+func (t judgeCtx) tailKeep(file probe.FileKey, l *ladder, m measure) (string, bool) {
 	fd := t.files[file]
 	if fd == nil || !m.ok || l.kind != KindFileWindow || t.randomReaderBeside(fd) {
 		return "", false
@@ -202,7 +202,7 @@ func (t *Tuner) tailKeep(file probe.FileKey, l *ladder, m measure) (string, bool
 // span ago (the tick that judges a step) leaves the span clean. The span is
 // the one the requests came from: a Settle, or the recent view a check
 // between Steps looks at (a change 0.6 s before a 250 ms view is not in it).
-func (t *Tuner) windowMoved(k probe.FileKey, dev probe.Dev, now time.Duration) bool {
+func (t judgeCtx) windowMoved(k probe.FileKey, dev probe.Dev, now time.Duration) bool {
 	span := t.viewSpan()
 	span -= span / 10
 	within := func(at time.Duration) bool { return at != 0 && now-at < span }
@@ -237,7 +237,7 @@ func (t *Tuner) tailNow(k probe.FileKey) bool {
 // more than the step (rate x p99). A stall-free before-measure cannot be
 // matched by a window too small for the stall; one large enough for it
 // reads at the stall-free rate through it. Counted as a put-off verdict.
-func (t *Tuner) tailResize(file probe.FileKey, l *ladder, m measure, maxKB int) int {
+func (t judgeCtx) tailResize(file probe.FileKey, l *ladder, m measure, maxKB int) int {
 	if l.kind != KindFileWindow || l.beforeTail || l.later >= tailMaxLater || !t.tailNow(file) || l.trial >= maxKB {
 		return 0
 	}

@@ -202,7 +202,7 @@ func (m measure) String() string {
 
 // drive advances one knob's closed loop: it judges a step under trial and,
 // if escalate, takes the next one. It reports whether it did anything.
-func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m measure, why string, escalate bool, apply func(int) error) bool {
+func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string, m measure, why string, escalate bool, apply func(int) error) bool {
 	now := t.deps.Clock.Now()
 	max := t.cfg.MaxKB
 	if l.kind == KindPrefetch {
@@ -221,7 +221,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		// step may read the clock a little early, and must still judge it
 		// (otherwise every step would take two intervals).
 		early := now-l.trialAt < t.cfg.Settle-t.cfg.Settle/10
-		if early && !t.keepsEarly(d, l, m, now) && !(t.endedJudge && m.ok) {
+		if early && !t.keepsEarly(d, l, m, now) && !(t.mode == judgeEnded && m.ok) {
 			return false
 		}
 		if !m.ok && now-l.trialAt < 4*t.cfg.Settle {
@@ -248,7 +248,7 @@ func (t *Tuner) drive(l *ladder, d *devState, file probe.FileKey, path string, m
 		if atCap && margin == ordinary {
 			ev += fmt.Sprintf(" (half the margin: the stream alone reads at the device's capacity, %.1f MB/s)", t.dstats[d.dev].CapacityBPS/1e6)
 		}
-		if m.ok && gain < margin && !t.endedJudge { // a stream that ended reads no more to resize or wait for
+		if m.ok && gain < margin && t.mode != judgeEnded { // a stream that ended reads no more to resize or wait for
 			if next := t.tailResize(file, l, m, max); next > 0 {
 				// The step's span stalled, the span before it did not, and
 				// the stall needs more than the step: the larger step is
@@ -446,7 +446,7 @@ const capacityReach = 0.97
 // stream at the device's window 8-9% (137 MB/s against 150 at any window
 // from 512 KB), under a 10% margin for ever. Beside a random reader every step must pay
 // in full: the reader pays for it.
-func (t *Tuner) marginFor(l *ladder, d *devState, file probe.FileKey, m measure) (float64, bool) {
+func (t judgeCtx) marginFor(l *ladder, d *devState, file probe.FileKey, m measure) (float64, bool) {
 	if l.kind == KindDeviceWindow {
 		return t.cfg.DeviceMargin, false
 	}
@@ -467,7 +467,7 @@ func (t *Tuner) shortOfCapacity() float64 { return 1 / (1 + t.halfMargin()) }
 
 // loneAtCapacity reports whether a stream with no random reader beside it
 // reads (m) at its device's capacity.
-func (t *Tuner) loneAtCapacity(d *devState, file probe.FileKey, m measure) bool {
+func (t judgeCtx) loneAtCapacity(d *devState, file probe.FileKey, m measure) bool {
 	capBPS := t.dstats[d.dev].CapacityBPS
 	fd := t.files[file]
 	return m.ok && capBPS > 0 && m.tput >= capacityReach*capBPS && fd != nil && !t.randomReaderBeside(fd)

@@ -102,7 +102,7 @@ func (t *Tuner) trimmedOn(d *devState) bool {
 }
 
 // trimAll starts, judges and ends read-around trims.
-func (t *Tuner) trimAll() {
+func (t judgeCtx) trimAll() {
 	if t.cfg.DisableTrim || t.scope.Empty() {
 		return
 	}
@@ -168,7 +168,7 @@ func sortedDevs(m map[probe.Dev]*devState) []*devState {
 // search was (a trim ended when no window was raised for a while, and the
 // stream's next step came within trimScanEvery of its search: without the
 // trim, the reader paid for the step in full and every step was undone).
-func (t *Tuner) startTrims(d *devState, withStep bool) {
+func (t judgeCtx) startTrims(d *devState, withStep bool) {
 	if t.cfg.DisableTrim || t.scope.Empty() || d == nil || !d.known {
 		return
 	}
@@ -230,7 +230,7 @@ func (t *Tuner) startTrims(d *devState, withStep bool) {
 // gets the same number back, on an open file with the device's window.
 // The trim's descriptors are those open now: a reader that re-opens its
 // file would otherwise add one to them at each search, for ever.
-func (t *Tuner) retrim(td *trimDec) {
+func (t judgeCtx) retrim(td *trimDec) {
 	now := t.deps.Clock.Now()
 	fs, ok := t.fstats[td.key]
 	if !ok || !t.readRandomly(fs) || !readAroundSized(fs, td.kb) || !t.scanDue(td.key, now) {
@@ -260,7 +260,7 @@ func (t *Tuner) retrim(td *trimDec) {
 
 // readRandomly reports whether a file is read now, and randomly, with
 // enough requests in the window to tell.
-func (t *Tuner) readRandomly(fs detector.FileStats) bool {
+func (t judgeCtx) readRandomly(fs detector.FileStats) bool {
 	return t.snap.Now-fs.LastSeen <= t.cfg.Settle && fs.Sequentiality <= trimMaxSequentiality && fs.Requests >= trimMinRequests
 }
 
@@ -313,7 +313,7 @@ func (t *Tuner) trimRefs(k probe.FileKey, d *devState) []FileRef {
 
 // judgeTrim keeps a trim whose file's requests shrank and stay random,
 // and undoes it otherwise.
-func (t *Tuner) judgeTrim(td *trimDec) {
+func (t judgeCtx) judgeTrim(td *trimDec) {
 	now := t.deps.Clock.Now()
 	td.trialAt = 0
 	fs, ok := t.fstats[td.key]

@@ -134,9 +134,6 @@ type fileDec struct {
 	notSeqLogged bool
 	// atCapLogged: the file was found at the device's capacity (logged once).
 	atCapLogged bool
-	// regimeJustIn: FastOn is driving it for a regime the detector's fast
-	// path entered a moment ago (drive.go does not hold it at capacity).
-	regimeJustIn bool
 	// byRate: judged by the stream's rate, not its busy throughput (an
 	// outcome-driven or prior decision: no regime says the file is slow,
 	// so only what the reader gets counts).
@@ -164,20 +161,20 @@ type Tuner struct {
 	watchedAt map[probe.Dev]time.Duration
 	files     map[probe.FileKey]*fileDec
 	readers   map[probe.FileKey]map[uint32]*readerInfo
-	snap      detector.Snapshot
-	fstats    map[probe.FileKey]detector.FileStats
-	tails     map[probe.FileKey]tailSeen // streams whose latency has a tail (tail.go)
-	tailSpan  uint64                     // spans noteTails has looked at
-	dstats    map[probe.Dev]detector.DeviceStats
-	out       []Action
-	recent    []Action
-	counts    map[string]uint64 // actions by kind/result
-	events    [numEvents]uint64
-	logged    map[string]time.Duration // logOnce: last time per topic
-	fileFail  uint64
-	refused   uint64
-	limited   uint64
-	fails     failMemo // failmemo.go
+	// view: the last Step's (Step writes it; the fast path's files join
+	// it, between.go); a call between Steps judges on its own (judgeCtx).
+	view
+	tails    map[probe.FileKey]tailSeen // streams whose latency has a tail (tail.go)
+	tailSpan uint64                     // spans noteTails has looked at
+	out      []Action
+	recent   []Action
+	counts   map[string]uint64 // actions by kind/result
+	events   [numEvents]uint64
+	logged   map[string]time.Duration // logOnce: last time per topic
+	fileFail uint64
+	refused  uint64
+	limited  uint64
+	fails    failMemo // failmemo.go
 	// Read-around trims (trim.go).
 	trims map[probe.FileKey]*trimDec
 	// randRefs: random readers' reference service (random.go).
@@ -197,10 +194,8 @@ type Tuner struct {
 	nReaders int
 	evOut    []Action // actions taken from the event path, not yet returned
 	// fresh: files with no decision whose first reader was seen within the
-	// last Settle, by when (FreshStreams, FastOutcome); measSpan: the span
-	// the stats in force cover when it is not Settle (0: Settle).
-	fresh    map[probe.FileKey]time.Duration
-	measSpan time.Duration
+	// last Settle, by when (FreshStreams, FastOutcome).
+	fresh map[probe.FileKey]time.Duration
 	// onsetAt: when OnsetStreams last asked for the streams' recent
 	// requests (onset.go).
 	onsetAt time.Duration
@@ -208,15 +203,11 @@ type Tuner struct {
 	// mildly slower, and when (onset.go).
 	onsetMild map[probe.FileKey]time.Duration
 	// verdictAt: when TrialStreams last asked for the recent requests of
-	// steps under trial; earlyKeep: FastVerdict is judging (verdict.go).
+	// steps under trial (verdict.go).
 	verdictAt time.Duration
-	earlyKeep bool
 	// trimAskAt: when TrimStreams last asked for the recent requests of
 	// devices with a window raised (fasttrim.go).
 	trimAskAt time.Duration
-	// endedJudge: EndedVerdict is judging steps whose stream stopped
-	// (ended.go).
-	endedJudge bool
 	// scopeOf: cached scope verdicts of other readers' files (outsideScope).
 	scopeOf map[probe.FileKey]scopeVerdict
 	// capSeen: when a stream was last seen at its device's learned
@@ -252,6 +243,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 	}
 	t := &Tuner{
 		cfg: cfg, deps: deps, log: deps.Logger.With("component", "tuner"), scope: scope,
+		view:       *newView(detector.Snapshot{}, 0, nil),
 		devs:       map[probe.Dev]*devState{},
 		watchedAt:  map[probe.Dev]time.Duration{},
 		files:      map[probe.FileKey]*fileDec{},
@@ -356,7 +348,7 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 	if fd == nil {
 		// A fresh open (or a file the memory knows): the window that paid
 		// for its neighbours, now, from the event path.
-		t.freshOpen(ev, r, now)
+		t.atStep().freshOpen(ev, r, now)
 		if t.files[ev.File] == nil {
 			t.noteFresh(ev.File, r.firstSeen, now)
 		}
@@ -370,7 +362,7 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 		t.noteFresh(ev.File, now, now)
 	}
 	if ev.Index == 0 && !ev.Async {
-		t.catchUp(fd, now)
+		t.atStep().catchUp(fd, now)
 	}
 	// Events emitted before the last pin (still queued in the ring
 	// buffer) show the old window of a descriptor already pinned.
@@ -396,29 +388,24 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	defer t.mu.Unlock()
 	now := t.deps.Clock.Now()
 	t.out, t.evOut = t.evOut, nil
-	t.snap = snap
-	t.fstats = make(map[probe.FileKey]detector.FileStats, len(snap.Files))
-	for _, f := range snap.Files {
-		t.fstats[f.Key] = f
-	}
-	t.dstats = make(map[probe.Dev]detector.DeviceStats, len(snap.Devices))
+	t.view = *newView(snap, 0, nil)
+	j := t.atStep()
 	for _, d := range snap.Devices {
-		t.dstats[d.Device] = d
 		if _, ok := t.watchedAt[d.Device]; !ok && len(t.watchedAt) < maxWatched {
 			t.watchedAt[d.Device] = now
 		}
 	}
-	t.noteTails(snap.Files, now)
-	t.observeRandom(now)
+	j.noteTails(snap.Files, now)
+	j.observeRandom(now)
 
 	// What needs help now.
-	fileNeeds, fileDev, devWide := t.needs(snap)
+	fileNeeds, fileDev, devWide := j.needs(snap)
 
 	t.repairDevices()
 
 	// Control by outcome: streams bound by their window, whatever the
 	// detector saw (policy.go). Not counted towards a device-wide need.
-	byRate := t.outcomeNeeds(snap, fileNeeds, fileDev)
+	byRate := j.outcomeNeeds(snap, fileNeeds, fileDev)
 
 	// Per-file decisions, only under allow-paths.
 	if !t.scope.Empty() {
@@ -429,13 +416,10 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			}
 			fd := t.files[key]
 			if fd == nil {
-				if byRate[key] && !t.outcomeDue(d, key) {
+				if byRate[key] && !j.outcomeDue(d, key) {
 					continue // the device's outcome trials are backing off
 				}
-				fd = &fileDec{key: key, dev: d, byRate: byRate[key],
-					win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
-					pf:  ladder{kind: KindPrefetch, first: t.cfg.PrefetchStartKB}}
-				t.files[key] = fd
+				fd = t.newDec(key, d, byRate[key], now)
 			}
 			fd.regimes = kinds
 			fd.lastNeeded = now
@@ -471,7 +455,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			// asks for the window now, the stream's rate judges.
 			var why string
 			if fd.byRate || needed && onlyOutcome(fileNeeds[k]) {
-				needed, why = t.stillPays(fd)
+				needed, why = j.stillPays(fd)
 			}
 			t.reprobeJudge(fd, needed, why)
 			if t.files[k] == nil && fd.byRate {
@@ -485,12 +469,12 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 		fd.deferUntil = 0 // a whole interval's view: the step is taken now
 		if needed {
 			if !t.reprobeStart(fd) {
-				t.driveFile(fd, true)
+				j.driveFile(fd, true)
 				// A regime that began while an outcome step was under
 				// trial takes over once that step is judged: in the
 				// same Step, not an interval later.
 				if len(fileNeeds[k]) > 0 && !onlyOutcome(fileNeeds[k]) && fd.win.trial == 0 && fd.pf.trial == 0 && t.regimeTakesOver(fd) {
-					t.driveFile(fd, true)
+					j.driveFile(fd, true)
 				}
 			}
 			continue
@@ -505,7 +489,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			t.undoFile(fd, fmt.Sprintf("no regime applies to the file for %v", t.cfg.Grace))
 			delete(t.files, k)
 		} else if fd.win.trial != 0 || fd.pf.trial != 0 {
-			t.driveFile(fd, false) // finish judging a step under trial
+			j.driveFile(fd, false) // finish judging a step under trial
 		}
 	}
 
@@ -518,11 +502,11 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 		if d == nil {
 			continue
 		}
-		if rk, ok := t.randomOnDevice(dev); ok {
+		if rk, ok := j.randomOnDevice(dev); ok {
 			t.logOnce(dev, "device-window-random", "tuner: a random reader is active on the device; no device-wide window (per-file windows only)",
 				"device", d.name, "random_file", rk.String(), "need", why)
 			if d.winActive && d.cur > d.orig {
-				t.undoDevice(d, fmt.Sprintf("a random reader (%s) is active on the device", rk))
+				j.undoDevice(d, fmt.Sprintf("a random reader (%s) is active on the device", rk))
 			}
 			continue
 		}
@@ -531,8 +515,8 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			d.win = ladder{kind: KindDeviceWindow, base: d.orig, cur: d.cur}
 		}
 		d.lastNeeded = now
-		d.win.hint = t.tailHint(snap, dev)
-		t.driveDevice(d, why, true)
+		d.win.hint = j.tailHint(snap, dev)
+		j.driveDevice(d, why, true)
 	}
 	for dev, d := range t.devs {
 		if !d.winActive {
@@ -542,17 +526,17 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			continue
 		}
 		if d.win.trial != 0 {
-			t.driveDevice(d, "judging the last step", false)
+			j.driveDevice(d, "judging the last step", false)
 		}
 		if now-d.lastNeeded >= t.cfg.Grace {
-			t.undoDevice(d, fmt.Sprintf("no device-wide regime for %v", t.cfg.Grace))
+			j.undoDevice(d, fmt.Sprintf("no device-wide regime for %v", t.cfg.Grace))
 		}
 	}
 
-	t.trimAll()
+	j.trimAll()
 	t.prefetchAll()
 	t.applyPendingLocked()
-	t.judgePriorChecks(now)
+	j.judgePriorChecks(now)
 	t.pruneReaders(now)
 	t.savePriors(false)
 	return t.out

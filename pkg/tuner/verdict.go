@@ -35,12 +35,12 @@ const (
 )
 
 // keepsEarly reports whether a file window step under trial may be judged
-// now, before its Settle: FastVerdict is judging, the step has run half a
+// now, before its Settle: it is judged early (FastVerdict), has run half a
 // Settle, the measure's span holds only its window, and the measure says it
 // pays by earlyKeepGain with nothing lost elsewhere.
-func (t *Tuner) keepsEarly(d *devState, l *ladder, m measure, now time.Duration) bool {
+func (t judgeCtx) keepsEarly(d *devState, l *ladder, m measure, now time.Duration) bool {
 	// A verdict put off (randLater) waits for a whole interval.
-	if !t.earlyKeep || l.kind != KindFileWindow || l.randLater || now-l.trialAt < t.cfg.Settle/2 || now-l.movedAt < t.measSpan {
+	if t.mode != judgeEarly || l.kind != KindFileWindow || l.randLater || now-l.trialAt < t.cfg.Settle/2 || now-l.movedAt < t.span {
 		return false
 	}
 	b := l.before
@@ -62,8 +62,8 @@ func (t *Tuner) keepsEarly(d *devState, l *ladder, m measure, now time.Duration)
 
 // randomWithinEarly reports whether the random readers beside a step, as
 // measured on the recent span, allow keeping it early (see above).
-func (t *Tuner) randomWithinEarly(d *devState, m measure, now time.Duration) bool {
-	if d == nil || d.trimAt > now-t.measSpan || m.rand.n == 0 || m.rand.n < len(t.randomsBeside(d.dev, probe.FileKey{})) {
+func (t judgeCtx) randomWithinEarly(d *devState, m measure, now time.Duration) bool {
+	if d == nil || d.trimAt > now-t.span || m.rand.n == 0 || m.rand.n < len(t.randomsBeside(d.dev, probe.FileKey{})) {
 		return false
 	}
 	return m.rand.mean <= earlyRandMean && m.rand.tail < randTailSevere
@@ -96,31 +96,29 @@ func (t *Tuner) TrialStreams() ([]probe.FileKey, time.Duration) {
 // recent requests (snap, over span; detector.Recent) and takes their next
 // step; the others wait for their Step.
 func (t *Tuner) FastVerdict(snap detector.Snapshot, span time.Duration) []Action {
-	return t.judgeOn(snap, span, &t.earlyKeep, true, EvKeptEarly, func(f detector.FileStats, fd *fileDec) bool {
+	return t.judgeOn(snap, span, judgeEarly, EvKeptEarly, func(f detector.FileStats, fd *fileDec) bool {
 		return f.Requests >= onsetMinRequests
 	})
 }
 
-// judgeOn drives, on a view of snap over span with *mode set, the file
-// window steps under trial of the files that want accepts, and counts those
-// kept as counter.
-func (t *Tuner) judgeOn(snap detector.Snapshot, span time.Duration, mode *bool, escalate bool, counter Event, want func(detector.FileStats, *fileDec) bool) []Action {
+// judgeOn drives, on a view of snap over span judged by mode, the file
+// window steps under trial of the files that want accepts (the next step
+// too, unless the stream ended), and counts those kept as counter.
+func (t *Tuner) judgeOn(snap detector.Snapshot, span time.Duration, mode judgeMode, counter Event, want func(detector.FileStats, *fileDec) bool) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.out = nil
 	if t.scope.Empty() || span <= 0 {
 		return nil
 	}
-	defer t.useView(snap, span)()
-	*mode = true
-	defer func() { *mode = false }()
+	j := t.on(snap, span, mode)
 	for _, f := range snap.Files {
 		fd := t.files[f.Key]
 		if fd == nil || fd.win.trial == 0 || !want(f, fd) {
 			continue
 		}
 		n := len(t.out)
-		t.driveFile(fd, escalate)
+		j.driveFile(fd, mode != judgeEnded)
 		for _, a := range t.out[n:] {
 			if a.Kind == KindFileWindow && a.Result == ResultKept {
 				t.count(counter)

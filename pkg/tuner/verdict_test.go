@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/readaheadd/readaheadd/pkg/probe"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -130,6 +131,68 @@ func TestStepBesideARandomReaderIsKeptEarlyOnlyWellWithinItsBudget(t *testing.T)
 				assert.Contains(t, kept[0].Evidence, "within budget: the random reader", "what the reader got against its reference is named")
 			}
 			assert.Equal(t, uint64(1), l.tn.Status().Events[EvKeptEarly])
+		})
+	}
+}
+
+// A verdict is a function of the step, its measure and the judging mode,
+// whichever order the modes judge in: a Step judges a step a whole Settle
+// after it; FastVerdict (early) keeps before that only a step that pays by
+// earlyKeepGain, and never undoes one; EndedVerdict (ended) judges at once,
+// keep or undo, since its stream reads no more.
+func TestVerdictIsAFunctionOfItsMode(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	tn := r.tn
+	tn.mu.Lock()
+	defer tn.mu.Unlock()
+	d := tn.device(sdb)
+	require.NotNil(t, d)
+	settle := tn.cfg.Settle
+	recent := settle / freshSpanDiv
+	const wait, kept, undone = "wait", "kept", "undone"
+	modes := []judgeMode{judgeStep, judgeEarly, judgeEnded}
+	for _, tc := range []struct {
+		name string
+		age  time.Duration // since the step
+		gain float64
+		want [3]string // by mode: step, early, ended
+	}{
+		{"half a Settle, pays 40%", settle / 2, 0.4, [3]string{wait, kept, kept}},
+		{"half a Settle, pays 15%", settle / 2, 0.15, [3]string{wait, wait, kept}},
+		{"half a Settle, loses 20%", settle / 2, -0.2, [3]string{wait, wait, undone}},
+		{"a Settle, pays 15%", settle, 0.15, [3]string{kept, kept, kept}},
+		{"a Settle, loses 20%", settle, -0.2, [3]string{undone, undone, undone}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			now := r.clk.Now()
+			step := ladder{kind: KindFileWindow, base: 128, cur: 128, trial: 256, trialFrom: 128,
+				trialAt: now - tc.age, movedAt: now - tc.age, before: measure{ok: true, tput: 100e6, rate: 100e6}}
+			m := measure{ok: true, tput: (1 + tc.gain) * 100e6, rate: (1 + tc.gain) * 100e6}
+			views := [3]*view{&tn.view, {span: recent}, {span: tc.age}}
+			judge := func(mode judgeMode) string {
+				l := step
+				j := judgeCtx{Tuner: tn, view: views[mode], mode: mode}
+				j.drive(&l, d, probe.FileKey{Dev: sdb, Ino: 9}, "", m, "test", false, func(int) error { return nil })
+				switch {
+				case l.trial != 0:
+					return wait
+				case l.cur == step.trial:
+					return kept
+				default:
+					return undone
+				}
+			}
+			for _, order := range [][]judgeMode{
+				{judgeStep, judgeEarly, judgeEnded}, {judgeStep, judgeEnded, judgeEarly},
+				{judgeEarly, judgeStep, judgeEnded}, {judgeEarly, judgeEnded, judgeStep},
+				{judgeEnded, judgeStep, judgeEarly}, {judgeEnded, judgeEarly, judgeStep},
+			} {
+				var got [3]string
+				for _, mode := range order {
+					got[mode] = judge(mode)
+				}
+				assert.Equal(t, tc.want, got, "modes %v judged in the order %v", modes, order)
+			}
 		})
 	}
 }
