@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
 	"github.com/readaheadd/readaheadd/pkg/clock"
 	"github.com/readaheadd/readaheadd/pkg/probe"
@@ -186,13 +187,13 @@ var _ Sysfs = blockdev.SysFS{}
 // Deps are the tuner's seams to the system.
 type Deps struct {
 	Sysfs Sysfs
-	Files FileOps // NewProcFileOps() in production
+	Files actuate.FileOps // NewProcFileOps() in production
 	// States is the kernel's per-file readahead state (fileras.States in
 	// production). With it every per-file window change goes through a
 	// Lowerer, so a lowering reaches a reader streaming on a larger
 	// window; without it a lowering only sets ra_pages, which such a
-	// reader ignores (lower.go).
-	States RAStates
+	// reader ignores (actuate/lower.go).
+	States actuate.RAStates
 	// Around reports read-arounds of trimmed files by descriptors opened
 	// since the trim (the probe in production); nil: those are found by
 	// the periodic search only (trimopen.go).

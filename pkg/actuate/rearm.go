@@ -1,4 +1,4 @@
-package tuner
+package actuate
 
 // Restarting the stream of a reader that does not move during a break.
 //

@@ -1,4 +1,4 @@
-package tuner
+package actuate
 
 // Lowering a window that a stream is already using.
 //
@@ -31,6 +31,7 @@ package tuner
 // device's own value.
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -307,10 +308,10 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 }
 
 func (l *Lowerer) defaults() {
-	orDefault(&l.Poll, time.Millisecond)
-	orDefault(&l.MaxHold, DefaultMaxHold)
-	orDefault(&l.IdleHold, 200*time.Millisecond)
-	orDefault(&l.Hold, DefaultHold)
+	l.Poll = cmp.Or(l.Poll, time.Millisecond)
+	l.MaxHold = cmp.Or(l.MaxHold, DefaultMaxHold)
+	l.IdleHold = cmp.Or(l.IdleHold, 200*time.Millisecond)
+	l.Hold = cmp.Or(l.Hold, DefaultHold)
 	if l.Sleep == nil {
 		l.Sleep = time.Sleep
 	}
