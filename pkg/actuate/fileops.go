@@ -43,6 +43,20 @@ func (a Advice) String() string {
 	return strconv.Itoa(int(a))
 }
 
+// AdviceFor is how an open file gets the window kb on a device whose
+// read_ahead_kb is deviceKB: POSIX_FADV_NORMAL copies the device's value
+// into the file's ra_pages, SEQUENTIAL twice it; any other value needs the
+// device to hold kb while NORMAL is given (through).
+func AdviceFor(kb, deviceKB int) (a Advice, through bool) {
+	switch {
+	case kb == deviceKB:
+		return AdviceNormal, false
+	case kb == 2*deviceKB:
+		return AdviceSequential, false
+	}
+	return AdviceNormal, true
+}
+
 // FileRef names one descriptor a process holds on a file.
 type FileRef struct {
 	Tgid uint32

@@ -355,14 +355,7 @@ func (l *Lowerer) set(req LowerReq, fs []LowerFile, st *LowerStats) (n int, err 
 	if len(fs) == 0 {
 		return 0, nil
 	}
-	advice, through := AdviceNormal, false
-	switch {
-	case req.KB == req.DeviceKB:
-	case req.KB == 2*req.DeviceKB && req.KB != 0:
-		advice = AdviceSequential
-	default:
-		through = true
-	}
+	advice, through := AdviceFor(req.KB, req.DeviceKB)
 	var errs []error
 	if through {
 		opened := l.watchOpens(fs)

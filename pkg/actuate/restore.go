@@ -1,8 +1,5 @@
 package actuate
 
-// Putting back the per-file windows an earlier run recorded (state.Store's
-// pins) and could not undo itself: a crash.
-
 import (
 	"errors"
 	"fmt"
@@ -48,33 +45,27 @@ func RestorePins(st *state.Store, files FileOps, sc *scope.Scope, devices []stri
 	pinOfFile := map[Handle]state.Pin{}
 	for _, p := range st.Pins() {
 		key := probe.FileKey{Dev: probe.Dev(p.Dev), Ino: p.Ino}
-		ref, ferr := pinRef(files, p, key)
-		if errors.Is(ferr, ErrProcessGone) || errors.Is(ferr, ErrFDGone) {
+		ref, err := pinRef(files, p, key)
+		var h Handle
+		if err == nil {
+			if _, serr := sc.Check(ref.Tgid, ref.FD, ref.Path, key); serr != nil || len(tuned) > 0 && !tuned[p.Device] {
+				res.Refused++
+				done = append(done, p)
+				continue
+			}
+			h, err = files.Dup(ref)
+		}
+		if errors.Is(err, ErrProcessGone) || errors.Is(err, ErrFDGone) {
 			res.Gone++
 			done = append(done, p)
 			continue
 		}
-		if ferr != nil {
-			errs = append(errs, fmt.Errorf("pid %d fd %d (%s): %w", p.PID, p.FD, p.Path, ferr))
-			continue
-		}
-		if _, serr := sc.Check(ref.Tgid, ref.FD, ref.Path, key); serr != nil || len(tuned) > 0 && !tuned[p.Device] {
-			res.Refused++
-			done = append(done, p)
-			continue
-		}
-		h, derr := files.Dup(ref)
-		if errors.Is(derr, ErrProcessGone) || errors.Is(derr, ErrFDGone) {
-			res.Gone++
-			done = append(done, p)
-			continue
-		}
-		if derr != nil {
-			errs = append(errs, fmt.Errorf("pid %d fd %d (%s): %w", p.PID, p.FD, p.Path, derr))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pid %d fd %d (%s): %w", p.PID, p.FD, p.Path, err))
 			continue
 		}
 		if low == nil {
-			ferr = h.Fadvise(0, 0, AdviceNormal)
+			ferr := h.Fadvise(0, 0, AdviceNormal)
 			h.Close()
 			if ferr != nil {
 				errs = append(errs, fmt.Errorf("pid %d fd %d (%s): fadvise: %w", p.PID, p.FD, p.Path, ferr))

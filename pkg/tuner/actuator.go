@@ -185,14 +185,7 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBr
 	if len(refs) == 0 {
 		return 0, errNoReaders
 	}
-	advice, raise := actuate.AdviceNormal, false
-	switch {
-	case kb == d.cur:
-	case kb == 2*d.cur:
-		advice = actuate.AdviceSequential
-	default:
-		raise = true
-	}
+	advice, raise := actuate.AdviceFor(kb, d.cur)
 	if raise && limit && !t.take(d, 2) {
 		return 0, errRateLimited
 	}
