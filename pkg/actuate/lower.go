@@ -181,6 +181,11 @@ type Unconfirmed struct {
 	Why string
 }
 
+// Confirmed reports whether ref is not among Left.
+func (st LowerStats) Confirmed(ref FileRef) bool {
+	return !slices.ContainsFunc(st.Left, func(u Unconfirmed) bool { return u.Ref == ref })
+}
+
 func (u Unconfirmed) String() string {
 	return fmt.Sprintf("pid %d fd %d (%s): kernel ra_pages %d KB, window %d KB: %s",
 		u.Ref.Tgid, u.Ref.FD, u.Ref.Path, int(u.RA.RAPages)*pageKB, int(u.RA.Size)*pageKB, u.Why)

@@ -87,13 +87,9 @@ func RestorePins(st *state.Store, files FileOps, sc *scope.Scope, devices []stri
 			var lst LowerStats
 			lst, rerr = low.Lower(LowerReq{Device: dev, DeviceKB: kb, KB: kb, Files: fs})
 			if rerr == nil || lst.Set == len(fs) {
-				left := map[FileRef]bool{}
-				for _, u := range lst.Left {
-					left[u.Ref] = true
-				}
 				res.Unconfirmed = append(res.Unconfirmed, lst.Left...)
 				for _, f := range fs {
-					if !left[f.Ref] {
+					if lst.Confirmed(f.Ref) {
 						res.Reset++
 						done = append(done, pinOfFile[f.H])
 					}

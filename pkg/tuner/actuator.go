@@ -189,8 +189,7 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBr
 	if raise && limit && !t.take(d, 2) {
 		return 0, errRateLimited
 	}
-	var hs []actuate.Handle
-	var hrefs []actuate.FileRef
+	var fs []actuate.LowerFile // the refs and our descriptors on them
 	var errs []error
 	var set, clear []state.Pin
 	for _, r := range refs {
@@ -203,21 +202,20 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBr
 			}
 			continue
 		}
-		hs = append(hs, h)
-		hrefs = append(hrefs, r)
+		fs = append(fs, actuate.LowerFile{Ref: r, H: h})
 	}
 	defer t.recordPins(&set, &clear)
 	defer func() {
-		for _, h := range hs {
-			h.Close()
+		for _, f := range fs {
+			f.H.Close()
 		}
 	}()
-	if len(hs) == 0 {
+	if len(fs) == 0 {
 		return 0, fmt.Errorf("take descriptors: %w", errors.Join(errs...))
 	}
 	d.movedAt = t.deps.Clock.Now()
 	if t.lower != nil {
-		return t.lowerPin(d, kb, hs, hrefs, errs, &set, &clear, noBreak)
+		return t.lowerPin(d, kb, fs, errs, &set, &clear, noBreak)
 	}
 	if raise {
 		if err := t.writeDevice(d, kb); err != nil {
@@ -225,8 +223,8 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBr
 		}
 	}
 	n := 0
-	for i, h := range hs {
-		if err := h.Fadvise(0, 0, advice); err != nil {
+	for _, f := range fs {
+		if err := f.H.Fadvise(0, 0, advice); err != nil {
 			t.fileFail++
 			errs = append(errs, err)
 			continue
@@ -235,9 +233,9 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBr
 		// What outlives a crash of the daemon is recorded: a window other
 		// than the device's original (the device is put back first).
 		if kb != d.orig {
-			set = append(set, pinOf(d, hrefs[i], kb))
+			set = append(set, pinOf(d, f.Ref, kb))
 		} else {
-			clear = append(clear, pinOf(d, hrefs[i], 0))
+			clear = append(clear, pinOf(d, f.Ref, 0))
 		}
 	}
 	if raise {
@@ -256,25 +254,21 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBr
 // lowerPin is pinExact's window change through the Lowerer: a file whose
 // kernel window is above kb gets a break first, so the change reaches a
 // stream on asynchronous readahead (actuate/lower.go).
-func (t *Tuner) lowerPin(d *devState, kb int, hs []actuate.Handle, hrefs []actuate.FileRef, errs []error, set, clear *[]state.Pin, noBreak bool) (int, error) {
+func (t *Tuner) lowerPin(d *devState, kb int, fs []actuate.LowerFile, errs []error, set, clear *[]state.Pin, noBreak bool) (int, error) {
 	if err := t.record(d); err != nil {
 		return 0, fmt.Errorf("record original of %s before writing it: %w", d.name, err)
-	}
-	fs := make([]actuate.LowerFile, len(hs))
-	for i := range hs {
-		fs[i] = actuate.LowerFile{Ref: hrefs[i], H: hs[i]}
 	}
 	// A break waits for its readers with the tuner's lock released: the
 	// event path (fresh opens, new descriptors of other files) is not
 	// held up by a reader that takes its time to leave its window. The
 	// files being set are marked so that the event path leaves them alone.
-	for _, r := range hrefs {
-		t.lowering[r.Key]++
+	for _, f := range fs {
+		t.lowering[f.Ref.Key]++
 	}
 	defer func() {
-		for _, r := range hrefs {
-			if t.lowering[r.Key]--; t.lowering[r.Key] <= 0 {
-				delete(t.lowering, r.Key)
+		for _, f := range fs {
+			if t.lowering[f.Ref.Key]--; t.lowering[f.Ref.Key] <= 0 {
+				delete(t.lowering, f.Ref.Key)
 			}
 		}
 	}()
@@ -293,9 +287,7 @@ func (t *Tuner) lowerPin(d *devState, kb int, hs []actuate.Handle, hrefs []actua
 		t.log.Info("tuner: files opened while read_ahead_kb held another value were given the device's window",
 			"device", d.name, "files", st.Strays)
 	}
-	left := map[actuate.FileRef]bool{}
 	for _, u := range st.Left {
-		left[u.Ref] = true
 		t.log.Warn("tuner: open file not confirmed at its new window; its reader may go on with the old one (its record is kept)",
 			"device", d.name, "to_kb", kb, "file", u.String())
 	}
@@ -303,16 +295,16 @@ func (t *Tuner) lowerPin(d *devState, kb int, hs []actuate.Handle, hrefs []actua
 		t.left = append(t.left, st.Left...)
 	}
 	if st.Set == 0 {
-		t.fileFail += uint64(len(hs))
+		t.fileFail += uint64(len(fs))
 		return 0, fmt.Errorf("set window: %w", errors.Join(append(errs, err)...))
 	}
 	// Per-file failures are not told apart here: all are recorded as set
 	// or all as cleared; the record is best effort (RestorePins).
-	for _, r := range hrefs {
+	for _, f := range fs {
 		if kb != d.orig {
-			*set = append(*set, pinOf(d, r, kb))
-		} else if !left[r] {
-			*clear = append(*clear, pinOf(d, r, 0))
+			*set = append(*set, pinOf(d, f.Ref, kb))
+		} else if st.Confirmed(f.Ref) {
+			*clear = append(*clear, pinOf(d, f.Ref, 0))
 		}
 	}
 	return st.Set, nil
