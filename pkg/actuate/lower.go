@@ -186,6 +186,11 @@ func (st LowerStats) Confirmed(ref FileRef) bool {
 	return !slices.ContainsFunc(st.Left, func(u Unconfirmed) bool { return u.Ref == ref })
 }
 
+func (st *LowerStats) unconfirmed(f LowerFile, s RAState, why string) {
+	st.Unconfirmed++
+	st.Left = append(st.Left, Unconfirmed{Ref: f.Ref, RA: s, Why: why})
+}
+
 func (u Unconfirmed) String() string {
 	return fmt.Sprintf("pid %d fd %d (%s): kernel ra_pages %d KB, window %d KB: %s",
 		u.Ref.Tgid, u.Ref.FD, u.Ref.Path, int(u.RA.RAPages)*pageKB, int(u.RA.Size)*pageKB, u.Why)
@@ -310,6 +315,12 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 		}
 	}
 	return st, errors.Join(errs...)
+}
+
+// idleFile is a broken file whose reader did not move, with its state.
+type idleFile struct {
+	f LowerFile
+	s RAState
 }
 
 func (l *Lowerer) defaults() {
