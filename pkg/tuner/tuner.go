@@ -248,12 +248,12 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 	if deps.Logger == nil {
 		deps.Logger = slog.Default()
 	}
-	sc, err := scope.New(cfg.AllowPaths)
+	scope, err := scope.New(cfg.AllowPaths)
 	if err != nil {
 		return nil, fmt.Errorf("tuner: %w", err)
 	}
 	t := &Tuner{
-		cfg: cfg, deps: deps, log: deps.Logger.With("component", "tuner"), scope: sc,
+		cfg: cfg, deps: deps, log: deps.Logger.With("component", "tuner"), scope: scope,
 		devs:       map[probe.Dev]*devState{},
 		watchedAt:  map[probe.Dev]time.Duration{},
 		files:      map[probe.FileKey]*fileDec{},
@@ -286,7 +286,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 	}
 	if deps.Store != nil && len(deps.Store.Pins()) > 0 {
 		// After the devices: a reset open file takes its device's window.
-		res, err := actuate.RestorePins(deps.Store, deps.Files, sc, cfg.Devices, t.lower)
+		res, err := actuate.RestorePins(deps.Store, deps.Files, scope, cfg.Devices, t.lower)
 		t.log.Warn("tuner: per-file windows of an earlier run were left (crash?); reset them to their devices' windows",
 			"file", deps.Store.PinsPath(), "reset", res.Reset, "not_confirmed", len(res.Unconfirmed), "readers_gone", res.Gone, "refused_out_of_scope", res.Refused, "err", err)
 		for _, u := range res.Unconfirmed {

@@ -179,7 +179,7 @@ var _ Sysfs = blockdev.SysFS{}
 // Deps are the tuner's seams to the system.
 type Deps struct {
 	Sysfs Sysfs
-	Files actuate.FileOps // NewProcFileOps() in production
+	Files actuate.FileOps // actuate.NewProcFileOps() or fileras.NewFileOps in production
 	// States is the kernel's per-file readahead state (fileras.States in
 	// production). With it every per-file window change goes through a
 	// Lowerer, so a lowering reaches a reader streaming on a larger
