@@ -20,8 +20,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/probe"
-	"github.com/readaheadd/readaheadd/pkg/tuner"
+	"github.com/readaheadd/readaheadd/pkg/scope"
 	"github.com/readaheadd/readaheadd/test/daemontest"
 )
 
@@ -259,18 +260,18 @@ func fileOpsCheck(spec string) int {
 		return 1
 	}
 	key := probe.FileKey{Dev: probe.DevFromUnix(st.Dev), Ino: st.Ino}
-	ops := tuner.NewProcFileOps()
+	ops := actuate.NewProcFileOps()
 	refs, err := ops.Find(uint32(pid), key)
 	if err != nil || len(refs) == 0 {
 		fmt.Println("find:", err, len(refs))
 		return 1
 	}
-	scope, err := tuner.NewScope([]string{parts[1]})
+	sc, err := scope.New([]string{parts[1]})
 	if err != nil {
 		fmt.Println("scope:", err)
 		return 1
 	}
-	if _, err := scope.Check(refs[0].Tgid, refs[0].FD, refs[0].Path, key); err != nil {
+	if _, err := sc.Check(refs[0].Tgid, refs[0].FD, refs[0].Path, key); err != nil {
 		fmt.Println("scope check:", err)
 		return 1
 	}
@@ -280,7 +281,7 @@ func fileOpsCheck(spec string) int {
 		return 1
 	}
 	defer h.Close()
-	if err := h.Fadvise(0, 0, tuner.AdviceNormal); err != nil {
+	if err := h.Fadvise(0, 0, actuate.AdviceNormal); err != nil {
 		fmt.Println("fadvise:", err)
 		return 1
 	}

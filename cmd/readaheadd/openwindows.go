@@ -8,16 +8,16 @@ import (
 	"sync"
 	"time"
 
+	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
 	"github.com/readaheadd/readaheadd/pkg/fileras"
 	"github.com/readaheadd/readaheadd/pkg/metrics"
 	"github.com/readaheadd/readaheadd/pkg/probe"
-	"github.com/readaheadd/readaheadd/pkg/tuner"
 )
 
 // raStates is the tuner's view of the kernel's per-file readahead state,
 // nil (no interface value) without an iterator.
-func raStates(it *fileras.Iter) tuner.RAStates {
+func raStates(it *fileras.Iter) actuate.RAStates {
 	if it == nil {
 		return nil
 	}
@@ -35,9 +35,9 @@ const (
 
 // fileOps reaches other processes' open files: through /proc, and with
 // the iterator for searches of every process.
-func fileOps(it *fileras.Iter) tuner.FileOps {
+func fileOps(it *fileras.Iter) actuate.FileOps {
 	if it == nil {
-		return tuner.NewProcFileOps()
+		return actuate.NewProcFileOps()
 	}
 	return fileras.NewFileOps(it)
 }

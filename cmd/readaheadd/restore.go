@@ -8,11 +8,12 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
 	"github.com/readaheadd/readaheadd/pkg/config"
 	"github.com/readaheadd/readaheadd/pkg/fileras"
+	"github.com/readaheadd/readaheadd/pkg/scope"
 	"github.com/readaheadd/readaheadd/pkg/state"
-	"github.com/readaheadd/readaheadd/pkg/tuner"
 )
 
 func newRestoreCmd(sys blockdev.SysFS) *cobra.Command {
@@ -104,15 +105,15 @@ record refused is printed on one line and kept.`,
 				if serr != nil {
 					err = errors.Join(err, fmt.Errorf("per-file windows not reset (kept in %s): %w", st.PinsPath(), serr))
 				} else {
-					files := tuner.NewProcFileOps()
-					low := &tuner.Lowerer{Sysfs: sys, Files: files}
+					files := actuate.NewProcFileOps()
+					low := &actuate.Lowerer{Sysfs: sys, Files: files}
 					if it, ierr := fileras.Open(); ierr == nil {
 						defer it.Close()
 						low.States = fileras.States{It: it}
 					} else {
-						fmt.Fprintf(cmd.ErrOrStderr(), "warning: open files' readahead iterator not available (%v): each reset file pauses its readahead for %v, and none can be confirmed\n", ierr, tuner.DefaultHold)
+						fmt.Fprintf(cmd.ErrOrStderr(), "warning: open files' readahead iterator not available (%v): each reset file pauses its readahead for %v, and none can be confirmed\n", ierr, actuate.DefaultHold)
 					}
-					res, perr := tuner.RestorePins(st, files, scope, devices, low)
+					res, perr := actuate.RestorePins(st, files, scope, devices, low)
 					fmt.Fprintf(out, "open files: %d window(s) reset to their device's, %d not confirmed, %d reader(s) gone, %d record(s) refused (outside the allow-paths or the tuned disks)\n",
 						res.Reset, len(res.Unconfirmed), res.Gone, res.Refused)
 					// The kernel's own state is the proof: a file it still
@@ -165,10 +166,10 @@ record refused is printed on one line and kept.`,
 
 // scopeOf is the per-file scope of a configuration: its allow-paths,
 // resolved and checked as run checks them.
-func scopeOf(c config.Config) (*tuner.Scope, error) {
+func scopeOf(c config.Config) (*scope.Scope, error) {
 	paths, err := config.ResolveAllowPaths(c)
 	if err != nil {
 		return nil, err
 	}
-	return tuner.NewScope(paths)
+	return scope.New(paths)
 }

@@ -8,17 +8,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/probe"
-	"github.com/readaheadd/readaheadd/pkg/tuner"
 )
 
-// FileOps is tuner.ProcFileOps whose FindAll, a search of every process's
+// FileOps is actuate.ProcFileOps whose FindAll, a search of every process's
 // descriptors for one file, goes through the iterator (which writes only
 // the matches) instead of a stat of every /proc/PID/fd/N, and is spaced so
 // that it costs at most 1/findAllShare of a core: with 100,000 open files
 // on the machine one search visits them all (about 70 ms here).
 type FileOps struct {
-	*tuner.ProcFileOps
+	*actuate.ProcFileOps
 	It *Iter
 
 	mu   sync.Mutex
@@ -36,13 +36,13 @@ var ErrSearchDeferred = errors.New("search of every process's descriptors deferr
 
 // NewFileOps returns FileOps on /proc and it.
 func NewFileOps(it *Iter) *FileOps {
-	return &FileOps{ProcFileOps: tuner.NewProcFileOps(), It: it, now: time.Now}
+	return &FileOps{ProcFileOps: actuate.NewProcFileOps(), It: it, now: time.Now}
 }
 
-var _ tuner.FileOps = (*FileOps)(nil)
+var _ actuate.FileOps = (*FileOps)(nil)
 
-// FindAll implements tuner.FileOps.
-func (o *FileOps) FindAll(file probe.FileKey) ([]tuner.FileRef, error) {
+// FindAll implements actuate.FileOps.
+func (o *FileOps) FindAll(file probe.FileKey) ([]actuate.FileRef, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	start := o.now()
@@ -55,7 +55,7 @@ func (o *FileOps) FindAll(file probe.FileKey) ([]tuner.FileRef, error) {
 		return nil, err
 	}
 	self := uint32(os.Getpid())
-	var refs []tuner.FileRef
+	var refs []actuate.FileRef
 	for _, f := range fs {
 		if f.Tgid == self {
 			continue
@@ -65,7 +65,7 @@ func (o *FileOps) FindAll(file probe.FileKey) ([]tuner.FileRef, error) {
 		if err != nil {
 			continue // closed meanwhile
 		}
-		refs = append(refs, tuner.FileRef{Tgid: f.Tgid, FD: f.FD, Key: file, Path: target})
+		refs = append(refs, actuate.FileRef{Tgid: f.Tgid, FD: f.FD, Key: file, Path: target})
 	}
 	return refs, nil
 }

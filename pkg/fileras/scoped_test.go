@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/probe"
-	"github.com/readaheadd/readaheadd/pkg/tuner"
 	"github.com/readaheadd/readaheadd/test/holder"
 )
 
@@ -105,20 +105,20 @@ func TestWalksScopedWithManyOpenFiles(t *testing.T) {
 	f, err := os.Open(path)
 	require.NoError(t, err)
 	defer f.Close()
-	ops := tuner.NewProcFileOps()
-	ref := tuner.FileRef{Tgid: uint32(os.Getpid()), FD: int(f.Fd()), Key: key}
+	ops := actuate.NewProcFileOps()
+	ref := actuate.FileRef{Tgid: uint32(os.Getpid()), FD: int(f.Fd()), Key: key}
 	h, err := ops.Dup(ref)
 	require.NoError(t, err)
 	defer h.Close()
 	sys := &fakeSysfs{}
 	var opened *os.File
-	low := &tuner.Lowerer{Sysfs: sys, Files: ops, States: States{It: it}}
-	var ls tuner.LowerStats
+	low := &actuate.Lowerer{Sysfs: sys, Files: ops, States: States{It: it}}
+	var ls actuate.LowerStats
 	walks := it.Walks()
 	raiseStart := time.Now()
 	raise := walked(t, it, func() {
-		ls, err = low.Lower(tuner.LowerReq{Device: "fake", DeviceKB: 128, KB: 1024, NoBreak: true,
-			Files: []tuner.LowerFile{{Ref: ref, H: h}}})
+		ls, err = low.Lower(actuate.LowerReq{Device: "fake", DeviceKB: 128, KB: 1024, NoBreak: true,
+			Files: []actuate.LowerFile{{Ref: ref, H: h}}})
 		require.NoError(t, err)
 	})
 	raiseTook := time.Since(raiseStart)
@@ -139,7 +139,7 @@ func TestWalksScopedWithManyOpenFiles(t *testing.T) {
 	defer other.Close()
 	got := opens()
 	require.Len(t, got, 1)
-	assert.Equal(t, tuner.FileRef{Tgid: uint32(os.Getpid()), FD: int(opened.Fd()), Key: key}, got[0].Ref)
+	assert.Equal(t, actuate.FileRef{Tgid: uint32(os.Getpid()), FD: int(opened.Fd()), Key: key}, got[0].Ref)
 	assert.Equal(t, kernelWindow(t, it, int(opened.Fd())), got[0].RA.RAPages)
 	// Disarmed: a later open is not noted.
 	later, err := os.Open(path)
@@ -223,7 +223,7 @@ func TestFindAllThroughTheIterator(t *testing.T) {
 	ops.now = func() time.Time { now = now.Add(time.Millisecond); return now }
 	refs, err := ops.FindAll(key)
 	require.NoError(t, err)
-	want, err := tuner.NewProcFileOps().Find(uint32(pid), key)
+	want, err := actuate.NewProcFileOps().Find(uint32(pid), key)
 	require.NoError(t, err)
 	require.Len(t, want, 3)
 	assert.ElementsMatch(t, want, refs, "the holder's three descriptors, with their paths")

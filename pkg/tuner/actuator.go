@@ -1,19 +1,18 @@
 package tuner
 
-// The actuator: everything that changes a window on the system. Device
-// windows through sysfs (rate-limited, originals recorded first), per-file
-// windows through descriptors taken with pidfd_getfd (raise, pin, restore),
-// and the record of those pins for a crash. Policy and trials decide what
-// to change; only this file changes it.
+// The tuner's side of the actuator: device windows through sysfs
+// (rate-limited, originals recorded first), per-file windows through
+// package actuate (raise, pin, restore), and the record of those pins for
+// a crash. Policy and trials decide what to change; only this file has it
+// changed.
 
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 
+	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/detector"
-	"github.com/readaheadd/readaheadd/pkg/probe"
 	"github.com/readaheadd/readaheadd/pkg/state"
 )
 
@@ -92,9 +91,9 @@ func (t *Tuner) repairDevices() {
 
 // refs finds the in-scope descriptors of the file's readers (only those in
 // tgids when given).
-func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []FileRef {
+func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []actuate.FileRef {
 	now := t.deps.Clock.Now()
-	var out []FileRef
+	var out []actuate.FileRef
 	tg := make([]uint32, 0, len(t.readers[fd.key]))
 	for tgid, r := range t.readers[fd.key] {
 		// Readers the tuner pinned stay reachable for the undo however
@@ -146,13 +145,13 @@ func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []FileRef {
 // is the device's window (NORMAL) or twice it (SEQUENTIAL), otherwise by
 // raise, pin, restore. Descriptors are taken before the raise so the device
 // holds kb for as short a time as possible.
-func (t *Tuner) pin(d *devState, kb int, refs []FileRef, limit bool) (int, error) {
+func (t *Tuner) pin(d *devState, kb int, refs []actuate.FileRef, limit bool) (int, error) {
 	return t.raiseFiles(d, t.clamp(d, kb), refs, limit)
 }
 
 // raiseFiles gives the refs' open files the window kb, at least the one
 // they have.
-func (t *Tuner) raiseFiles(d *devState, kb int, refs []FileRef, limit bool) (int, error) {
+func (t *Tuner) raiseFiles(d *devState, kb int, refs []actuate.FileRef, limit bool) (int, error) {
 	return t.pinExact(d, kb, refs, limit)
 }
 
@@ -161,44 +160,36 @@ func (t *Tuner) raiseFiles(d *devState, kb int, refs []FileRef, limit bool) (int
 // back from the open files it reached). pinExact hands every per-file
 // change to the Lowerer when the kernel's per-file state is readable: on
 // this kernel a plain pin of the lower value does not lower a stream
-// already on asynchronous readahead (lower.go).
-func (t *Tuner) lowerFiles(d *devState, kb int, refs []FileRef, limit bool) (int, error) {
+// already on asynchronous readahead (actuate/lower.go).
+func (t *Tuner) lowerFiles(d *devState, kb int, refs []actuate.FileRef, limit bool) (int, error) {
 	t.count(EvActuatorLower)
 	return t.pinExact(d, kb, refs, limit)
 }
 
 // pinExact is pin without the clamp to the device's original: a
 // read-around trim pins below it.
-func (t *Tuner) pinExact(d *devState, kb int, refs []FileRef, limit bool) (int, error) {
+func (t *Tuner) pinExact(d *devState, kb int, refs []actuate.FileRef, limit bool) (int, error) {
 	return t.pinWith(d, kb, refs, limit, false)
 }
 
 // trimOpenedFiles is lowerFiles for descriptors just opened by a random
 // reader on a trimmed file (trimopen.go): without a break (LowerReq.NoBreak),
 // so the tuner's lock is held throughout.
-func (t *Tuner) trimOpenedFiles(d *devState, kb int, refs []FileRef) (int, error) {
+func (t *Tuner) trimOpenedFiles(d *devState, kb int, refs []actuate.FileRef) (int, error) {
 	t.count(EvActuatorLower)
 	return t.pinWith(d, kb, refs, false, true)
 }
 
 // pinWith is pinExact; noBreak: see LowerReq.NoBreak.
-func (t *Tuner) pinWith(d *devState, kb int, refs []FileRef, limit, noBreak bool) (int, error) {
+func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBreak bool) (int, error) {
 	if len(refs) == 0 {
 		return 0, errNoReaders
 	}
-	advice, raise := AdviceNormal, false
-	switch {
-	case kb == d.cur:
-	case kb == 2*d.cur:
-		advice = AdviceSequential
-	default:
-		raise = true
-	}
+	advice, raise := actuate.AdviceFor(kb, d.cur)
 	if raise && limit && !t.take(d, 2) {
 		return 0, errRateLimited
 	}
-	var hs []Handle
-	var hrefs []FileRef
+	var fs []actuate.LowerFile // the refs and our descriptors on them
 	var errs []error
 	var set, clear []state.Pin
 	for _, r := range refs {
@@ -206,26 +197,25 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []FileRef, limit, noBreak bool
 		if err != nil {
 			t.fileFail++
 			errs = append(errs, err)
-			if errors.Is(err, ErrProcessGone) || errors.Is(err, ErrFDGone) {
+			if errors.Is(err, actuate.ErrProcessGone) || errors.Is(err, actuate.ErrFDGone) {
 				clear = append(clear, pinOf(d, r, 0))
 			}
 			continue
 		}
-		hs = append(hs, h)
-		hrefs = append(hrefs, r)
+		fs = append(fs, actuate.LowerFile{Ref: r, H: h})
 	}
 	defer t.recordPins(&set, &clear)
 	defer func() {
-		for _, h := range hs {
-			h.Close()
+		for _, f := range fs {
+			f.H.Close()
 		}
 	}()
-	if len(hs) == 0 {
+	if len(fs) == 0 {
 		return 0, fmt.Errorf("take descriptors: %w", errors.Join(errs...))
 	}
 	d.movedAt = t.deps.Clock.Now()
 	if t.lower != nil {
-		return t.lowerPin(d, kb, hs, hrefs, errs, &set, &clear, noBreak)
+		return t.lowerPin(d, kb, fs, errs, &set, &clear, noBreak)
 	}
 	if raise {
 		if err := t.writeDevice(d, kb); err != nil {
@@ -233,8 +223,8 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []FileRef, limit, noBreak bool
 		}
 	}
 	n := 0
-	for i, h := range hs {
-		if err := h.Fadvise(0, 0, advice); err != nil {
+	for _, f := range fs {
+		if err := f.H.Fadvise(0, 0, advice); err != nil {
 			t.fileFail++
 			errs = append(errs, err)
 			continue
@@ -243,9 +233,9 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []FileRef, limit, noBreak bool
 		// What outlives a crash of the daemon is recorded: a window other
 		// than the device's original (the device is put back first).
 		if kb != d.orig {
-			set = append(set, pinOf(d, hrefs[i], kb))
+			set = append(set, pinOf(d, f.Ref, kb))
 		} else {
-			clear = append(clear, pinOf(d, hrefs[i], 0))
+			clear = append(clear, pinOf(d, f.Ref, 0))
 		}
 	}
 	if raise {
@@ -263,31 +253,27 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []FileRef, limit, noBreak bool
 
 // lowerPin is pinExact's window change through the Lowerer: a file whose
 // kernel window is above kb gets a break first, so the change reaches a
-// stream on asynchronous readahead (lower.go).
-func (t *Tuner) lowerPin(d *devState, kb int, hs []Handle, hrefs []FileRef, errs []error, set, clear *[]state.Pin, noBreak bool) (int, error) {
+// stream on asynchronous readahead (actuate/lower.go).
+func (t *Tuner) lowerPin(d *devState, kb int, fs []actuate.LowerFile, errs []error, set, clear *[]state.Pin, noBreak bool) (int, error) {
 	if err := t.record(d); err != nil {
 		return 0, fmt.Errorf("record original of %s before writing it: %w", d.name, err)
-	}
-	fs := make([]LowerFile, len(hs))
-	for i := range hs {
-		fs[i] = LowerFile{Ref: hrefs[i], H: hs[i]}
 	}
 	// A break waits for its readers with the tuner's lock released: the
 	// event path (fresh opens, new descriptors of other files) is not
 	// held up by a reader that takes its time to leave its window. The
 	// files being set are marked so that the event path leaves them alone.
-	for _, r := range hrefs {
-		t.lowering[r.Key]++
+	for _, f := range fs {
+		t.lowering[f.Ref.Key]++
 	}
 	defer func() {
-		for _, r := range hrefs {
-			if t.lowering[r.Key]--; t.lowering[r.Key] <= 0 {
-				delete(t.lowering, r.Key)
+		for _, f := range fs {
+			if t.lowering[f.Ref.Key]--; t.lowering[f.Ref.Key] <= 0 {
+				delete(t.lowering, f.Ref.Key)
 			}
 		}
 	}()
-	st, err := t.lower.Lower(LowerReq{Device: d.name, DeviceKB: d.cur, KB: kb, Files: fs, During: t.unlocked, NoBreak: noBreak})
-	if errors.Is(err, ErrDeviceNotBack) {
+	st, err := t.lower.Lower(actuate.LowerReq{Device: d.name, DeviceKB: d.cur, KB: kb, Files: fs, During: t.unlocked, NoBreak: noBreak})
+	if errors.Is(err, actuate.ErrDeviceNotBack) {
 		d.dirty = true
 		t.log.Error("tuner: could not put read_ahead_kb back after changing a file window; retrying next interval",
 			"device", d.name, "want_kb", d.cur, "err", err)
@@ -301,9 +287,7 @@ func (t *Tuner) lowerPin(d *devState, kb int, hs []Handle, hrefs []FileRef, errs
 		t.log.Info("tuner: files opened while read_ahead_kb held another value were given the device's window",
 			"device", d.name, "files", st.Strays)
 	}
-	left := map[FileRef]bool{}
 	for _, u := range st.Left {
-		left[u.Ref] = true
 		t.log.Warn("tuner: open file not confirmed at its new window; its reader may go on with the old one (its record is kept)",
 			"device", d.name, "to_kb", kb, "file", u.String())
 	}
@@ -311,22 +295,22 @@ func (t *Tuner) lowerPin(d *devState, kb int, hs []Handle, hrefs []FileRef, errs
 		t.left = append(t.left, st.Left...)
 	}
 	if st.Set == 0 {
-		t.fileFail += uint64(len(hs))
+		t.fileFail += uint64(len(fs))
 		return 0, fmt.Errorf("set window: %w", errors.Join(append(errs, err)...))
 	}
 	// Per-file failures are not told apart here: all are recorded as set
 	// or all as cleared; the record is best effort (RestorePins).
-	for _, r := range hrefs {
+	for _, f := range fs {
 		if kb != d.orig {
-			*set = append(*set, pinOf(d, r, kb))
-		} else if !left[r] {
-			*clear = append(*clear, pinOf(d, r, 0))
+			*set = append(*set, pinOf(d, f.Ref, kb))
+		} else if st.Confirmed(f.Ref) {
+			*clear = append(*clear, pinOf(d, f.Ref, 0))
 		}
 	}
 	return st.Set, nil
 }
 
-func pinOf(d *devState, r FileRef, kb int) state.Pin {
+func pinOf(d *devState, r actuate.FileRef, kb int) state.Pin {
 	return state.Pin{PID: r.Tgid, FD: r.FD, Dev: uint32(r.Key.Dev), Ino: r.Key.Ino, Device: d.name, WindowKB: kb, Path: r.Path}
 }
 
@@ -340,129 +324,6 @@ func (t *Tuner) recordPins(set, clear *[]state.Pin) {
 	if err := t.deps.Store.UpdatePins(*set, *clear); err != nil {
 		t.log.Warn("tuner: could not record per-file windows; after a crash they would stay until their files are closed", "err", err)
 	}
-}
-
-// PinsRestored counts what RestorePins did with the recorded pins.
-type PinsRestored struct {
-	Reset   int // windows reset to their device's
-	Gone    int // readers exited, or descriptors closed or reused
-	Refused int // outside the allow-paths or the tuned devices: not touched, dropped
-	// Unconfirmed: files the kernel still shows above their device's
-	// window (or that could not be checked); their records are kept.
-	Unconfirmed []Unconfirmed
-}
-
-// RestorePins gives every open file that an earlier run recorded as pinned
-// (state.Store.Pins) its device's window again, with POSIX_FADV_NORMAL: the
-// device is expected at its original value by then. The record is
-// untrusted: a pin is acted on only if its descriptor still names the
-// recorded file, that file's path passes scope like any per-file action,
-// and its device is one of devices (when given). Refused pins are dropped
-// untouched. Descriptors whose process exited, or that were closed or now
-// name another file, need nothing. Entries that could not be reached for
-// another reason stay recorded.
-//
-// With a Lowerer, a reader still streaming on the window an earlier run
-// gave it comes down to its device's window too (lower.go).
-func RestorePins(st *state.Store, files FileOps, scope *Scope, devices []string, low *Lowerer) (PinsRestored, error) {
-	var res PinsRestored
-	var done []state.Pin
-	var errs []error
-	tuned := map[string]bool{}
-	for _, d := range devices {
-		tuned[d] = true
-	}
-	byDev := map[string][]LowerFile{}
-	pinOfFile := map[Handle]state.Pin{}
-	for _, p := range st.Pins() {
-		key := probe.FileKey{Dev: probe.Dev(p.Dev), Ino: p.Ino}
-		ref, ferr := pinRef(files, p, key)
-		if errors.Is(ferr, ErrProcessGone) || errors.Is(ferr, ErrFDGone) {
-			res.Gone++
-			done = append(done, p)
-			continue
-		}
-		if ferr != nil {
-			errs = append(errs, fmt.Errorf("pid %d fd %d (%s): %w", p.PID, p.FD, p.Path, ferr))
-			continue
-		}
-		if _, serr := scope.Check(ref.Tgid, ref.FD, ref.Path, key); serr != nil || len(tuned) > 0 && !tuned[p.Device] {
-			res.Refused++
-			done = append(done, p)
-			continue
-		}
-		h, derr := files.Dup(ref)
-		if errors.Is(derr, ErrProcessGone) || errors.Is(derr, ErrFDGone) {
-			res.Gone++
-			done = append(done, p)
-			continue
-		}
-		if derr != nil {
-			errs = append(errs, fmt.Errorf("pid %d fd %d (%s): %w", p.PID, p.FD, p.Path, derr))
-			continue
-		}
-		if low == nil {
-			ferr = h.Fadvise(0, 0, AdviceNormal)
-			h.Close()
-			if ferr != nil {
-				errs = append(errs, fmt.Errorf("pid %d fd %d (%s): fadvise: %w", p.PID, p.FD, p.Path, ferr))
-				continue
-			}
-			res.Reset++
-			done = append(done, p)
-			continue
-		}
-		byDev[p.Device] = append(byDev[p.Device], LowerFile{Ref: ref, H: h})
-		pinOfFile[h] = p
-	}
-	// Through the Lowerer, a reader still streaming on the window an
-	// earlier run gave it comes down to its device's window too.
-	for _, dev := range slices.Sorted(maps.Keys(byDev)) {
-		fs := byDev[dev]
-		kb, rerr := low.Sysfs.ReadAheadKB(dev)
-		if rerr == nil {
-			var lst LowerStats
-			lst, rerr = low.Lower(LowerReq{Device: dev, DeviceKB: kb, KB: kb, Files: fs})
-			if rerr == nil || lst.Set == len(fs) {
-				left := map[FileRef]bool{}
-				for _, u := range lst.Left {
-					left[u.Ref] = true
-				}
-				res.Unconfirmed = append(res.Unconfirmed, lst.Left...)
-				for _, f := range fs {
-					if !left[f.Ref] {
-						res.Reset++
-						done = append(done, pinOfFile[f.H])
-					}
-				}
-			}
-		}
-		if rerr != nil {
-			errs = append(errs, fmt.Errorf("device %s: %w", dev, rerr))
-		}
-		for _, f := range fs {
-			f.H.Close()
-		}
-	}
-	if uerr := st.UpdatePins(nil, done); uerr != nil {
-		errs = append(errs, uerr)
-	}
-	return res, errors.Join(errs...)
-}
-
-// pinRef finds the recorded descriptor among those the process holds on
-// the recorded file, with the path it has now (for the scope check).
-func pinRef(files FileOps, p state.Pin, key probe.FileKey) (FileRef, error) {
-	refs, err := files.Find(p.PID, key)
-	if err != nil {
-		return FileRef{}, err
-	}
-	for _, r := range refs {
-		if r.FD == p.FD {
-			return r, nil
-		}
-	}
-	return FileRef{}, fmt.Errorf("pid %d fd %d no longer names %s: %w", p.PID, p.FD, key, ErrFDGone)
 }
 
 func (t *Tuner) pinFile(fd *fileDec, kb int, tgids map[uint32]bool, limit bool) error {
@@ -547,7 +408,7 @@ func (t *Tuner) prefetchAll() {
 			t.log.Debug("tuner: prefetch: cannot take a descriptor", "file", fd.key.String(), "err", err)
 			continue
 		}
-		err = h.Fadvise(int64(start), int64(n), AdviceWillNeed)
+		err = h.Fadvise(int64(start), int64(n), actuate.AdviceWillNeed)
 		h.Close()
 		if err != nil {
 			t.fileFail++

@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
@@ -31,9 +32,9 @@ func failCause(err error) string {
 	switch {
 	case errors.Is(err, errOutOfScope):
 		return CauseOutOfScope
-	case errors.Is(err, ErrProcessGone):
+	case errors.Is(err, actuate.ErrProcessGone):
 		return CauseProcessGone
-	case errors.Is(err, ErrFDGone):
+	case errors.Is(err, actuate.ErrFDGone):
 		return CauseFDGone
 	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
 		return CausePermission

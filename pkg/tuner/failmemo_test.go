@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
@@ -43,8 +44,8 @@ func TestFailMemoLogsOncePerCauseAndBacksOff(t *testing.T) {
 
 func TestFailCause(t *testing.T) {
 	assert.Equal(t, CauseOutOfScope, failCause(fmt.Errorf("x: %w", errOutOfScope)))
-	assert.Equal(t, CauseProcessGone, failCause(fmt.Errorf("x: %w", ErrProcessGone)))
-	assert.Equal(t, CauseFDGone, failCause(fmt.Errorf("x: %w", ErrFDGone)))
+	assert.Equal(t, CauseProcessGone, failCause(fmt.Errorf("x: %w", actuate.ErrProcessGone)))
+	assert.Equal(t, CauseFDGone, failCause(fmt.Errorf("x: %w", actuate.ErrFDGone)))
 	assert.Equal(t, CauseOther, failCause(fmt.Errorf("x")))
 }
 
@@ -63,7 +64,7 @@ func TestOutOfScopeNewReaderIsLoggedOnce(t *testing.T) {
 	outside := filepath.Join(r.dir, "elsewhere", "blk_1")
 	require.NoError(t, os.MkdirAll(filepath.Dir(outside), 0o755))
 	require.NoError(t, os.Link(p, outside))
-	r.files.fds[900001] = []FileRef{{Tgid: 900001, FD: 5, Key: key, Path: outside}}
+	r.files.fds[900001] = []actuate.FileRef{{Tgid: 900001, FD: 5, Key: key, Path: outside}}
 	var acts []Action
 	for i := 0; i < 50; i++ { // 5 s of events
 		r.clk.Advance(100 * time.Millisecond)

@@ -16,9 +16,11 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
 	"github.com/readaheadd/readaheadd/pkg/clock"
 	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/scope"
 	"github.com/readaheadd/readaheadd/pkg/state"
 )
 
@@ -234,7 +236,7 @@ func newProcTuner(t *testing.T, name string) *procTuner {
 	require.NoError(t, err)
 	t.Cleanup(func() { p.st.Close() })
 	p.tn, err = New(Config{AllowPaths: []string{filepath.Join(mnt, "data")}, MaxKB: 4096},
-		Deps{Sysfs: p.sys, Files: NewProcFileOps(), Clock: clock.Monotonic{}, Store: p.st, Logger: quiet()})
+		Deps{Sysfs: p.sys, Files: actuate.NewProcFileOps(), Clock: clock.Monotonic{}, Store: p.st, Logger: quiet()})
 	require.NoError(t, err)
 	t.Cleanup(func() { p.tn.RestoreAll(); p.sys.SetReadAheadKB(loop, p.orig) })
 	return p
@@ -242,7 +244,7 @@ func newProcTuner(t *testing.T, name string) *procTuner {
 
 // pinOne pins kb on the one descriptor in refs (below the device's
 // window too) and checks the device is back at its own value.
-func (p *procTuner) pinOne(t *testing.T, kb int, refs []FileRef) *devState {
+func (p *procTuner) pinOne(t *testing.T, kb int, refs []actuate.FileRef) *devState {
 	t.Helper()
 	p.tn.mu.Lock()
 	d := p.tn.device(p.disk.Dev)
@@ -305,7 +307,7 @@ func TestProcFileOpsPinsAnOpenFileWindow(t *testing.T) {
 	require.NoError(t, rd.cmd.Process.Kill())
 	rd.cmd.Wait()
 	_, err = tn.deps.Files.Dup(refs[0])
-	assert.ErrorIs(t, err, ErrProcessGone)
+	assert.ErrorIs(t, err, actuate.ErrProcessGone)
 }
 
 func (r *reader) touch(t *testing.T, off int64) {
@@ -363,10 +365,10 @@ func TestScopeRefusesOutsideAndBindMounts(t *testing.T) {
 	inKey := writeUncached(t, in, 1<<20)
 	out := filepath.Join(mnt, "other", "f")
 	outKey := writeUncached(t, out, 1<<20)
-	sc, err := NewScope([]string{data})
+	sc, err := scope.New([]string{data})
 	require.NoError(t, err)
 
-	ops := NewProcFileOps()
+	ops := actuate.NewProcFileOps()
 	for _, c := range []struct {
 		path string
 		key  probe.FileKey

@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"sort"
 	"strings"
+
+	"github.com/readaheadd/readaheadd/pkg/actuate"
 )
 
 func (t *Tuner) emit(a Action) {
@@ -160,7 +162,7 @@ func (t *Tuner) RestoreAll() error {
 		// Windows the undos above did not reach (a reader not found
 		// this time) are reset from the record.
 		if len(t.deps.Store.Pins()) > 0 {
-			res, err := RestorePins(t.deps.Store, t.deps.Files, t.scope, t.cfg.Devices, t.lower)
+			res, err := actuate.RestorePins(t.deps.Store, t.deps.Files, t.scope, t.cfg.Devices, t.lower)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("reset per-file windows: %w", err))
 			}
@@ -168,7 +170,7 @@ func (t *Tuner) RestoreAll() error {
 		}
 	}
 	// Each file once, as last seen (RestorePins tries the undos' again).
-	last := map[FileRef]Unconfirmed{}
+	last := map[actuate.FileRef]actuate.Unconfirmed{}
 	for _, u := range t.left {
 		last[u.Ref] = u
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
@@ -44,7 +45,7 @@ type trimDec struct {
 	key     probe.FileKey
 	dev     *devState
 	path    string
-	refs    []FileRef
+	refs    []actuate.FileRef
 	kb      int           // window pinned on refs
 	from    int           // the window they had (the device's at the time)
 	trialAt time.Duration // set while the trim is under trial
@@ -282,8 +283,8 @@ func (t *Tuner) scanDue(k probe.FileKey, now time.Duration) bool {
 
 // trimRefs finds the in-scope descriptors on file: those of readers seen
 // in readahead events, else every process's.
-func (t *Tuner) trimRefs(k probe.FileKey, d *devState) []FileRef {
-	var found []FileRef
+func (t *Tuner) trimRefs(k probe.FileKey, d *devState) []actuate.FileRef {
+	var found []actuate.FileRef
 	if len(t.readers[k]) > 0 {
 		found = t.refs(&fileDec{key: k, dev: d}, nil)
 	} else {
@@ -373,13 +374,13 @@ func (t *Tuner) trimmedClosed(td *trimDec) bool {
 
 // closed reports whether ref is known closed (or its process gone); a
 // descriptor that cannot be taken for another reason may still be open.
-func (t *Tuner) closed(ref FileRef) bool {
+func (t *Tuner) closed(ref actuate.FileRef) bool {
 	h, err := t.deps.Files.Dup(ref)
 	if err == nil {
 		h.Close()
 		return false
 	}
-	return errors.Is(err, ErrFDGone) || errors.Is(err, ErrProcessGone)
+	return errors.Is(err, actuate.ErrFDGone) || errors.Is(err, actuate.ErrProcessGone)
 }
 
 // endTrim gives the trimmed open files the device's window again.
@@ -394,7 +395,7 @@ func (t *Tuner) endTrim(td *trimDec, why string) {
 	}
 	res := ResultUndone
 	if _, err := t.raiseFiles(td.dev, td.dev.cur, td.refs, false); err != nil {
-		if errors.Is(err, ErrProcessGone) || errors.Is(err, ErrFDGone) {
+		if errors.Is(err, actuate.ErrProcessGone) || errors.Is(err, actuate.ErrFDGone) {
 			why += "; readers gone (their open files closed)"
 		} else {
 			res = ResultFailed

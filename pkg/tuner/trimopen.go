@@ -3,6 +3,7 @@ package tuner
 import (
 	"time"
 
+	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
@@ -96,7 +97,7 @@ func (t *Tuner) trimOpened(ev probe.ReadaheadEvent, now time.Duration) {
 		t.fileFail++
 		t.log.Debug("tuner: cannot list the descriptors of a trimmed file's reader", "pid", ev.Tgid, "file", ev.File.String(), "err", err)
 	}
-	var refs []FileRef
+	var refs []actuate.FileRef
 	for _, ref := range found {
 		real, err := t.scope.Check(ref.Tgid, ref.FD, ref.Path, ev.File)
 		if err != nil {
@@ -136,7 +137,7 @@ func (t *Tuner) trimOpened(ev probe.ReadaheadEvent, now time.Duration) {
 
 // keepRefs adds refs to the descriptors td gives back at its end, one per
 // process and number, within openedMaxRefs.
-func (t *Tuner) keepRefs(td *trimDec, refs []FileRef) {
+func (t *Tuner) keepRefs(td *trimDec, refs []actuate.FileRef) {
 	for _, r := range refs {
 		dup := false
 		for _, o := range td.refs {

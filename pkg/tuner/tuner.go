@@ -18,8 +18,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/scope"
 )
 
 // errRateLimited defers a step to a later interval; it is not a failure.
@@ -152,7 +154,7 @@ type Tuner struct {
 	cfg   Config
 	deps  Deps
 	log   *slog.Logger
-	scope *Scope
+	scope *scope.Scope
 
 	mu   sync.Mutex
 	devs map[probe.Dev]*devState
@@ -183,7 +185,7 @@ type Tuner struct {
 	trimScanAt map[probe.FileKey]time.Duration
 	// lower changes per-file windows when the kernel's per-file state is
 	// readable (Deps.States); nil otherwise.
-	lower *Lowerer
+	lower *actuate.Lowerer
 	// Global budget of whole-system descriptor scans (trim.go).
 	scans bucket
 	// Memory of windows that paid (memory.go, fresh.go) and its file.
@@ -218,7 +220,7 @@ type Tuner struct {
 	// and the event path takes no new action.
 	lowering map[probe.FileKey]int
 	closing  bool
-	left     []Unconfirmed // files the shutdown's lowerings could not confirm
+	left     []actuate.Unconfirmed // files the shutdown's lowerings could not confirm
 }
 
 // New builds a tuner. If the store holds originals from an earlier run that
@@ -237,7 +239,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 	if deps.Logger == nil {
 		deps.Logger = slog.Default()
 	}
-	scope, err := NewScope(cfg.AllowPaths)
+	scope, err := scope.New(cfg.AllowPaths)
 	if err != nil {
 		return nil, fmt.Errorf("tuner: %w", err)
 	}
@@ -265,7 +267,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 		t.priorsPath = deps.Store.PriorsPath()
 	}
 	if deps.States != nil && !cfg.DryRun {
-		t.lower = &Lowerer{Sysfs: deps.Sysfs, Files: deps.Files, States: deps.States}
+		t.lower = &actuate.Lowerer{Sysfs: deps.Sysfs, Files: deps.Files, States: deps.States}
 	}
 	if deps.Store != nil && len(deps.Store.Entries()) > 0 {
 		t.log.Warn("tuner: originals of an earlier run were not restored (crash?); restoring them before anything else",
@@ -276,7 +278,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 	}
 	if deps.Store != nil && len(deps.Store.Pins()) > 0 {
 		// After the devices: a reset open file takes its device's window.
-		res, err := RestorePins(deps.Store, deps.Files, scope, cfg.Devices, t.lower)
+		res, err := actuate.RestorePins(deps.Store, deps.Files, scope, cfg.Devices, t.lower)
 		t.log.Warn("tuner: per-file windows of an earlier run were left (crash?); reset them to their devices' windows",
 			"file", deps.Store.PinsPath(), "reset", res.Reset, "not_confirmed", len(res.Unconfirmed), "readers_gone", res.Gone, "refused_out_of_scope", res.Refused, "err", err)
 		for _, u := range res.Unconfirmed {

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/clock"
 	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/probe"
@@ -33,7 +34,7 @@ type streams struct {
 	onBreak func()
 }
 
-func (s *streams) Dup(ref FileRef) (Handle, error) {
+func (s *streams) Dup(ref actuate.FileRef) (actuate.Handle, error) {
 	h, err := s.fakeFiles.Dup(ref)
 	if err != nil {
 		return nil, err
@@ -41,13 +42,13 @@ func (s *streams) Dup(ref FileRef) (Handle, error) {
 	return &streamHandle{s: s, ref: ref, h: h}, nil
 }
 
-func (s *streams) Own(fds []int) (map[int]RAState, error) {
-	out := map[int]RAState{}
+func (s *streams) Own(fds []int) (map[int]actuate.RAState, error) {
+	out := map[int]actuate.RAState{}
 	for _, refs := range s.fds {
 		for _, r := range refs {
 			for _, fd := range fds {
 				if r.FD == fd {
-					st := RAState{ID: r.Key.Ino, RAPages: uint32(s.window[r.Key] / 4), Size: uint32(s.sizeOf(r.Key) / 4), PrevPos: 1 << 40}
+					st := actuate.RAState{ID: r.Key.Ino, RAPages: uint32(s.window[r.Key] / 4), Size: uint32(s.sizeOf(r.Key) / 4), PrevPos: 1 << 40}
 					if s.idle {
 						st.PrevPos = 0
 					}
@@ -62,8 +63,8 @@ func (s *streams) Own(fds []int) (map[int]RAState, error) {
 	return out, nil
 }
 
-func (s *streams) WatchOpens([]probe.Dev) (func() []OpenFile, error) {
-	return func() []OpenFile { return nil }, nil
+func (s *streams) WatchOpens([]probe.Dev) (func() []actuate.OpenFile, error) {
+	return func() []actuate.OpenFile { return nil }, nil
 }
 
 func (s *streams) sizeOf(k probe.FileKey) int {
@@ -75,8 +76,8 @@ func (s *streams) sizeOf(k probe.FileKey) int {
 
 type streamHandle struct {
 	s   *streams
-	ref FileRef
-	h   Handle
+	ref actuate.FileRef
+	h   actuate.Handle
 }
 
 func (h *streamHandle) FD() int { return h.ref.FD }
@@ -97,9 +98,9 @@ func (h *streamHandle) ReadPage(int64) (int, error) {
 }
 
 func (h *streamHandle) Close() error { return h.h.Close() }
-func (h *streamHandle) Fadvise(off, n int64, a Advice) error {
+func (h *streamHandle) Fadvise(off, n int64, a actuate.Advice) error {
 	k := h.ref.Key
-	if a == AdviceDontNeed {
+	if a == actuate.AdviceDontNeed {
 		h.s.dropped[k] = !h.s.noDrop
 		return nil
 	}
@@ -232,9 +233,9 @@ func TestRestorePinsLowersTheRunningStream(t *testing.T) {
 	r.files.open(100, 7, p, key)
 	s.size[key], r.files.window[key] = 1024, 1024 // left by a killed run
 	require.NoError(t, r.store.UpdatePins([]state.Pin{{PID: 100, FD: 7, Dev: uint32(key.Dev), Ino: key.Ino, Device: "sdb", WindowKB: 1024, Path: p}}, nil))
-	res, err := RestorePins(r.store, s, r.tn.scope, nil, &Lowerer{Sysfs: r.sys, Files: s, States: s})
+	res, err := actuate.RestorePins(r.store, s, r.tn.scope, nil, &actuate.Lowerer{Sysfs: r.sys, Files: s, States: s})
 	require.NoError(t, err)
-	assert.Equal(t, PinsRestored{Reset: 1}, res)
+	assert.Equal(t, actuate.PinsRestored{Reset: 1}, res)
 	assert.Equal(t, 128, s.size[key])
 	assert.Empty(t, r.store.Pins())
 }
@@ -249,11 +250,11 @@ func TestRestorePinsLowersAnIdleReader(t *testing.T) {
 		s.size[key], r.files.window[key] = 1024, 1024 // left by a killed run
 		s.idle, s.noDrop = true, !drops
 		require.NoError(t, r.store.UpdatePins([]state.Pin{{PID: 100, FD: 7, Dev: uint32(key.Dev), Ino: key.Ino, Device: "sdb", WindowKB: 1024, Path: p}}, nil))
-		res, err := RestorePins(r.store, s, r.tn.scope, nil, &Lowerer{Sysfs: r.sys, Files: s, States: s})
+		res, err := actuate.RestorePins(r.store, s, r.tn.scope, nil, &actuate.Lowerer{Sysfs: r.sys, Files: s, States: s})
 		require.NoError(t, err)
 		assert.Equal(t, 128, r.files.window[key])
 		if drops {
-			assert.Equal(t, PinsRestored{Reset: 1}, res)
+			assert.Equal(t, actuate.PinsRestored{Reset: 1}, res)
 			assert.LessOrEqual(t, s.size[key], 128)
 			assert.Empty(t, r.store.Pins())
 			continue

@@ -16,10 +16,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
 	"github.com/readaheadd/readaheadd/pkg/clock"
 	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/scope"
 	"github.com/readaheadd/readaheadd/pkg/state"
 )
 
@@ -74,8 +76,8 @@ func (f *fakeSys) get(name string) int {
 }
 
 type advCall struct {
-	ref    FileRef
-	advice Advice
+	ref    actuate.FileRef
+	advice actuate.Advice
 	devKB  int // read_ahead_kb at the time of the call
 	off, n int64
 }
@@ -84,7 +86,7 @@ type advCall struct {
 // window a real kernel would give them on fadvise.
 type fakeFiles struct {
 	sys    *fakeSys
-	fds    map[uint32][]FileRef
+	fds    map[uint32][]actuate.FileRef
 	window map[probe.FileKey]int // window of the open files per key
 	calls  []advCall
 	gone   map[uint32]bool // exits between Find and Dup
@@ -98,18 +100,18 @@ type fakeFiles struct {
 }
 
 func newFakeFiles(sys *fakeSys) *fakeFiles {
-	return &fakeFiles{sys: sys, fds: map[uint32][]FileRef{}, window: map[probe.FileKey]int{}, gone: map[uint32]bool{}}
+	return &fakeFiles{sys: sys, fds: map[uint32][]actuate.FileRef{}, window: map[probe.FileKey]int{}, gone: map[uint32]bool{}}
 }
 
 func (f *fakeFiles) open(tgid uint32, fd int, path string, key probe.FileKey) {
-	f.fds[tgid] = append(f.fds[tgid], FileRef{Tgid: tgid, FD: fd, Key: key, Path: path})
+	f.fds[tgid] = append(f.fds[tgid], actuate.FileRef{Tgid: tgid, FD: fd, Key: key, Path: path})
 	if _, ok := f.window[key]; !ok {
 		f.window[key] = f.sys.get("sdb") // copied at open
 	}
 }
 
-func (f *fakeFiles) Find(tgid uint32, key probe.FileKey) ([]FileRef, error) {
-	var out []FileRef
+func (f *fakeFiles) Find(tgid uint32, key probe.FileKey) ([]actuate.FileRef, error) {
+	var out []actuate.FileRef
 	for _, r := range f.fds[tgid] {
 		if r.Key == key {
 			out = append(out, r)
@@ -118,9 +120,9 @@ func (f *fakeFiles) Find(tgid uint32, key probe.FileKey) ([]FileRef, error) {
 	return out, nil
 }
 
-func (f *fakeFiles) FindAll(key probe.FileKey) ([]FileRef, error) {
+func (f *fakeFiles) FindAll(key probe.FileKey) ([]actuate.FileRef, error) {
 	f.scans++
-	var out []FileRef
+	var out []actuate.FileRef
 	for tgid := range f.fds {
 		found, _ := f.Find(tgid, key)
 		out = append(out, found...)
@@ -130,15 +132,15 @@ func (f *fakeFiles) FindAll(key probe.FileKey) ([]FileRef, error) {
 
 // closeFD closes a reader's descriptor.
 func (f *fakeFiles) closeFD(tgid uint32, fd int) {
-	f.fds[tgid] = slices.DeleteFunc(f.fds[tgid], func(r FileRef) bool { return r.FD == fd })
+	f.fds[tgid] = slices.DeleteFunc(f.fds[tgid], func(r actuate.FileRef) bool { return r.FD == fd })
 }
 
-func (f *fakeFiles) Dup(ref FileRef) (Handle, error) {
+func (f *fakeFiles) Dup(ref actuate.FileRef) (actuate.Handle, error) {
 	if f.gone[ref.Tgid] {
-		return nil, ErrProcessGone
+		return nil, actuate.ErrProcessGone
 	}
-	if f.closedFDs && !slices.ContainsFunc(f.fds[ref.Tgid], func(r FileRef) bool { return r.FD == ref.FD && r.Key == ref.Key }) {
-		return nil, ErrFDGone
+	if f.closedFDs && !slices.ContainsFunc(f.fds[ref.Tgid], func(r actuate.FileRef) bool { return r.FD == ref.FD && r.Key == ref.Key }) {
+		return nil, actuate.ErrFDGone
 	}
 	f.dups++
 	return &fakeHandle{f: f, ref: ref}, nil
@@ -146,16 +148,16 @@ func (f *fakeFiles) Dup(ref FileRef) (Handle, error) {
 
 type fakeHandle struct {
 	f   *fakeFiles
-	ref FileRef
+	ref actuate.FileRef
 }
 
-func (h *fakeHandle) Fadvise(off, n int64, a Advice) error {
+func (h *fakeHandle) Fadvise(off, n int64, a actuate.Advice) error {
 	dev := h.f.sys.get("sdb")
 	h.f.calls = append(h.f.calls, advCall{ref: h.ref, advice: a, devKB: dev, off: off, n: n})
 	switch a {
-	case AdviceNormal:
+	case actuate.AdviceNormal:
 		h.f.window[h.ref.Key] = dev
-	case AdviceSequential:
+	case actuate.AdviceSequential:
 		h.f.window[h.ref.Key] = 2 * dev
 	}
 	return nil
@@ -320,9 +322,9 @@ func TestEscalatesGeometricallyAndStopsAtTheKnee(t *testing.T) {
 
 	// 256 = 2 x 128 needs no sysfs write (SEQUENTIAL); 512 and 1024 are
 	// raise-pin-restore: fadvise(NORMAL) while the device holds the window.
-	assert.Equal(t, AdviceSequential, r.files.calls[0].advice)
+	assert.Equal(t, actuate.AdviceSequential, r.files.calls[0].advice)
 	for _, c := range r.files.calls[1:] {
-		assert.Equal(t, AdviceNormal, c.advice)
+		assert.Equal(t, actuate.AdviceNormal, c.advice)
 	}
 	assert.Equal(t, 512, r.files.calls[1].devKB)
 	assert.Equal(t, []write{{"sdb", 512}, {"sdb", 128}, {"sdb", 1024}, {"sdb", 128}, {"sdb", 512}, {"sdb", 128},
@@ -493,7 +495,7 @@ func TestScopeRules(t *testing.T) {
 	assert.Positive(t, st.OutOfScope)
 
 	// The scope itself: prefix, symlinked prefix, sibling with a common prefix.
-	sc, err := NewScope([]string{data})
+	sc, err := scope.New([]string{data})
 	require.NoError(t, err)
 	_, err = sc.Check(0, -1, inPath, inKey)
 	assert.NoError(t, err)
@@ -505,7 +507,7 @@ func TestScopeRules(t *testing.T) {
 	_, err = sc.Check(0, -1, inPath, outKey)
 	assert.Error(t, err, "the path must name the open file")
 	require.NoError(t, os.Symlink(data, filepath.Join(r.dir, "datalink")))
-	sc2, err := NewScope([]string{filepath.Join(r.dir, "datalink")})
+	sc2, err := scope.New([]string{filepath.Join(r.dir, "datalink")})
 	require.NoError(t, err)
 	_, err = sc2.Check(0, -1, inPath, inKey)
 	assert.NoError(t, err, "an allow-path given through a symlink is resolved")
@@ -540,12 +542,12 @@ func TestNewReadersOfAnActiveFileGetTheWindow(t *testing.T) {
 	// The DataNode opens the block again for a new read: the new open file
 	// starts at the device's 128 KB, which its readahead event shows.
 	r.files.calls = nil
-	r.files.fds[100] = append(r.files.fds[100], FileRef{Tgid: 100, FD: 9, Key: key, Path: p})
+	r.files.fds[100] = append(r.files.fds[100], actuate.FileRef{Tgid: 100, FD: 9, Key: key, Path: p})
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: 32})
 	// Pinned from the event path, before any tick.
 	require.NotEmpty(t, r.files.calls, "the new descriptor is pinned on its first readahead event")
 	// And another process reads it too.
-	r.files.fds[300] = []FileRef{{Tgid: 300, FD: 5, Key: key, Path: p}}
+	r.files.fds[300] = []actuate.FileRef{{Tgid: 300, FD: 5, Key: key, Path: p}}
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 300, File: key, Device: sdb, RaPages: 32})
 	acts := r.tn.ApplyPending() // returns what the event path did
 	require.Len(t, acts, 2)
@@ -638,7 +640,7 @@ func TestPrefetchWhenTheWindowIsNotEnough(t *testing.T) {
 		r.clk.Advance(time.Second)
 		acts = append(acts, r.tn.Step(r.snap(detector.FileLatencyShift, key))...)
 		for _, c := range r.files.calls {
-			if c.advice == AdviceWillNeed {
+			if c.advice == actuate.AdviceWillNeed {
 				prefetching = true
 			}
 		}
@@ -650,7 +652,7 @@ func TestPrefetchWhenTheWindowIsNotEnough(t *testing.T) {
 	assert.NotEmpty(t, filter(acts, KindPrefetch, ResultKept))
 	var wn []advCall
 	for _, c := range r.files.calls {
-		if c.advice == AdviceWillNeed {
+		if c.advice == actuate.AdviceWillNeed {
 			wn = append(wn, c)
 		}
 	}
@@ -1052,7 +1054,7 @@ func TestPinnedWindowsAreRecordedAndResetAfterACrash(t *testing.T) {
 	_, err := New(Config{AllowPaths: []string{filepath.Join(r.dir, "data")}}, Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: r.store, Logger: quiet()})
 	require.NoError(t, err)
 	require.Len(t, r.files.calls, calls+1)
-	assert.Equal(t, AdviceNormal, r.files.calls[calls].advice)
+	assert.Equal(t, actuate.AdviceNormal, r.files.calls[calls].advice)
 	assert.Equal(t, 7, r.files.calls[calls].ref.FD)
 	assert.Equal(t, 128, r.files.window[key])
 	assert.Empty(t, r.store.Pins())
@@ -1074,9 +1076,9 @@ func TestUndoClearsPinsAndGoneReadersAreForgotten(t *testing.T) {
 
 	// A record whose reader is gone is dropped by RestorePins.
 	require.NoError(t, r.store.UpdatePins([]state.Pin{{PID: 101, FD: 4, Dev: uint32(key.Dev), Ino: key.Ino, Device: "sdb", WindowKB: 512}}, nil))
-	res, err := RestorePins(r.store, r.files, r.tn.scope, nil, nil)
+	res, err := actuate.RestorePins(r.store, r.files, r.tn.scope, nil, nil)
 	require.NoError(t, err)
-	assert.Equal(t, PinsRestored{Gone: 1}, res)
+	assert.Equal(t, actuate.PinsRestored{Gone: 1}, res)
 	assert.Empty(t, r.store.Pins())
 }
 
@@ -1222,18 +1224,18 @@ func TestRestorePinsRefusesFilesOutOfScope(t *testing.T) {
 		{PID: 201, FD: 4, Dev: uint32(inKey.Dev), Ino: inKey.Ino, Device: "sdb", WindowKB: 512},
 	}, nil))
 	calls := len(r.files.calls)
-	res, err := RestorePins(r.store, r.files, r.tn.scope, []string{"sdb"}, nil)
+	res, err := actuate.RestorePins(r.store, r.files, r.tn.scope, []string{"sdb"}, nil)
 	require.NoError(t, err)
-	assert.Equal(t, PinsRestored{Reset: 1, Refused: 1}, res)
+	assert.Equal(t, actuate.PinsRestored{Reset: 1, Refused: 1}, res)
 	require.Len(t, r.files.calls, calls+1)
 	assert.Equal(t, uint32(201), r.files.calls[calls].ref.Tgid)
 	assert.Empty(t, r.store.Pins())
 
 	// A pin on a disk the configuration does not tune is refused as well.
 	require.NoError(t, r.store.UpdatePins([]state.Pin{{PID: 201, FD: 4, Dev: uint32(inKey.Dev), Ino: inKey.Ino, Device: "vda", WindowKB: 512}}, nil))
-	res, err = RestorePins(r.store, r.files, r.tn.scope, []string{"sdb"}, nil)
+	res, err = actuate.RestorePins(r.store, r.files, r.tn.scope, []string{"sdb"}, nil)
 	require.NoError(t, err)
-	assert.Equal(t, PinsRestored{Refused: 1}, res)
+	assert.Equal(t, actuate.PinsRestored{Refused: 1}, res)
 }
 
 // A kept prefetch keeps the stream ahead of the device whatever its window:
@@ -1248,7 +1250,7 @@ func TestReprobeTakesBackAKeptPrefetchWithTheWindow(t *testing.T) {
 	willNeeds := func() int {
 		n := 0
 		for _, c := range r.files.calls {
-			if c.advice == AdviceWillNeed {
+			if c.advice == actuate.AdviceWillNeed {
 				n++
 			}
 		}

@@ -1,11 +1,13 @@
 package tuner
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
+	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
 	"github.com/readaheadd/readaheadd/pkg/clock"
 	"github.com/readaheadd/readaheadd/pkg/probe"
@@ -112,37 +114,29 @@ type Config struct {
 func (c Config) withDefaults() Config {
 	// Zero means "the default"; order matters where one default derives
 	// from another (ReprobeHold from Settle).
-	orDefault(&c.MaxKB, 4096)
-	orDefault(&c.Growth, 2)
-	orDefault(&c.FirstStepFactor, 8)
-	orDefault(&c.Margin, 0.10)
-	orDefault(&c.DeviceMargin, 0.20)
-	orDefault(&c.Settle, time.Second)
-	orDefault(&c.BackoffBase, 2*time.Second)
-	orDefault(&c.BackoffMax, 5*time.Minute)
-	orDefault(&c.CapacityFrac, 0.9)
-	orDefault(&c.ReprobeAfter, time.Minute)
-	orDefault(&c.ReprobeHold, 5*c.Settle)
-	orDefault(&c.Grace, 10*time.Second)
-	orDefault(&c.DeviceMinFiles, 4)
-	orDefault(&c.DeviceFileFraction, 0.5)
-	orDefault(&c.SysfsWritesPerSec, 10)
-	orDefault(&c.SysfsBurst, 4)
-	orDefault(&c.PrefetchStartKB, 2048)
-	orDefault(&c.PrefetchMaxKB, 16384)
-	orDefault(&c.PrefetchBytesPerSec, 64<<20)
-	orDefault(&c.MinSequentiality, 0.6)
-	orDefault(&c.TrimKB, 16)
-	orDefault(&c.RecentActions, 64)
+	c.MaxKB = cmp.Or(c.MaxKB, 4096)
+	c.Growth = cmp.Or(c.Growth, 2)
+	c.FirstStepFactor = cmp.Or(c.FirstStepFactor, 8)
+	c.Margin = cmp.Or(c.Margin, 0.10)
+	c.DeviceMargin = cmp.Or(c.DeviceMargin, 0.20)
+	c.Settle = cmp.Or(c.Settle, time.Second)
+	c.BackoffBase = cmp.Or(c.BackoffBase, 2*time.Second)
+	c.BackoffMax = cmp.Or(c.BackoffMax, 5*time.Minute)
+	c.CapacityFrac = cmp.Or(c.CapacityFrac, 0.9)
+	c.ReprobeAfter = cmp.Or(c.ReprobeAfter, time.Minute)
+	c.ReprobeHold = cmp.Or(c.ReprobeHold, 5*c.Settle)
+	c.Grace = cmp.Or(c.Grace, 10*time.Second)
+	c.DeviceMinFiles = cmp.Or(c.DeviceMinFiles, 4)
+	c.DeviceFileFraction = cmp.Or(c.DeviceFileFraction, 0.5)
+	c.SysfsWritesPerSec = cmp.Or(c.SysfsWritesPerSec, 10)
+	c.SysfsBurst = cmp.Or(c.SysfsBurst, 4)
+	c.PrefetchStartKB = cmp.Or(c.PrefetchStartKB, 2048)
+	c.PrefetchMaxKB = cmp.Or(c.PrefetchMaxKB, 16384)
+	c.PrefetchBytesPerSec = cmp.Or(c.PrefetchBytesPerSec, 64<<20)
+	c.MinSequentiality = cmp.Or(c.MinSequentiality, 0.6)
+	c.TrimKB = cmp.Or(c.TrimKB, 16)
+	c.RecentActions = cmp.Or(c.RecentActions, 64)
 	return c
-}
-
-// orDefault sets *v to d when *v is the zero value.
-func orDefault[T comparable](v *T, d T) {
-	var zero T
-	if *v == zero {
-		*v = d
-	}
 }
 
 func (c Config) validate() error {
@@ -176,8 +170,7 @@ func (c Config) validate() error {
 
 // Sysfs is the part of blockdev.SysFS the tuner uses.
 type Sysfs interface {
-	ReadAheadKB(name string) (int, error)
-	SetReadAheadKB(name string, kb int) error
+	actuate.DeviceRW
 	ByDev(dev probe.Dev) (blockdev.Disk, error)
 }
 
@@ -186,13 +179,13 @@ var _ Sysfs = blockdev.SysFS{}
 // Deps are the tuner's seams to the system.
 type Deps struct {
 	Sysfs Sysfs
-	Files FileOps // NewProcFileOps() in production
+	Files actuate.FileOps // actuate.NewProcFileOps() or fileras.NewFileOps in production
 	// States is the kernel's per-file readahead state (fileras.States in
 	// production). With it every per-file window change goes through a
 	// Lowerer, so a lowering reaches a reader streaming on a larger
 	// window; without it a lowering only sets ra_pages, which such a
-	// reader ignores (lower.go).
-	States RAStates
+	// reader ignores (actuate/lower.go).
+	States actuate.RAStates
 	// Around reports read-arounds of trimmed files by descriptors opened
 	// since the trim (the probe in production); nil: those are found by
 	// the periodic search only (trimopen.go).

@@ -11,10 +11,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
 	"github.com/readaheadd/readaheadd/pkg/fileras"
 	"github.com/readaheadd/readaheadd/pkg/probe"
-	rt "github.com/readaheadd/readaheadd/pkg/tuner"
 	"github.com/readaheadd/readaheadd/test/lab"
 )
 
@@ -41,16 +41,16 @@ func fileKey(t *testing.T, path string) probe.FileKey {
 
 // lowerOne sets the window of pid's one open file of key through low (the
 // device at 128 KB).
-func lowerOne(t *testing.T, l *lab.Lab, low *rt.Lowerer, pid int, key probe.FileKey) func(kb int) rt.LowerStats {
+func lowerOne(t *testing.T, l *lab.Lab, low *actuate.Lowerer, pid int, key probe.FileKey) func(kb int) actuate.LowerStats {
 	t.Helper()
 	refs, err := low.Files.Find(uint32(pid), key)
 	require.NoError(t, err)
 	require.Len(t, refs, 1)
-	return func(kb int) rt.LowerStats {
+	return func(kb int) actuate.LowerStats {
 		h, err := low.Files.Dup(refs[0])
 		require.NoError(t, err)
 		defer h.Close()
-		st, err := low.Lower(rt.LowerReq{Device: l.Name, DeviceKB: 128, KB: kb, Files: []rt.LowerFile{{Ref: refs[0], H: h}}})
+		st, err := low.Lower(actuate.LowerReq{Device: l.Name, DeviceKB: 128, KB: kb, Files: []actuate.LowerFile{{Ref: refs[0], H: h}}})
 		require.NoError(t, err)
 		return st
 	}
@@ -88,8 +88,8 @@ func TestLowerRunningStream(t *testing.T) {
 	t.Cleanup(func() { it.Close() })
 	require.NoError(t, it.Watch(key.Dev))
 	sys := blockdev.SysFS{Root: "/sys"}
-	files := rt.NewProcFileOps()
-	low := &rt.Lowerer{Sysfs: sys, Files: files, States: fileras.States{It: it}}
+	files := actuate.NewProcFileOps()
+	low := &actuate.Lowerer{Sysfs: sys, Files: files, States: fileras.States{It: it}}
 
 	require.NoError(t, lab.DropFileCache(path))
 	c := startChild(t, "seq", path)
@@ -157,7 +157,7 @@ func TestLowerRunningStream(t *testing.T) {
 	require.NoError(t, err)
 	h, err := files.Dup(refs[0])
 	require.NoError(t, err)
-	require.NoError(t, h.Fadvise(0, 0, rt.AdviceNormal))
+	require.NoError(t, h.Fadvise(0, 0, actuate.AdviceNormal))
 	h.Close()
 	naive := rateOver(c, 1500*time.Millisecond)
 	kf = kernelFile(t, it, c.Pid, key)

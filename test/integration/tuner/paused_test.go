@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
 	"github.com/readaheadd/readaheadd/pkg/clock"
 	"github.com/readaheadd/readaheadd/pkg/detector"
@@ -54,7 +55,7 @@ func newLabTuner(t *testing.T, l *lab.Lab, it *fileras.Iter, cfg rt.Config) *lab
 	cfg.AllowPaths = []string{l.Mount}
 	cfg.Devices = []string{l.Name}
 	cfg.DisablePrefetch = true
-	h.tn, err = rt.New(cfg, rt.Deps{Sysfs: sys, Files: rt.NewProcFileOps(), States: fileras.States{It: it},
+	h.tn, err = rt.New(cfg, rt.Deps{Sysfs: sys, Files: actuate.NewProcFileOps(), States: fileras.States{It: it},
 		Clock: h.clk, Store: store, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
 	return h
@@ -107,7 +108,7 @@ func startPausedMode(t *testing.T, l *lab.Lab, mode, name string, mb int) (*paus
 // fd is the reader's descriptor on its file.
 func (p *pausedRun) fd(t *testing.T) int {
 	t.Helper()
-	refs, err := rt.NewProcFileOps().Find(uint32(p.c.Pid), p.key)
+	refs, err := actuate.NewProcFileOps().Find(uint32(p.c.Pid), p.key)
 	require.NoError(t, err)
 	require.Len(t, refs, 1)
 	return refs[0].FD
@@ -215,7 +216,7 @@ func TestUndoReachesPausedReader(t *testing.T) {
 	// costs.
 	t.Run("2048 KB, its cost", func(t *testing.T) {
 		p, _ := startPausedMode(t, l, "sendfile", "blk_2048", mb)
-		low := &rt.Lowerer{Sysfs: blockdev.SysFS{Root: "/sys"}, Files: rt.NewProcFileOps(), States: fileras.States{It: it}}
+		low := &actuate.Lowerer{Sysfs: blockdev.SysFS{Root: "/sys"}, Files: actuate.NewProcFileOps(), States: fileras.States{It: it}}
 		set := lowerOne(t, l, low, p.c.Pid, p.key)
 		set(2048)
 		p.c.goRead(t)

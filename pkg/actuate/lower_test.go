@@ -1,12 +1,14 @@
-package tuner
+package actuate
 
 import (
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
@@ -331,9 +333,11 @@ func TestLowerEndsTheBreakOfAReaderThatClosedItsFile(t *testing.T) {
 
 // Holds tells a descriptor still open on its file from a closed one.
 func TestProcFileOpsHolds(t *testing.T) {
-	p, key := realFile(t, t.TempDir(), "f")
-	f, err := os.Open(p)
+	f, err := os.Create(filepath.Join(t.TempDir(), "f"))
 	require.NoError(t, err)
+	var fst unix.Stat_t
+	require.NoError(t, unix.Fstat(int(f.Fd()), &fst))
+	key := probe.FileKey{Dev: probe.DevFromUnix(fst.Dev), Ino: fst.Ino}
 	ops := NewProcFileOps()
 	ref := FileRef{Tgid: uint32(os.Getpid()), FD: int(f.Fd()), Key: key}
 	assert.True(t, ops.Holds(ref))

@@ -1,4 +1,11 @@
-package tuner
+// Package actuate changes readahead windows on the system and carries no
+// decision: it reaches other processes' open files (pidfd_getfd), sets
+// their windows with posix_fadvise, through the device's read_ahead_kb when
+// only the device reaches a value, lowers a window a reader is already
+// streaming on (lower.go, rearm.go), and resets the per-file windows an
+// earlier run left behind (restore.go). What to change, and when, is the
+// tuner's (package tuner).
+package actuate
 
 import (
 	"errors"
@@ -10,7 +17,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/readaheadd/readaheadd/pkg/probe"
-	"github.com/readaheadd/readaheadd/pkg/scope"
 )
 
 // Advice is a posix_fadvise advice value.
@@ -35,6 +41,20 @@ func (a Advice) String() string {
 		return "DONTNEED"
 	}
 	return strconv.Itoa(int(a))
+}
+
+// AdviceFor is how an open file gets the window kb on a device whose
+// read_ahead_kb is deviceKB: POSIX_FADV_NORMAL copies the device's value
+// into the file's ra_pages, SEQUENTIAL twice it; any other value needs the
+// device to hold kb while NORMAL is given (through).
+func AdviceFor(kb, deviceKB int) (a Advice, through bool) {
+	switch {
+	case kb == deviceKB:
+		return AdviceNormal, false
+	case kb == 2*deviceKB:
+		return AdviceSequential, false
+	}
+	return AdviceNormal, true
 }
 
 // FileRef names one descriptor a process holds on a file.
@@ -218,12 +238,6 @@ func (h procHandle) ReadPage(off int64) (int, error) {
 	}
 	return n, nil
 }
-
-// Scope decides which files may get per-file actions (package scope).
-type Scope = scope.Scope
-
-// NewScope resolves the allowed directories in the daemon's namespace.
-func NewScope(paths []string) (*Scope, error) { return scope.New(paths) }
 
 // FD is our descriptor's number (the kernel's per-file state is read by it).
 func (h procHandle) FD() int { return int(h) }

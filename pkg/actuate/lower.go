@@ -1,4 +1,4 @@
-package tuner
+package actuate
 
 // Lowering a window that a stream is already using.
 //
@@ -31,6 +31,7 @@ package tuner
 // device's own value.
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -180,6 +181,16 @@ type Unconfirmed struct {
 	Why string
 }
 
+// Confirmed reports whether ref is not among Left.
+func (st LowerStats) Confirmed(ref FileRef) bool {
+	return !slices.ContainsFunc(st.Left, func(u Unconfirmed) bool { return u.Ref == ref })
+}
+
+func (st *LowerStats) unconfirmed(f LowerFile, s RAState, why string) {
+	st.Unconfirmed++
+	st.Left = append(st.Left, Unconfirmed{Ref: f.Ref, RA: s, Why: why})
+}
+
 func (u Unconfirmed) String() string {
 	return fmt.Sprintf("pid %d fd %d (%s): kernel ra_pages %d KB, window %d KB: %s",
 		u.Ref.Tgid, u.Ref.FD, u.Ref.Path, int(u.RA.RAPages)*pageKB, int(u.RA.Size)*pageKB, u.Why)
@@ -306,11 +317,17 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 	return st, errors.Join(errs...)
 }
 
+// idleFile is a broken file whose reader did not move, with its state.
+type idleFile struct {
+	f LowerFile
+	s RAState
+}
+
 func (l *Lowerer) defaults() {
-	orDefault(&l.Poll, time.Millisecond)
-	orDefault(&l.MaxHold, DefaultMaxHold)
-	orDefault(&l.IdleHold, 200*time.Millisecond)
-	orDefault(&l.Hold, DefaultHold)
+	l.Poll = cmp.Or(l.Poll, time.Millisecond)
+	l.MaxHold = cmp.Or(l.MaxHold, DefaultMaxHold)
+	l.IdleHold = cmp.Or(l.IdleHold, 200*time.Millisecond)
+	l.Hold = cmp.Or(l.Hold, DefaultHold)
 	if l.Sleep == nil {
 		l.Sleep = time.Sleep
 	}
@@ -354,14 +371,7 @@ func (l *Lowerer) set(req LowerReq, fs []LowerFile, st *LowerStats) (n int, err 
 	if len(fs) == 0 {
 		return 0, nil
 	}
-	advice, through := AdviceNormal, false
-	switch {
-	case req.KB == req.DeviceKB:
-	case req.KB == 2*req.DeviceKB && req.KB != 0:
-		advice = AdviceSequential
-	default:
-		through = true
-	}
+	advice, through := AdviceFor(req.KB, req.DeviceKB)
 	var errs []error
 	if through {
 		opened := l.watchOpens(fs)

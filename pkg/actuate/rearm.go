@@ -1,4 +1,4 @@
-package tuner
+package actuate
 
 // Restarting the stream of a reader that does not move during a break.
 //
@@ -44,20 +44,10 @@ type pageCache interface {
 	ReadPage(off int64) (int, error)
 }
 
-type idleFile struct {
-	f LowerFile
-	s RAState
-}
-
 const (
 	pageBytes  = pageKB << 10
 	folioBytes = 2 << 20 // the largest page-cache folio (PMD order on x86-64)
 )
-
-func (st *LowerStats) unconfirmed(f LowerFile, s RAState, why string) {
-	st.Unconfirmed++
-	st.Left = append(st.Left, Unconfirmed{Ref: f.Ref, RA: s, Why: why})
-}
 
 // rearm restarts idle readers' streams at req.KB; their ra_pages is 0.
 func (l *Lowerer) rearm(req LowerReq, idle []idleFile, st *LowerStats) error {
