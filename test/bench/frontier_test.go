@@ -23,7 +23,7 @@ import (
 // read-around window (the device's 128 KB) or trimmed (16 KB). For each
 // point it prints the stream's MB/s, the random reader's touches/s and
 // touch p99, and the block-layer latency of the random reader's requests
-// (what the tuner's random-reader budget works from, docs/tuner.md). Root,
+// (what the tuner's random-reader budget works from, docs/tuner-rules.md). Root,
 // about 4 minutes with the defaults: `make bench-frontier`.
 //
 // READAHEADD_FRONTIER_WS, _WR, _EXTRA_US: comma-separated stream windows
