@@ -107,7 +107,7 @@ func (t *Tuner) onsetCandidate(k probe.FileKey, fs detector.FileStats) bool {
 	if fs.Sequentiality < t.cfg.MinSequentiality || fs.Bytes == 0 || t.snap.Now-fs.LastSeen > t.cfg.Settle {
 		return false
 	}
-	if t.trims[k] != nil || t.mem.checking(k) {
+	if t.trims[k] != nil || t.mem.Checking(k) {
 		return false
 	}
 	if first, fresh := t.fresh[k]; fresh && t.deps.Clock.Now()-first <= t.cfg.Settle {
