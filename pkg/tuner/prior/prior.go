@@ -336,8 +336,7 @@ func (p *Dir) Check(key probe.FileKey, now time.Duration) bool {
 	return true
 }
 
-// Checked is the stream p's re-check measures and for how long (a zero
-// key: none).
+// Checked is the stream p's re-check measures (zero: none), for how long.
 func (p *Dir) Checked(now time.Duration) (probe.FileKey, time.Duration) {
 	return p.checking, now - p.checkStart
 }
