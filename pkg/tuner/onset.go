@@ -1,7 +1,6 @@
 package tuner
 
 import (
-	"cmp"
 	"errors"
 	"slices"
 	"time"
@@ -94,11 +93,6 @@ func (t *Tuner) OnsetStreams() ([]probe.FileKey, time.Duration) {
 	}
 	slices.SortFunc(keys, compareKeys)
 	return keys, t.cfg.Settle / freshSpanDiv
-}
-
-// compareKeys orders files by device, then inode.
-func compareKeys(a, b probe.FileKey) int {
-	return cmp.Or(cmp.Compare(a.Dev, b.Dev), cmp.Compare(a.Ino, b.Ino))
 }
 
 // onsetCandidate: a stream read at the last Step that a step may be taken

@@ -1,7 +1,6 @@
 package tuner
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -150,10 +149,6 @@ func (t judgeCtx) trimAll() {
 			t.startTrims(d, false)
 		}
 	}
-}
-
-func sortedDevs(m map[probe.Dev]*devState) []*devState {
-	return slices.SortedFunc(maps.Values(m), func(a, b *devState) int { return cmp.Compare(a.dev, b.dev) })
 }
 
 // startTrims trims the read-around random readers on d that are not

@@ -10,9 +10,11 @@
 package tuner
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -112,6 +114,10 @@ type devState struct {
 	// randSlope: seconds of delay each byte a stream keeps queued costs
 	// the device's random readers, learned from steps (0: not yet).
 	randSlope float64
+}
+
+func sortedDevs(m map[probe.Dev]*devState) []*devState {
+	return slices.SortedFunc(maps.Values(m), func(a, b *devState) int { return cmp.Compare(a.dev, b.dev) })
 }
 
 type fileDec struct {
