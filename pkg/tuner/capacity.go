@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/readaheadd/readaheadd/pkg/detector"
-	"github.com/readaheadd/readaheadd/pkg/state"
 )
 
 // capQRise: a step counts as an experiment on the device's capacity when
@@ -21,12 +20,6 @@ import (
 // reader, on the lab) saw its median rise 1.4x with the random reader's
 // faults, and taught 63.6 MB/s of a 148 MB/s device.
 const capQRise = 2.0
-
-// devCapacity is a learned capacity (bytes/s) and when it was learned.
-type devCapacity struct {
-	bps  float64
-	wall time.Time
-}
 
 // learnCapacity updates the capacity of d from a file window step from
 // w0 to w1 KB and its before- and after-measures. By Little's law a stream
@@ -43,14 +36,13 @@ func (t *Tuner) learnCapacity(d *devState, w0, w1 int, b, m measure) {
 	if d.name == "" || !b.ok || !m.ok || m.young || m.ended || b.devBusy <= 0 || m.devBusy <= 0 || b.p50 <= 0 || m.p50 <= 0 || w0 <= 0 {
 		return
 	}
-	old := t.mem.caps[d.name].bps
+	old := t.mem.Capacity(d.name)
 	grew := float64(w1) / float64(w0)
 	saturated := grew >= capQRise && grew*float64(b.p50)/float64(m.p50) < 1+t.cfg.Margin
 	switch {
 	case saturated:
 		c := max(b.devBusy, m.devBusy)
-		t.mem.caps[d.name] = devCapacity{bps: c, wall: time.Now()}
-		t.mem.dirty = true
+		t.mem.SetCapacity(d.name, c, time.Now())
 		if old == 0 || c < old*(1-devLossMax) || c > old*(1+devLossMax) {
 			t.log.Info("tuner: device capacity learned: more bytes in flight added no throughput", "device", d.name,
 				"capacity_mbps", c/1e6, "from_kb", w0, "to_kb", w1, "p50_before", b.p50, "p50_after", m.p50,
@@ -58,8 +50,7 @@ func (t *Tuner) learnCapacity(d *devState, w0, w1 int, b, m measure) {
 		}
 	case old > 0 && m.devBusy > (1+t.cfg.Margin)*old:
 		// It read well past the capacity learned: that was no knee.
-		delete(t.mem.caps, d.name)
-		t.mem.dirty = true
+		t.mem.SetCapacity(d.name, 0, time.Now())
 		t.log.Info("tuner: device capacity forgotten: the device read past it", "device", d.name,
 			"capacity_mbps", old/1e6, "mbps_now", m.devBusy/1e6)
 	}
@@ -71,7 +62,7 @@ func (t *Tuner) learnedCapacity(d *devState) float64 {
 	if d == nil {
 		return 0
 	}
-	return t.mem.caps[d.name].bps
+	return t.mem.Capacity(d.name)
 }
 
 // atCapacity reports whether a stream reads at its device's learned
@@ -142,22 +133,4 @@ func (t judgeCtx) readsAtCapacity(fs detector.FileStats, c float64) (bool, strin
 	}
 	return true, fmt.Sprintf("the device reads %.1f MB/s, its capacity (%.1f MB/s), %.0f%% of it for the streams readaheadd serves and random readers",
 		ds.BusyThroughput/1e6, c/1e6, 100*float64(served)/float64(ds.Bytes))
-}
-
-// exportCaps and loadCaps carry the learned capacities in the priors file.
-func (m *memory) exportCaps(p *state.Priors) {
-	for name, c := range m.caps {
-		p.Devices = append(p.Devices, state.DeviceCapacity{Device: name, CapacityBPS: c.bps, Updated: c.wall})
-	}
-}
-
-func (m *memory) loadCaps(p state.Priors, ok func(device string) bool) (refused int) {
-	for _, d := range p.Devices {
-		if !ok(d.Device) {
-			refused++
-			continue
-		}
-		m.caps[d.Device] = devCapacity{bps: d.CapacityBPS, wall: d.Updated}
-	}
-	return refused
 }

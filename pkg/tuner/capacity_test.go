@@ -27,7 +27,7 @@ func TestCapacityLearnedFromATrialEndsTrialsAtIt(t *testing.T) {
 	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1, "one trial, the one that measured the capacity")
 	assert.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1)
 	assert.Equal(t, 128, r.files.window[k1])
-	assert.InDelta(t, 80e6, r.tn.mem.caps["sdb"].bps, 1)
+	assert.InDelta(t, 80e6, r.tn.mem.Capacity("sdb"), 1)
 	ok, why := r.tn.atStep().windowBound(r.tn.fstats[k1], r.clk.Now())
 	assert.False(t, ok)
 	assert.Contains(t, why, "the device's capacity (80.0 MB/s)")
@@ -71,7 +71,7 @@ func TestStreamsThatFillTheDeviceTogetherAreNotTried(t *testing.T) {
 		assert.Equal(t, trials[0].Time, a.Time, "only the first Step's trials, taken before the capacity was known")
 	}
 	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
-	assert.InDelta(t, 150e6, r.tn.mem.caps["sdb"].bps, 1)
+	assert.InDelta(t, 150e6, r.tn.mem.Capacity("sdb"), 1)
 }
 
 // A fail-slow device: a larger window reads proportionally more (the
@@ -89,7 +89,7 @@ func TestSlowDevicesRateIsNotItsCapacity(t *testing.T) {
 	assert.Equal(t, 1024, kept[len(kept)-1].ToKB)
 	// The step past 1024 KB added bytes in flight and no throughput: that
 	// is where the capacity is, 150 MB/s, not the 28 MB/s it read first.
-	assert.InDelta(t, 150e6, r.tn.mem.caps["sdb"].bps, 1)
+	assert.InDelta(t, 150e6, r.tn.mem.Capacity("sdb"), 1)
 
 }
 
@@ -103,7 +103,7 @@ func TestStreamAtCapacityByLittlesLawAndForTwoSeconds(t *testing.T) {
 	p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p1, k1)
 	r.runOutcome(4, stream{key: k1, tgid: 100, fill: 0.9})
-	require.InDelta(t, 80e6, r.tn.mem.caps["sdb"].bps, 1)
+	require.InDelta(t, 80e6, r.tn.mem.Capacity("sdb"), 1)
 
 	fs := r.tn.fstats[k1]
 	fs.BusyThroughput = 47e6
@@ -139,7 +139,7 @@ func TestStreamBesideARandomReaderOnADeviceAtCapacityIsNotTried(t *testing.T) {
 	p1, k1 := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p1, k1)
 	r.runOutcome(4, stream{key: k1, tgid: 100, fill: 0.9})
-	require.InDelta(t, 80e6, r.tn.mem.caps["sdb"].bps, 1)
+	require.InDelta(t, 80e6, r.tn.mem.Capacity("sdb"), 1)
 
 	now := r.clk.Now()
 	fs := r.tn.fstats[k1]

@@ -9,12 +9,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/tuner/prior"
 )
 
 // theDirsPrior returns the rig's one directory prior.
-func theDirsPrior(t *testing.T, r *rig) *dirPrior {
-	require.Len(t, r.tn.mem.dirs, 1)
-	for _, p := range r.tn.mem.dirs {
+func theDirsPrior(t *testing.T, r *rig) *prior.Dir {
+	dirs, _, _ := r.tn.mem.Len()
+	require.Equal(t, 1, dirs)
+	for p := range r.tn.mem.Dirs() {
 		return p
 	}
 	return nil
@@ -23,13 +25,13 @@ func theDirsPrior(t *testing.T, r *rig) *dirPrior {
 // climbReady learns a 512 KB prior in data/sub0 (kneeModel: 60 MB/s at
 // 128 KB, 150 at 512) and lifts the knee its stream found there, so that
 // the prior may climb.
-func climbReady(t *testing.T, r *rig) *dirPrior {
+func climbReady(t *testing.T, r *rig) *prior.Dir {
 	r.tput = kneeModel
 	learnPrior(t, r, "blk_1")
 	p := theDirsPrior(t, r)
-	require.Equal(t, 512, p.window)
-	assert.Greater(t, p.kneeUntil, r.clk.Now(), "the stream's own knee holds the prior too")
-	p.kneeUntil = 0
+	require.Equal(t, 512, p.Window)
+	assert.Greater(t, p.KneeUntil, r.clk.Now(), "the stream's own knee holds the prior too")
+	p.KneeUntil = 0
 	return p
 }
 
@@ -65,10 +67,9 @@ func TestPriorClimbsOneFreshOpenAtATime(t *testing.T) {
 	kept := filter(acts, KindFileWindow, ResultKept)
 	require.Len(t, kept, 1)
 	assert.Equal(t, 1024, kept[0].ToKB)
-	assert.Equal(t, 1024, p.window, "the prior climbed")
-	assert.True(t, p.climber.IsZero())
+	assert.Equal(t, 1024, p.Window, "the prior climbed")
 	k4 := r.openFresh(t, "blk_4", 400)
-	assert.Equal(t, 2048, r.files.window[k4], "the next open tries the next step")
+	assert.Equal(t, 2048, r.files.window[k4], "the climb ended: the next open tries the next step")
 }
 
 // A climb that does not pay falls back to the prior's window, and the
@@ -84,8 +85,8 @@ func TestPriorClimbThatDoesNotPayHoldsThePriorsWindow(t *testing.T) {
 	require.Len(t, undone, 1)
 	assert.Equal(t, 512, undone[0].ToKB)
 	assert.Equal(t, 512, r.files.window[k2], "back to the prior's window, not the device's")
-	assert.Equal(t, 512, p.window)
-	assert.Equal(t, r.clk.Now()+r.tn.cfg.BackoffBase, p.kneeUntil, "one stream's measure: confirmed once, soon")
+	assert.Equal(t, 512, p.Window)
+	assert.Equal(t, r.clk.Now()+r.tn.cfg.BackoffBase, p.KneeUntil, "one stream's measure: confirmed once, soon")
 	k3 := r.openFresh(t, "blk_3", 300)
 	assert.Equal(t, 512, r.files.window[k3], "no climb while the knee holds")
 	// Confirmed by the next climb: the knee holds for BackoffMax.
@@ -94,7 +95,7 @@ func TestPriorClimbThatDoesNotPayHoldsThePriorsWindow(t *testing.T) {
 	require.Equal(t, 1024, r.files.window[k4], "the knee confirmed by another climb")
 	r.runOutcome(1, stream{key: k4, tgid: 400, fill: 0.9})
 	assert.Equal(t, 512, r.files.window[k4])
-	assert.Equal(t, r.clk.Now()+r.tn.cfg.BackoffMax, p.kneeUntil)
+	assert.Equal(t, r.clk.Now()+r.tn.cfg.BackoffMax, p.KneeUntil)
 }
 
 // A climbing stream that reads no better than the prior's streams did at
@@ -110,26 +111,10 @@ func TestPriorClimbReadingAsAtTheDevicesWindowHalvesThePrior(t *testing.T) {
 	logActs(t, acts)
 	assert.Equal(t, 128, r.files.window[k2])
 	assert.Contains(t, acts[len(acts)-1].Evidence, "the prior is halved")
-	if q := r.tn.mem.dirPrior(k2.Dev, filepath.Join(r.dir, "data", "sub0", "x")); q != nil {
-		assert.Less(t, q.window, 512)
+	if q := r.tn.mem.Dir(k2.Dev, filepath.Join(r.dir, "data", "sub0", "x")); q != nil {
+		assert.Less(t, q.Window, 512)
 	}
 	_ = p
-}
-
-// A stream that kept the window of an older prior (its open came before
-// the prior climbed) confirms the prior; it does not lower it.
-func TestStreamFromAnOlderPriorDoesNotLowerIt(t *testing.T) {
-	m := newMemory()
-	k1 := probe.FileKey{Dev: 1, Ino: 1}
-	k2 := probe.FileKey{Dev: 1, Ino: 2}
-	m.learn(k1, "sdb", "/d/a", 2048, 128, 50e6, 380e6, time.Second, time.Now(), time.Minute)
-	m.learn(k2, "sdb", "/d/b", 1024, 128, 50e6, 250e6, 2*time.Second, time.Now(), time.Minute)
-	kb, p := m.lookup(probe.FileKey{Dev: 1, Ino: 3}, "/d/c")
-	assert.Equal(t, 2048, kb)
-	assert.Equal(t, 380e6, p.keptBPS)
-	assert.Equal(t, 2, p.streams)
-	kb, _ = m.lookup(k2, "/d/b")
-	assert.Equal(t, 2048, kb, "a file's own window, or its directory's if that climbed above it")
 }
 
 // A file whose decision was kept under an older prior, read again from its
@@ -144,7 +129,7 @@ func TestFileDecisionCatchesUpWithItsDirectorysPrior(t *testing.T) {
 	require.NotNil(t, fd)
 	require.Equal(t, 512, fd.win.cur)
 	fd.win.knee = false
-	theDirsPrior(t, r).window = 2048 // climbed since, on other files
+	theDirsPrior(t, r).Window = 2048 // climbed since, on other files
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: k1, Device: sdb, RaPages: 32, Index: 0})
 	assert.Equal(t, 2048, fd.win.cur)
 	assert.Equal(t, 2048, r.files.window[k1])

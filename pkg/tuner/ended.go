@@ -104,7 +104,7 @@ func (t *Tuner) endUnjudged(fd *fileDec, read time.Duration) {
 	}
 	t.count(EvEndedUnjudged)
 	if fd.climbFrom > 0 {
-		t.mem.unclimb(fd.prior, fd.key) // no knee: the next open climbs again
+		t.mem.Unclimb(fd.prior, fd.key) // no knee: the next open climbs again
 		fd.climbFrom = 0
 	}
 	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,

@@ -76,7 +76,7 @@ func TestStepJudgedWhenItsStreamEnds(t *testing.T) {
 	assert.Equal(t, next, k[0].ToKB)
 	assert.Empty(t, filter(acts, KindFileWindow, ResultTrial), "no next step for a stream that ended")
 	assert.Equal(t, next, r.files.window[st.key])
-	kb, p := r.tn.mem.lookup(probe.FileKey{Dev: st.key.Dev}, filepath.Join(r.dir, "data", "blk_2"))
+	kb, p := r.tn.mem.Lookup(probe.FileKey{Dev: st.key.Dev}, filepath.Join(r.dir, "data", "blk_2"))
 	assert.Equal(t, next, kb, "the directory's prior learned the step")
 	assert.NotNil(t, p)
 }

@@ -12,16 +12,6 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/state"
 )
 
-// PriorRecheck is how soon a directory's prior is first re-checked: the
-// next fresh open after it is left at the device's window for one Settle,
-// and the prior is dropped if that stream reads about as fast as the prior
-// window's streams did (the device recovered). Each re-check that finds the
-// prior still paying doubles the wait, up to Config.BackoffMax.
-const PriorRecheck = 30 * time.Second
-
-// priorsSaveEvery bounds how often the priors file is rewritten.
-const priorsSaveEvery = 5 * time.Second
-
 // freshOpen is called on a readahead event of a reader of a file with no
 // decision: if the memory holds a window for the file or its directory, it
 // is pinned on the reader's open file now, from the event path, as a trial
@@ -29,7 +19,7 @@ const priorsSaveEvery = 5 * time.Second
 // streams had at the device's window. Called with t.mu held.
 func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Duration) {
 	key, disk, tgid, evTime := ev.File, ev.Device, ev.Tgid, ev.Time
-	if disk == 0 || t.cfg.DryRun || t.scope.Empty() || !t.mem.has(key.Dev) || now-r.priorAt < t.cfg.Grace && r.priorAt != 0 {
+	if disk == 0 || t.cfg.DryRun || t.scope.Empty() || !t.mem.Has(key.Dev) || now-r.priorAt < t.cfg.Grace && r.priorAt != 0 {
 		return
 	}
 	// Only a stream: a read from the head of the file, or asynchronous
@@ -59,16 +49,15 @@ func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Dur
 	if len(refs) == 0 {
 		return
 	}
-	kb, p := t.mem.lookup(key, fd.path)
+	kb, p := t.mem.Lookup(key, fd.path)
 	// A prior names its disk: one learned (or loaded) for another disk
 	// than the one holding the file now is not used.
-	if p == nil || p.device != d.name || p.baseBPS <= 0 || kb <= d.orig || r.raKB >= kb {
+	if p == nil || p.Device != d.name || p.BaseBPS <= 0 || kb <= d.orig || r.raKB >= kb {
 		return
 	}
-	if p.checking.IsZero() && now >= p.checkAt {
+	if p.Check(key, now) {
 		// Re-check: this stream reads at the device's window for one
 		// Settle; judgePriorChecks compares it with the prior's streams.
-		p.checking, p.checkStart = key, now
 		t.count(EvPriorRecheck)
 		return
 	}
@@ -83,11 +72,11 @@ func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Dur
 			return
 		}
 		kb = min(kb, lim)
-	} else if w, ok := t.watchedAt[d.dev]; ok && now-w >= t.cfg.Settle && kb == p.window {
+	} else if w, ok := t.watchedAt[d.dev]; ok && now-w >= t.cfg.Settle && kb == p.Window {
 		// The prior's own ladder: this open tries the step above it, once
 		// the device's readers are known (a daemon that has just started
 		// does not know the random readers a climb would cost).
-		if next := t.clamp(d, t.mem.climb(p, key, now, t.cfg.Growth, t.cfg.MaxKB, 4*t.cfg.Settle)); next > kb {
+		if next := t.clamp(d, t.mem.Climb(p, key, now, t.cfg.Growth, t.cfg.MaxKB, 4*t.cfg.Settle)); next > kb {
 			climbFrom, kb = kb, next
 		}
 	}
@@ -98,7 +87,7 @@ func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Dur
 		}
 		r.priorAt = 0 // try again on its next event
 		if climbFrom > 0 {
-			t.mem.unclimb(p, key) // not tried: no knee
+			t.mem.Unclimb(p, key) // not tried: no knee
 		}
 		return
 	}
@@ -112,22 +101,22 @@ func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Dur
 	fd.prior = p
 	fd.regimes = []detector.RegimeKind{FromPrior}
 	fd.lastNeeded = now
-	before := measure{ok: true, tput: p.baseBPS, rate: p.baseBPS}
+	before := measure{ok: true, tput: p.BaseBPS, rate: p.BaseBPS}
 	fd.win.trial, fd.win.trialFrom, fd.win.trialAt, fd.win.before, fd.win.baseM = kb, d.orig, now, before, before
 	fd.win.steadyTput = 0
 	fd.win.movedAt = now
 	why := fmt.Sprintf("prior: %d KB paid for %d recent stream(s) in this directory (%.1f -> %.1f MB/s); given to %d descriptor(s) %v after the file's first readahead event",
-		p.window, p.streams, p.baseBPS/1e6, p.keptBPS/1e6, n, lag.Round(100*time.Microsecond))
+		p.Window, p.Streams, p.BaseBPS/1e6, p.KeptBPS/1e6, n, lag.Round(100*time.Microsecond))
 	from := d.orig
 	if climbFrom > 0 {
 		// Judged against what the prior's window gave its streams; not
 		// paying, it falls back to that window (and the prior holds it).
 		fd.climbFrom, from = climbFrom, climbFrom
 		fd.win.cur, fd.win.trialFrom, fd.win.keptAt = climbFrom, climbFrom, now
-		fd.win.before = measure{ok: true, tput: p.keptBPS, rate: p.keptBPS}
+		fd.win.before = measure{ok: true, tput: p.KeptBPS, rate: p.KeptBPS}
 		t.count(EvPriorClimb)
 		why = fmt.Sprintf("prior climbs: %d KB paid for %d recent stream(s) in this directory (%.1f -> %.1f MB/s); this one tries %d KB, given to %d descriptor(s) %v after the file's first readahead event",
-			p.window, p.streams, p.baseBPS/1e6, p.keptBPS/1e6, kb, n, lag.Round(100*time.Microsecond))
+			p.Window, p.Streams, p.BaseBPS/1e6, p.KeptBPS/1e6, kb, n, lag.Round(100*time.Microsecond))
 	}
 	t.files[key] = fd
 	t.count(EvPriorApplied)
@@ -152,29 +141,28 @@ func followsStream(prev uint64, ev probe.ReadaheadEvent) bool {
 // dropped. Otherwise the prior stands and the next re-check waits twice as
 // long. Called from Step with t.mu held.
 func (t judgeCtx) judgePriorChecks(now time.Duration) {
-	for _, p := range t.mem.dirs {
-		if p.checking.IsZero() || now-p.checkStart < t.cfg.Settle-t.cfg.Settle/10 {
+	for p := range t.mem.Dirs() {
+		key, age := p.Checked(now)
+		if key.IsZero() || age < t.cfg.Settle-t.cfg.Settle/10 {
 			continue
 		}
-		key := p.checking
 		m := t.fileMeasure(key)
 		if !m.ok {
-			if now-p.checkStart > 4*t.cfg.Settle {
-				p.checking = probe.FileKey{} // no reads to judge by: the next open re-checks
+			if age > 4*t.cfg.Settle {
+				p.EndCheck(false, now, 0) // no reads to judge by: the next open re-checks
 			}
 			continue
 		}
-		p.checking = probe.FileKey{}
-		if m.rate >= p.keptBPS/(1+t.cfg.Margin) {
+		recovered := m.rate >= p.KeptBPS/(1+t.cfg.Margin)
+		p.EndCheck(!recovered, now, t.cfg.BackoffMax)
+		if recovered {
 			t.count(EvPriorDropped)
 			t.log.Info("tuner: a stream read as fast at the device's window as the prior's window made its neighbours; prior dropped",
-				"device", p.device, "window_kb", p.window, "rate_mbps", m.rate/1e6, "prior_kept_mbps", p.keptBPS/1e6)
-			t.mem.decay(p, true)
-			t.mem.forgetFile(key)
+				"device", p.Device, "window_kb", p.Window, "rate_mbps", m.rate/1e6, "prior_kept_mbps", p.KeptBPS/1e6)
+			t.mem.Decay(p, true)
+			t.mem.ForgetFile(key)
 			continue
 		}
-		p.checkEvery = min(2*p.checkEvery, t.cfg.BackoffMax)
-		p.checkAt = now + p.checkEvery
 		t.count(EvPriorConfirmed)
 	}
 }
@@ -187,9 +175,9 @@ func (t *Tuner) learnFrom(fd *fileDec) {
 	fd.learnedKB = fd.win.cur
 	base := fd.win.baseM.rate
 	if fd.prior != nil && base <= 0 {
-		base = fd.prior.baseBPS
+		base = fd.prior.BaseBPS
 	}
-	t.mem.learn(fd.key, fd.dev.name, fd.path, fd.win.cur, fd.win.base, base, fd.win.keptM.rate, t.deps.Clock.Now(), time.Now(), PriorRecheck)
+	t.mem.Learn(fd.key, fd.dev.name, fd.path, fd.win.cur, fd.win.base, base, fd.win.keptM.rate, t.deps.Clock.Now(), time.Now())
 }
 
 // loadPriors reads the priors file of the state directory. Anything wrong
@@ -204,40 +192,31 @@ func (t *Tuner) loadPriors() {
 		t.log.Warn("tuner: ignoring the saved priors; windows are learned afresh (the file is replaced at the next save)", "err", err)
 		return
 	}
-	refused := t.mem.load(p, func(dev probe.Dev, device, dir string) bool {
-		if !t.scope.Covers(dir, dev) || len(t.cfg.Devices) > 0 && !slices.Contains(t.cfg.Devices, device) || blockdev.ValidName(device) != nil {
+	refused := t.mem.Load(p, func(device string) bool {
+		if blockdev.ValidName(device) != nil || len(t.cfg.Devices) > 0 && !slices.Contains(t.cfg.Devices, device) {
 			return false
 		}
 		// The disk must exist; a fresh open uses the prior only if its
 		// file is on that very disk (freshOpen).
 		_, err := t.deps.Sysfs.ReadAheadKB(device)
 		return err == nil
-	}, t.cfg.MaxKB, t.deps.Clock.Now(), PriorRecheck)
-	refused += t.mem.loadCaps(p, func(device string) bool {
-		_, err := t.deps.Sysfs.ReadAheadKB(device)
-		return blockdev.ValidName(device) == nil && (len(t.cfg.Devices) == 0 || slices.Contains(t.cfg.Devices, device)) && err == nil
-	})
+	}, t.scope.Covers, t.cfg.MaxKB, t.deps.Clock.Now())
 	if refused > 0 {
 		t.log.Warn("tuner: saved priors outside the configured devices and allow-paths were ignored", "file", t.priorsPath, "refused", refused)
 	}
-	if n := len(t.mem.dirs) + len(t.mem.files) + len(t.mem.caps); n > 0 {
-		t.log.Info("tuner: loaded saved priors", "file", t.priorsPath, "dirs", len(t.mem.dirs), "files", len(t.mem.files), "capacities", len(t.mem.caps))
+	if dirs, files, caps := t.mem.Len(); dirs+files+caps > 0 {
+		t.log.Info("tuner: loaded saved priors", "file", t.priorsPath, "dirs", dirs, "files", files, "capacities", caps)
 	}
 }
 
-// savePriors writes the memory when it changed (at most every
-// priorsSaveEvery unless forced).
+// savePriors writes the memory when it changed (prior.Memory.Save).
 func (t *Tuner) savePriors(force bool) {
-	now := t.deps.Clock.Now()
-	if t.priorsPath == "" || t.cfg.DryRun || !t.mem.dirty || !force && now-t.priorsSavedAt < priorsSaveEvery {
+	if t.priorsPath == "" || t.cfg.DryRun {
 		return
 	}
-	if err := state.SavePriors(t.priorsPath, t.mem.export()); err != nil {
+	if err := t.mem.Save(t.priorsPath, t.deps.Clock.Now(), force); err != nil {
 		t.log.Warn("tuner: could not save priors; a restart would learn them again", "err", err)
-		return
 	}
-	t.mem.dirty = false
-	t.priorsSavedAt = now
 }
 
 // catchUp raises the window a file's decision keeps to its directory's
@@ -251,11 +230,11 @@ func (t judgeCtx) catchUp(fd *fileDec, now time.Duration) {
 	if t.cfg.DryRun || l.trial != 0 || l.probeUntil != 0 || l.knee || fd.pf.trial != 0 || l.cur <= l.base || t.randomReaderBeside(fd) {
 		return
 	}
-	p := t.mem.dirPrior(fd.key.Dev, fd.path)
-	if p == nil || p.device != fd.dev.name {
+	p := t.mem.Dir(fd.key.Dev, fd.path)
+	if p == nil || p.Device != fd.dev.name {
 		return
 	}
-	kb := t.clamp(fd.dev, p.window)
+	kb := t.clamp(fd.dev, p.Window)
 	if kb <= l.cur {
 		return
 	}

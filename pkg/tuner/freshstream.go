@@ -113,7 +113,7 @@ func (t *Tuner) FastOutcome(snap detector.Snapshot, span time.Duration) []Action
 	j := t.on(snap, span, judgeStep)
 	j.noteTails(snap.Files, now)
 	for _, f := range snap.Files {
-		if _, ok := t.fresh[f.Key]; !ok || t.ownWindow(f.Key) || t.trims[f.Key] != nil || t.mem.checking(f.Key) {
+		if _, ok := t.fresh[f.Key]; !ok || t.ownWindow(f.Key) || t.trims[f.Key] != nil || t.mem.Checking(f.Key) {
 			continue
 		}
 		if f.Requests < freshMinRequests {

@@ -1,7 +1,6 @@
 package tuner
 
 import (
-	"cmp"
 	"errors"
 	"slices"
 	"time"
@@ -96,18 +95,13 @@ func (t *Tuner) OnsetStreams() ([]probe.FileKey, time.Duration) {
 	return keys, t.cfg.Settle / freshSpanDiv
 }
 
-// compareKeys orders files by device, then inode.
-func compareKeys(a, b probe.FileKey) int {
-	return cmp.Or(cmp.Compare(a.Dev, b.Dev), cmp.Compare(a.Ino, b.Ino))
-}
-
 // onsetCandidate: a stream read at the last Step that a step may be taken
 // for now.
 func (t *Tuner) onsetCandidate(k probe.FileKey, fs detector.FileStats) bool {
 	if fs.Sequentiality < t.cfg.MinSequentiality || fs.Bytes == 0 || t.snap.Now-fs.LastSeen > t.cfg.Settle {
 		return false
 	}
-	if t.trims[k] != nil || t.mem.checking(k) {
+	if t.trims[k] != nil || t.mem.Checking(k) {
 		return false
 	}
 	if first, fresh := t.fresh[k]; fresh && t.deps.Clock.Now()-first <= t.cfg.Settle {

@@ -16,6 +16,7 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 	"github.com/readaheadd/readaheadd/pkg/state"
+	"github.com/readaheadd/readaheadd/pkg/tuner/prior"
 )
 
 // stream is one reader of one file in an outcome test: its rate is a
@@ -197,9 +198,9 @@ func TestPriorThatDoesNotPayIsUndoneAndDecays(t *testing.T) {
 	logActs(t, acts)
 	require.Len(t, filter(acts, KindFileWindowUndo, ResultUndone), 1)
 	assert.Equal(t, 128, r.files.window[k2])
-	p := r.tn.mem.dirPrior(k2.Dev, p2)
+	p := r.tn.mem.Dir(k2.Dev, p2)
 	if p != nil {
-		assert.Less(t, p.window, 1024, "halved")
+		assert.Less(t, p.Window, 1024, "halved")
 	}
 }
 
@@ -207,7 +208,7 @@ func TestPriorRecheckDropsThePriorWhenTheDeviceRecovered(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	r.tput = kneeModel
 	learnPrior(t, r, "blk_1")
-	r.clk.Advance(PriorRecheck)
+	r.clk.Advance(prior.Recheck)
 	r.tput = func(int) float64 { return 150e6 } // recovered: the default window reads at bandwidth
 	p2, k2 := realFile(t, filepath.Join(r.dir, "data", "sub0"), "blk_2")
 	r.files.open(200, 9, p2, k2)
@@ -215,7 +216,7 @@ func TestPriorRecheckDropsThePriorWhenTheDeviceRecovered(t *testing.T) {
 	assert.Equal(t, 128, r.files.window[k2], "the re-check reads at the device's window")
 	r.runOutcome(2, stream{key: k2, tgid: 200, fill: 0.9})
 	assert.Equal(t, uint64(1), r.tn.Status().Events[EvPriorDropped])
-	assert.Nil(t, r.tn.mem.dirPrior(k2.Dev, p2))
+	assert.Nil(t, r.tn.mem.Dir(k2.Dev, p2))
 }
 
 // restartedWithPrior learns a prior in data/sub0, stops the rig's tuner
@@ -300,7 +301,8 @@ func TestUnusablePriorsFileIsIgnoredWithOneWarning(t *testing.T) {
 				Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: r.store, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			require.NoError(t, err)
 			assert.Equal(t, 1, strings.Count(logs.String(), "level=WARN"), logs.String())
-			assert.Empty(t, tn.mem.dirs)
+			dirs, _, _ := tn.mem.Len()
+			assert.Zero(t, dirs)
 			p, k := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 			r.files.open(100, 7, p, k)
 			tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: k, Device: sdb, RaPages: 32})
@@ -680,14 +682,10 @@ func TestPriorIsConfirmedByAStreamReadingAsItsNeighboursDid(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	r.tput = kneeModel
 	learnPrior(t, r, "blk_1")
-	require.Len(t, r.tn.mem.dirs, 1)
-	var p *dirPrior
-	for _, dp := range r.tn.mem.dirs {
-		p = dp
-	}
+	p := theDirsPrior(t, r)
 	// Its neighbours' gain, as a step kept on a tail leaves it: 141 at
 	// base (measured between stalls), 147.7 with the window.
-	p.baseBPS, p.keptBPS = 141e6, 147.7e6
+	p.BaseBPS, p.KeptBPS = 141e6, 147.7e6
 	r.tput = func(kb int) float64 {
 		if kb > 128 {
 			return 141.2e6 // the fresh stream, through a stall, with the window

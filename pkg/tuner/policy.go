@@ -117,7 +117,7 @@ func (t judgeCtx) outcomeNeeds(snap detector.Snapshot, needs map[probe.FileKey][
 	}
 	for _, f := range snap.Files {
 		ok, why := t.windowBound(f, snap.Now)
-		if !ok || t.mem.checking(f.Key) || t.trims[f.Key] != nil {
+		if !ok || t.mem.Checking(f.Key) || t.trims[f.Key] != nil {
 			continue
 		}
 		if len(needs[f.Key]) == 0 {
@@ -273,9 +273,9 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 		// unless the stream read no better than the prior's streams did
 		// at the device's window: then the prior itself no longer pays.
 		paid := l.cur > fd.climbFrom
-		t.mem.climbed(fd.prior, fd.key, paid, now+t.cfg.BackoffBase, now+t.cfg.BackoffMax)
+		t.mem.Climbed(fd.prior, fd.key, paid, now+t.cfg.BackoffBase, now+t.cfg.BackoffMax)
 		fd.climbFrom = 0
-		if paid || fd.prior == nil || !l.judged.ok || l.judged.tput >= fd.prior.baseBPS*(1+t.cfg.Margin) {
+		if paid || fd.prior == nil || !l.judged.ok || l.judged.tput >= fd.prior.BaseBPS*(1+t.cfg.Margin) {
 			return
 		}
 		if err := t.pinFile(fd, l.base, nil, true); err != nil && !errors.Is(err, errNoReaders) {
@@ -283,10 +283,10 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 		}
 		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
 			FromKB: l.cur, ToKB: l.base, Result: ResultUndone,
-			Evidence: fmt.Sprintf("prior: the stream read %.1f MB/s, no better than the prior's streams at the device's window (%.1f MB/s): the prior is halved", l.judged.tput/1e6, fd.prior.baseBPS/1e6)})
+			Evidence: fmt.Sprintf("prior: the stream read %.1f MB/s, no better than the prior's streams at the device's window (%.1f MB/s): the prior is halved", l.judged.tput/1e6, fd.prior.BaseBPS/1e6)})
 		l.cur, l.knee, l.movedAt = l.base, false, now
-		t.mem.decay(fd.prior, false)
-		t.mem.forgetFile(fd.key)
+		t.mem.Decay(fd.prior, false)
+		t.mem.ForgetFile(fd.key)
 		fd.prior = nil
 		return
 	}
@@ -302,8 +302,8 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 		// A step above the window its directory's prior holds did not pay
 		// on this stream: the prior does not climb either while the knee
 		// holds.
-		if p := t.mem.dirPrior(fd.key.Dev, fd.path); p != nil && p.window == l.cur {
-			p.kneeUntil = max(p.kneeUntil, l.retryAt)
+		if p := t.mem.Dir(fd.key.Dev, fd.path); p != nil && p.Window == l.cur {
+			p.KneeUntil = max(p.KneeUntil, l.retryAt)
 		}
 	}
 	switch {
@@ -326,8 +326,8 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 		fd.dev.outcomeSlow = nil
 		t.count(EvNotPaid)
 		if fd.prior != nil {
-			t.mem.decay(fd.prior, false)
-			t.mem.forgetFile(fd.key)
+			t.mem.Decay(fd.prior, false)
+			t.mem.ForgetFile(fd.key)
 			fd.prior = nil
 		}
 	}

@@ -160,12 +160,12 @@ func (t judgeCtx) tailKeep(file probe.FileKey, l *ladder, m measure) (string, bo
 	if fd == nil || !m.ok || l.kind != KindFileWindow || t.randomReaderBeside(fd) {
 		return "", false
 	}
-	if p := fd.prior; p != nil && l.trialFrom == l.base && p.keptBPS > 0 && m.tput*(1+t.cfg.Margin) >= p.keptBPS {
+	if p := fd.prior; p != nil && l.trialFrom == l.base && p.KeptBPS > 0 && m.tput*(1+t.cfg.Margin) >= p.KeptBPS {
 		// A prior's window is confirmed when the fresh stream reads as
 		// its neighbours did with it: the gain they measured (perhaps
 		// between stalls, perhaps kept on a tail) is theirs, not a
 		// margin this stream must show again over their base.
-		return fmt.Sprintf("the prior's window is confirmed: %.1f MB/s, its streams read %.1f MB/s with it", m.tput/1e6, p.keptBPS/1e6), true
+		return fmt.Sprintf("the prior's window is confirmed: %.1f MB/s, its streams read %.1f MB/s with it", m.tput/1e6, p.KeptBPS/1e6), true
 	}
 	s, ok := t.tailOf(file)
 	if !ok {

@@ -1,9 +1,9 @@
 package tuner
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -149,15 +149,6 @@ func (t judgeCtx) trimAll() {
 			t.startTrims(d, false)
 		}
 	}
-}
-
-func sortedDevs(m map[probe.Dev]*devState) []*devState {
-	out := make([]*devState, 0, len(m))
-	for _, d := range m {
-		out = append(out, d)
-	}
-	slices.SortFunc(out, func(a, b *devState) int { return cmp.Compare(a.dev, b.dev) })
-	return out
 }
 
 // startTrims trims the read-around random readers on d that are not
@@ -406,12 +397,7 @@ func (t *Tuner) endTrim(td *trimDec, why string) {
 }
 
 func sortedKeys[V any](m map[probe.FileKey]V) []probe.FileKey {
-	keys := make([]probe.FileKey, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b probe.FileKey) int { return cmp.Or(cmp.Compare(a.Dev, b.Dev), cmp.Compare(a.Ino, b.Ino)) })
-	return keys
+	return slices.SortedFunc(maps.Keys(m), compareKeys)
 }
 
 // scansPerSec bounds the walks of every process's descriptors (FindAll),

@@ -10,11 +10,12 @@
 package tuner
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 	"github.com/readaheadd/readaheadd/pkg/scope"
+	"github.com/readaheadd/readaheadd/pkg/tuner/prior"
 )
 
 // errRateLimited defers a step to a later interval; it is not a failure.
@@ -114,6 +116,10 @@ type devState struct {
 	randSlope float64
 }
 
+func sortedDevs(m map[probe.Dev]*devState) []*devState {
+	return slices.SortedFunc(maps.Values(m), func(a, b *devState) int { return cmp.Compare(a.dev, b.dev) })
+}
+
 type fileDec struct {
 	key probe.FileKey
 	// deferUntil: a regime's first step beside random readers waits
@@ -142,10 +148,10 @@ type fileDec struct {
 	byRate bool
 	// prior: the directory prior this decision started from (decayed if
 	// it does not pay); learnedKB: window last taught to the memory.
-	prior     *dirPrior
+	prior     *prior.Dir
 	learnedKB int
 	// climbFrom: the prior's window when this fresh open was given the
-	// step above it instead (memory.go, climb); 0 otherwise.
+	// step above it instead (prior.Memory.Climb); 0 otherwise.
 	climbFrom int
 }
 
@@ -188,10 +194,9 @@ type Tuner struct {
 	lower *actuate.Lowerer
 	// Global budget of whole-system descriptor scans (trim.go).
 	scans bucket
-	// Memory of windows that paid (memory.go, fresh.go) and its file.
-	mem           *memory
-	priorsPath    string
-	priorsSavedAt time.Duration
+	// Memory of windows that paid (pkg/tuner/prior, fresh.go) and its file.
+	mem        *prior.Memory
+	priorsPath string
 	// nReaders bounds the readers table (file x process).
 	nReaders int
 	evOut    []Action // actions taken from the event path, not yet returned
@@ -256,7 +261,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 		trimScanAt: map[probe.FileKey]time.Duration{},
 		counts:     map[string]uint64{},
 		logged:     map[string]time.Duration{},
-		mem:        newMemory(),
+		mem:        prior.New(),
 		fresh:      map[probe.FileKey]time.Duration{},
 		onsetMild:  map[probe.FileKey]time.Duration{},
 		scopeOf:    map[probe.FileKey]scopeVerdict{},
@@ -430,17 +435,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			}
 		}
 	}
-	keys := make([]probe.FileKey, 0, len(t.files))
-	for k := range t.files {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		if keys[i].Dev != keys[j].Dev {
-			return keys[i].Dev < keys[j].Dev
-		}
-		return keys[i].Ino < keys[j].Ino
-	})
-	for _, k := range keys {
+	for _, k := range sortedKeys(t.files) {
 		fd := t.files[k]
 		_, needed := fileNeeds[k]
 		if fd.byRate && !needed && fd.win.cur > fd.win.base {
@@ -461,9 +456,9 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			}
 			t.reprobeJudge(fd, needed, why)
 			if t.files[k] == nil && fd.byRate {
-				t.mem.forgetFile(k)
-				if p := t.mem.dirPrior(k.Dev, fd.path); p != nil {
-					t.mem.decay(p, false)
+				t.mem.ForgetFile(k)
+				if p := t.mem.Dir(k.Dev, fd.path); p != nil {
+					t.mem.Decay(p, false)
 				}
 			}
 			continue

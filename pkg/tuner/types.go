@@ -300,3 +300,8 @@ type Status struct {
 	// failure (file, kind, cause) was logged before, by cause.
 	Repeated map[string]uint64
 }
+
+// compareKeys orders files by device, then inode.
+func compareKeys(a, b probe.FileKey) int {
+	return cmp.Or(cmp.Compare(a.Dev, b.Dev), cmp.Compare(a.Ino, b.Ino))
+}
