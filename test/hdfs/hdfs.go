@@ -340,6 +340,48 @@ func (c *Cluster) Read(ctx context.Context, threads int, paths ...string) (ReadR
 	return r, err
 }
 
+// StreamProgress is a stream's figures so far: the bytes its clients have read and the
+// whole passes over a file they have made.
+type StreamProgress struct {
+	Bytes  int64 `json:"bytes"`
+	Passes int64 `json:"passes"`
+}
+
+// StreamStart starts clients HDFS clients streaming paths in the background until
+// StreamStop: client c reads files c, c+1, ... whole, one after another, each through a new
+// input stream (the DataNode opens the block file anew), and evicts a file's block files from
+// the page cache after each whole pass over it, so every pass reads the device. One stream at
+// a time; other commands (StreamProgress) answer meanwhile.
+func (c *Cluster) StreamStart(ctx context.Context, clients int, paths ...string) error {
+	if len(paths) == 0 || clients < 1 {
+		return fmt.Errorf("hdfs: stream: %d clients on %d paths, want at least one of each", clients, len(paths))
+	}
+	for _, p := range paths {
+		if err := checkPath(p); err != nil {
+			return err
+		}
+		if strings.Contains(p, ",") {
+			return fmt.Errorf("hdfs: stream: path %q contains a comma", p)
+		}
+	}
+	return c.do(ctx, nil, fmt.Sprintf("stream %s %d", strings.Join(paths, ","), clients))
+}
+
+// StreamProgress reports the running stream's figures; an error if a client failed.
+func (c *Cluster) StreamProgress(ctx context.Context) (StreamProgress, error) {
+	var p StreamProgress
+	err := c.do(ctx, &p, "progress")
+	return p, err
+}
+
+// StreamStop stops the running stream (its clients finish the read call they are in) and
+// returns its figures; an error if a client failed.
+func (c *Cluster) StreamStop(ctx context.Context) (StreamProgress, error) {
+	var p StreamProgress
+	err := c.do(ctx, &p, "stop")
+	return p, err
+}
+
 // Blocks returns the DataNode's local block files of an HDFS file, in file order.
 func (c *Cluster) Blocks(ctx context.Context, path string) ([]string, error) {
 	if err := checkPath(path); err != nil {

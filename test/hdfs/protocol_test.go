@@ -53,6 +53,14 @@ func fakeServer(mode string) int {
 			time.Sleep(time.Hour)
 		case f[0] == "read":
 			fmt.Fprintf(out, `{"ok":true,"bytes":200,"seconds":2,"mbps":0.0001,"readers":[{"path":%q,"bytes":100,"seconds":1,"mbps":0.0001},{"path":%q,"bytes":100,"seconds":2,"mbps":0.00005}],"cmd":%q}`+"\n", f[1], f[1], sc.Text())
+		case f[0] == "stream":
+			fmt.Fprintf(out, `{"ok":true,"bytes":0,"passes":0,"cmd":%q}`+"\n", sc.Text())
+		case f[0] == "progress":
+			fmt.Fprintln(out, `{"ok":true,"bytes":1048576,"passes":1}`)
+		case f[0] == "stop" && mode == "streamfail":
+			fmt.Fprintln(out, `{"ok":false,"error":"stream client failed: java.io.IOException: evict /x/data/blk_1"}`)
+		case f[0] == "stop":
+			fmt.Fprintln(out, `{"ok":true,"bytes":2097152,"passes":2}`)
 		case f[0] == "blocks":
 			fmt.Fprintln(out, `{"ok":true,"blocks":["/x/data/blk_1","/x/data/blk_2"]}`)
 		default:
@@ -132,6 +140,33 @@ func TestReadSendsPathsAndThreads(t *testing.T) {
 	assert.Equal(t, "read /a,/b 4", raw.Cmd)
 	_, err = c.Read(context.Background(), 0, "/a,b")
 	assert.ErrorContains(t, err, "comma")
+}
+
+func TestStreamCommands(t *testing.T) {
+	c, err := startFake(t, "ok", Options{})
+	require.NoError(t, err)
+	ctx := context.Background()
+	var raw struct {
+		Cmd string `json:"cmd"`
+	}
+	require.NoError(t, c.do(ctx, &raw, "stream /a,/b 3"))
+	assert.Equal(t, "stream /a,/b 3", raw.Cmd)
+	require.NoError(t, c.StreamStart(ctx, 2, "/a", "/b"))
+	p, err := c.StreamProgress(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, StreamProgress{Bytes: 1 << 20, Passes: 1}, p)
+	p, err = c.StreamStop(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, StreamProgress{Bytes: 2 << 20, Passes: 2}, p)
+	assert.ErrorContains(t, c.StreamStart(ctx, 0, "/a"), "at least one")
+	assert.ErrorContains(t, c.StreamStart(ctx, 1), "at least one")
+	assert.ErrorContains(t, c.StreamStart(ctx, 1, "/a,b"), "comma")
+	assert.Error(t, c.StreamStart(ctx, 1, "rel"), "relative paths are refused")
+
+	f, err := startFake(t, "streamfail", Options{})
+	require.NoError(t, err)
+	_, err = f.StreamStop(ctx)
+	assert.ErrorContains(t, err, "stream client failed", "a client's failure reaches the caller")
 }
 
 func TestStartTimeoutKillsServer(t *testing.T) {

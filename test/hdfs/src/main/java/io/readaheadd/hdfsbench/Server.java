@@ -24,6 +24,8 @@ import java.util.concurrent.CyclicBarrier;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.atomic.AtomicReference;
 import java.util.stream.Stream;
 
 import org.apache.hadoop.conf.Configuration;
@@ -43,6 +45,9 @@ import org.apache.hadoop.hdfs.protocol.LocatedBlock;
  *   write PATH SIZE_MB          write SIZE_MB MiB of random-ish bytes, fsync the block files
  *   read PATH[,PATH...] [N]     N concurrent readers (reader i reads path i mod #paths)
  *   blocks PATH                 local block files of PATH
+ *   stream PATH[,PATH...] N     start N clients streaming the files until stop (see Streamer)
+ *   progress                    bytes the stream's clients have read so far
+ *   stop                        stop the stream; its bytes
  *   delete PATH                 remove PATH from HDFS
  *   quit                        shut the cluster down and exit (also on end of stdin)
  * </pre>
@@ -60,6 +65,7 @@ public final class Server {
   private final File dataDir;
   private final int readBuffer;
   private final byte[] pool;
+  private Streamer streamer; // the running stream, if any
 
   private Server(PrintStream out, MiniDFSCluster cluster, int readBuffer) throws IOException {
     this.out = out;
@@ -158,6 +164,14 @@ public final class Server {
       System.err.println("reading commands: " + e);
     }
     // Reached on quit or when stdin closes (the controlling process went away).
+    if (streamer != null) {
+      try {
+        streamer.stop();
+      } catch (Throwable e) {
+        System.err.println("stopping the stream: " + e);
+      }
+      streamer = null;
+    }
     long t0 = System.nanoTime();
     try {
       cluster.shutdown();
@@ -193,6 +207,33 @@ public final class Server {
         r.put("bytes", fs.getFileStatus(new org.apache.hadoop.fs.Path(f[1])).getLen());
         r.put("blocks", blockFiles(f[1]));
         return r;
+      case "stream":
+        need(f, 3, "stream PATH[,PATH...] THREADS");
+        if (streamer != null) {
+          throw new IllegalStateException("a stream is running: stop it first");
+        }
+        String[] sp = f[1].split(",");
+        List<List<String>> spBlocks = new ArrayList<>();
+        for (String p : sp) {
+          spBlocks.add(blockFiles(p));
+        }
+        streamer = new Streamer(sp, spBlocks, Integer.parseInt(f[2]));
+        return streamer.progress();
+      case "progress":
+        need(f, 1, "progress");
+        if (streamer == null) {
+          throw new IllegalStateException("no stream running");
+        }
+        return streamer.progress();
+      case "stop":
+        need(f, 1, "stop");
+        if (streamer == null) {
+          throw new IllegalStateException("no stream running");
+        }
+        Streamer st = streamer;
+        streamer = null;
+        st.stop();
+        return st.progress();
       case "delete":
         need(f, 2, "delete PATH");
         Map<String, Object> d = new TreeMap<>();
@@ -201,7 +242,7 @@ public final class Server {
         return d;
       default:
         throw new IllegalArgumentException(
-            "unknown command " + f[0] + " (want write, read, blocks, delete, quit)");
+            "unknown command " + f[0] + " (want write, read, blocks, stream, progress, stop, delete, quit)");
     }
   }
 
@@ -335,6 +376,94 @@ public final class Server {
       return r;
     } finally {
       pool.shutdownNow();
+    }
+  }
+
+  /**
+   * Clients streaming HDFS files until stopped, as a DataNode's readers do: client c reads
+   * files c, c+1, ... (mod the number of files) whole, one after another, each through a new
+   * FSDataInputStream (so the DataNode opens the block file anew). After a whole pass over a
+   * file the client evicts that file's block files from the page cache (coreutils dd
+   * iflag=nocache count=0: posix_fadvise DONTNEED), so every pass reads the device, as a
+   * DataNode serving more data than memory does. Bytes count as they arrive.
+   */
+  private final class Streamer {
+    private final AtomicLong bytes = new AtomicLong();
+    private final AtomicLong passes = new AtomicLong();
+    private final AtomicReference<Throwable> failure = new AtomicReference<>();
+    private final List<Thread> threads = new ArrayList<>();
+    private volatile boolean stopping;
+
+    Streamer(String[] paths, List<List<String>> blocks, int n) {
+      if (n < 1) {
+        throw new IllegalArgumentException("THREADS must be at least 1, got " + n);
+      }
+      for (int c = 0; c < n; c++) {
+        final int first = c;
+        Thread t = new Thread(() -> {
+          byte[] buf = new byte[readBuffer];
+          try {
+            for (int k = first; !stopping; k++) {
+              int i = k % paths.length;
+              boolean whole = false;
+              try (FSDataInputStream in = fs.open(new org.apache.hadoop.fs.Path(paths[i]), readBuffer)) {
+                int got;
+                while (!stopping && (got = in.read(buf, 0, buf.length)) > 0) {
+                  bytes.addAndGet(got);
+                }
+                whole = !stopping;
+              }
+              if (whole) {
+                passes.incrementAndGet();
+                for (String b : blocks.get(i)) {
+                  evict(b);
+                }
+              }
+            }
+          } catch (Throwable e) {
+            failure.compareAndSet(null, e);
+            stopping = true;
+          }
+        }, "stream-client-" + c);
+        t.setDaemon(true);
+        threads.add(t);
+      }
+      for (Thread t : threads) {
+        t.start();
+      }
+    }
+
+    void stop() throws InterruptedException {
+      stopping = true;
+      for (Thread t : threads) {
+        t.join(60_000);
+        if (t.isAlive()) {
+          throw new IllegalStateException(t.getName() + " still reading 60 s after stop");
+        }
+      }
+    }
+
+    Map<String, Object> progress() {
+      Throwable e = failure.get();
+      if (e != null) {
+        throw new IllegalStateException("stream client failed: " + e, e);
+      }
+      Map<String, Object> r = new TreeMap<>();
+      r.put("ok", true);
+      r.put("bytes", bytes.get());
+      r.put("passes", passes.get());
+      return r;
+    }
+  }
+
+  /** Evicts a block file from the page cache. */
+  private static void evict(String file) throws IOException, InterruptedException {
+    Process p = new ProcessBuilder("dd", "if=" + file, "iflag=nocache", "count=0", "status=none")
+        .redirectErrorStream(true)
+        .start();
+    String msg = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8).trim();
+    if (p.waitFor() != 0) {
+      throw new IOException("evict " + file + " from the page cache (dd iflag=nocache): " + msg);
     }
   }
 
