@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/readaheadd/readaheadd/test/hdfs"
 	"github.com/readaheadd/readaheadd/test/lab"
 )
 
@@ -143,6 +144,9 @@ func RunMatrix(ctx context.Context, cfg MatrixConfig, scs []lab.MatrixScenario) 
 			return nil, err
 		}
 	}
+	if err := checkHDFS(ctx, scs); err != nil {
+		return nil, err
+	}
 	if err := lab.Available(); err != nil {
 		return nil, fmt.Errorf("the lab cannot run here: %w", err)
 	}
@@ -203,6 +207,9 @@ type mEnv struct {
 	l     *lab.Lab
 	work  string
 	files [][]string // per reader
+	// hdfs: the scenario's real DataNode (lab.KHDFS), and its files.
+	hdfs      *hdfs.Cluster
+	hdfsPaths []string
 }
 
 func runScenario(ctx context.Context, cfg MatrixConfig, work string, sc lab.MatrixScenario) (row MatrixRow, err error) {
@@ -223,7 +230,24 @@ func runScenario(ctx context.Context, cfg MatrixConfig, work string, sc lab.Matr
 		return row, err
 	}
 	cfg.Log.Info("matrix: writing files", "scenario", sc.Name, "mb", sc.DataMB(), "fs", sc.FS)
+	defer func() {
+		if e.hdfs == nil {
+			return
+		}
+		if e2 := e.hdfs.Close(); e2 != nil && err == nil {
+			err = fmt.Errorf("close HDFS: %w", e2)
+		}
+	}()
 	for j, r := range sc.Readers {
+		if r.Kind == lab.KHDFS {
+			cfg.Log.Info("matrix: starting a DataNode on the lab, writing its blocks through HDFS", "scenario", sc.Name)
+			blocks, err := e.startHDFS(ctx, j, r)
+			if err != nil {
+				return row, err
+			}
+			e.files = append(e.files, blocks)
+			continue
+		}
 		n := 1
 		if r.Kind == lab.KDataNode {
 			n = r.Blocks
@@ -409,6 +433,10 @@ func (e *mEnv) runArmAs(ctx context.Context, kb int, daemon bool, state string, 
 
 	readers := make([]mreader, len(e.sc.Readers))
 	for j, r := range e.sc.Readers {
+		if r.Kind == lab.KHDFS {
+			readers[j] = &mHDFS{c: e.hdfs, paths: e.hdfsPaths, clients: r.Clients}
+			continue
+		}
 		readers[j] = newMReader(r, e.files[j], e.sc.Seed*131+uint64(j)+1)
 	}
 	rctx, stopReaders := context.WithCancel(ctx)

@@ -115,3 +115,19 @@ func TestMatrixShort(t *testing.T) {
 	}
 	t.Logf("short matrix: %.0f s", time.Since(t0).Seconds())
 }
+
+// A scenario with a real DataNode fails at once, before any lab is made,
+// with what is missing named, when HDFS cannot run (here: no Maven to build
+// the server, no java); a set without one does not ask for either.
+func TestMatrixHDFSMissingToolsNamed(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	t.Setenv("READAHEADD_HDFS_SRC", t.TempDir()) // no cached build
+	sc, ok := lab.NamedScenario("hdfs-slow-dir")
+	require.True(t, ok)
+	_, err := RunMatrix(context.Background(), MatrixConfig{Measure: time.Second}, []lab.MatrixScenario{sc})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "hdfs-slow-dir")
+	assert.Contains(t, err.Error(), "mvn not found")
+	other, _ := lab.NamedScenario("saturated-streams")
+	assert.NoError(t, checkHDFS(context.Background(), []lab.MatrixScenario{other}))
+}

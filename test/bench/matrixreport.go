@@ -123,7 +123,7 @@ type MatrixRun struct {
 // keeps prev's rows (their run recorded) and returns the names already
 // run, which the new run skips.
 func (rep *MatrixReport) Resume(prev *MatrixReport, now MatrixRun) (done map[string]bool, err error) {
-	if prev.Seed != rep.Seed || prev.N != rep.N || strings.Join(prev.Named, ",") != strings.Join(rep.Named, ",") {
+	if prev.Seed != rep.Seed || prev.N != rep.N || !subsequence(prev.Named, rep.Named) {
 		return nil, fmt.Errorf("resume: the table holds seed %d, n %d, %d named scenarios; this run is seed %d, n %d, %d: run with the same SEED, N and NAMED, or without resume",
 			prev.Seed, prev.N, len(prev.Named), rep.Seed, rep.N, len(rep.Named))
 	}
@@ -141,6 +141,19 @@ func (rep *MatrixReport) Resume(prev *MatrixReport, now MatrixRun) (done map[str
 		rep.Rows = append(rep.Rows, r)
 	}
 	return done, nil
+}
+
+// subsequence reports whether every name of a is in b, in a's order. A
+// table resumes in a run whose set has grown since (a scenario added to
+// lab.Named): the new ones are among those it lacks.
+func subsequence(a, b []string) bool {
+	i := 0
+	for _, n := range b {
+		if i < len(a) && a[i] == n {
+			i++
+		}
+	}
+	return i == len(a)
 }
 
 // Rescore recomputes every row's description and verdict from its

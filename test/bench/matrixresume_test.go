@@ -45,4 +45,18 @@ func TestMatrixResume(t *testing.T) {
 	other := &MatrixReport{Seed: 8, N: 3}
 	_, err = other.Resume(prev, MatrixRun{})
 	assert.ErrorContains(t, err, "same SEED, N and NAMED")
+
+	// A named scenario added since the table was begun: the table resumes,
+	// and the new scenario is among those to run; one taken out since, or
+	// the order changed: another set.
+	names := func(ns ...string) []string { return ns }
+	prev.Named = names("a", "b", scs[0].Name, scs[1].Name, scs[2].Name)
+	grown := &MatrixReport{Seed: 7, N: 3, Named: names("a", "b", "hdfs-slow-dir", scs[0].Name, scs[1].Name, scs[2].Name)}
+	done, err = grown.Resume(prev, MatrixRun{})
+	require.NoError(t, err)
+	assert.False(t, done["hdfs-slow-dir"])
+	for _, n := range [][]string{names("a", scs[0].Name, scs[1].Name, scs[2].Name), names("b", "a", scs[0].Name, scs[1].Name, scs[2].Name)} {
+		_, err = (&MatrixReport{Seed: 7, N: 3, Named: n}).Resume(prev, MatrixRun{})
+		assert.ErrorContains(t, err, "same SEED, N and NAMED", "%v", n)
+	}
 }

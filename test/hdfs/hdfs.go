@@ -111,9 +111,9 @@ func StartWith(ctx context.Context, baseDir string, opts Options) (*Cluster, err
 	if err != nil {
 		return nil, err
 	}
-	java, err := exec.LookPath("java")
+	java, err := lookJava()
 	if err != nil {
-		return nil, fmt.Errorf("hdfs: java not found in PATH (install a Java 17 JDK, e.g. apt-get install openjdk-17-jdk-headless): %w", err)
+		return nil, err
 	}
 	abs, err := filepath.Abs(baseDir)
 	if err != nil {
@@ -133,6 +133,24 @@ func StartWith(ctx context.Context, baseDir string, opts Options) (*Cluster, err
 	cmd := exec.Command(java, args...)
 	cmd.Dir = abs
 	return startProcess(ctx, cmd, opts)
+}
+
+// Check reports what is missing to start a cluster here: Maven (to build the server, unless
+// an earlier build is cached) or java. It builds the server if needed.
+func Check(ctx context.Context) error {
+	if _, err := BuildContext(ctx); err != nil {
+		return err
+	}
+	_, err := lookJava()
+	return err
+}
+
+func lookJava() (string, error) {
+	java, err := exec.LookPath("java")
+	if err != nil {
+		return "", fmt.Errorf("hdfs: java not found in PATH (install a Java 17 JDK, e.g. apt-get install openjdk-17-jdk-headless): %w", err)
+	}
+	return java, nil
 }
 
 // startProcess runs cmd as a command server and waits for its ready line. Separate from
