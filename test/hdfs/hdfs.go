@@ -366,13 +366,15 @@ type StreamProgress struct {
 }
 
 // StreamStart starts clients HDFS clients streaming paths in the background until
-// StreamStop: client c reads files c, c+1, ... whole, one after another, each through a new
-// input stream (the DataNode opens the block file anew), and evicts a file's block files from
-// the page cache after each whole pass over it, so every pass reads the device. One stream at
-// a time; other commands (StreamProgress) answer meanwhile.
+// StreamStop: of N clients, client c owns files c, c+N, ... and reads them whole, one after
+// another, over and over, each through a new input stream (the DataNode opens the block file
+// anew); no two clients read one file (the second would follow the first through the page
+// cache). A client evicts a file's block files from the page cache after each whole pass over
+// it, so every pass reads the device. One stream at a time; other commands (StreamProgress)
+// answer meanwhile.
 func (c *Cluster) StreamStart(ctx context.Context, clients int, paths ...string) error {
-	if len(paths) == 0 || clients < 1 {
-		return fmt.Errorf("hdfs: stream: %d clients on %d paths, want at least one of each", clients, len(paths))
+	if len(paths) == 0 || clients < 1 || clients > len(paths) {
+		return fmt.Errorf("hdfs: stream: %d clients on %d paths, want at least one client and a path for each", clients, len(paths))
 	}
 	for _, p := range paths {
 		if err := checkPath(p); err != nil {

@@ -160,6 +160,7 @@ func TestStreamCommands(t *testing.T) {
 	assert.Equal(t, StreamProgress{Bytes: 2 << 20, Passes: 2}, p)
 	assert.ErrorContains(t, c.StreamStart(ctx, 0, "/a"), "at least one")
 	assert.ErrorContains(t, c.StreamStart(ctx, 1), "at least one")
+	assert.ErrorContains(t, c.StreamStart(ctx, 3, "/a", "/b"), "a path for each", "no two clients on one file")
 	assert.ErrorContains(t, c.StreamStart(ctx, 1, "/a,b"), "comma")
 	assert.Error(t, c.StreamStart(ctx, 1, "rel"), "relative paths are refused")
 

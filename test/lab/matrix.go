@@ -27,8 +27,9 @@ const (
 	// KHDFS is a real, unmodified HDFS DataNode (a MiniDFSCluster, test/hdfs)
 	// with its data directory on the lab device: Blocks HDFS files of one
 	// FileMB block each, written through HDFS, and Clients HDFS clients
-	// streaming them, block after block, through the DataNode's sendfile
-	// path (it opens the block file for every read). A stream.
+	// streaming them (each its own blocks, block after block) through the
+	// DataNode's sendfile path (it opens the block file for every read). A
+	// stream.
 	KHDFS = "hdfs"
 )
 
@@ -307,8 +308,10 @@ func (s MatrixScenario) Validate() error {
 			switch {
 			case r.Clients < 1 || r.Clients > MaxHDFSClients:
 				return fmt.Errorf("scenario %s: HDFS reader with %d clients, want 1 to %d", s.Name, r.Clients, MaxHDFSClients)
-			case r.Blocks < 1:
-				return fmt.Errorf("scenario %s: HDFS reader without blocks", s.Name)
+			case r.Blocks < r.Clients:
+				// No two clients on one block: the second would
+				// follow the first through the page cache.
+				return fmt.Errorf("scenario %s: HDFS reader with %d blocks for %d clients, want a block a client at least", s.Name, r.Blocks, r.Clients)
 			case r.FileMB > MaxHDFSBlockMB:
 				return fmt.Errorf("scenario %s: HDFS blocks of %d MB, want at most %d (one block a file)", s.Name, r.FileMB, MaxHDFSBlockMB)
 			case !r.Afresh:
@@ -489,8 +492,8 @@ func memcgMB(s MatrixScenario) int { return 28 + 4*len(s.Streams()) }
 //     64 KiB at random offsets of ten other blocks, opening each per
 //     request;
 //   - hdfs-slow-dir: a real, unmodified DataNode (MiniDFSCluster) whose
-//     block files are +3 ms, two HDFS clients streaming two 256 MB blocks
-//     through it, beside a service-like mmap random reader of another file
+//     block files are +3 ms, two HDFS clients streaming a 256 MB block
+//     each through it, beside a service-like mmap random reader of another file
 //     (last, so that the names before it keep their places).
 func Named() []MatrixScenario {
 	ms3 := 3 * time.Millisecond

@@ -140,6 +140,7 @@ func TestMatrixHDFSValidate(t *testing.T) {
 		"no clients":   func(s *lab.MatrixScenario) { s.Readers[0].Clients = 0 },
 		"five clients": func(s *lab.MatrixScenario) { s.Readers[0].Clients = 5 },
 		"no blocks":    func(s *lab.MatrixScenario) { s.Readers[0].Blocks = 0 },
+		"shared block": func(s *lab.MatrixScenario) { s.Readers[0].Blocks = 1 },
 		"512 MB block": func(s *lab.MatrixScenario) { s.Readers[0].FileMB = 512 },
 		"long-lived":   func(s *lab.MatrixScenario) { s.Readers[0].Afresh = false },
 		"pausing":      func(s *lab.MatrixScenario) { s.Readers[0].Pause = true },

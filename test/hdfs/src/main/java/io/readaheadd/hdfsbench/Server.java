@@ -380,12 +380,14 @@ public final class Server {
   }
 
   /**
-   * Clients streaming HDFS files until stopped, as a DataNode's readers do: client c reads
-   * files c, c+1, ... (mod the number of files) whole, one after another, each through a new
-   * FSDataInputStream (so the DataNode opens the block file anew). After a whole pass over a
-   * file the client evicts that file's block files from the page cache (coreutils dd
-   * iflag=nocache count=0: posix_fadvise DONTNEED), so every pass reads the device, as a
-   * DataNode serving more data than memory does. Bytes count as they arrive.
+   * Clients streaming HDFS files until stopped, as a DataNode's readers do: of N clients,
+   * client c owns files c, c+N, c+2N, ... and reads them whole, one after another, over and
+   * over, each through a new FSDataInputStream (so the DataNode opens the block file anew).
+   * No two clients read one file: one would find the pages the other just read in the page
+   * cache and follow it at no cost to the device. After a whole pass over a file the client
+   * evicts its block files from the page cache (coreutils dd iflag=nocache count=0:
+   * posix_fadvise DONTNEED), so every pass reads the device, as a DataNode serving more data
+   * than memory does. Bytes count as they arrive.
    */
   private final class Streamer {
     private final AtomicLong bytes = new AtomicLong();
@@ -395,16 +397,16 @@ public final class Server {
     private volatile boolean stopping;
 
     Streamer(String[] paths, List<List<String>> blocks, int n) {
-      if (n < 1) {
-        throw new IllegalArgumentException("THREADS must be at least 1, got " + n);
+      if (n < 1 || n > paths.length) {
+        throw new IllegalArgumentException(
+            "THREADS must be 1 to the number of files (" + paths.length + "), got " + n);
       }
       for (int c = 0; c < n; c++) {
         final int first = c;
         Thread t = new Thread(() -> {
           byte[] buf = new byte[readBuffer];
           try {
-            for (int k = first; !stopping; k++) {
-              int i = k % paths.length;
+            for (int i = first; !stopping; i = i + n < paths.length ? i + n : first) {
               boolean whole = false;
               try (FSDataInputStream in = fs.open(new org.apache.hadoop.fs.Path(paths[i]), readBuffer)) {
                 int got;
