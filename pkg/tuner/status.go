@@ -162,7 +162,7 @@ func (t *Tuner) RestoreAll() error {
 		// Windows the undos above did not reach (a reader not found
 		// this time) are reset from the record.
 		if len(t.deps.Store.Pins()) > 0 {
-			res, err := actuate.RestorePins(t.deps.Store, t.deps.Files, t.scope, t.cfg.Devices, t.lower)
+			res, err := actuate.RestorePins(t.deps.Store, t.deps.Files, t.scope, t.cfg.Devices, t.pinsLowerer())
 			if err != nil {
 				errs = append(errs, fmt.Errorf("reset per-file windows: %w", err))
 			}

@@ -183,8 +183,8 @@ type Tuner struct {
 	randRefs   map[probe.FileKey]*randRef
 	trimOffs   map[probe.FileKey]*trimOff
 	trimScanAt map[probe.FileKey]time.Duration
-	// lower changes per-file windows when the kernel's per-file state is
-	// readable (Deps.States); nil otherwise.
+	// lower changes per-file windows; its States is nil when the kernel's
+	// per-file state is not readable (no Deps.States, or dry run).
 	lower *actuate.Lowerer
 	// Global budget of whole-system descriptor scans (trim.go).
 	scans bucket
@@ -266,8 +266,9 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 	if deps.Store != nil {
 		t.priorsPath = deps.Store.PriorsPath()
 	}
-	if deps.States != nil && !cfg.DryRun {
-		t.lower = &actuate.Lowerer{Sysfs: deps.Sysfs, Files: deps.Files, States: deps.States}
+	t.lower = &actuate.Lowerer{Sysfs: deps.Sysfs, Files: deps.Files}
+	if !cfg.DryRun {
+		t.lower.States = deps.States
 	}
 	if deps.Store != nil && len(deps.Store.Entries()) > 0 {
 		t.log.Warn("tuner: originals of an earlier run were not restored (crash?); restoring them before anything else",
@@ -278,7 +279,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 	}
 	if deps.Store != nil && len(deps.Store.Pins()) > 0 {
 		// After the devices: a reset open file takes its device's window.
-		res, err := actuate.RestorePins(deps.Store, deps.Files, scope, cfg.Devices, t.lower)
+		res, err := actuate.RestorePins(deps.Store, deps.Files, scope, cfg.Devices, t.pinsLowerer())
 		t.log.Warn("tuner: per-file windows of an earlier run were left (crash?); reset them to their devices' windows",
 			"file", deps.Store.PinsPath(), "reset", res.Reset, "not_confirmed", len(res.Unconfirmed), "readers_gone", res.Gone, "refused_out_of_scope", res.Refused, "err", err)
 		for _, u := range res.Unconfirmed {

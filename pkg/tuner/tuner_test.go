@@ -1082,6 +1082,24 @@ func TestUndoClearsPinsAndGoneReadersAreForgotten(t *testing.T) {
 	assert.Empty(t, r.store.Pins())
 }
 
+func TestShutdownWithoutPerFileStateResetsPinsWithoutABreak(t *testing.T) {
+	// A record the undos did not reach (its reader not in the tuner's
+	// table) is reset at shutdown; without the kernel's per-file state
+	// (no Deps.States) with POSIX_FADV_NORMAL alone: a break could not be
+	// checked, and would leave the file unconfirmed.
+	r := newRig(t, Config{}, nil)
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	r.files.window[key] = 512
+	require.NoError(t, r.store.UpdatePins([]state.Pin{{PID: 100, FD: 7, Dev: uint32(key.Dev), Ino: key.Ino, Device: "sdb", WindowKB: 512, Path: p}}, nil))
+	require.NoError(t, r.tn.RestoreAll())
+	assert.Empty(t, r.store.Pins())
+	assert.Equal(t, 128, r.files.window[key])
+	for _, c := range r.files.calls {
+		assert.Equal(t, 128, c.devKB, "read_ahead_kb untouched: no break")
+	}
+}
+
 func TestDeviceWideWindowReachesFilesAlreadyOpen(t *testing.T) {
 	// A reader holds its file open while the device slows down for
 	// everyone (tail inflation): the device's new window would only reach
