@@ -16,18 +16,12 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/state"
 )
 
+// take takes n sysfs writes from the device's budget.
 func (t *Tuner) take(d *devState, n int) bool {
-	now := t.deps.Clock.Now()
-	d.tokens += (now - d.tokenAt).Seconds() * t.cfg.SysfsWritesPerSec
-	d.tokenAt = now
-	if b := float64(t.cfg.SysfsBurst); d.tokens > b {
-		d.tokens = b
-	}
-	if d.tokens < float64(n) {
+	if !d.writes.takeN(t.deps.Clock.Now(), float64(n), t.cfg.SysfsWritesPerSec, float64(t.cfg.SysfsBurst)) {
 		t.limited++
 		return false
 	}
-	d.tokens -= float64(n)
 	return true
 }
 
@@ -352,11 +346,7 @@ func (t *Tuner) prefetchAll() {
 			continue
 		}
 		d := fd.dev
-		d.pfBytes += (now - d.pfAt).Seconds() * t.cfg.PrefetchBytesPerSec
-		d.pfAt = now
-		if d.pfBytes > t.cfg.PrefetchBytesPerSec {
-			d.pfBytes = t.cfg.PrefetchBytesPerSec
-		}
+		budget := d.prefetch.fill(now, t.cfg.PrefetchBytesPerSec, t.cfg.PrefetchBytesPerSec)
 		start := fs.NextOffset
 		if fd.pfEnd > start && fd.pfEnd < start+uint64(depth)*1024 {
 			start = fd.pfEnd
@@ -366,8 +356,8 @@ func (t *Tuner) prefetchAll() {
 			continue
 		}
 		n := end - start
-		if float64(n) > d.pfBytes {
-			n = uint64(d.pfBytes)
+		if float64(n) > budget {
+			n = uint64(budget)
 		}
 		if n < 4096 {
 			continue
@@ -389,7 +379,7 @@ func (t *Tuner) prefetchAll() {
 			t.log.Warn("tuner: prefetch failed", "file", fd.key.String(), "path", fd.path, "err", err)
 			continue
 		}
-		d.pfBytes -= float64(n)
+		d.prefetch.tokens -= float64(n)
 		fd.pfEnd = start + n
 	}
 }

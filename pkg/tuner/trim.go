@@ -425,7 +425,7 @@ func (t *Tuner) takeScan() bool {
 	return t.scans.take(t.deps.Clock.Now(), scansPerSec, scansPerSec)
 }
 
-// bucket is a token bucket, full at its first take.
+// bucket is a token bucket, full at its first use.
 type bucket struct {
 	tokens float64
 	at     time.Duration
@@ -434,15 +434,26 @@ type bucket struct {
 
 // take takes one token, refilled at rate per second up to burst.
 func (b *bucket) take(now time.Duration, rate, burst float64) bool {
+	return b.takeN(now, 1, rate, burst)
+}
+
+// takeN takes n tokens, or none when fewer are left.
+func (b *bucket) takeN(now time.Duration, n, rate, burst float64) bool {
+	if b.fill(now, rate, burst) < n {
+		return false
+	}
+	b.tokens -= n
+	return true
+}
+
+// fill refills the bucket at rate per second up to burst, and returns
+// the tokens it holds.
+func (b *bucket) fill(now time.Duration, rate, burst float64) float64 {
 	if !b.used {
 		b.tokens, b.used = burst, true
 	} else {
 		b.tokens = min(burst, b.tokens+(now-b.at).Seconds()*rate)
 	}
 	b.at = now
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
+	return b.tokens
 }

@@ -72,19 +72,19 @@ type readerInfo struct {
 }
 
 type devState struct {
-	name    string
-	dev     probe.Dev
-	orig    int // value found before the first write (floor of every window)
-	cur     int // value the device should have now
-	known   bool
-	dirty   bool // the last write back failed: retry
-	tokens  float64
-	tokenAt time.Duration
+	name   string
+	dev    probe.Dev
+	orig   int // value found before the first write (floor of every window)
+	cur    int // value the device should have now
+	known  bool
+	dirty  bool   // the last write back failed: retry
+	writes bucket // sysfs writes (Tuner.take)
 	// opened: the budget of trims of descriptors opened on trimmed files
 	// (trimopen.go).
-	opened  bucket
-	pfBytes float64 // prefetch budget left
-	pfAt    time.Duration
+	opened bucket
+	// prefetch: the prefetch budget in bytes, empty when the device is
+	// first seen.
+	prefetch bucket
 
 	win        ladder // device-wide window
 	winActive  bool
@@ -585,8 +585,6 @@ func (t *Tuner) device(dev probe.Dev) *devState {
 		return nil
 	}
 	d.orig, d.cur, d.known = kb, kb, true
-	d.tokens = float64(t.cfg.SysfsBurst)
-	d.tokenAt = t.deps.Clock.Now()
-	d.pfAt = d.tokenAt
+	d.prefetch = bucket{at: t.deps.Clock.Now(), used: true}
 	return d
 }
