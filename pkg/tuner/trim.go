@@ -372,16 +372,8 @@ func (t *Tuner) trimmedClosed(td *trimDec) bool {
 	return true
 }
 
-// closed reports whether ref is known closed (or its process gone); a
-// descriptor that cannot be taken for another reason may still be open.
-func (t *Tuner) closed(ref actuate.FileRef) bool {
-	h, err := t.deps.Files.Dup(ref)
-	if err == nil {
-		h.Close()
-		return false
-	}
-	return errors.Is(err, actuate.ErrFDGone) || errors.Is(err, actuate.ErrProcessGone)
-}
+// closed reports whether ref is known closed (or its process gone).
+func (t *Tuner) closed(ref actuate.FileRef) bool { return !t.deps.Files.Holds(ref) }
 
 // endTrim gives the trimmed open files the device's window again.
 func (t *Tuner) endTrim(td *trimDec, why string) {

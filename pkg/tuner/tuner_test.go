@@ -146,6 +146,10 @@ func (f *fakeFiles) Dup(ref actuate.FileRef) (actuate.Handle, error) {
 	return &fakeHandle{f: f, ref: ref}, nil
 }
 
+func (f *fakeFiles) Holds(ref actuate.FileRef) bool {
+	return !f.gone[ref.Tgid] && (!f.closedFDs || slices.ContainsFunc(f.fds[ref.Tgid], func(r actuate.FileRef) bool { return r.FD == ref.FD && r.Key == ref.Key }))
+}
+
 type fakeHandle struct {
 	f   *fakeFiles
 	ref actuate.FileRef
