@@ -4,7 +4,6 @@ package tuner
 // their undo; the device's window given to the files already open on it.
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -211,7 +210,7 @@ func (t judgeCtx) reachOpenFiles(d *devState) {
 			keys = append(keys, k)
 		}
 	}
-	slices.SortFunc(keys, func(a, b probe.FileKey) int { return cmp.Or(cmp.Compare(a.Dev, b.Dev), cmp.Compare(a.Ino, b.Ino)) })
+	slices.SortFunc(keys, compareKeys)
 	keys = slices.Compact(keys)
 	for _, k := range keys {
 		if t.ownWindow(k) {

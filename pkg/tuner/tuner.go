@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
@@ -431,17 +430,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			}
 		}
 	}
-	keys := make([]probe.FileKey, 0, len(t.files))
-	for k := range t.files {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		if keys[i].Dev != keys[j].Dev {
-			return keys[i].Dev < keys[j].Dev
-		}
-		return keys[i].Ino < keys[j].Ino
-	})
-	for _, k := range keys {
+	for _, k := range sortedKeys(t.files) {
 		fd := t.files[k]
 		_, needed := fileNeeds[k]
 		if fd.byRate && !needed && fd.win.cur > fd.win.base {
