@@ -138,9 +138,6 @@ func (t *Tuner) ApplyPending() []Action {
 }
 
 func (t *Tuner) applyPendingLocked() {
-	if t.cfg.DryRun {
-		return
-	}
 	now := t.deps.Clock.Now()
 	for _, fd := range t.files {
 		t.applyPendingFile(fd, now)
@@ -150,40 +147,35 @@ func (t *Tuner) applyPendingLocked() {
 // applyPendingFile pins the window in force on the descriptors of the
 // file's readers marked pending.
 func (t *Tuner) applyPendingFile(fd *fileDec, now time.Duration) {
-	if t.cfg.DryRun {
+	w := fd.win.inForce()
+	if t.cfg.DryRun || w <= fd.win.base {
 		return
 	}
-	{
-		w := fd.win.inForce()
-		if w <= fd.win.base {
-			return
+	tg := map[uint32]bool{}
+	for tgid, r := range t.readers[fd.key] {
+		if r.pending {
+			tg[tgid] = true
 		}
-		tg := map[uint32]bool{}
-		for tgid, r := range t.readers[fd.key] {
-			if r.pending {
-				tg[tgid] = true
-			}
-		}
-		if len(tg) == 0 || !t.fails.due(fd.key, KindFileWindow, now) {
-			return
-		}
-		err := t.pinFile(fd, w, tg, true)
-		if errors.Is(err, errRateLimited) {
-			return
-		}
-		res, ev := ResultApplied, fmt.Sprintf("new reader(s) of a file with a %d KB decision", w)
-		a := Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindow, FromKB: fd.win.base, ToKB: w, Result: res, Evidence: ev}
-		if err != nil {
-			for tgid := range tg {
-				t.readers[fd.key][tgid].pending = false // try again on its next event
-			}
-			a.Result, a.Evidence = ResultFailed, ev+": "+err.Error()
-			t.emitFailed(a, err)
-			return
-		}
-		t.fails.ok(fd.key, KindFileWindow)
-		t.emit(a)
 	}
+	if len(tg) == 0 || !t.fails.due(fd.key, KindFileWindow, now) {
+		return
+	}
+	err := t.pinFile(fd, w, tg, true)
+	if errors.Is(err, errRateLimited) {
+		return
+	}
+	res, ev := ResultApplied, fmt.Sprintf("new reader(s) of a file with a %d KB decision", w)
+	a := Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindow, FromKB: fd.win.base, ToKB: w, Result: res, Evidence: ev}
+	if err != nil {
+		for tgid := range tg {
+			t.readers[fd.key][tgid].pending = false // try again on its next event
+		}
+		a.Result, a.Evidence = ResultFailed, ev+": "+err.Error()
+		t.emitFailed(a, err)
+		return
+	}
+	t.fails.ok(fd.key, KindFileWindow)
+	t.emit(a)
 }
 
 func (t *Tuner) pruneReaders(now time.Duration) {
