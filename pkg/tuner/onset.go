@@ -343,9 +343,6 @@ func (t judgeCtx) retryYoung(now time.Duration) {
 			due = append(due, fd)
 		}
 	}
-	if len(due) == 0 {
-		return
-	}
 	for _, fd := range due {
 		f, ok := t.fstats[fd.key]
 		if !ok || f.Requests < onsetMinRequests {
@@ -375,9 +372,6 @@ func (t judgeCtx) stepDeferred(now time.Duration) {
 		if fd := t.files[k]; fd.deferUntil != 0 && now >= fd.deferUntil {
 			due = append(due, fd)
 		}
-	}
-	if len(due) == 0 {
-		return
 	}
 	for _, fd := range due {
 		fd.deferUntil = 0
