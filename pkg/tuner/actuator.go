@@ -312,20 +312,14 @@ func (t *Tuner) pinFile(fd *fileDec, kb int, tgids map[uint32]bool, limit bool) 
 	if kb < have {
 		move = t.lowerFiles
 	}
-	n, err := move(fd.dev, kb, refs, limit)
-	if err != nil {
+	if _, err := move(fd.dev, kb, refs, limit); err != nil {
 		return err
 	}
-	seen := map[uint32]bool{}
-	for _, r := range refs {
-		seen[r.Tgid] = true
-	}
-	for tgid := range seen {
-		if r := t.readers[fd.key][tgid]; r != nil {
+	for _, ref := range refs {
+		if r := t.readers[fd.key][ref.Tgid]; r != nil {
 			r.appliedKB, r.pending, r.appliedAt = kb, false, t.deps.Clock.Now()
 		}
 	}
-	_ = n
 	return nil
 }
 
