@@ -211,19 +211,9 @@ const (
 	KindTrimUndo ActionKind = "file_trim_undo"
 )
 
-func undoOf(k ActionKind) ActionKind {
-	switch k {
-	case KindDeviceWindow:
-		return KindDeviceWindowUndo
-	case KindFileWindow:
-		return KindFileWindowUndo
-	case KindPrefetch:
-		return KindPrefetchUndo
-	case KindTrim:
-		return KindTrimUndo
-	}
-	return k
-}
+// undoOf is the kind of the action that takes back one of kind k: each
+// undo kind above is named after its kind, with "_undo".
+func undoOf(k ActionKind) ActionKind { return k + "_undo" }
 
 // Result is what became of an action.
 type Result string
