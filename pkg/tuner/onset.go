@@ -277,7 +277,7 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 			continue
 		}
 		if created {
-			fd = t.newOutcomeDec(c.key, d, now)
+			fd = t.newDec(c.key, d, true, now, WindowBound)
 		}
 		if fd.pf.trial != 0 {
 			// prefetchAll issues the value in force each interval.
