@@ -13,24 +13,20 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// Fast acts at once on the regimes the detector's fast path entered
-// (detector.FastPath, between Steps): each file that has no decision yet
-// (for contention, each sequential file read on the device) gets one and
-// its first step, sized by Little's law from the snapshot's
-// file p95 and device capacity, without waiting for the next Step. The step
-// is judged at the first Step one Settle later, as any other. The snapshot
+// FastOn acts at once on the regimes the detector's fast path entered
+// (snap: detector.FastPath, between Steps): each file that has no decision
+// yet (for contention, each sequential file read on the device) gets one
+// and its first step, sized by Little's law from the snapshot's file p95
+// and device capacity, without waiting for the next Step. The step is
+// judged at the first Step one Settle later, as any other. The snapshot
 // holds only the fast path's files and devices; the rest of the tuner's
-// view is left as the last Step saw it.
-func (t *Tuner) Fast(snap detector.Snapshot) []Action {
-	return t.FastOn(snap, detector.Snapshot{}, 0)
-}
-
-// FastOn is Fast with the detector's recent requests (recent, over span;
-// detector.Recent) of the regimes' files: a regime entered between Steps
-// on a stream that already has a decision takes its step measured on
-// them. The snapshot's window reaches back a whole Settle, mostly before
-// the onset, and a step measured against the stream's rate from before it
-// (a contended stream against its free self) looks as if it did not pay.
+// view is left as the last Step saw it. recent (over span;
+// detector.Recent, or empty) holds the regimes' files' recent requests: a
+// regime entered between Steps on a stream that already has a decision
+// takes its step measured on them. The snapshot's window reaches back a
+// whole Settle, mostly before the onset, and a step measured against the
+// stream's rate from before it (a contended stream against its free self)
+// looks as if it did not pay.
 func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()

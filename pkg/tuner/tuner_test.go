@@ -897,14 +897,14 @@ func fastPathRegime(t *testing.T, busy float64, p50, p95 time.Duration) (*rig, p
 
 func TestFastPathRegimeGetsItsLittlesLawStepAtOnce(t *testing.T) {
 	r, key, fast := fastPathRegime(t, 45e6, 4200*time.Microsecond, 5900*time.Microsecond)
-	acts := r.tn.Fast(fast)
+	acts := r.tn.FastOn(fast, detector.Snapshot{}, 0)
 	trials := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1)
 	// 5.9 ms x 150 MB/s = 864 KB in flight: straight to 1024 KB.
 	assert.Equal(t, [2]int{128, 1024}, [2]int{trials[0].FromKB, trials[0].ToKB})
 	assert.Equal(t, 1024, r.files.window[key])
 	// A second fast report of the same file does nothing more.
-	assert.Empty(t, r.tn.Fast(fast))
+	assert.Empty(t, r.tn.FastOn(fast, detector.Snapshot{}, 0))
 	// The next Steps judge it as any trial (kept: 155 MB/s against 45).
 	acts = r.run(2, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
 	kept := filter(acts, KindFileWindow, ResultKept)
@@ -917,7 +917,7 @@ func TestFastPathRegimeGetsItsLittlesLawStepAtOnce(t *testing.T) {
 // at the device's capacity. Its step is taken all the same.
 func TestFastPathRegimeRightAfterTheOnsetIsNotHeldAtCapacity(t *testing.T) {
 	r, _, fast := fastPathRegime(t, 146e6, 1700*time.Microsecond, 4400*time.Microsecond)
-	trials := filter(r.tn.Fast(fast), KindFileWindow, ResultTrial)
+	trials := filter(r.tn.FastOn(fast, detector.Snapshot{}, 0), KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1, "the step, not held at capacity")
 	assert.Greater(t, trials[0].ToKB, 128)
 }
@@ -1211,7 +1211,7 @@ func TestFastPathContentionGetsTheSequentialFilesFirstStepAtOnce(t *testing.T) {
 	fast.Files[0].P95 = 20 * time.Millisecond
 	fast.Devices[0].CapacityBPS = 150e6
 	fast.Regimes = []detector.Regime{{Kind: detector.Contention, Device: sdb, Evidence: "fast path: 3 readers"}}
-	acts := r.tn.Fast(fast)
+	acts := r.tn.FastOn(fast, detector.Snapshot{}, 0)
 	trials := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1, "%v", acts)
 	assert.Equal(t, seq, trials[0].File)
