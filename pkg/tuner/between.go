@@ -161,7 +161,7 @@ func (t *Tuner) applyPendingFile(fd *fileDec, now time.Duration) {
 		return
 	}
 	res, ev := ResultApplied, fmt.Sprintf("new reader(s) of a file with a %d KB decision", w)
-	a := Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindow, FromKB: fd.win.base, ToKB: w, Result: res, Evidence: ev}
+	a := fd.action(now, KindFileWindow, fd.win.base, w, res, ev)
 	if err != nil {
 		for tgid := range tg {
 			t.readers[fd.key][tgid].pending = false // try again on its next event

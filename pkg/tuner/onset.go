@@ -180,8 +180,8 @@ const peerShareMin = 0.25
 func (t *Tuner) abandonTrial(fd *fileDec, l *ladder, now time.Duration) {
 	from := l.trial
 	l.trial, l.movedAt = 0, now
-	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: undoOf(l.kind),
-		FromKB: from, ToKB: l.cur, Result: ResultUndone, Evidence: "the stream slowed during the trial: ended unjudged, a step for the new conditions follows"})
+	t.emit(fd.action(now, undoOf(l.kind), from, l.cur, ResultUndone,
+		"the stream slowed during the trial: ended unjudged, a step for the new conditions follows"))
 	t.count(EvOnsetInTrial)
 }
 

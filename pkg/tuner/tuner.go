@@ -148,6 +148,11 @@ type fileDec struct {
 	climbFrom int
 }
 
+// action is an action on fd's file at now.
+func (fd *fileDec) action(now time.Duration, kind ActionKind, from, to int, res Result, ev string) Action {
+	return Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: kind, FromKB: from, ToKB: to, Result: res, Evidence: ev}
+}
+
 // Tuner is the closed-loop actuator. Its methods are safe for concurrent use.
 type Tuner struct {
 	cfg   Config
