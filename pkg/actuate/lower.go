@@ -41,7 +41,7 @@ import (
 )
 
 // pageKB is the size of a page in KB (file_ra_state counts pages).
-const pageKB = 4
+const pageKB = probe.PageSize / 1024
 
 // RAState is the kernel's readahead state of one open file (struct
 // file_ra_state inside its struct file), in pages.
@@ -63,7 +63,7 @@ func (s RAState) passedWindow() bool {
 	if s.Size == 0 {
 		return true
 	}
-	return s.PrevPos >= 0 && uint64(s.PrevPos)>>12 >= s.Start+uint64(s.Size)
+	return s.PrevPos >= 0 && uint64(s.PrevPos)/probe.PageSize >= s.Start+uint64(s.Size)
 }
 
 // OpenFile is one descriptor any process holds, with its kernel state.

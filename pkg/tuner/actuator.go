@@ -13,6 +13,7 @@ import (
 
 	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
 	"github.com/readaheadd/readaheadd/pkg/state"
 )
 
@@ -353,7 +354,7 @@ func (t *Tuner) prefetchAll() {
 		if float64(n) > budget {
 			n = uint64(budget)
 		}
-		if n < 4096 {
+		if n < probe.PageSize {
 			continue
 		}
 		refs := t.refs(fd, nil)
