@@ -82,6 +82,9 @@ type FileOps interface {
 	// readers no readahead event names (an mmap reader's faults read
 	// around the faulting page without one).
 	FindAll(file probe.FileKey) ([]FileRef, error)
+	// Holds reports whether process ref.Tgid still has descriptor ref.FD
+	// open on ref.Key; true when that cannot be told.
+	Holds(ref FileRef) bool
 }
 
 var (
@@ -159,9 +162,8 @@ func (p *ProcFileOps) FindAll(file probe.FileKey) ([]FileRef, error) {
 	return refs, nil
 }
 
-// Holds reports whether process ref.Tgid still has descriptor ref.FD open
-// on ref.Key (one stat of the magic link, which follows it to the open
-// file whatever mount namespace the process lives in).
+// Holds implements FileOps with one stat of the magic link, which follows
+// it to the open file whatever mount namespace the process lives in.
 func (p *ProcFileOps) Holds(ref FileRef) bool {
 	var st unix.Stat_t
 	link := filepath.Join(p.Proc, strconv.FormatUint(uint64(ref.Tgid), 10), "fd", strconv.Itoa(ref.FD))

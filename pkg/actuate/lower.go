@@ -41,7 +41,7 @@ import (
 )
 
 // pageKB is the size of a page in KB (file_ra_state counts pages).
-const pageKB = 4
+const pageKB = probe.PageSize / 1024
 
 // RAState is the kernel's readahead state of one open file (struct
 // file_ra_state inside its struct file), in pages.
@@ -63,7 +63,7 @@ func (s RAState) passedWindow() bool {
 	if s.Size == 0 {
 		return true
 	}
-	return s.PrevPos >= 0 && uint64(s.PrevPos)>>12 >= s.Start+uint64(s.Size)
+	return s.PrevPos >= 0 && uint64(s.PrevPos)/probe.PageSize >= s.Start+uint64(s.Size)
 }
 
 // OpenFile is one descriptor any process holds, with its kernel state.
@@ -93,10 +93,6 @@ type DeviceRW interface {
 
 // fdHandle is a Handle that is a descriptor of this process.
 type fdHandle interface{ FD() int }
-
-// holdChecker is FileOps that can tell whether a reader still holds its
-// descriptor on the file (ProcFileOps does).
-type holdChecker interface{ Holds(ref FileRef) bool }
 
 // readerCheckAfter: a reader that has not moved for this long is asked
 // whether it still holds the file at all. One that closed it (HDFS closes a
@@ -240,7 +236,6 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 		checkedAt time.Duration
 		notFirst  bool
 	}
-	hc, _ := l.Files.(holdChecker)
 	pending := make([]wait, len(brk))
 	for i, f := range brk {
 		pending[i] = wait{f: f, movedAt: start}
@@ -281,7 +276,7 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 				// Idle, or too slow to leave its window: restarted from
 				// where it is instead (rearm.go).
 				idle = append(idle, idleFile{w.f, s})
-			case hc != nil && due && !hc.Holds(w.f.Ref):
+			case due && !l.Files.Holds(w.f.Ref):
 				st.Released++
 				done = append(done, w.f)
 			default:

@@ -13,21 +13,16 @@ import (
 
 	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
 	"github.com/readaheadd/readaheadd/pkg/state"
 )
 
+// take takes n sysfs writes from the device's budget.
 func (t *Tuner) take(d *devState, n int) bool {
-	now := t.deps.Clock.Now()
-	d.tokens += (now - d.tokenAt).Seconds() * t.cfg.SysfsWritesPerSec
-	d.tokenAt = now
-	if b := float64(t.cfg.SysfsBurst); d.tokens > b {
-		d.tokens = b
-	}
-	if d.tokens < float64(n) {
+	if !d.writes.takeN(t.deps.Clock.Now(), float64(n), t.cfg.SysfsWritesPerSec, float64(t.cfg.SysfsBurst)) {
 		t.limited++
 		return false
 	}
-	d.tokens -= float64(n)
 	return true
 }
 
@@ -150,25 +145,20 @@ func (t *Tuner) pin(d *devState, kb int, refs []actuate.FileRef, limit bool) (in
 }
 
 // raiseFiles gives the refs' open files the window kb, at least the one
-// they have.
+// they have, without the clamp to the device's original: a read-around
+// trim pins below it.
 func (t *Tuner) raiseFiles(d *devState, kb int, refs []actuate.FileRef, limit bool) (int, error) {
-	return t.pinExact(d, kb, refs, limit)
+	return t.pinWith(d, kb, refs, limit, false)
 }
 
 // lowerFiles is the one way a per-file window comes down (an undo, a step
 // that did not pay, a re-probe, a read-around trim, a device window taken
-// back from the open files it reached). pinExact hands every per-file
-// change to the Lowerer when the kernel's per-file state is readable: on
-// this kernel a plain pin of the lower value does not lower a stream
-// already on asynchronous readahead (actuate/lower.go).
+// back from the open files it reached). With the kernel's per-file state
+// readable, the Lowerer gives a break to a stream whose window is above
+// the new one: on this kernel a plain pin of the lower value does not
+// lower a stream already on asynchronous readahead (actuate/lower.go).
 func (t *Tuner) lowerFiles(d *devState, kb int, refs []actuate.FileRef, limit bool) (int, error) {
 	t.count(EvActuatorLower)
-	return t.pinExact(d, kb, refs, limit)
-}
-
-// pinExact is pin without the clamp to the device's original: a
-// read-around trim pins below it.
-func (t *Tuner) pinExact(d *devState, kb int, refs []actuate.FileRef, limit bool) (int, error) {
 	return t.pinWith(d, kb, refs, limit, false)
 }
 
@@ -180,12 +170,16 @@ func (t *Tuner) trimOpenedFiles(d *devState, kb int, refs []actuate.FileRef) (in
 	return t.pinWith(d, kb, refs, false, true)
 }
 
-// pinWith is pinExact; noBreak: see LowerReq.NoBreak.
+// pinWith sets the window through the Lowerer: a file whose kernel window
+// is above kb gets a break first, so the change reaches a stream on
+// asynchronous readahead (actuate/lower.go); without the kernel's per-file
+// state (no progress to wait for) no file gets one. noBreak: see
+// LowerReq.NoBreak.
 func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBreak bool) (int, error) {
 	if len(refs) == 0 {
 		return 0, errNoReaders
 	}
-	advice, raise := actuate.AdviceFor(kb, d.cur)
+	_, raise := actuate.AdviceFor(kb, d.cur)
 	if raise && limit && !t.take(d, 2) {
 		return 0, errRateLimited
 	}
@@ -214,49 +208,12 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBr
 		return 0, fmt.Errorf("take descriptors: %w", errors.Join(errs...))
 	}
 	d.movedAt = t.deps.Clock.Now()
-	if t.lower != nil {
-		return t.lowerPin(d, kb, fs, errs, &set, &clear, noBreak)
-	}
-	if raise {
-		if err := t.writeDevice(d, kb); err != nil {
-			return 0, fmt.Errorf("set read_ahead_kb of %s to %d for a pin: %w", d.name, kb, err)
+	noBreak = noBreak || t.lower.States == nil
+	// The device is written for a raise-pin-restore or a break.
+	if raise || t.lower.States != nil {
+		if err := t.record(d); err != nil {
+			return 0, fmt.Errorf("record original of %s before writing it: %w", d.name, err)
 		}
-	}
-	n := 0
-	for _, f := range fs {
-		if err := f.H.Fadvise(0, 0, advice); err != nil {
-			t.fileFail++
-			errs = append(errs, err)
-			continue
-		}
-		n++
-		// What outlives a crash of the daemon is recorded: a window other
-		// than the device's original (the device is put back first).
-		if kb != d.orig {
-			set = append(set, pinOf(d, f.Ref, kb))
-		} else {
-			clear = append(clear, pinOf(d, f.Ref, 0))
-		}
-	}
-	if raise {
-		if err := t.deps.Sysfs.SetReadAheadKB(d.name, d.cur); err != nil {
-			d.dirty = true
-			t.log.Error("tuner: could not put read_ahead_kb back after pinning a file window; retrying next interval",
-				"device", d.name, "left_at_kb", kb, "want_kb", d.cur, "err", err)
-		}
-	}
-	if n == 0 {
-		return 0, fmt.Errorf("fadvise: %w", errors.Join(errs...))
-	}
-	return n, nil
-}
-
-// lowerPin is pinExact's window change through the Lowerer: a file whose
-// kernel window is above kb gets a break first, so the change reaches a
-// stream on asynchronous readahead (actuate/lower.go).
-func (t *Tuner) lowerPin(d *devState, kb int, fs []actuate.LowerFile, errs []error, set, clear *[]state.Pin, noBreak bool) (int, error) {
-	if err := t.record(d); err != nil {
-		return 0, fmt.Errorf("record original of %s before writing it: %w", d.name, err)
 	}
 	// A break waits for its readers with the tuner's lock released: the
 	// event path (fresh opens, new descriptors of other files) is not
@@ -294,20 +251,32 @@ func (t *Tuner) lowerPin(d *devState, kb int, fs []actuate.LowerFile, errs []err
 	if t.closing {
 		t.left = append(t.left, st.Left...)
 	}
+	t.fileFail += uint64(len(fs) - st.Set)
 	if st.Set == 0 {
-		t.fileFail += uint64(len(fs))
 		return 0, fmt.Errorf("set window: %w", errors.Join(append(errs, err)...))
 	}
 	// Per-file failures are not told apart here: all are recorded as set
-	// or all as cleared; the record is best effort (RestorePins).
+	// or all as cleared; the record is best effort (RestorePins). What
+	// outlives a crash of the daemon is a window other than the device's
+	// original (the device is put back first).
 	for _, f := range fs {
 		if kb != d.orig {
-			*set = append(*set, pinOf(d, f.Ref, kb))
+			set = append(set, pinOf(d, f.Ref, kb))
 		} else if st.Confirmed(f.Ref) {
-			*clear = append(*clear, pinOf(d, f.Ref, 0))
+			clear = append(clear, pinOf(d, f.Ref, 0))
 		}
 	}
 	return st.Set, nil
+}
+
+// pinsLowerer is the Lowerer RestorePins resets recorded pins with: none
+// without the kernel's per-file state (POSIX_FADV_NORMAL alone: a break
+// could not be checked against the readers' progress).
+func (t *Tuner) pinsLowerer() *actuate.Lowerer {
+	if t.lower.States == nil {
+		return nil
+	}
+	return t.lower
 }
 
 func pinOf(d *devState, r actuate.FileRef, kb int) state.Pin {
@@ -344,20 +313,14 @@ func (t *Tuner) pinFile(fd *fileDec, kb int, tgids map[uint32]bool, limit bool) 
 	if kb < have {
 		move = t.lowerFiles
 	}
-	n, err := move(fd.dev, kb, refs, limit)
-	if err != nil {
+	if _, err := move(fd.dev, kb, refs, limit); err != nil {
 		return err
 	}
-	seen := map[uint32]bool{}
-	for _, r := range refs {
-		seen[r.Tgid] = true
-	}
-	for tgid := range seen {
-		if r := t.readers[fd.key][tgid]; r != nil {
+	for _, ref := range refs {
+		if r := t.readers[fd.key][ref.Tgid]; r != nil {
 			r.appliedKB, r.pending, r.appliedAt = kb, false, t.deps.Clock.Now()
 		}
 	}
-	_ = n
 	return nil
 }
 
@@ -378,11 +341,7 @@ func (t *Tuner) prefetchAll() {
 			continue
 		}
 		d := fd.dev
-		d.pfBytes += (now - d.pfAt).Seconds() * t.cfg.PrefetchBytesPerSec
-		d.pfAt = now
-		if d.pfBytes > t.cfg.PrefetchBytesPerSec {
-			d.pfBytes = t.cfg.PrefetchBytesPerSec
-		}
+		budget := d.prefetch.fill(now, t.cfg.PrefetchBytesPerSec, t.cfg.PrefetchBytesPerSec)
 		start := fs.NextOffset
 		if fd.pfEnd > start && fd.pfEnd < start+uint64(depth)*1024 {
 			start = fd.pfEnd
@@ -392,10 +351,10 @@ func (t *Tuner) prefetchAll() {
 			continue
 		}
 		n := end - start
-		if float64(n) > d.pfBytes {
-			n = uint64(d.pfBytes)
+		if float64(n) > budget {
+			n = uint64(budget)
 		}
-		if n < 4096 {
+		if n < probe.PageSize {
 			continue
 		}
 		refs := t.refs(fd, nil)
@@ -415,7 +374,7 @@ func (t *Tuner) prefetchAll() {
 			t.log.Warn("tuner: prefetch failed", "file", fd.key.String(), "path", fd.path, "err", err)
 			continue
 		}
-		d.pfBytes -= float64(n)
+		d.prefetch.tokens -= float64(n)
 		fd.pfEnd = start + n
 	}
 }

@@ -13,24 +13,20 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// Fast acts at once on the regimes the detector's fast path entered
-// (detector.FastPath, between Steps): each file that has no decision yet
-// (for contention, each sequential file read on the device) gets one and
-// its first step, sized by Little's law from the snapshot's
-// file p95 and device capacity, without waiting for the next Step. The step
-// is judged at the first Step one Settle later, as any other. The snapshot
+// FastOn acts at once on the regimes the detector's fast path entered
+// (snap: detector.FastPath, between Steps): each file that has no decision
+// yet (for contention, each sequential file read on the device) gets one
+// and its first step, sized by Little's law from the snapshot's file p95
+// and device capacity, without waiting for the next Step. The step is
+// judged at the first Step one Settle later, as any other. The snapshot
 // holds only the fast path's files and devices; the rest of the tuner's
-// view is left as the last Step saw it.
-func (t *Tuner) Fast(snap detector.Snapshot) []Action {
-	return t.FastOn(snap, detector.Snapshot{}, 0)
-}
-
-// FastOn is Fast with the detector's recent requests (recent, over span;
-// detector.Recent) of the regimes' files: a regime entered between Steps
-// on a stream that already has a decision takes its step measured on
-// them. The snapshot's window reaches back a whole Settle, mostly before
-// the onset, and a step measured against the stream's rate from before it
-// (a contended stream against its free self) looks as if it did not pay.
+// view is left as the last Step saw it. recent (over span;
+// detector.Recent, or empty) holds the regimes' files' recent requests: a
+// regime entered between Steps on a stream that already has a decision
+// takes its step measured on them. The snapshot's window reaches back a
+// whole Settle, mostly before the onset, and a step measured against the
+// stream's rate from before it (a contended stream against its free self)
+// looks as if it did not pay.
 func (t *Tuner) FastOn(snap, recent detector.Snapshot, span time.Duration) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -138,9 +134,6 @@ func (t *Tuner) ApplyPending() []Action {
 }
 
 func (t *Tuner) applyPendingLocked() {
-	if t.cfg.DryRun {
-		return
-	}
 	now := t.deps.Clock.Now()
 	for _, fd := range t.files {
 		t.applyPendingFile(fd, now)
@@ -150,40 +143,35 @@ func (t *Tuner) applyPendingLocked() {
 // applyPendingFile pins the window in force on the descriptors of the
 // file's readers marked pending.
 func (t *Tuner) applyPendingFile(fd *fileDec, now time.Duration) {
-	if t.cfg.DryRun {
+	w := fd.win.inForce()
+	if t.cfg.DryRun || w <= fd.win.base {
 		return
 	}
-	{
-		w := fd.win.inForce()
-		if w <= fd.win.base {
-			return
+	tg := map[uint32]bool{}
+	for tgid, r := range t.readers[fd.key] {
+		if r.pending {
+			tg[tgid] = true
 		}
-		tg := map[uint32]bool{}
-		for tgid, r := range t.readers[fd.key] {
-			if r.pending {
-				tg[tgid] = true
-			}
-		}
-		if len(tg) == 0 || !t.fails.due(fd.key, KindFileWindow, now) {
-			return
-		}
-		err := t.pinFile(fd, w, tg, true)
-		if errors.Is(err, errRateLimited) {
-			return
-		}
-		res, ev := ResultApplied, fmt.Sprintf("new reader(s) of a file with a %d KB decision", w)
-		a := Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindow, FromKB: fd.win.base, ToKB: w, Result: res, Evidence: ev}
-		if err != nil {
-			for tgid := range tg {
-				t.readers[fd.key][tgid].pending = false // try again on its next event
-			}
-			a.Result, a.Evidence = ResultFailed, ev+": "+err.Error()
-			t.emitFailed(a, err)
-			return
-		}
-		t.fails.ok(fd.key, KindFileWindow)
-		t.emit(a)
 	}
+	if len(tg) == 0 || !t.fails.due(fd.key, KindFileWindow, now) {
+		return
+	}
+	err := t.pinFile(fd, w, tg, true)
+	if errors.Is(err, errRateLimited) {
+		return
+	}
+	res, ev := ResultApplied, fmt.Sprintf("new reader(s) of a file with a %d KB decision", w)
+	a := fd.action(now, KindFileWindow, fd.win.base, w, res, ev)
+	if err != nil {
+		for tgid := range tg {
+			t.readers[fd.key][tgid].pending = false // try again on its next event
+		}
+		a.Result, a.Evidence = ResultFailed, ev+": "+err.Error()
+		t.emitFailed(a, err)
+		return
+	}
+	t.fails.ok(fd.key, KindFileWindow)
+	t.emit(a)
 }
 
 func (t *Tuner) pruneReaders(now time.Duration) {

@@ -255,13 +255,13 @@ func (t *Tuner) undoFile(fd *fileDec, why string) {
 		if t.cfg.DryRun {
 			res = ResultDryRun
 		}
-		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindPrefetchUndo, FromKB: p, Result: res, Evidence: why})
+		t.emit(fd.action(now, KindPrefetchUndo, p, 0, res, why))
 	}
 	fd.pf = ladder{}
 	w := fd.win.inForce()
 	if t.cfg.DryRun {
 		if fd.win.dryAt != 0 {
-			t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo, FromKB: fd.win.dryAt, ToKB: fd.win.base, Result: ResultDryRun, Evidence: why})
+			t.emit(fd.action(now, KindFileWindowUndo, fd.win.dryAt, fd.win.base, ResultDryRun, why))
 		}
 		return
 	}
@@ -278,7 +278,7 @@ func (t *Tuner) undoFile(fd *fileDec, why string) {
 			why += "; " + err.Error()
 		}
 	}
-	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo, FromKB: w, ToKB: fd.win.base, Result: res, Evidence: why})
+	t.emit(fd.action(now, KindFileWindowUndo, w, fd.win.base, res, why))
 }
 
 func (t judgeCtx) undoDevice(d *devState, why string) {

@@ -107,9 +107,8 @@ func (t *Tuner) endUnjudged(fd *fileDec, read time.Duration) {
 		t.mem.Unclimb(fd.prior, fd.key) // no knee: the next open climbs again
 		fd.climbFrom = 0
 	}
-	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
-		FromKB: from, ToKB: l.cur, Result: ResultUndone,
-		Evidence: fmt.Sprintf("the stream stopped reading %v after the step (its file ended or was closed): too little to judge it by; no knee", read.Round(time.Millisecond))})
+	t.emit(fd.action(now, KindFileWindowUndo, from, l.cur, ResultUndone,
+		fmt.Sprintf("the stream stopped reading %v after the step (its file ended or was closed): too little to judge it by; no knee", read.Round(time.Millisecond))))
 }
 
 // EndedVerdict judges a step of EndedTrials on its stream's requests since

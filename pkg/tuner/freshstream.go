@@ -81,13 +81,8 @@ func (t *Tuner) FreshStreams() ([]probe.FileKey, time.Duration) {
 // is measured on (FastOn's recent snapshot).
 func (t *Tuner) RecentSpan() time.Duration { return t.cfg.Settle / freshSpanDiv }
 
-// newOutcomeDec records a decision judged by the stream's rate, for a
-// stream bound by its window with no regime, at the device's window.
-func (t *Tuner) newOutcomeDec(k probe.FileKey, d *devState, now time.Duration) *fileDec {
-	return t.newDec(k, d, true, now, WindowBound)
-}
-
-// newDec records a decision on k, at the device's window, needed now.
+// newDec records a decision on k, at the device's window, needed now;
+// byRate with WindowBound for a stream bound by its window with no regime.
 func (t *Tuner) newDec(k probe.FileKey, d *devState, byRate bool, now time.Duration, regimes ...detector.RegimeKind) *fileDec {
 	fd := &fileDec{key: k, dev: d, byRate: byRate, regimes: regimes, lastNeeded: now,
 		win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
@@ -132,7 +127,7 @@ func (t *Tuner) FastOutcome(snap detector.Snapshot, span time.Duration) []Action
 		fd := t.files[f.Key]
 		created := fd == nil
 		if created {
-			fd = t.newOutcomeDec(f.Key, d, now)
+			fd = t.newDec(f.Key, d, true, now, WindowBound)
 		} else {
 			// A new stream on a file whose earlier reads' trials did not
 			// pay: their back-off and knee were learned in other

@@ -174,8 +174,8 @@ const peerShareMin = 0.25
 func (t *Tuner) abandonTrial(fd *fileDec, l *ladder, now time.Duration) {
 	from := l.trial
 	l.trial, l.movedAt = 0, now
-	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: undoOf(l.kind),
-		FromKB: from, ToKB: l.cur, Result: ResultUndone, Evidence: "the stream slowed during the trial: ended unjudged, a step for the new conditions follows"})
+	t.emit(fd.action(now, undoOf(l.kind), from, l.cur, ResultUndone,
+		"the stream slowed during the trial: ended unjudged, a step for the new conditions follows"))
 	t.count(EvOnsetInTrial)
 }
 
@@ -271,7 +271,7 @@ func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
 			continue
 		}
 		if created {
-			fd = t.newOutcomeDec(c.key, d, now)
+			fd = t.newDec(c.key, d, true, now, WindowBound)
 		}
 		if fd.pf.trial != 0 {
 			// prefetchAll issues the value in force each interval.
@@ -337,9 +337,6 @@ func (t judgeCtx) retryYoung(now time.Duration) {
 			due = append(due, fd)
 		}
 	}
-	if len(due) == 0 {
-		return
-	}
 	for _, fd := range due {
 		f, ok := t.fstats[fd.key]
 		if !ok || f.Requests < onsetMinRequests {
@@ -369,9 +366,6 @@ func (t judgeCtx) stepDeferred(now time.Duration) {
 		if fd := t.files[k]; fd.deferUntil != 0 && now >= fd.deferUntil {
 			due = append(due, fd)
 		}
-	}
-	if len(due) == 0 {
-		return
 	}
 	for _, fd := range due {
 		fd.deferUntil = 0

@@ -456,7 +456,7 @@ func TestRateDropUnderAPeersTrialIsNoEvidence(t *testing.T) {
 		require.Greater(t, r.tn.devs[sdb].outcomeRetryAt, r.clk.Now()+4*time.Second, "backing off")
 		if peerStep {
 			r.tn.mu.Lock()
-			fd := r.tn.newOutcomeDec(k2, r.tn.device(sdb), r.clk.Now())
+			fd := r.tn.newDec(k2, r.tn.device(sdb), true, r.clk.Now(), WindowBound)
 			fd.win.trial, fd.win.trialFrom, fd.win.trialAt, fd.win.movedAt = 1024, 128, r.clk.Now(), r.clk.Now()
 			fd.win.before = measure{ok: true, tput: 75e6, rate: 75e6, p50: 3 * time.Millisecond}
 			r.tn.mu.Unlock()

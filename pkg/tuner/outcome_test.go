@@ -441,7 +441,7 @@ func TestRegimeOnAFileBackingOffFromHealthyTrialsActsAtOnce(t *testing.T) {
 	fast := r.outcomeSnap(stream{key: key, tgid: 100, fill: 0.9})
 	fast.Regimes = []detector.Regime{{Kind: detector.FileLatencyShift, Device: sdb, File: key}}
 	fast.Devices[0].CapacityBPS = 150e6 // learned while healthy
-	acts = r.tn.Fast(fast)
+	acts = r.tn.FastOn(fast, detector.Snapshot{}, 0)
 	logActs(t, acts)
 	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1, "the healthy trials' back-off does not hold up a regime")
 	assert.Contains(t, acts[0].Evidence, string(detector.FileLatencyShift))

@@ -249,7 +249,7 @@ func (p *procTuner) pinOne(t *testing.T, kb int, refs []actuate.FileRef) *devSta
 	p.tn.mu.Lock()
 	d := p.tn.device(p.disk.Dev)
 	require.NotNil(t, d)
-	n, err := p.tn.pinExact(d, kb, refs, false)
+	n, err := p.tn.raiseFiles(d, kb, refs, false)
 	p.tn.mu.Unlock()
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
@@ -348,7 +348,7 @@ func TestProcFileOpsTrimsAnMmapReadersReadAround(t *testing.T) {
 	trimmed := faults(1)
 
 	tn.mu.Lock()
-	_, err = tn.pinExact(d, d.cur, refs, false)
+	_, err = tn.raiseFiles(d, d.cur, refs, false)
 	tn.mu.Unlock()
 	require.NoError(t, err)
 	back := faults(32)

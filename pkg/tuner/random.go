@@ -435,18 +435,16 @@ func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 		// next steps bring the trim and are sized by the budget it
 		// leaves, against a reference learned at the device's window.
 		l.ceil, l.ceilUntil = 0, 0
-		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
-			FromKB: from, ToKB: to, Result: ResultUndone,
-			Evidence: fmt.Sprintf("over budget over the last intervals: %s; the reader reads around untrimmed: no ceiling, its trim comes with the next step", m.rand.why)})
+		t.emit(fd.action(now, KindFileWindowUndo, from, to, ResultUndone,
+			fmt.Sprintf("over budget over the last intervals: %s; the reader reads around untrimmed: no ceiling, its trim comes with the next step", m.rand.why)))
 		return true
 	}
 	// A ceiling, not a knee: half way back to the window that went over
 	// stays out of reach for BackoffMax, and the stream may still grow
 	// below it within the budget.
 	l.ceil, l.ceilUntil = max((from+to)/2/randStepKB*randStepKB, to+randStepKB), now+t.cfg.BackoffMax
-	t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
-		FromKB: from, ToKB: to, Result: ResultUndone,
-		Evidence: fmt.Sprintf("over budget over the last intervals: %s; no window of %d KB or more for %v", m.rand.why, l.ceil, t.cfg.BackoffMax)})
+	t.emit(fd.action(now, KindFileWindowUndo, from, to, ResultUndone,
+		fmt.Sprintf("over budget over the last intervals: %s; no window of %d KB or more for %v", m.rand.why, l.ceil, t.cfg.BackoffMax)))
 	return true
 }
 

@@ -139,7 +139,7 @@ func (l *labRig) pinBeforeFirstInterval(kb int) {
 	l.files.window[l.st.key] = kb
 	l.tn.mu.Lock()
 	defer l.tn.mu.Unlock()
-	fd := l.tn.newOutcomeDec(l.st.key, l.tn.device(sdb), l.clk.Now())
+	fd := l.tn.newDec(l.st.key, l.tn.device(sdb), true, l.clk.Now(), WindowBound)
 	fd.win.cur, fd.win.keptAt = kb, l.clk.Now()
 }
 
@@ -150,7 +150,7 @@ func (l *labRig) priorGivenAfterASecond(kb int) {
 	l.files.window[l.st.key] = kb
 	l.tn.mu.Lock()
 	defer l.tn.mu.Unlock()
-	fd := l.tn.newOutcomeDec(l.st.key, l.tn.device(sdb), l.clk.Now())
+	fd := l.tn.newDec(l.st.key, l.tn.device(sdb), true, l.clk.Now(), WindowBound)
 	fd.win.cur, fd.win.keptAt, fd.win.movedAt = kb, l.clk.Now(), l.clk.Now()
 }
 

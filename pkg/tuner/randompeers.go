@@ -15,17 +15,7 @@ import (
 // randomReaderBeside reports whether another file on fd's device is read
 // randomly now (or its read-around is trimmed).
 func (t judgeCtx) randomReaderBeside(fd *fileDec) bool {
-	for _, td := range t.trims {
-		if td.dev == fd.dev {
-			return true
-		}
-	}
-	for k, fs := range t.fstats {
-		if k != fd.key && fs.Device == fd.dev.dev && t.readRandomly(fs) {
-			return true
-		}
-	}
-	return false
+	return t.trimmedOn(fd.dev) || t.randomBesideDev(fd.dev.dev, fd.key)
 }
 
 // randomOnDevice returns a file read randomly now on the device whose reads

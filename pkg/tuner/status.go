@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sort"
 	"strings"
 
@@ -43,11 +44,8 @@ func (t *Tuner) emit(a Action) {
 func (t *Tuner) Status() Status {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	st := Status{DryRun: t.cfg.DryRun, Counts: map[string]uint64{}, FileOpFailures: t.fileFail, OutOfScope: t.refused, RateLimited: t.limited}
+	st := Status{DryRun: t.cfg.DryRun, Counts: maps.Clone(t.counts), FileOpFailures: t.fileFail, OutOfScope: t.refused, RateLimited: t.limited}
 	st.Repeated = t.fails.counts()
-	for k, v := range t.counts {
-		st.Counts[k] = v
-	}
 	st.Events = make(map[Event]uint64, numEvents)
 	for e, v := range t.events {
 		st.Events[Event(e)] = v
@@ -162,7 +160,7 @@ func (t *Tuner) RestoreAll() error {
 		// Windows the undos above did not reach (a reader not found
 		// this time) are reset from the record.
 		if len(t.deps.Store.Pins()) > 0 {
-			res, err := actuate.RestorePins(t.deps.Store, t.deps.Files, t.scope, t.cfg.Devices, t.lower)
+			res, err := actuate.RestorePins(t.deps.Store, t.deps.Files, t.scope, t.cfg.Devices, t.pinsLowerer())
 			if err != nil {
 				errs = append(errs, fmt.Errorf("reset per-file windows: %w", err))
 			}

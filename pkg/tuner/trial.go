@@ -559,14 +559,12 @@ func (t *Tuner) reprobeStart(fd *fileDec) bool {
 	l.probeUntil, l.movedAt = now+t.cfg.ReprobeHold, now
 	if fd.pf.cur > 0 {
 		fd.pf.probeUntil = l.probeUntil // inForce reports no prefetch while the probe holds
-		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindPrefetchUndo,
-			FromKB: fd.pf.cur, ToKB: 0, Result: ResultTrial,
-			Evidence: fmt.Sprintf("re-probe: prefetch held off for %v with the window", t.cfg.ReprobeHold)})
+		t.emit(fd.action(now, KindPrefetchUndo, fd.pf.cur, 0, ResultTrial,
+			fmt.Sprintf("re-probe: prefetch held off for %v with the window", t.cfg.ReprobeHold)))
 	}
 	if l.cur > l.base {
-		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
-			FromKB: l.cur, ToKB: l.base, Result: ResultTrial,
-			Evidence: fmt.Sprintf("re-probe: window kept for %v under regimes %v; back to the device's window for %v to see whether the regime is over", (now - l.keptAt).Round(time.Second), fd.regimes, t.cfg.ReprobeHold)})
+		t.emit(fd.action(now, KindFileWindowUndo, l.cur, l.base, ResultTrial,
+			fmt.Sprintf("re-probe: window kept for %v under regimes %v; back to the device's window for %v to see whether the regime is over", (now-l.keptAt).Round(time.Second), fd.regimes, t.cfg.ReprobeHold)))
 	}
 	return true
 }
@@ -590,9 +588,8 @@ func (t *Tuner) reprobeJudge(fd *fileDec, needed bool, why string) {
 		l.probeUntil, l.cur, l.movedAt = 0, l.base, now
 		fd.pf.probeUntil = 0 // undoFile reports the prefetch it stops
 		if kept > l.base {
-			t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
-				FromKB: kept, ToKB: l.base, Result: ResultUndone,
-				Evidence: fmt.Sprintf("re-probe: no regime at the device's window (was %v): the %d KB window is no longer needed%s", fd.regimes, kept, sep(why))})
+			t.emit(fd.action(now, KindFileWindowUndo, kept, l.base, ResultUndone,
+				fmt.Sprintf("re-probe: no regime at the device's window (was %v): the %d KB window is no longer needed%s", fd.regimes, kept, sep(why))))
 		}
 		t.undoFile(fd, "re-probe ended the decision") // stops prefetch; the window is already back
 		delete(t.files, fd.key)
@@ -606,12 +603,11 @@ func (t *Tuner) reprobeJudge(fd *fileDec, needed bool, why string) {
 		if errors.Is(err, errRateLimited) {
 			return // next interval
 		}
-		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindow,
-			FromKB: l.base, ToKB: l.cur, Result: ResultFailed, Evidence: "re-probe: putting the kept window back failed: " + err.Error()})
+		t.emit(fd.action(now, KindFileWindow, l.base, l.cur, ResultFailed,
+			"re-probe: putting the kept window back failed: "+err.Error()))
 	} else {
-		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindow,
-			FromKB: l.base, ToKB: l.cur, Result: ResultKept,
-			Evidence: fmt.Sprintf("re-probe: regimes %v persist at the device's window after %v%s; the kept window is back, next re-probe in %v", fd.regimes, t.cfg.ReprobeHold, sep(why), min(2*l.probeEvery, t.cfg.BackoffMax))})
+		t.emit(fd.action(now, KindFileWindow, l.base, l.cur, ResultKept,
+			fmt.Sprintf("re-probe: regimes %v persist at the device's window after %v%s; the kept window is back, next re-probe in %v", fd.regimes, t.cfg.ReprobeHold, sep(why), min(2*l.probeEvery, t.cfg.BackoffMax))))
 	}
 	l.probeUntil, l.keptAt, l.movedAt = 0, now, now
 	fd.pf.probeUntil = 0 // a held prefetch is issued again

@@ -363,16 +363,8 @@ func (t *Tuner) trimmedClosed(td *trimDec) bool {
 	return true
 }
 
-// closed reports whether ref is known closed (or its process gone); a
-// descriptor that cannot be taken for another reason may still be open.
-func (t *Tuner) closed(ref actuate.FileRef) bool {
-	h, err := t.deps.Files.Dup(ref)
-	if err == nil {
-		h.Close()
-		return false
-	}
-	return errors.Is(err, actuate.ErrFDGone) || errors.Is(err, actuate.ErrProcessGone)
-}
+// closed reports whether ref is known closed (or its process gone).
+func (t *Tuner) closed(ref actuate.FileRef) bool { return !t.deps.Files.Holds(ref) }
 
 // endTrim gives the trimmed open files the device's window again.
 func (t *Tuner) endTrim(td *trimDec, why string) {
@@ -411,7 +403,7 @@ func (t *Tuner) takeScan() bool {
 	return t.scans.take(t.deps.Clock.Now(), scansPerSec, scansPerSec)
 }
 
-// bucket is a token bucket, full at its first take.
+// bucket is a token bucket, full at its first use.
 type bucket struct {
 	tokens float64
 	at     time.Duration
@@ -420,15 +412,26 @@ type bucket struct {
 
 // take takes one token, refilled at rate per second up to burst.
 func (b *bucket) take(now time.Duration, rate, burst float64) bool {
+	return b.takeN(now, 1, rate, burst)
+}
+
+// takeN takes n tokens, or none when fewer are left.
+func (b *bucket) takeN(now time.Duration, n, rate, burst float64) bool {
+	if b.fill(now, rate, burst) < n {
+		return false
+	}
+	b.tokens -= n
+	return true
+}
+
+// fill refills the bucket at rate per second up to burst, and returns
+// the tokens it holds.
+func (b *bucket) fill(now time.Duration, rate, burst float64) float64 {
 	if !b.used {
 		b.tokens, b.used = burst, true
 	} else {
 		b.tokens = min(burst, b.tokens+(now-b.at).Seconds()*rate)
 	}
 	b.at = now
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
+	return b.tokens
 }

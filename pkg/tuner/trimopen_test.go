@@ -187,7 +187,7 @@ func TestTrimOpenedBudget(t *testing.T) {
 	m.run(1)
 	p := m.files.fds[200][0].Path
 	m.tn.mu.Lock()
-	tokens := m.tn.devs[sdb].tokens
+	tokens := m.tn.devs[sdb].writes.tokens
 	m.tn.mu.Unlock()
 	for tgid := uint32(300); tgid < 306; tgid++ {
 		m.files.open(tgid, 5, p, m.rnd)
@@ -197,7 +197,7 @@ func TestTrimOpenedBudget(t *testing.T) {
 	assert.Equal(t, uint64(openedBurst), st.Events[EvTrimOpened])
 	assert.Equal(t, uint64(6-openedBurst), st.Events[EvTrimOpenedMissed])
 	m.tn.mu.Lock()
-	assert.Equal(t, tokens, m.tn.devs[sdb].tokens, "the sysfs budget of the other actions is untouched")
+	assert.Equal(t, tokens, m.tn.devs[sdb].writes.tokens, "the sysfs budget of the other actions is untouched")
 	m.tn.mu.Unlock()
 	// Within a token's time nothing more; after it, the next report is served.
 	m.clk.Advance(time.Second / openedPerSec / 2)

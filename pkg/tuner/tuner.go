@@ -74,19 +74,19 @@ type readerInfo struct {
 }
 
 type devState struct {
-	name    string
-	dev     probe.Dev
-	orig    int // value found before the first write (floor of every window)
-	cur     int // value the device should have now
-	known   bool
-	dirty   bool // the last write back failed: retry
-	tokens  float64
-	tokenAt time.Duration
+	name   string
+	dev    probe.Dev
+	orig   int // value found before the first write (floor of every window)
+	cur    int // value the device should have now
+	known  bool
+	dirty  bool   // the last write back failed: retry
+	writes bucket // sysfs writes (Tuner.take)
 	// opened: the budget of trims of descriptors opened on trimmed files
 	// (trimopen.go).
-	opened  bucket
-	pfBytes float64 // prefetch budget left
-	pfAt    time.Duration
+	opened bucket
+	// prefetch: the prefetch budget in bytes, empty when the device is
+	// first seen.
+	prefetch bucket
 
 	win        ladder // device-wide window
 	winActive  bool
@@ -155,6 +155,11 @@ type fileDec struct {
 	climbFrom int
 }
 
+// action is an action on fd's file at now.
+func (fd *fileDec) action(now time.Duration, kind ActionKind, from, to int, res Result, ev string) Action {
+	return Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: kind, FromKB: from, ToKB: to, Result: res, Evidence: ev}
+}
+
 // Tuner is the closed-loop actuator. Its methods are safe for concurrent use.
 type Tuner struct {
 	cfg   Config
@@ -189,8 +194,8 @@ type Tuner struct {
 	randRefs   map[probe.FileKey]*randRef
 	trimOffs   map[probe.FileKey]*trimOff
 	trimScanAt map[probe.FileKey]time.Duration
-	// lower changes per-file windows when the kernel's per-file state is
-	// readable (Deps.States); nil otherwise.
+	// lower changes per-file windows; its States is nil when the kernel's
+	// per-file state is not readable (no Deps.States, or dry run).
 	lower *actuate.Lowerer
 	// Global budget of whole-system descriptor scans (trim.go).
 	scans bucket
@@ -271,8 +276,9 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 	if deps.Store != nil {
 		t.priorsPath = deps.Store.PriorsPath()
 	}
-	if deps.States != nil && !cfg.DryRun {
-		t.lower = &actuate.Lowerer{Sysfs: deps.Sysfs, Files: deps.Files, States: deps.States}
+	t.lower = &actuate.Lowerer{Sysfs: deps.Sysfs, Files: deps.Files}
+	if !cfg.DryRun {
+		t.lower.States = deps.States
 	}
 	if deps.Store != nil && len(deps.Store.Entries()) > 0 {
 		t.log.Warn("tuner: originals of an earlier run were not restored (crash?); restoring them before anything else",
@@ -283,7 +289,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 	}
 	if deps.Store != nil && len(deps.Store.Pins()) > 0 {
 		// After the devices: a reset open file takes its device's window.
-		res, err := actuate.RestorePins(deps.Store, deps.Files, scope, cfg.Devices, t.lower)
+		res, err := actuate.RestorePins(deps.Store, deps.Files, scope, cfg.Devices, t.pinsLowerer())
 		t.log.Warn("tuner: per-file windows of an earlier run were left (crash?); reset them to their devices' windows",
 			"file", deps.Store.PinsPath(), "reset", res.Reset, "not_confirmed", len(res.Unconfirmed), "readers_gone", res.Gone, "refused_out_of_scope", res.Refused, "err", err)
 		for _, u := range res.Unconfirmed {
@@ -579,8 +585,6 @@ func (t *Tuner) device(dev probe.Dev) *devState {
 		return nil
 	}
 	d.orig, d.cur, d.known = kb, kb, true
-	d.tokens = float64(t.cfg.SysfsBurst)
-	d.tokenAt = t.deps.Clock.Now()
-	d.pfAt = d.tokenAt
+	d.prefetch = bucket{at: t.deps.Clock.Now(), used: true}
 	return d
 }

@@ -146,6 +146,10 @@ func (f *fakeFiles) Dup(ref actuate.FileRef) (actuate.Handle, error) {
 	return &fakeHandle{f: f, ref: ref}, nil
 }
 
+func (f *fakeFiles) Holds(ref actuate.FileRef) bool {
+	return !f.gone[ref.Tgid] && (!f.closedFDs || slices.ContainsFunc(f.fds[ref.Tgid], func(r actuate.FileRef) bool { return r.FD == ref.FD && r.Key == ref.Key }))
+}
+
 type fakeHandle struct {
 	f   *fakeFiles
 	ref actuate.FileRef
@@ -893,14 +897,14 @@ func fastPathRegime(t *testing.T, busy float64, p50, p95 time.Duration) (*rig, p
 
 func TestFastPathRegimeGetsItsLittlesLawStepAtOnce(t *testing.T) {
 	r, key, fast := fastPathRegime(t, 45e6, 4200*time.Microsecond, 5900*time.Microsecond)
-	acts := r.tn.Fast(fast)
+	acts := r.tn.FastOn(fast, detector.Snapshot{}, 0)
 	trials := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1)
 	// 5.9 ms x 150 MB/s = 864 KB in flight: straight to 1024 KB.
 	assert.Equal(t, [2]int{128, 1024}, [2]int{trials[0].FromKB, trials[0].ToKB})
 	assert.Equal(t, 1024, r.files.window[key])
 	// A second fast report of the same file does nothing more.
-	assert.Empty(t, r.tn.Fast(fast))
+	assert.Empty(t, r.tn.FastOn(fast, detector.Snapshot{}, 0))
 	// The next Steps judge it as any trial (kept: 155 MB/s against 45).
 	acts = r.run(2, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
 	kept := filter(acts, KindFileWindow, ResultKept)
@@ -913,7 +917,7 @@ func TestFastPathRegimeGetsItsLittlesLawStepAtOnce(t *testing.T) {
 // at the device's capacity. Its step is taken all the same.
 func TestFastPathRegimeRightAfterTheOnsetIsNotHeldAtCapacity(t *testing.T) {
 	r, _, fast := fastPathRegime(t, 146e6, 1700*time.Microsecond, 4400*time.Microsecond)
-	trials := filter(r.tn.Fast(fast), KindFileWindow, ResultTrial)
+	trials := filter(r.tn.FastOn(fast, detector.Snapshot{}, 0), KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1, "the step, not held at capacity")
 	assert.Greater(t, trials[0].ToKB, 128)
 }
@@ -1082,6 +1086,24 @@ func TestUndoClearsPinsAndGoneReadersAreForgotten(t *testing.T) {
 	assert.Empty(t, r.store.Pins())
 }
 
+func TestShutdownWithoutPerFileStateResetsPinsWithoutABreak(t *testing.T) {
+	// A record the undos did not reach (its reader not in the tuner's
+	// table) is reset at shutdown; without the kernel's per-file state
+	// (no Deps.States) with POSIX_FADV_NORMAL alone: a break could not be
+	// checked, and would leave the file unconfirmed.
+	r := newRig(t, Config{}, nil)
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	r.files.window[key] = 512
+	require.NoError(t, r.store.UpdatePins([]state.Pin{{PID: 100, FD: 7, Dev: uint32(key.Dev), Ino: key.Ino, Device: "sdb", WindowKB: 512, Path: p}}, nil))
+	require.NoError(t, r.tn.RestoreAll())
+	assert.Empty(t, r.store.Pins())
+	assert.Equal(t, 128, r.files.window[key])
+	for _, c := range r.files.calls {
+		assert.Equal(t, 128, c.devKB, "read_ahead_kb untouched: no break")
+	}
+}
+
 func TestDeviceWideWindowReachesFilesAlreadyOpen(t *testing.T) {
 	// A reader holds its file open while the device slows down for
 	// everyone (tail inflation): the device's new window would only reach
@@ -1189,7 +1211,7 @@ func TestFastPathContentionGetsTheSequentialFilesFirstStepAtOnce(t *testing.T) {
 	fast.Files[0].P95 = 20 * time.Millisecond
 	fast.Devices[0].CapacityBPS = 150e6
 	fast.Regimes = []detector.Regime{{Kind: detector.Contention, Device: sdb, Evidence: "fast path: 3 readers"}}
-	acts := r.tn.Fast(fast)
+	acts := r.tn.FastOn(fast, detector.Snapshot{}, 0)
 	trials := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1, "%v", acts)
 	assert.Equal(t, seq, trials[0].File)

@@ -181,10 +181,10 @@ type Deps struct {
 	Sysfs Sysfs
 	Files actuate.FileOps // actuate.NewProcFileOps() or fileras.NewFileOps in production
 	// States is the kernel's per-file readahead state (fileras.States in
-	// production). With it every per-file window change goes through a
-	// Lowerer, so a lowering reaches a reader streaming on a larger
-	// window; without it a lowering only sets ra_pages, which such a
-	// reader ignores (actuate/lower.go).
+	// production). Every per-file window change goes through a Lowerer;
+	// with States it gives a break where needed, so a lowering reaches a
+	// reader streaming on a larger window; without, a lowering only sets
+	// ra_pages, which such a reader ignores (actuate/lower.go).
 	States actuate.RAStates
 	// Around reports read-arounds of trimmed files by descriptors opened
 	// since the trim (the probe in production); nil: those are found by
@@ -211,19 +211,9 @@ const (
 	KindTrimUndo ActionKind = "file_trim_undo"
 )
 
-func undoOf(k ActionKind) ActionKind {
-	switch k {
-	case KindDeviceWindow:
-		return KindDeviceWindowUndo
-	case KindFileWindow:
-		return KindFileWindowUndo
-	case KindPrefetch:
-		return KindPrefetchUndo
-	case KindTrim:
-		return KindTrimUndo
-	}
-	return k
-}
+// undoOf is the kind of the action that takes back one of kind k: each
+// undo kind above is named after its kind, with "_undo".
+func undoOf(k ActionKind) ActionKind { return k + "_undo" }
 
 // Result is what became of an action.
 type Result string
