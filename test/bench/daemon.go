@@ -282,14 +282,18 @@ func (d *Daemon) Regimes() []string {
 }
 
 // ActionsTotal sums readaheadd_actions_total over its labels.
-func (d *Daemon) ActionsTotal() (float64, error) {
+func (d *Daemon) ActionsTotal() (float64, error) { return d.ActionsWith("") }
+
+// ActionsWith is ActionsTotal over the series whose labels contain label
+// (`result="trial"`, say); "" sums them all.
+func (d *Daemon) ActionsWith(label string) (float64, error) {
 	b, err := d.get("/metrics")
 	if err != nil {
 		return 0, err
 	}
 	var sum float64
 	for _, l := range strings.Split(b, "\n") {
-		if !strings.HasPrefix(l, "readaheadd_actions_total{") {
+		if !strings.HasPrefix(l, "readaheadd_actions_total{") || !strings.Contains(l, label) {
 			continue
 		}
 		f := strings.Fields(l)
