@@ -255,7 +255,7 @@ func DedupeActions(acts []ActionRecord) []ActionRecord {
 const pollEvery = time.Second
 
 // Quiet stops the status polls until the returned func is called: each
-// poll costs the daemon a JSON status (about 1 ms of CPU), ten a second,
+// poll costs the daemon a JSON status (about 1 ms of CPU, pollEvery),
 // which a measure of the daemon's own CPU share must not count. The daemon
 // keeps its last RecentActions (64) actions; the resumed poll reads them.
 func (d *Daemon) Quiet() (resume func()) {

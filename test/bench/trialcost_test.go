@@ -104,7 +104,7 @@ func trialCost(t *testing.T, bin, work, name string, m lab.Model, n int, perArm,
 		mr, err := openMmapRandom(rnd)
 		must(err)
 		if d != nil {
-			// The harness's status polls (ten a second, a JSON status
+			// The harness's status polls (pollEvery, a JSON status
 			// each) are CPU the 2-core host's readers and lab would
 			// share: the trials are counted from /metrics at the end.
 			resume := d.Quiet()
