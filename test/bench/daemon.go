@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -279,14 +280,27 @@ func (d *Daemon) Actions(onset time.Time) []ActionRecord {
 }
 
 // Regimes returns the regime kinds the daemon reported at some point.
+// Every entry is in the daemon's log (one JSON line each), so none is
+// missed between two status polls.
 func (d *Daemon) Regimes() []string {
+	seen := map[string]bool{}
+	if b, err := os.ReadFile(d.LogPath); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			var rec struct {
+				Msg    string `json:"msg"`
+				Regime string `json:"regime"`
+			}
+			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "detector: regime entered" && rec.Regime != "" {
+				seen[rec.Regime] = true
+			}
+		}
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var out []string
 	for k := range d.regimes {
-		out = append(out, k)
+		seen[k] = true
 	}
-	return out
+	return slices.Sorted(maps.Keys(seen))
 }
 
 // ActionsTotal sums readaheadd_actions_total over its labels.

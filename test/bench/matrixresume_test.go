@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -59,4 +60,17 @@ func TestMatrixResume(t *testing.T) {
 		_, err = (&MatrixReport{Seed: 7, N: 3, Named: n}).Resume(prev, MatrixRun{})
 		assert.ErrorContains(t, err, "same SEED, N and NAMED", "%v", n)
 	}
+}
+
+// TestRegimesFromTheDaemonsLog: a regime entered and cleared between two
+// status polls is still reported, from the daemon's log.
+func TestRegimesFromTheDaemonsLog(t *testing.T) {
+	log := t.TempDir() + "/readaheadd.log"
+	require.NoError(t, os.WriteFile(log, []byte(`{"time":"2026-11-28T08:00:00Z","level":"INFO","msg":"detector: regime entered","regime":"file_latency_shift","device":"7:0"}
+{"time":"2026-11-28T08:00:01Z","level":"INFO","msg":"detector: regime cleared","regime":"file_latency_shift","device":"7:0"}
+{"time":"2026-11-28T08:00:02Z","level":"INFO","msg":"tuner: action","regime":"contention"}
+not json
+`), 0o644))
+	d := &Daemon{LogPath: log, regimes: map[string]bool{"tail_inflation": true}}
+	assert.Equal(t, []string{"file_latency_shift", "tail_inflation"}, d.Regimes())
 }
