@@ -116,7 +116,7 @@ bench: labfs build
 # The reduced matrix CI runs (a few minutes; HDFS only with READAHEADD_HDFS=1).
 # Skips without root.
 bench-short: labfs build
-	READAHEADD_BIN=$(CURDIR)/$(BIN)/readaheadd $(GOTEST) -count=1 -timeout 20m -v -run 'TestBenchShort|TestRecovery|TestTargets|TestDecisions|TestDedupe' ./test/bench/
+	READAHEADD_BENCH=short READAHEADD_BIN=$(CURDIR)/$(BIN)/readaheadd $(GOTEST) -count=1 -timeout 20m -v -run 'TestBenchShort|TestRecovery|TestTargets|TestDecisions|TestDedupe' ./test/bench/
 
 # The full soak (root, about 11 minutes): the daemon under churning
 # sequential readers, random readers and many small files while the lab's
