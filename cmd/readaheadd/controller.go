@@ -279,50 +279,16 @@ func (p *pipeline) activeRegimes() []detector.Regime {
 
 // ApplyPending runs between Steps (every ~100 ms): the detector's fast path
 // for strongly slowed files that have no regime yet (a block file the
-// DataNode has just opened), the tuner's first step on them, the first
-// outcome step on fresh streams bound by their window, a step on streams
-// that slowed since the last Step, read-around trims of random readers
-// beside a raised window, and kept decisions on newly opened descriptors.
+// DataNode has just opened), then the tuner's Tick, which acts on those
+// and checks the streams it watches on their recent requests.
 func (p *pipeline) ApplyPending() {
-	if snap := p.det.FastPath(p.clk.Now()); len(snap.Regimes) > 0 {
-		p.logRegimes(detector.Snapshot{Regimes: append(p.activeRegimes(), snap.Regimes...)})
-		// The step is measured on the requests since about the onset,
-		// not on a whole interval that is mostly before it.
-		now, span := p.clk.Now(), p.tun.RecentSpan()
-		keys := make([]probe.FileKey, 0, len(snap.Files))
-		for _, f := range snap.Files {
-			keys = append(keys, f.Key)
-		}
-		p.count(p.tun.FastOn(snap, p.det.Recent(now, span, keys), span))
+	fast := p.det.FastPath(p.clk.Now())
+	if len(fast.Regimes) > 0 {
+		p.logRegimes(detector.Snapshot{Regimes: append(p.activeRegimes(), fast.Regimes...)})
 	}
-	// Streams first read within the last interval, judged on their recent
-	// requests: a stream slow from its first read gets its first step
-	// after a few hundred milliseconds, not a whole interval.
-	if keys, span := p.tun.FreshStreams(); len(keys) > 0 {
-		now := p.clk.Now()
-		p.count(p.tun.FastOutcome(p.det.Recent(now, span, keys), span))
-	}
-	// Streams the last Step saw, checked on their recent requests every
-	// quarter interval: one that slowed since takes its step now.
-	if keys, span := p.tun.OnsetStreams(); len(keys) > 0 {
-		p.count(p.tun.FastOnset(p.det.Recent(p.clk.Now(), span, keys), span))
-	}
-	// Steps under trial for half an interval, checked on their recent
-	// requests: one that clearly pays is kept now and the next one taken.
-	if keys, span := p.tun.TrialStreams(); len(keys) > 0 {
-		p.count(p.tun.FastVerdict(p.det.Recent(p.clk.Now(), span, keys), span))
-	}
-	// Random readers beside a window raised since the last Step (a prior
-	// given just after start-up): trimmed now, not at the next Step.
-	if keys, span := p.tun.TrimStreams(); len(keys) > 0 {
-		p.count(p.tun.FastTrim(p.det.Recent(p.clk.Now(), span, keys), span))
-	}
-	// Steps whose stream stopped reading (its file ended) are judged at
-	// once on its requests since the step: no Step would see them.
-	for _, ts := range p.tun.EndedTrials() {
-		p.count(p.tun.EndedVerdict(ts, p.det.Recent(p.clk.Now(), ts.Span, []probe.FileKey{ts.Key})))
-	}
-	p.count(p.tun.ApplyPending())
+	p.count(p.tun.Tick(fast, func(span time.Duration, keys []probe.FileKey) detector.Snapshot {
+		return p.det.Recent(p.clk.Now(), span, keys)
+	}))
 }
 
 // count accumulates actions for readaheadd_actions_total: the action label

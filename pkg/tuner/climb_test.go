@@ -57,7 +57,7 @@ func TestPriorClimbsOneFreshOpenAtATime(t *testing.T) {
 	r.clk.Advance(time.Second) // the device's write rate limit
 	k3 := r.openFresh(t, "blk_3", 300)
 	assert.Equal(t, 512, r.files.window[k3], "one climber at a time: the prior's window")
-	acts := r.tn.ApplyPending()
+	acts := r.tn.applyPending()
 	logActs(t, acts)
 	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 2)
 	assert.Contains(t, acts[0].Evidence, "prior climbs")

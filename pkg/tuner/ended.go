@@ -24,8 +24,8 @@ import (
 // requests a latency more) says too little to keep or undo the step.
 const endedJudgeMin = 200 * time.Millisecond
 
-// TrialSpan is a step under trial and the span since it.
-type TrialSpan struct {
+// trialSpan is a step under trial and the span since it.
+type trialSpan struct {
 	Key  probe.FileKey
 	Span time.Duration
 }
@@ -52,20 +52,20 @@ func (t *Tuner) readaheadGap(l *ladder) time.Duration {
 	return gap
 }
 
-// EndedTrials returns the file window steps under trial whose stream has
+// endedTrials returns the file window steps under trial whose stream has
 // stopped reading (no readahead event for endedGap) after reading long
 // enough since its step to judge it, each with the span since its step;
-// EndedVerdict judges them on the requests of that span. Steps whose
+// endedVerdict judges them on the requests of that span. Steps whose
 // stream stopped sooner end here unjudged.
-func (t *Tuner) EndedTrials() []TrialSpan {
+func (t *Tuner) endedTrials() []trialSpan {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.deps.Clock.Now()
-	// Steps ended unjudged are returned by the next ApplyPending or Step.
+	// Steps ended unjudged are returned by the next Tick or Step.
 	saved := t.out
 	t.out = t.evOut
 	defer func() { t.evOut, t.out = t.out, saved }()
-	var out []TrialSpan
+	var out []trialSpan
 	// Every 100 ms: only the few decisions with a step under trial are
 	// looked at (and ordered), not every decision.
 	var keys []probe.FileKey
@@ -86,7 +86,7 @@ func (t *Tuner) EndedTrials() []TrialSpan {
 			t.endUnjudged(fd, last-l.trialAt)
 			continue
 		}
-		out = append(out, TrialSpan{Key: k, Span: now - l.trialAt})
+		out = append(out, trialSpan{Key: k, Span: now - l.trialAt})
 	}
 	return out
 }
@@ -111,11 +111,11 @@ func (t *Tuner) endUnjudged(fd *fileDec, read time.Duration) {
 		fmt.Sprintf("the stream stopped reading %v after the step (its file ended or was closed): too little to judge it by; no knee", read.Round(time.Millisecond))))
 }
 
-// EndedVerdict judges a step of EndedTrials on its stream's requests since
+// endedVerdict judges a step of endedTrials on its stream's requests since
 // the step (snap, over span; detector.Recent, which also holds the
 // device's other files: they are not judged here). No next step is taken:
 // the stream has stopped.
-func (t *Tuner) EndedVerdict(ts TrialSpan, snap detector.Snapshot) []Action {
+func (t *Tuner) endedVerdict(ts trialSpan, snap detector.Snapshot) []Action {
 	return t.judgeOn(snap, ts.Span, judgeEnded, EvKeptEnded, func(f detector.FileStats, fd *fileDec) bool {
 		return f.Key == ts.Key && fd.pf.trial == 0
 	})

@@ -57,7 +57,7 @@ func TestStepJudgedWhenItsStreamEnds(t *testing.T) {
 	snap := r.readsUntil(st, at, 450*time.Millisecond)
 	snap.Now += 300 * time.Millisecond // the last request, then nothing
 	r.clk.Advance(300 * time.Millisecond)
-	ended := r.tn.EndedTrials()
+	ended := r.tn.endedTrials()
 	require.Len(t, ended, 1, "the stream stopped: its step is judged now")
 	assert.Equal(t, st.key, ended[0].Key)
 	assert.Equal(t, 750*time.Millisecond, ended[0].Span)
@@ -68,7 +68,7 @@ func TestStepJudgedWhenItsStreamEnds(t *testing.T) {
 		win: ladder{kind: KindFileWindow, base: 128, cur: 128, trial: 512, trialFrom: 128, trialAt: r.clk.Now() - 100*time.Millisecond}}
 	snap.Files = append(snap.Files, detector.FileStats{Key: other, Device: sdb, Requests: 100, Bytes: 13e6, BusyThroughput: 130e6,
 		Sequentiality: 1, LastSeen: snap.Now, MeanSize: 128 << 10})
-	acts := r.tn.EndedVerdict(ended[0], snap)
+	acts := r.tn.endedVerdict(ended[0], snap)
 	assert.Equal(t, 512, r.tn.files[other].win.trial, "the other stream's step stays under trial")
 	logActs(t, acts)
 	k := filter(acts, KindFileWindow, ResultKept)
@@ -88,8 +88,8 @@ func TestStepEndsUnjudgedWhenItsStreamStopsAtOnce(t *testing.T) {
 	st, next, at := stepUnderTrial(t, r)
 	r.readsUntil(st, at, 100*time.Millisecond)
 	r.clk.Advance(300 * time.Millisecond)
-	assert.Empty(t, r.tn.EndedTrials())
-	acts := r.tn.ApplyPending()
+	assert.Empty(t, r.tn.endedTrials())
+	acts := r.tn.applyPending()
 	logActs(t, acts)
 	u := filter(acts, KindFileWindowUndo, ResultUndone)
 	require.Len(t, u, 1)

@@ -69,7 +69,7 @@ func TestOutOfScopeNewReaderIsLoggedOnce(t *testing.T) {
 	for i := 0; i < 50; i++ { // 5 s of events
 		r.clk.Advance(100 * time.Millisecond)
 		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 900001, File: key, Device: sdb, RaPages: 32})
-		acts = append(acts, r.tn.ApplyPending()...)
+		acts = append(acts, r.tn.applyPending()...)
 	}
 	failed := filter(acts, KindFileWindow, ResultFailed)
 	require.Len(t, failed, 1, "one line for the cause: %v", acts)

@@ -18,12 +18,12 @@ import (
 // searched for random readers reading around their faults, and those are
 // trimmed at once, judged at a Step like any other trim.
 
-// TrimStreams returns, at most every Settle/onsetEvery, the files with a
+// trimStreams returns, at most every Settle/onsetEvery, the files with a
 // window raised and one file read on each device raised device-wide
 // (detector.Recent then holds every file read on their devices), and the
 // span to look back over; nothing when no window is raised or trims are
 // off.
-func (t *Tuner) TrimStreams() ([]probe.FileKey, time.Duration) {
+func (t *Tuner) trimStreams() ([]probe.FileKey, time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.deps.Clock.Now()
@@ -58,10 +58,10 @@ func (t *Tuner) TrimStreams() ([]probe.FileKey, time.Duration) {
 	return slices.Compact(keys), t.cfg.Settle / freshSpanDiv
 }
 
-// FastTrim trims the random readers reading around their faults in the
+// fastTrim trims the random readers reading around their faults in the
 // recent requests (snap, over span; detector.Recent) of devices with a
 // window raised, as the next Step would.
-func (t *Tuner) FastTrim(snap detector.Snapshot, span time.Duration) []Action {
+func (t *Tuner) fastTrim(snap detector.Snapshot, span time.Duration) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.out = nil

@@ -47,12 +47,12 @@ func (t *Tuner) noteFresh(k probe.FileKey, firstSeen, now time.Duration) {
 	t.fresh[k] = firstSeen
 }
 
-// FreshStreams returns the files first read within the last Settle that
+// freshStreams returns the files first read within the last Settle that
 // have no decision and have been read for long enough to judge, and the
 // span of recent requests to judge them on: the daemon asks the detector
-// for those (detector.Recent) and hands them to FastOutcome. Empty when
+// for those (detector.Recent) and hands them to fastOutcome. Empty when
 // there is nothing to judge (the detector is then not asked).
-func (t *Tuner) FreshStreams() ([]probe.FileKey, time.Duration) {
+func (t *Tuner) freshStreams() ([]probe.FileKey, time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.deps.Clock.Now()
@@ -77,9 +77,9 @@ func (t *Tuner) FreshStreams() ([]probe.FileKey, time.Duration) {
 	return keys, span
 }
 
-// RecentSpan is the span of recent requests a step taken between Steps
-// is measured on (FastOn's recent snapshot).
-func (t *Tuner) RecentSpan() time.Duration { return t.cfg.Settle / freshSpanDiv }
+// recentSpan is the span of recent requests a step taken between Steps
+// is measured on (fastOn's recent snapshot).
+func (t *Tuner) recentSpan() time.Duration { return t.cfg.Settle / freshSpanDiv }
 
 // newDec records a decision on k, at the device's window, needed now;
 // byRate with WindowBound for a stream bound by its window with no regime.
@@ -91,12 +91,12 @@ func (t *Tuner) newDec(k probe.FileKey, d *devState, byRate bool, now time.Durat
 	return fd
 }
 
-// FastOutcome takes the first outcome step on fresh streams bound by their
+// fastOutcome takes the first outcome step on fresh streams bound by their
 // window, judged on the detector's recent requests (snap, over span; from
 // detector.Recent): the same step Step would take a whole Settle later,
 // with the same bounds (allow-paths, device back-off, no trim, no prior
 // re-check), judged by the next Step one Settle after it.
-func (t *Tuner) FastOutcome(snap detector.Snapshot, span time.Duration) []Action {
+func (t *Tuner) fastOutcome(snap detector.Snapshot, span time.Duration) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.out = nil

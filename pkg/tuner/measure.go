@@ -46,8 +46,8 @@ type judgeMode int
 
 const (
 	judgeStep  judgeMode = iota // at its Settle (a Step; a step taken between Steps)
-	judgeEarly                  // before it, kept only if it clearly pays (FastVerdict)
-	judgeEnded                  // at once, on the span since it: its stream stopped (EndedVerdict)
+	judgeEarly                  // before it, kept only if it clearly pays (fastVerdict)
+	judgeEnded                  // at once, on the span since it: its stream stopped (endedVerdict)
 )
 
 // judgeCtx is what one call measures and judges by: a view, the judging
@@ -86,7 +86,7 @@ func (t judgeCtx) fileMeasure(k probe.FileKey) measure {
 	// the whole span its rate would understate what it got. A 256 MB
 	// file read at 200 MB/s ends within a second of a step, and its
 	// verdict read -64% for a step that paid.
-	// Judging a stream that stopped (EndedVerdict), the span is the
+	// Judging a stream that stopped (endedVerdict), the span is the
 	// step's: it ends at the stream's last request.
 	active, ended := span, false
 	if gap := (t.snap.Now - fs.LastSeen).Seconds(); gap > endedGap.Seconds() || t.mode == judgeEnded {

@@ -14,7 +14,7 @@ import (
 // sees it up to a whole interval later, and unless the detector's fast
 // path enters a regime on it, every step waits for that Step. Between
 // Steps the daemon asks for the recent requests of the streams the last
-// Step saw (OnsetStreams, every Settle/4) and hands them to FastOnset: a
+// Step saw (onsetStreams, every Settle/4) and hands them to fastOnset: a
 // stream whose recent rate fell well below its rate at the last Step while
 // its requests got slower (or fell less, with its requests slower, on two
 // checks running), and that is bound by its window there, takes
@@ -61,11 +61,11 @@ func slowerNow(last, recent detector.FileStats) bool {
 	return recent.P99 >= 2*recent.P50 && last.P99 < 2*last.P50
 }
 
-// OnsetStreams returns the streams the last Step saw read sequentially
+// onsetStreams returns the streams the last Step saw read sequentially
 // under the allow-paths with no step under trial, and the span of recent
 // requests to check them on; nothing when the last check was less than
 // Settle/4 ago.
-func (t *Tuner) OnsetStreams() ([]probe.FileKey, time.Duration) {
+func (t *Tuner) onsetStreams() ([]probe.FileKey, time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.deps.Clock.Now()
@@ -105,9 +105,9 @@ func (t *Tuner) onsetCandidate(k probe.FileKey, fs detector.FileStats) bool {
 		return false
 	}
 	if first, fresh := t.fresh[k]; fresh && t.deps.Clock.Now()-first <= t.cfg.Settle {
-		// FastOutcome's, unless the last Step saw it read at least a
+		// fastOutcome's, unless the last Step saw it read at least a
 		// quarter interval with no step of its own since: a slowdown that
-		// began after that is this check's (FastOutcome judges a fresh
+		// began after that is this check's (fastOutcome judges a fresh
 		// stream on as much of its life as it has had, which averages the
 		// onset away; HDFS reads a block in two seconds).
 		fd := t.files[k]
@@ -116,7 +116,7 @@ func (t *Tuner) onsetCandidate(k probe.FileKey, fs detector.FileStats) bool {
 		}
 	}
 	// A step under trial is no bar: an onset in its span spoils its
-	// verdict (FastOnset ends it unjudged). On a stream at its knee a
+	// verdict (fastOnset ends it unjudged). On a stream at its knee a
 	// prefetch trial runs one interval in three or four.
 	if fd := t.files[k]; fd != nil && (fd.win.probeUntil != 0 || fd.outOfScope) {
 		return false
@@ -179,10 +179,10 @@ func (t *Tuner) abandonTrial(fd *fileDec, l *ladder, now time.Duration) {
 	t.count(EvOnsetInTrial)
 }
 
-// FastOnset takes a step for the streams of OnsetStreams whose recent rate
+// fastOnset takes a step for the streams of onsetStreams whose recent rate
 // (snap, over span; detector.Recent) fell below onsetDrop of their rate at
 // the last Step while they are bound by their window.
-func (t *Tuner) FastOnset(snap detector.Snapshot, span time.Duration) []Action {
+func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.out = nil

@@ -34,7 +34,7 @@ func (r *rig) recentTick(after time.Duration, list func() ([]probe.FileKey, time
 
 // onsetTick is the daemon's check between Steps for streams that slowed.
 func (r *rig) onsetTick(after time.Duration, lat time.Duration, st stream) []Action {
-	return r.recentTick(after, r.tn.OnsetStreams, r.tn.FastOnset, st, lat, 0)
+	return r.recentTick(after, r.tn.onsetStreams, r.tn.fastOnset, st, lat, 0)
 }
 
 // bandwidthStream is a rig with one block file open and read at the
@@ -111,12 +111,12 @@ func TestStallBeginningAfterAWindowChangeIsSteppedAtOnce(t *testing.T) {
 	// 10% of reads 10 ms slower: 88 MB/s at 128 KB, p99 7x the median.
 	r.tput = func(int) float64 { return 88e6 }
 	r.clk.Advance(600 * time.Millisecond)
-	keys, span := r.tn.OnsetStreams()
+	keys, span := r.tn.onsetStreams()
 	require.NotEmpty(t, keys)
 	s := r.recentSnap(span, st)
 	s.Files[0].P50, s.Files[0].P95, s.Files[0].P99 = 1700*time.Microsecond, 1700*time.Microsecond, 11700*time.Microsecond
 	s.Devices[0].CapacityBPS = 150e6
-	acts := r.tn.FastOnset(s, span)
+	acts := r.tn.fastOnset(s, span)
 	logActs(t, acts)
 	trials := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1, "a step between Steps")
@@ -155,13 +155,13 @@ func TestRateFallingWithAnUndoneStepIsNoOnset(t *testing.T) {
 	// 0.6 s later, at 192 KB: 0.68 of the trial's rate, the median of the
 	// smaller queue, a p99 2.5x it.
 	r.clk.Advance(600 * time.Millisecond)
-	keys, span := r.tn.OnsetStreams()
+	keys, span := r.tn.onsetStreams()
 	require.NotEmpty(t, keys)
 	s := r.recentSnap(span, st)
 	s.Files[0].Bytes = uint64(before.rate * 0.8 * span.Seconds())
 	s.Files[0].P50, s.Files[0].P95, s.Files[0].P99 = before.p50, before.p50, before.p50*5/2
 	s.Devices[0].CapacityBPS = 150e6
-	acts := r.tn.FastOnset(s, span)
+	acts := r.tn.fastOnset(s, span)
 	logActs(t, acts)
 	assert.Empty(t, filter(acts, KindFileWindow, ResultTrial), "no step: the stream reads as it did at 192 KB")
 	assert.Zero(t, r.tn.Status().Events[EvOnset])
@@ -175,10 +175,10 @@ func TestStreamSlowerByItsReaderIsLeftToTheStep(t *testing.T) {
 	r.runOutcome(3, st) // the healthy trial judged, none under way
 	r.tput = func(int) float64 { return 40e6 }
 	assert.Empty(t, r.onsetTick(300*time.Millisecond, 3*time.Millisecond, st), "latency as at the last Step")
-	keys, _ := r.tn.OnsetStreams()
+	keys, _ := r.tn.onsetStreams()
 	assert.Empty(t, keys, "checked again only a quarter interval later")
 	r.clk.Advance(250 * time.Millisecond)
-	keys, _ = r.tn.OnsetStreams()
+	keys, _ = r.tn.onsetStreams()
 	assert.Len(t, keys, 1)
 }
 
@@ -205,7 +205,7 @@ func TestContentionRightAfterAnUndoneTrialIsSteppedAtOnce(t *testing.T) {
 	// The onset, and the next check 300 ms later: 17 MB/s, 15.6 ms, 22
 	// requests of 128 KB in the span.
 	r.tput = func(kb int) float64 { return min(float64(kb)*0.13e6, 150e6) }
-	acts := r.recentTick(300*time.Millisecond, r.tn.OnsetStreams, r.tn.FastOnset, st, 15600*time.Microsecond, 22)
+	acts := r.recentTick(300*time.Millisecond, r.tn.onsetStreams, r.tn.fastOnset, st, 15600*time.Microsecond, 22)
 	logActs(t, acts)
 	trials := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1, "a step between Steps")
@@ -234,7 +234,7 @@ func TestOnsetDuringAWindowTrialEndsItAndSteps(t *testing.T) {
 	require.Greater(t, trialKB, 128)
 	// 300 ms into the trial the device slows: 16 ms per request.
 	r.tput = func(kb int) float64 { return min(float64(kb)*0.13e6, 150e6) }
-	acts := r.recentTick(300*time.Millisecond, r.tn.OnsetStreams, r.tn.FastOnset, st, 16*time.Millisecond, 20)
+	acts := r.recentTick(300*time.Millisecond, r.tn.onsetStreams, r.tn.fastOnset, st, 16*time.Millisecond, 20)
 	logActs(t, acts)
 	undone := filter(acts, KindFileWindowUndo, ResultUndone)
 	require.Len(t, undone, 1, "the trial ended unjudged")
@@ -270,7 +270,7 @@ func TestOnsetDuringAPrefetchTrialEndsItAndSteps(t *testing.T) {
 	// The onset, 300 ms into the prefetch trial: 16 ms per request.
 	r.tput = func(kb int) float64 { return min(float64(kb)*0.13e6, 155e6) }
 	lat := time.Duration(float64(kneeKB) * 1024 / 40e6 * float64(time.Second)) // 40 MB/s at the knee
-	acts := r.recentTick(300*time.Millisecond, r.tn.OnsetStreams, r.tn.FastOnset, st, lat, 20)
+	acts := r.recentTick(300*time.Millisecond, r.tn.onsetStreams, r.tn.fastOnset, st, lat, 20)
 	logActs(t, acts)
 	require.Len(t, filter(acts, KindPrefetchUndo, ResultUndone), 1, "the prefetch trial ended unjudged")
 	trials := filter(acts, KindFileWindow, ResultTrial)
@@ -340,7 +340,7 @@ func TestStepUndoneOnAStreamsStartIsTakenAgainAQuarterIntervalLater(t *testing.T
 	assert.Empty(t, filter(r.onsetTick(100*time.Millisecond, 2100*time.Microsecond, st), KindFileWindow, ResultTrial))
 	fast := r.outcomeSnap(st)
 	fast.Regimes = []detector.Regime{{Kind: detector.FileLatencyShift, Device: sdb, File: st.key, Evidence: "test"}}
-	assert.Empty(t, filter(r.tn.FastOn(fast, fast, time.Second/4), KindFileWindow, ResultTrial),
+	assert.Empty(t, filter(r.tn.fastOn(fast, fast, time.Second/4), KindFileWindow, ResultTrial),
 		"no step on requests that hold the undone window's")
 	acts = r.onsetTick(250*time.Millisecond, 2100*time.Microsecond, st)
 	logActs(t, acts)
@@ -356,7 +356,7 @@ func TestStepUndoneOnAStreamsStartIsTakenAgainAQuarterIntervalLater(t *testing.T
 
 // HDFS opens a block file afresh for each read: a block read at the
 // device's bandwidth when a Step sees it, 0.4 s after its open, slows
-// mildly a moment later. Still a fresh stream (FastOutcome judges it on
+// mildly a moment later. Still a fresh stream (fastOutcome judges it on
 // all of its life, which averages the onset away), it is checked like any
 // stream the Step saw, against its rate while it read (the Step's interval
 // holds only 0.4 s of it), and stepped on the second check.
@@ -365,7 +365,7 @@ func TestFreshBlockSlowedAfterAStepIsSteppedBetweenSteps(t *testing.T) {
 	r.clk.Advance(3 * time.Second) // the reader's pause between two blocks
 	r.tn.devs[sdb].outcomeRetryAt = r.clk.Now() + 8*time.Second
 	r.tn.files[st.key].win.retryAt = r.clk.Now() + 8*time.Second
-	r.tn.FreshStreams() // the daemon's ticks: the first read's entry is long gone
+	r.tn.freshStreams() // the daemon's ticks: the first read's entry is long gone
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: st.tgid, File: st.key, Device: sdb, RaPages: 32})
 	r.clk.Advance(400 * time.Millisecond)
 	s := r.outcomeSnap(st)
@@ -424,12 +424,12 @@ func TestStreamSlowedByAPeersStepIsNotSteppedForIt(t *testing.T) {
 			return 30e6
 		}
 		r.clk.Advance(250 * time.Millisecond)
-		keys, span := r.tn.OnsetStreams()
+		keys, span := r.tn.onsetStreams()
 		require.Contains(t, keys, k2)
 		snap := r.recentSnap(span, s1, s2)
 		snap.Files[1].P50, snap.Files[1].P95, snap.Files[1].P99 = 6*time.Millisecond, 6*time.Millisecond, 6*time.Millisecond
 		snap.Devices[0].CapacityBPS = 150e6
-		acts := filter(r.tn.FastOnset(snap, span), KindFileWindow, ResultTrial)
+		acts := filter(r.tn.fastOnset(snap, span), KindFileWindow, ResultTrial)
 		logActs(t, acts)
 		if peerStep {
 			for _, a := range acts {

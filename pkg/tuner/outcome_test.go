@@ -170,7 +170,7 @@ func TestFreshOpenGetsThePriorOnItsFirstReadaheadEvent(t *testing.T) {
 	assert.Equal(t, w, r.files.window[k2], "pinned from the event path")
 	assert.Equal(t, 128, r.sys.get("sdb"))
 	assert.Greater(t, len(r.sys.writes), writes)
-	acts := r.tn.ApplyPending()
+	acts := r.tn.applyPending()
 	require.Len(t, acts, 1)
 	assert.Equal(t, ResultTrial, acts[0].Result)
 	assert.Contains(t, acts[0].Evidence, "prior")
@@ -275,7 +275,7 @@ func TestPriorAfterARestartGoesToStreamsNotToARandomMmapReader(t *testing.T) {
 	assert.Equal(t, 128, r.files.window[k2], "one event mid-file says nothing yet")
 	tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 300, File: k2, Device: sdb, Index: 5032, Size: 32, AsyncSize: 32, RaPages: 32, ReqCount: 16, Async: true})
 	assert.Equal(t, w, r.files.window[k2], "its next window: a stream")
-	acts := filter(tn.ApplyPending(), KindFileWindow, ResultTrial)
+	acts := filter(tn.applyPending(), KindFileWindow, ResultTrial)
 	require.Len(t, acts, 1)
 	assert.Equal(t, k2, acts[0].File)
 }
@@ -331,7 +331,7 @@ func TestPriorIsNotGivenToAPageFaultMidFile(t *testing.T) {
 	// An mmap reader's fault: synchronous readahead in the middle of the file.
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 200, File: k2, Device: sdb, RaPages: 32, Index: 12345, ReqCount: 1})
 	assert.Equal(t, 128, r.files.window[k2])
-	assert.Empty(t, r.tn.ApplyPending())
+	assert.Empty(t, r.tn.applyPending())
 	// The same reader streaming (asynchronous readahead) is served.
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 200, File: k2, Device: sdb, RaPages: 32, Index: 12400, Async: true})
 	assert.Greater(t, r.files.window[k2], 128)
@@ -441,7 +441,7 @@ func TestRegimeOnAFileBackingOffFromHealthyTrialsActsAtOnce(t *testing.T) {
 	fast := r.outcomeSnap(stream{key: key, tgid: 100, fill: 0.9})
 	fast.Regimes = []detector.Regime{{Kind: detector.FileLatencyShift, Device: sdb, File: key}}
 	fast.Devices[0].CapacityBPS = 150e6 // learned while healthy
-	acts = r.tn.FastOn(fast, detector.Snapshot{}, 0)
+	acts = r.tn.fastOn(fast, detector.Snapshot{}, 0)
 	logActs(t, acts)
 	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 1, "the healthy trials' back-off does not hold up a regime")
 	assert.Contains(t, acts[0].Evidence, string(detector.FileLatencyShift))
@@ -539,11 +539,11 @@ func (r *rig) fastTick(ss ...stream) []Action {
 		w := r.files.window[st.key]
 		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: st.tgid, File: st.key, Device: sdb, RaPages: uint32(w / 4)})
 	}
-	keys, span := r.tn.FreshStreams()
+	keys, span := r.tn.freshStreams()
 	if len(keys) == 0 {
 		return nil
 	}
-	return r.tn.FastOutcome(r.recentSnap(span, ss...), span)
+	return r.tn.fastOutcome(r.recentSnap(span, ss...), span)
 }
 
 func TestFreshStreamSlowFromItsStartIsSteppedOnItsRecentRequests(t *testing.T) {
@@ -715,7 +715,7 @@ func TestFreshStreamSpanGrowsWithItsAge(t *testing.T) {
 	var spans []time.Duration
 	for _, step := range []time.Duration{150 * time.Millisecond, 450 * time.Millisecond, 300 * time.Millisecond} {
 		r.clk.Advance(step)
-		keys, span := r.tn.FreshStreams()
+		keys, span := r.tn.freshStreams()
 		require.Equal(t, []probe.FileKey{key}, keys)
 		spans = append(spans, span)
 	}
@@ -765,13 +765,13 @@ func TestFirstStepBeforeTheCapacityIsLearnedUsesTheDevicesRate(t *testing.T) {
 	r.clk.Advance(300 * time.Millisecond)
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: 32})
 	r.clk.Advance(300 * time.Millisecond)
-	keys, span := r.tn.FreshStreams()
+	keys, span := r.tn.freshStreams()
 	require.Len(t, keys, 1)
 	s := r.recentSnap(span, st)
 	s.Files[0].P95 = 15600 * time.Microsecond
 	s.Devices[0].CapacityBPS = 0
 	s.Devices[0].BusyThroughput = 117e6
-	acts := r.tn.FastOutcome(s, span)
+	acts := r.tn.fastOutcome(s, span)
 	logActs(t, acts)
 	trials := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1)
@@ -861,7 +861,7 @@ func TestFastRegimeOnAnOutcomeDecisionIsMeasuredOnRecentRequests(t *testing.T) {
 	// 100 MB/s with the window Little's law asks for.
 	r.clk.Advance(500 * time.Millisecond)
 	r.tput = func(kb int) float64 { return min(float64(kb)*0.08e6, 100e6) }
-	span := r.tn.RecentSpan()
+	span := r.tn.recentSpan()
 	win := r.outcomeSnap(st)
 	win.Files[0].BusyThroughput, win.Files[0].Bytes = 95e6, 95e6 // the interval: half before the onset
 	win.Files[0].P95 = 20 * time.Millisecond
@@ -870,7 +870,7 @@ func TestFastRegimeOnAnOutcomeDecisionIsMeasuredOnRecentRequests(t *testing.T) {
 	recent := r.recentSnap(span, st)
 	recent.Files[0].P95 = 20 * time.Millisecond
 	recent.Devices[0].CapacityBPS = 150e6
-	acts := r.tn.FastOn(win, recent, span)
+	acts := r.tn.fastOn(win, recent, span)
 	logActs(t, acts)
 	trials := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1)
@@ -894,7 +894,7 @@ func (r *rig) reopenTick(st stream, lat time.Duration) []Action {
 	r.clk.Advance(100 * time.Millisecond)
 	w := r.files.window[st.key]
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: st.tgid, File: st.key, Device: sdb, RaPages: uint32(w / 4), Index: 0})
-	return r.recentTick(0, r.tn.FreshStreams, r.tn.FastOutcome, st, lat, 0)
+	return r.recentTick(0, r.tn.freshStreams, r.tn.fastOutcome, st, lat, 0)
 }
 
 // HDFS opens a block file for every read, in the same process. A block read

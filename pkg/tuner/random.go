@@ -368,7 +368,7 @@ func (t *Tuner) learnRandomSlope(d *devState, l *ladder, m measure) {
 // slowdown that began a moment ago changed what the random readers get at
 // the device's window too (a slowed stream leaves them more of the
 // device), and their reference must be what they get in the new
-// conditions, which the requests since the onset show (FastOnset takes the
+// conditions, which the requests since the onset show (fastOnset takes the
 // step then, refreshing the references on the recent requests).
 // randomNow: the recent requests hold a random reader on dev, which the
 // tuner's view does not before its first Step (a daemon that has just

@@ -414,12 +414,12 @@ func TestFastPathStepBesideARandomReaderWaitsForItsNewService(t *testing.T) {
 	s.Files[0].P50 = 8 * time.Millisecond
 	s.Regimes = []detector.Regime{{Kind: detector.FileLatencyShift, Device: sdb, File: l.st.key, Evidence: "test"}}
 	fast := detector.Snapshot{Now: s.Now, Devices: s.Devices, Files: s.Files[:1], Regimes: s.Regimes}
-	assert.Empty(t, l.tn.FastOn(fast, s, time.Second/4), "no step yet beside the random reader")
+	assert.Empty(t, l.tn.fastOn(fast, s, time.Second/4), "no step yet beside the random reader")
 
 	// A quarter interval later the random reader waits less (the slowed
 	// stream takes less of the device): that is its reference now.
 	l.clk.Advance(250 * time.Millisecond)
-	keys, span := l.tn.OnsetStreams()
+	keys, span := l.tn.onsetStreams()
 	require.Contains(t, keys, l.st.key)
 	recent := l.snapshot()
 	recent.Files[0].P50 = 8 * time.Millisecond
@@ -427,7 +427,7 @@ func TestFastPathStepBesideARandomReaderWaitsForItsNewService(t *testing.T) {
 	rs.BusyThroughput *= 1.25
 	rs.P95, rs.P99 = rs.P95*8/10, rs.P99*8/10
 	rs.Requests = 150 // a quarter interval's
-	acts := l.tn.FastOnset(recent, span)
+	acts := l.tn.fastOnset(recent, span)
 	logActs(t, acts)
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
 	require.NotEmpty(t, filter(acts, KindTrim, ResultTrial), "the trim with the step")
@@ -691,7 +691,7 @@ func TestFreshStreamBesideARandomReaderRefreshesItsReference(t *testing.T) {
 	for i := 0; i < 4 && len(acts) == 0; i++ {
 		l.clk.Advance(100 * time.Millisecond)
 		l.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: l.st.key, Device: sdb, RaPages: 32})
-		keys, span := l.tn.FreshStreams()
+		keys, span := l.tn.freshStreams()
 		if len(keys) == 0 {
 			continue
 		}
@@ -701,7 +701,7 @@ func TestFreshStreamBesideARandomReaderRefreshesItsReference(t *testing.T) {
 			s.Files[j].Bytes = uint64(float64(s.Files[j].Bytes) * f)
 			s.Files[j].Requests = max(uint64(float64(s.Files[j].Requests)*f), freshMinRequests)
 		}
-		acts = l.tn.FastOutcome(s, span)
+		acts = l.tn.fastOutcome(s, span)
 	}
 	logActs(t, acts)
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
@@ -880,17 +880,17 @@ func TestFastPathBeforeTheFirstStepSeesTheRandomReaderInTheRecentRequests(t *tes
 	s.Files[0].P50 = 8 * time.Millisecond
 	s.Regimes = []detector.Regime{{Kind: detector.FileLatencyShift, Device: sdb, File: l.st.key, Evidence: "test"}}
 	fast := detector.Snapshot{Now: s.Now, Devices: s.Devices, Files: s.Files[:1], Regimes: s.Regimes}
-	acts := l.tn.FastOn(fast, s, time.Second/4)
+	acts := l.tn.fastOn(fast, s, time.Second/4)
 	logActs(t, acts)
 	assert.Empty(t, filter(acts, KindFileWindow, ResultTrial), "no step sized for the stream alone")
 
 	var all []Action
 	for i := 0; i < 3; i++ {
 		l.clk.Advance(250 * time.Millisecond)
-		if keys, span := l.tn.OnsetStreams(); len(keys) > 0 {
+		if keys, span := l.tn.onsetStreams(); len(keys) > 0 {
 			recent := l.snapshot()
 			recent.Files[0].P50 = 8 * time.Millisecond
-			all = append(all, l.tn.FastOnset(recent, span)...)
+			all = append(all, l.tn.fastOnset(recent, span)...)
 		}
 	}
 	all = append(all, l.run(3)...)
@@ -1062,7 +1062,7 @@ func TestReaderReferredAsAPriorGoesInIsMeasuredNotEstimated(t *testing.T) {
 			l.priorGivenAfterASecond(240)
 
 			l.clk.Advance(c.priorAgo)
-			keys, span := l.tn.TrimStreams()
+			keys, span := l.tn.trimStreams()
 			require.NotEmpty(t, keys)
 			// Its recent requests: read around at the device's window,
 			// nearly all from before the prior.
@@ -1070,7 +1070,7 @@ func TestReaderReferredAsAPriorGoesInIsMeasuredNotEstimated(t *testing.T) {
 			req, mean, p99 := l.random(128, 128)
 			recent := detector.Snapshot{Now: now, Devices: []detector.DeviceStats{{Device: sdb, BusyThroughput: 100e6, CapacityBPS: 150e6}},
 				Files: []detector.FileStats{randomStats(l.rkey, now, c.share*req, mean, p99, 128<<10)}}
-			acts := l.tn.FastTrim(recent, span)
+			acts := l.tn.fastTrim(recent, span)
 			require.NotEmpty(t, filter(acts, KindTrim, ResultTrial))
 			ref := l.tn.randRefs[l.rkey]
 			require.NotNil(t, ref)
@@ -1174,14 +1174,14 @@ func unsureReferenceHeldByTheAccount(t *testing.T, fewP99 time.Duration) {
 	physics := channelTail
 	l.priorGivenAfterASecond(288)
 	l.clk.Advance(3 * time.Millisecond)
-	keys, span := l.tn.TrimStreams()
+	keys, span := l.tn.trimStreams()
 	require.NotEmpty(t, keys)
 	// A few dozen requests, nearly all from before the prior.
 	now := l.clk.Now()
 	req, mean, _ := l.random(128, 128)
 	recent := detector.Snapshot{Now: now, Devices: []detector.DeviceStats{{Device: sdb, BusyThroughput: 100e6, CapacityBPS: 150e6}},
 		Files: []detector.FileStats{randomStats(l.rkey, now, 0.06*req, mean, fewP99, 128<<10)}}
-	acts := l.tn.FastTrim(recent, span)
+	acts := l.tn.fastTrim(recent, span)
 	require.NotEmpty(t, filter(acts, KindTrim, ResultTrial))
 	ref := l.tn.randRefs[l.rkey]
 	require.NotNil(t, ref)

@@ -239,7 +239,7 @@ func (t judgeCtx) tailRef(r randObs) (tail time.Duration, sure, estimated bool) 
 // reference yet, one from its requests in the tuner's view: read around
 // at the device's window, what that window gives it, less the account of
 // the windows raised beside it (untouchedEstimate). A reader trimmed between
-// Steps (FastTrim) is never measured untrimmed by a Step, and a reference
+// Steps (fastTrim) is never measured untrimmed by a Step, and a reference
 // estimated from its trimmed requests counts the trim's saving by the same
 // account, which on the lab at +3 ms put it at 0.51 ms against the 1.6 ms
 // the default window gives it, and held the stream beside it at the

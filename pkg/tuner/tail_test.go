@@ -181,7 +181,7 @@ func TestLatencySpreadOfTwoWindowsIsNoTail(t *testing.T) {
 			r.files.open(100, fd, p, key)
 			fd++
 			r.tn.ObserveReadahead(probe.ReadaheadEvent{Time: r.clk.Now(), Tgid: 100, File: key, Device: sdb, RaPages: 32})
-			acts = append(acts, r.tn.ApplyPending()...)
+			acts = append(acts, r.tn.applyPending()...)
 			p99 = windowLat(w) * 11 / 10
 		}
 		r.clk.Advance(500 * time.Millisecond)

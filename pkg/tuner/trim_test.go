@@ -326,7 +326,7 @@ func TestRandomReaderBesideAPriorGivenAtStartUpIsTrimmedBeforeTheFirstStep(t *te
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	tn, w := restartedWithPrior(t, r)
 
-	keys, _ := tn.TrimStreams()
+	keys, _ := tn.trimStreams()
 	assert.Empty(t, keys, "no window raised: nothing to look for")
 
 	rp, rnd := realFile(t, filepath.Join(r.dir, "data"), "index")
@@ -337,10 +337,10 @@ func TestRandomReaderBesideAPriorGivenAtStartUpIsTrimmedBeforeTheFirstStep(t *te
 	require.Equal(t, w, r.files.window[k2], "the prior, given before any Step")
 
 	r.clk.Advance(100 * time.Millisecond) // the daemon's next tick
-	keys, span := tn.TrimStreams()
+	keys, span := tn.trimStreams()
 	require.Equal(t, []probe.FileKey{k2}, keys, "the stream with the raised window names its device")
 	require.Equal(t, 250*time.Millisecond, span)
-	again, _ := tn.TrimStreams()
+	again, _ := tn.trimStreams()
 	assert.Empty(t, again, "asked once a quarter Settle")
 
 	now := r.clk.Now()
@@ -350,7 +350,7 @@ func TestRandomReaderBesideAPriorGivenAtStartUpIsTrimmedBeforeTheFirstStep(t *te
 			Sequentiality: 1, LastSeen: now, P50: 3 * time.Millisecond},
 		// 120 faults a second, each reading the device's 128 KB window.
 		randomStats(rnd, now, 30, 2*time.Millisecond, 4*time.Millisecond, 128<<10))
-	acts := tn.FastTrim(recent, span)
+	acts := tn.fastTrim(recent, span)
 	logActs(t, acts)
 	trims := trimActs(acts, rnd)
 	require.Len(t, trims, 1, "trimmed between Steps")
@@ -373,7 +373,7 @@ func TestRandomReaderBesideAPriorGivenAtStartUpIsTrimmedBeforeTheFirstStep(t *te
 
 	// A second look finds it trimmed: nothing more.
 	r.clk.Advance(250 * time.Millisecond)
-	keys, span = tn.TrimStreams()
+	keys, span = tn.trimStreams()
 	require.NotEmpty(t, keys)
-	assert.Empty(t, tn.FastTrim(recent, span))
+	assert.Empty(t, tn.fastTrim(recent, span))
 }

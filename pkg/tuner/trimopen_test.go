@@ -74,7 +74,7 @@ func TestTrimReachesEachReopenedDescriptorFromItsFirstReadAround(t *testing.T) {
 		m.around(200, 128)
 		assert.Equal(t, 16, m.files.window[m.rnd], "re-open %d: trimmed from the report", i)
 		assert.Equal(t, 128, m.sys.get("sdb"), "the device's own window is back")
-		evOut := m.tn.ApplyPending()
+		evOut := m.tn.applyPending()
 		assert.Empty(t, trimActs(evOut, m.rnd), "a descriptor trimmed from a report is counted, not an action")
 		m.clk.Advance(250 * time.Millisecond)
 	}

@@ -206,18 +206,18 @@ type Tuner struct {
 	nReaders int
 	evOut    []Action // actions taken from the event path, not yet returned
 	// fresh: files with no decision whose first reader was seen within the
-	// last Settle, by when (FreshStreams, FastOutcome).
+	// last Settle, by when (freshStreams, fastOutcome).
 	fresh map[probe.FileKey]time.Duration
-	// onsetAt: when OnsetStreams last asked for the streams' recent
+	// onsetAt: when onsetStreams last asked for the streams' recent
 	// requests (onset.go).
 	onsetAt time.Duration
 	// onsetMild: streams whose last check between Steps found them
 	// mildly slower, and when (onset.go).
 	onsetMild map[probe.FileKey]time.Duration
-	// verdictAt: when TrialStreams last asked for the recent requests of
+	// verdictAt: when trialStreams last asked for the recent requests of
 	// steps under trial (verdict.go).
 	verdictAt time.Duration
-	// trimAskAt: when TrimStreams last asked for the recent requests of
+	// trimAskAt: when trimStreams last asked for the recent requests of
 	// devices with a window raised (fasttrim.go).
 	trimAskAt time.Duration
 	// scopeOf: cached scope verdicts of other readers' files (outsideScope).
@@ -353,7 +353,7 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 	r.follows = r.indexed && followsStream(r.lastIndex, ev)
 	r.lastIndex, r.indexed = ev.Index, true
 	// Actions taken from the event path are returned by the next
-	// ApplyPending or Step.
+	// Tick or Step.
 	saved := t.out
 	t.out = t.evOut
 	defer func() { t.evOut, t.out = t.out, saved }()

@@ -553,7 +553,7 @@ func TestNewReadersOfAnActiveFileGetTheWindow(t *testing.T) {
 	// And another process reads it too.
 	r.files.fds[300] = []actuate.FileRef{{Tgid: 300, FD: 5, Key: key, Path: p}}
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 300, File: key, Device: sdb, RaPages: 32})
-	acts := r.tn.ApplyPending() // returns what the event path did
+	acts := r.tn.applyPending() // returns what the event path did
 	require.Len(t, acts, 2)
 	for _, a := range acts {
 		assert.Equal(t, ResultApplied, a.Result)
@@ -568,7 +568,7 @@ func TestNewReadersOfAnActiveFileGetTheWindow(t *testing.T) {
 	assert.Equal(t, 128, r.sys.get("sdb"))
 	// Once pinned, their events show the window: nothing more to do.
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 300, File: key, Device: sdb, RaPages: 128})
-	assert.Empty(t, r.tn.ApplyPending())
+	assert.Empty(t, r.tn.applyPending())
 }
 
 func TestProcessGoneIsACountedFailure(t *testing.T) {
@@ -830,13 +830,13 @@ func TestEventsQueuedBeforeAPinDoNotRepinTheSameReader(t *testing.T) {
 	dups := r.files.dups
 	// An event the reader emitted just before the pin, read afterwards.
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Time: pinnedAt - time.Millisecond, Tgid: 100, File: key, Device: sdb, RaPages: 32})
-	assert.Empty(t, r.tn.ApplyPending(), "no second pin for the same descriptor")
+	assert.Empty(t, r.tn.applyPending(), "no second pin for the same descriptor")
 	assert.Equal(t, dups, r.files.dups)
 	// A descriptor opened after the pin (HDFS opens a block file per read).
 	r.clk.Advance(10 * time.Millisecond)
 	r.files.open(100, 8, p, key)
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Time: r.clk.Now(), Tgid: 100, File: key, Device: sdb, RaPages: 32})
-	acts := r.tn.ApplyPending()
+	acts := r.tn.applyPending()
 	require.Len(t, filter(acts, KindFileWindow, ResultApplied), 1)
 }
 
@@ -897,14 +897,14 @@ func fastPathRegime(t *testing.T, busy float64, p50, p95 time.Duration) (*rig, p
 
 func TestFastPathRegimeGetsItsLittlesLawStepAtOnce(t *testing.T) {
 	r, key, fast := fastPathRegime(t, 45e6, 4200*time.Microsecond, 5900*time.Microsecond)
-	acts := r.tn.FastOn(fast, detector.Snapshot{}, 0)
+	acts := r.tn.fastOn(fast, detector.Snapshot{}, 0)
 	trials := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1)
 	// 5.9 ms x 150 MB/s = 864 KB in flight: straight to 1024 KB.
 	assert.Equal(t, [2]int{128, 1024}, [2]int{trials[0].FromKB, trials[0].ToKB})
 	assert.Equal(t, 1024, r.files.window[key])
 	// A second fast report of the same file does nothing more.
-	assert.Empty(t, r.tn.FastOn(fast, detector.Snapshot{}, 0))
+	assert.Empty(t, r.tn.fastOn(fast, detector.Snapshot{}, 0))
 	// The next Steps judge it as any trial (kept: 155 MB/s against 45).
 	acts = r.run(2, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, key) })
 	kept := filter(acts, KindFileWindow, ResultKept)
@@ -917,7 +917,7 @@ func TestFastPathRegimeGetsItsLittlesLawStepAtOnce(t *testing.T) {
 // at the device's capacity. Its step is taken all the same.
 func TestFastPathRegimeRightAfterTheOnsetIsNotHeldAtCapacity(t *testing.T) {
 	r, _, fast := fastPathRegime(t, 146e6, 1700*time.Microsecond, 4400*time.Microsecond)
-	trials := filter(r.tn.FastOn(fast, detector.Snapshot{}, 0), KindFileWindow, ResultTrial)
+	trials := filter(r.tn.fastOn(fast, detector.Snapshot{}, 0), KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1, "the step, not held at capacity")
 	assert.Greater(t, trials[0].ToKB, 128)
 }
@@ -980,7 +980,7 @@ func TestActionsAreLoggedAtInfoWithEvidenceAndReapplicationsNotListed(t *testing
 	// The same process opens the file again: the kept window reaches it.
 	r.files.open(100, 9, p, key)
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: key, Device: sdb, RaPages: 32})
-	applied := filter(r.tn.ApplyPending(), KindFileWindow, ResultApplied)
+	applied := filter(r.tn.applyPending(), KindFileWindow, ResultApplied)
 	require.Len(t, applied, 1)
 	st := r.tn.Status()
 	assert.Equal(t, uint64(1), st.Counts["file_window/applied"])
@@ -1211,7 +1211,7 @@ func TestFastPathContentionGetsTheSequentialFilesFirstStepAtOnce(t *testing.T) {
 	fast.Files[0].P95 = 20 * time.Millisecond
 	fast.Devices[0].CapacityBPS = 150e6
 	fast.Regimes = []detector.Regime{{Kind: detector.Contention, Device: sdb, Evidence: "fast path: 3 readers"}}
-	acts := r.tn.FastOn(fast, detector.Snapshot{}, 0)
+	acts := r.tn.fastOn(fast, detector.Snapshot{}, 0)
 	trials := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1, "%v", acts)
 	assert.Equal(t, seq, trials[0].File)

@@ -14,7 +14,7 @@ import (
 // window every one or two seconds: an HDFS block (2 s of reading) is read
 // almost whole at its first step. A step that clearly pays need not wait:
 // from half a Settle on, every Settle/4 the daemon asks for the recent
-// requests of the steps under trial (TrialStreams) and FastVerdict keeps
+// requests of the steps under trial (trialStreams) and fastVerdict keeps
 // those whose recent span, all of it at the step's window, reads at least
 // earlyKeepGain above the step's before-measure, and takes the next step.
 // Only a keep comes early, never an undo (a quarter interval says less
@@ -35,7 +35,7 @@ const (
 )
 
 // keepsEarly reports whether a file window step under trial may be judged
-// now, before its Settle: it is judged early (FastVerdict), has run half a
+// now, before its Settle: it is judged early (fastVerdict), has run half a
 // Settle, the measure's span holds only its window, and the measure says it
 // pays by earlyKeepGain with nothing lost elsewhere.
 func (t judgeCtx) keepsEarly(d *devState, l *ladder, m measure, now time.Duration) bool {
@@ -69,10 +69,10 @@ func (t judgeCtx) randomWithinEarly(d *devState, m measure, now time.Duration) b
 	return m.rand.mean <= earlyRandMean && m.rand.tail < randTailSevere
 }
 
-// TrialStreams returns the files with a window step under trial that
-// FastVerdict may judge now, and the span of recent requests to judge them
+// trialStreams returns the files with a window step under trial that
+// fastVerdict may judge now, and the span of recent requests to judge them
 // on; nothing when the last call was less than Settle/4 ago.
-func (t *Tuner) TrialStreams() ([]probe.FileKey, time.Duration) {
+func (t *Tuner) trialStreams() ([]probe.FileKey, time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.deps.Clock.Now()
@@ -92,10 +92,10 @@ func (t *Tuner) TrialStreams() ([]probe.FileKey, time.Duration) {
 	return keys, span
 }
 
-// FastVerdict keeps the steps of TrialStreams that clearly pay on the
+// fastVerdict keeps the steps of trialStreams that clearly pay on the
 // recent requests (snap, over span; detector.Recent) and takes their next
 // step; the others wait for their Step.
-func (t *Tuner) FastVerdict(snap detector.Snapshot, span time.Duration) []Action {
+func (t *Tuner) fastVerdict(snap detector.Snapshot, span time.Duration) []Action {
 	return t.judgeOn(snap, span, judgeEarly, EvKeptEarly, func(f detector.FileStats, fd *fileDec) bool {
 		return f.Requests >= onsetMinRequests
 	})

@@ -12,7 +12,7 @@ import (
 
 // verdictTick is the daemon's check of steps under trial.
 func (r *rig) verdictTick(after time.Duration, st stream, lat time.Duration) []Action {
-	return r.recentTick(after, r.tn.TrialStreams, r.tn.FastVerdict, st, lat, 0)
+	return r.recentTick(after, r.tn.trialStreams, r.tn.fastVerdict, st, lat, 0)
 }
 
 // A fresh stream slow from its first read gets its first step between
@@ -108,7 +108,7 @@ func TestStepBesideARandomReaderIsKeptEarlyOnlyWellWithinItsBudget(t *testing.T)
 				}
 			}
 			l.clk.Advance(500 * time.Millisecond)
-			keys, span := l.tn.TrialStreams()
+			keys, span := l.tn.trialStreams()
 			require.Contains(t, keys, l.st.key)
 			s := l.snapshot()
 			f := span.Seconds()
@@ -117,7 +117,7 @@ func TestStepBesideARandomReaderIsKeptEarlyOnlyWellWithinItsBudget(t *testing.T)
 				s.Files[j].Requests = max(uint64(float64(s.Files[j].Requests)*f), freshMinRequests)
 			}
 			s.Devices[0].Bytes = uint64(float64(s.Devices[0].Bytes) * f)
-			acts := l.tn.FastVerdict(s, span)
+			acts := l.tn.fastVerdict(s, span)
 			logActs(t, acts)
 			kept := filter(acts, KindFileWindow, ResultKept)
 			if !tc.early {
@@ -137,8 +137,8 @@ func TestStepBesideARandomReaderIsKeptEarlyOnlyWellWithinItsBudget(t *testing.T)
 
 // A verdict is a function of the step, its measure and the judging mode,
 // whichever order the modes judge in: a Step judges a step a whole Settle
-// after it; FastVerdict (early) keeps before that only a step that pays by
-// earlyKeepGain, and never undoes one; EndedVerdict (ended) judges at once,
+// after it; fastVerdict (early) keeps before that only a step that pays by
+// earlyKeepGain, and never undoes one; endedVerdict (ended) judges at once,
 // keep or undo, since its stream reads no more.
 func TestVerdictIsAFunctionOfItsMode(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
