@@ -49,7 +49,7 @@ func (t *Tuner) noteFresh(k probe.FileKey, firstSeen, now time.Duration) {
 
 // freshStreams returns the files first read within the last Settle that
 // have no decision and have been read for long enough to judge, and the
-// span of recent requests to judge them on: the daemon asks the detector
+// span of recent requests to judge them on: Tick asks the detector
 // for those (detector.Recent) and hands them to fastOutcome. Empty when
 // there is nothing to judge (the detector is then not asked).
 func (t *Tuner) freshStreams() ([]probe.FileKey, time.Duration) {

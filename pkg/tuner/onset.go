@@ -13,7 +13,7 @@ import (
 // after it (contention begins, the device's latency rises): the next Step
 // sees it up to a whole interval later, and unless the detector's fast
 // path enters a regime on it, every step waits for that Step. Between
-// Steps the daemon asks for the recent requests of the streams the last
+// Steps Tick asks for the recent requests of the streams the last
 // Step saw (onsetStreams, every Settle/4) and hands them to fastOnset: a
 // stream whose recent rate fell well below its rate at the last Step while
 // its requests got slower (or fell less, with its requests slower, on two

@@ -13,7 +13,7 @@ import (
 // two intervals later, and a stream that needs several steps gains one
 // window every one or two seconds: an HDFS block (2 s of reading) is read
 // almost whole at its first step. A step that clearly pays need not wait:
-// from half a Settle on, every Settle/4 the daemon asks for the recent
+// from half a Settle on, every Settle/4 Tick asks for the recent
 // requests of the steps under trial (trialStreams) and fastVerdict keeps
 // those whose recent span, all of it at the step's window, reads at least
 // earlyKeepGain above the step's before-measure, and takes the next step.
