@@ -14,61 +14,6 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// RecentFunc returns the detector's recent requests of keys (and of the
-// other files read on their devices) over the last span: detector.Recent.
-type RecentFunc func(span time.Duration, keys []probe.FileKey) detector.Snapshot
-
-// Tick runs between Steps (the daemon calls it every ~100 ms): the first
-// step on the regimes the detector's fast path entered (fast:
-// detector.FastPath, may be empty), the first outcome step on fresh
-// streams bound by their window, a step on streams that slowed since the
-// last Step, the early keep of steps that clearly pay, read-around trims
-// of random readers beside a raised window, the verdict on steps whose
-// stream ended, and kept decisions on newly opened descriptors, in that
-// order. Each check that needs recent requests asks recent for them,
-// outside the tuner's lock (the detector has its own).
-func (t *Tuner) Tick(fast detector.Snapshot, recent RecentFunc) []Action {
-	var out []Action
-	if len(fast.Regimes) > 0 {
-		// The step is measured on the requests since about the onset,
-		// not on a whole interval that is mostly before it.
-		span := t.recentSpan()
-		keys := make([]probe.FileKey, 0, len(fast.Files))
-		for _, f := range fast.Files {
-			keys = append(keys, f.Key)
-		}
-		out = append(out, t.fastOn(fast, recent(span, keys), span)...)
-	}
-	for _, c := range []struct {
-		streams func() ([]probe.FileKey, time.Duration)
-		judge   func(detector.Snapshot, time.Duration) []Action
-	}{
-		// Streams first read within the last interval: a stream slow from
-		// its first read gets its first step after a few hundred
-		// milliseconds, not a whole interval.
-		{t.freshStreams, t.fastOutcome},
-		// Streams the last Step saw, every quarter interval: one that
-		// slowed since takes its step now.
-		{t.onsetStreams, t.fastOnset},
-		// Steps under trial for half an interval: one that clearly pays
-		// is kept now and the next one taken.
-		{t.trialStreams, t.fastVerdict},
-		// Random readers beside a window raised since the last Step (a
-		// prior given just after start-up): trimmed now.
-		{t.trimStreams, t.fastTrim},
-	} {
-		if keys, span := c.streams(); len(keys) > 0 {
-			out = append(out, c.judge(recent(span, keys), span)...)
-		}
-	}
-	// Steps whose stream stopped reading (its file ended) are judged at
-	// once on its requests since the step: no Step would see them.
-	for _, ts := range t.endedTrials() {
-		out = append(out, t.endedVerdict(ts, recent(ts.Span, []probe.FileKey{ts.Key}))...)
-	}
-	return append(out, t.applyPending()...)
-}
-
 // fastOn acts at once on the regimes the detector's fast path entered
 // (snap: detector.FastPath, between Steps): each file that has no decision
 // yet (for contention, each sequential file read on the device) gets one

@@ -89,6 +89,3 @@ func Events() []Event {
 	}
 	return out
 }
-
-// count adds one to the event's counter.
-func (t *Tuner) count(e Event) { t.events[e]++ }

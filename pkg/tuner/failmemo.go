@@ -127,12 +127,3 @@ func (m *failMemo) counts() map[string]uint64 {
 	}
 	return out
 }
-
-// emitFailed emits a failed per-file action the first time its cause is
-// seen for that file and kind; repeats are only counted.
-func (t *Tuner) emitFailed(a Action, err error) {
-	if t.fails.failed(a.File, a.Kind, failCause(err), t.deps.Clock.Now(), t.backoff) {
-		a.Evidence += "; repeats of this failure are counted in readaheadd_repeated_failures_total, not logged"
-		t.emit(a)
-	}
-}

@@ -3,42 +3,14 @@ package tuner
 // What the tuner reports (actions, status) and its shutdown.
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"sort"
 	"strings"
 
 	"github.com/readaheadd/readaheadd/pkg/actuate"
 )
-
-func (t *Tuner) emit(a Action) {
-	t.out = append(t.out, a)
-	// A kept decision re-applied to a newly opened descriptor (HDFS opens
-	// a block file per read) is counted, not listed: dozens of them would
-	// push the decisions out of the recent list.
-	if a.Result != ResultApplied {
-		t.recent = append(t.recent, a)
-		if over := len(t.recent) - t.cfg.RecentActions; over > 0 {
-			t.recent = append(t.recent[:0:0], t.recent[over:]...)
-		}
-	}
-	t.counts[string(a.Kind)+"/"+string(a.Result)]++
-	lvl := slog.LevelInfo
-	if a.Result == ResultFailed {
-		lvl = slog.LevelWarn
-	}
-	attrs := []any{"kind", a.Kind, "result", a.Result, "device", a.Device, "from_kb", a.FromKB, "to_kb", a.ToKB, "evidence", a.Evidence}
-	if !a.File.IsZero() {
-		attrs = append(attrs, "file", a.File.String(), "path", a.Path)
-	}
-	if t.cfg.DryRun {
-		attrs = append(attrs, "dry_run", true)
-	}
-	t.log.Log(context.Background(), lvl, "tuner: action", attrs...)
-}
 
 // Status reports the tuner's state.
 func (t *Tuner) Status() Status {

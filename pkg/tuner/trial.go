@@ -518,17 +518,6 @@ func takeBack(l *ladder, now time.Duration, ev string, apply func(int) error, ac
 	return from, true
 }
 
-func (t *Tuner) backoff(failures int) time.Duration {
-	b := t.cfg.BackoffBase
-	for i := 1; i < failures && b < t.cfg.BackoffMax; i++ {
-		b *= 2
-	}
-	if b > t.cfg.BackoffMax {
-		b = t.cfg.BackoffMax
-	}
-	return b
-}
-
 // reprobeStart drops a file window kept for long enough back to the
 // device's window, to learn whether its regime is over: under a window
 // that keeps the device bandwidth-saturated the detector cannot tell and

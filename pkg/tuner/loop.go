@@ -1,0 +1,399 @@
+package tuner
+
+// The loop's entry points: New, the event path (ObserveReadahead), the
+// interval's Step and the Tick between Steps. Each takes the tuner's lock;
+// the state they act on is in tuner.go.
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/readaheadd/readaheadd/pkg/actuate"
+	"github.com/readaheadd/readaheadd/pkg/detector"
+	"github.com/readaheadd/readaheadd/pkg/probe"
+	"github.com/readaheadd/readaheadd/pkg/scope"
+	"github.com/readaheadd/readaheadd/pkg/tuner/prior"
+)
+
+// pauseGaps: a reader paused when no event came for this many of its
+// usual gaps between events (and at least endedGap).
+const pauseGaps = 8
+
+// evTime is when a readahead event happened: the kernel's timestamp (its
+// delivery can come tens of milliseconds later), else now.
+func evTime(ev probe.ReadaheadEvent, now time.Duration) time.Duration {
+	if ev.Time > 0 && ev.Time < now {
+		return ev.Time
+	}
+	return now
+}
+
+// New builds a tuner. If the store holds originals from an earlier run that
+// did not restore them (a crash), they are restored first.
+func New(cfg Config, deps Deps) (*Tuner, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if deps.Sysfs == nil || deps.Files == nil || deps.Clock == nil {
+		return nil, errors.New("tuner: Sysfs, Files and Clock are required")
+	}
+	if deps.Store == nil && !cfg.DryRun {
+		return nil, errors.New("tuner: a state store is required unless in dry-run mode (give --state-dir)")
+	}
+	if deps.Logger == nil {
+		deps.Logger = slog.Default()
+	}
+	scope, err := scope.New(cfg.AllowPaths)
+	if err != nil {
+		return nil, fmt.Errorf("tuner: %w", err)
+	}
+	t := &Tuner{
+		cfg: cfg, deps: deps, log: deps.Logger.With("component", "tuner"), scope: scope,
+		view:       *newView(detector.Snapshot{}, 0, nil),
+		devs:       map[probe.Dev]*devState{},
+		watchedAt:  map[probe.Dev]time.Duration{},
+		files:      map[probe.FileKey]*fileDec{},
+		readers:    map[probe.FileKey]map[uint32]*readerInfo{},
+		trims:      map[probe.FileKey]*trimDec{},
+		randRefs:   map[probe.FileKey]*randRef{},
+		trimOffs:   map[probe.FileKey]*trimOff{},
+		trimScanAt: map[probe.FileKey]time.Duration{},
+		counts:     map[string]uint64{},
+		logged:     map[string]time.Duration{},
+		mem:        prior.New(),
+		fresh:      map[probe.FileKey]time.Duration{},
+		onsetMild:  map[probe.FileKey]time.Duration{},
+		scopeOf:    map[probe.FileKey]scopeVerdict{},
+		capSeen:    map[probe.FileKey]time.Duration{},
+		lowering:   map[probe.FileKey]int{},
+	}
+	if deps.Store != nil {
+		t.priorsPath = deps.Store.PriorsPath()
+	}
+	t.lower = &actuate.Lowerer{Sysfs: deps.Sysfs, Files: deps.Files}
+	if !cfg.DryRun {
+		t.lower.States = deps.States
+	}
+	if deps.Store != nil && len(deps.Store.Entries()) > 0 {
+		t.log.Warn("tuner: originals of an earlier run were not restored (crash?); restoring them before anything else",
+			"file", deps.Store.Path(), "devices", len(deps.Store.Entries()))
+		if err := deps.Store.Restore(deps.Sysfs); err != nil {
+			return nil, fmt.Errorf("tuner: restore originals recorded in %s: %w", deps.Store.Path(), err)
+		}
+	}
+	if deps.Store != nil && len(deps.Store.Pins()) > 0 {
+		// After the devices: a reset open file takes its device's window.
+		res, err := actuate.RestorePins(deps.Store, deps.Files, scope, cfg.Devices, t.pinsLowerer())
+		t.log.Warn("tuner: per-file windows of an earlier run were left (crash?); reset them to their devices' windows",
+			"file", deps.Store.PinsPath(), "reset", res.Reset, "not_confirmed", len(res.Unconfirmed), "readers_gone", res.Gone, "refused_out_of_scope", res.Refused, "err", err)
+		for _, u := range res.Unconfirmed {
+			t.log.Warn("tuner: open file not confirmed at its device's window; its record is kept", "file", u.String())
+		}
+	}
+	t.loadPriors()
+	return t, nil
+}
+
+// ObserveReadahead notes which process reads which file, and whether its
+// open file has the window a decision wants. Cheap: called per event.
+func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
+	if ev.File.IsZero() || ev.Tgid == 0 {
+		return
+	}
+	now := t.deps.Clock.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closing {
+		return // shutting down: everything is being put back
+	}
+	if ev.ReadAround {
+		// An mmap fault on a trimmed file, not a stream's readahead: its
+		// reader is no stream reader, and its file no fresh open.
+		t.trimOpened(ev, now)
+		return
+	}
+	rs := t.readers[ev.File]
+	if rs == nil {
+		rs = map[uint32]*readerInfo{}
+		t.readers[ev.File] = rs
+	}
+	r := rs[ev.Tgid]
+	if r == nil {
+		if t.nReaders >= MaxReaders {
+			// Bounded: a flood of short-lived readers must not grow the
+			// table without end. Counted; the readers already known
+			// are still served.
+			t.count(EvReadersDropped)
+			if len(rs) == 0 {
+				delete(t.readers, ev.File)
+			}
+			return
+		}
+		// When the reader began: the kernel's timestamp of its first
+		// event (a stream's rate is measured from it, and its delivery
+		// can come tens of milliseconds later), else now.
+		r = &readerInfo{firstSeen: evTime(ev, now)}
+		rs[ev.Tgid] = r
+		t.nReaders++
+	} else if gap := now - r.lastSeen; r.evGap > 0 && gap > max(endedGap, pauseGaps*r.evGap) {
+		r.pausedAt, r.resumedAt = r.lastSeen, evTime(ev, now)
+	} else if r.evGap == 0 {
+		r.evGap = gap
+	} else {
+		r.evGap += (gap - r.evGap) / 4
+	}
+	r.lastSeen = now
+	r.raKB = int(ev.RaPages) * probe.PageSize / 1024
+	r.follows = r.indexed && followsStream(r.lastIndex, ev)
+	r.lastIndex, r.indexed = ev.Index, true
+	// Actions taken from the event path are returned by the next
+	// Tick or Step.
+	saved := t.out
+	t.out = t.evOut
+	defer func() { t.evOut, t.out = t.out, saved }()
+	fd := t.files[ev.File]
+	if fd == nil {
+		// A fresh open (or a file the memory knows): the window that paid
+		// for its neighbours, now, from the event path.
+		t.atStep().freshOpen(ev, r, now)
+		if t.files[ev.File] == nil {
+			t.noteFresh(ev.File, r.firstSeen, now)
+		}
+		return
+	}
+	if ev.Index == 0 && !ev.Async && !t.ownWindow(ev.File) {
+		// A read from the file's head: a new stream (HDFS opens the block
+		// file for every read, in the same process) on a file whose
+		// decision holds no window of its own (its trials did not pay, in
+		// the conditions of an earlier read). It is judged as a fresh one.
+		t.noteFresh(ev.File, now, now)
+	}
+	if ev.Index == 0 && !ev.Async {
+		t.atStep().catchUp(fd, now)
+	}
+	// Events emitted before the last pin (still queued in the ring
+	// buffer) show the old window of a descriptor already pinned.
+	stale := ev.Time != 0 && ev.Time < r.appliedAt
+	if w := fd.win.inForce(); w > fd.win.base && r.raKB < w && !stale && t.lowering[ev.File] == 0 {
+		// A descriptor opened after the decision (HDFS opens the block
+		// file per read): apply now rather than at the next tick.
+		r.pending = true
+		t.applyPendingFile(fd, now)
+	}
+}
+
+// maxWatched bounds watchedAt (devices ever seen).
+const maxWatched = 4096
+
+// MaxReaders bounds the tuner's table of readers (file x process).
+const MaxReaders = 65536
+
+// Step runs one interval of the closed loop on the detector's snapshot and
+// returns what was done.
+func (t *Tuner) Step(snap detector.Snapshot) []Action {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.deps.Clock.Now()
+	t.out, t.evOut = t.evOut, nil
+	t.view = *newView(snap, 0, nil)
+	j := t.atStep()
+	for _, d := range snap.Devices {
+		if _, ok := t.watchedAt[d.Device]; !ok && len(t.watchedAt) < maxWatched {
+			t.watchedAt[d.Device] = now
+		}
+	}
+	j.noteTails(snap.Files, now)
+	j.observeRandom(now)
+
+	// What needs help now.
+	fileNeeds, fileDev, devWide := j.needs(snap)
+
+	t.repairDevices()
+
+	// Control by outcome: streams bound by their window, whatever the
+	// detector saw (policy.go). Not counted towards a device-wide need.
+	byRate := j.outcomeNeeds(snap, fileNeeds, fileDev)
+
+	// Per-file decisions, only under allow-paths.
+	if !t.scope.Empty() {
+		for key, kinds := range fileNeeds {
+			d := t.device(fileDev[key])
+			if d == nil {
+				continue
+			}
+			fd := t.files[key]
+			if fd == nil {
+				if byRate[key] && !j.outcomeDue(d, key) {
+					continue // the device's outcome trials are backing off
+				}
+				fd = t.newDec(key, d, byRate[key], now)
+			}
+			fd.regimes = kinds
+			fd.lastNeeded = now
+			if !byRate[key] {
+				t.regimeTakesOver(fd)
+			}
+		}
+	}
+	for _, k := range sortedKeys(t.files) {
+		fd := t.files[k]
+		_, needed := fileNeeds[k]
+		if fd.byRate && !needed && fd.win.cur > fd.win.base {
+			// A kept window no regime asked for stays while its stream
+			// reads; the re-probe tells whether it still pays.
+			if fs, ok := t.fstats[k]; ok && now-fs.LastSeen <= t.cfg.Settle {
+				needed = true
+				fd.lastNeeded = now
+			}
+		}
+		if fd.win.probeUntil != 0 {
+			// A stream at the device's window is bound by it whatever
+			// its speed (a healthy one too): when that is all that
+			// asks for the window now, the stream's rate judges.
+			var why string
+			if fd.byRate || needed && onlyOutcome(fileNeeds[k]) {
+				needed, why = j.stillPays(fd)
+			}
+			t.reprobeJudge(fd, needed, why)
+			if t.files[k] == nil && fd.byRate {
+				t.mem.ForgetFile(k)
+				if p := t.mem.Dir(k.Dev, fd.path); p != nil {
+					t.mem.Decay(p, false)
+				}
+			}
+			continue
+		}
+		fd.deferUntil = 0 // a whole interval's view: the step is taken now
+		if needed {
+			if !t.reprobeStart(fd) {
+				j.driveFile(fd, true)
+				// A regime that began while an outcome step was under
+				// trial takes over once that step is judged: in the
+				// same Step, not an interval later.
+				if len(fileNeeds[k]) > 0 && !onlyOutcome(fileNeeds[k]) && fd.win.trial == 0 && fd.pf.trial == 0 && t.regimeTakesOver(fd) {
+					j.driveFile(fd, true)
+				}
+			}
+			continue
+		}
+		// StarvedStream clearing while the file is still read with the
+		// larger window is success; otherwise wait out the grace period.
+		if fs, ok := t.fstats[k]; ok && fd.win.cur > fd.win.base && now-fs.LastSeen < t.cfg.Grace &&
+			slices.Contains(fd.regimes, detector.StarvedStream) {
+			fd.lastNeeded = now
+		}
+		if now-fd.lastNeeded >= t.cfg.Grace {
+			t.undoFile(fd, fmt.Sprintf("no regime applies to the file for %v", t.cfg.Grace))
+			delete(t.files, k)
+		} else if fd.win.trial != 0 || fd.pf.trial != 0 {
+			j.driveFile(fd, false) // finish judging a step under trial
+		}
+	}
+
+	// Device-wide decisions. Not where a random reader is active: every
+	// file opened on the device after the write takes the larger window,
+	// and a reader that opens, faults a few pages and closes is reached by
+	// no trim. One that appears takes the device's window back.
+	for dev, why := range devWide {
+		d := t.device(dev)
+		if d == nil {
+			continue
+		}
+		if rk, ok := j.randomOnDevice(dev); ok {
+			t.logOnce(dev, "device-window-random", "tuner: a random reader is active on the device; no device-wide window (per-file windows only)",
+				"device", d.name, "random_file", rk.String(), "need", why)
+			if d.winActive && d.cur > d.orig {
+				j.undoDevice(d, fmt.Sprintf("a random reader (%s) is active on the device", rk))
+			}
+			continue
+		}
+		if !d.winActive {
+			d.winActive = true
+			d.win = ladder{kind: KindDeviceWindow, base: d.orig, cur: d.cur}
+		}
+		d.lastNeeded = now
+		d.win.hint = j.tailHint(snap, dev)
+		j.driveDevice(d, why, true)
+	}
+	for dev, d := range t.devs {
+		if !d.winActive {
+			continue
+		}
+		if _, ok := devWide[dev]; ok {
+			continue
+		}
+		if d.win.trial != 0 {
+			j.driveDevice(d, "judging the last step", false)
+		}
+		if now-d.lastNeeded >= t.cfg.Grace {
+			j.undoDevice(d, fmt.Sprintf("no device-wide regime for %v", t.cfg.Grace))
+		}
+	}
+
+	j.trimAll()
+	t.prefetchAll()
+	t.applyPendingLocked()
+	j.judgePriorChecks(now)
+	t.pruneReaders(now)
+	t.savePriors(false)
+	return t.out
+}
+
+// RecentFunc returns the detector's recent requests of keys (and of the
+// other files read on their devices) over the last span: detector.Recent.
+type RecentFunc func(span time.Duration, keys []probe.FileKey) detector.Snapshot
+
+// Tick runs between Steps (the daemon calls it every ~100 ms): the first
+// step on the regimes the detector's fast path entered (fast:
+// detector.FastPath, may be empty), the first outcome step on fresh
+// streams bound by their window, a step on streams that slowed since the
+// last Step, the early keep of steps that clearly pay, read-around trims
+// of random readers beside a raised window, the verdict on steps whose
+// stream ended, and kept decisions on newly opened descriptors, in that
+// order. Each check that needs recent requests asks recent for them,
+// outside the tuner's lock (the detector has its own).
+func (t *Tuner) Tick(fast detector.Snapshot, recent RecentFunc) []Action {
+	var out []Action
+	if len(fast.Regimes) > 0 {
+		// The step is measured on the requests since about the onset,
+		// not on a whole interval that is mostly before it.
+		span := t.recentSpan()
+		keys := make([]probe.FileKey, 0, len(fast.Files))
+		for _, f := range fast.Files {
+			keys = append(keys, f.Key)
+		}
+		out = append(out, t.fastOn(fast, recent(span, keys), span)...)
+	}
+	for _, c := range []struct {
+		streams func() ([]probe.FileKey, time.Duration)
+		judge   func(detector.Snapshot, time.Duration) []Action
+	}{
+		// Streams first read within the last interval: a stream slow from
+		// its first read gets its first step after a few hundred
+		// milliseconds, not a whole interval.
+		{t.freshStreams, t.fastOutcome},
+		// Streams the last Step saw, every quarter interval: one that
+		// slowed since takes its step now.
+		{t.onsetStreams, t.fastOnset},
+		// Steps under trial for half an interval: one that clearly pays
+		// is kept now and the next one taken.
+		{t.trialStreams, t.fastVerdict},
+		// Random readers beside a window raised since the last Step (a
+		// prior given just after start-up): trimmed now.
+		{t.trimStreams, t.fastTrim},
+	} {
+		if keys, span := c.streams(); len(keys) > 0 {
+			out = append(out, c.judge(recent(span, keys), span)...)
+		}
+	}
+	// Steps whose stream stopped reading (its file ended) are judged at
+	// once on its requests since the step: no Step would see them.
+	for _, ts := range t.endedTrials() {
+		out = append(out, t.endedVerdict(ts, recent(ts.Span, []probe.FileKey{ts.Key}))...)
+	}
+	return append(out, t.applyPending()...)
+}
