@@ -127,3 +127,12 @@ func (m *failMemo) counts() map[string]uint64 {
 	}
 	return out
 }
+
+// errRateLimited defers a step to a later interval; it is not a failure.
+var errRateLimited = errors.New("sysfs write rate limit reached")
+
+// errNoReaders: no reader of the file is known to hold it open (yet).
+var errNoReaders = errors.New("no known reader holds the file open")
+
+// errOutOfScope: the readers' descriptors are outside the allow-paths.
+var errOutOfScope = errors.New("the file is outside the allow-paths")

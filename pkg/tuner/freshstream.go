@@ -19,9 +19,6 @@ const (
 	// freshMinAge: a reader seen for less than this has not yet ramped its
 	// window (the first reads of an open file are synchronous).
 	freshMinAgeDiv = 10 // Settle / 10: 100 ms at 1 s
-	// freshSpanDiv: the recent requests judged are those of the last
-	// Settle / 4 (250 ms at 1 s).
-	freshSpanDiv = 4
 	// freshMinRequests: fewer requests in the recent span say too little
 	// about a stream's bytes in flight.
 	freshMinRequests = 32

@@ -6,7 +6,6 @@ package tuner
 // one a step must not take.
 
 import (
-	"cmp"
 	"slices"
 	"time"
 
@@ -14,64 +13,11 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// view is what steps are measured and judged on: a detector snapshot, its
-// files and devices by key, and the span its stats cover (0: a Step's
-// Settle; else the recent span of a check between Steps).
-type view struct {
-	snap   detector.Snapshot
-	fstats map[probe.FileKey]detector.FileStats
-	dstats map[probe.Dev]detector.DeviceStats
-	span   time.Duration
-}
-
-// newView indexes snap, over span. A device's capacity missing from snap
-// is the one in carry (the last Step's).
-func newView(snap detector.Snapshot, span time.Duration, carry map[probe.Dev]detector.DeviceStats) *view {
-	v := &view{snap: snap, span: span, fstats: make(map[probe.FileKey]detector.FileStats, len(snap.Files)),
-		dstats: make(map[probe.Dev]detector.DeviceStats, len(snap.Devices))}
-	for _, f := range snap.Files {
-		v.fstats[f.Key] = f
-	}
-	for _, d := range snap.Devices {
-		if old, ok := carry[d.Device]; ok && d.CapacityBPS <= 0 {
-			d.CapacityBPS = old.CapacityBPS
-		}
-		v.dstats[d.Device] = d
-	}
-	return v
-}
-
-// judgeMode is how a step under trial is judged.
-type judgeMode int
-
 const (
 	judgeStep  judgeMode = iota // at its Settle (a Step; a step taken between Steps)
 	judgeEarly                  // before it, kept only if it clearly pays (fastVerdict)
 	judgeEnded                  // at once, on the span since it: its stream stopped (endedVerdict)
 )
-
-// judgeCtx is what one call measures and judges by: a view, the judging
-// mode, and whether the detector's fast path entered the regime a moment
-// ago (justIn: drive.go does not hold the stream at capacity). Measuring
-// and judging are its methods, so a verdict is a function of these values,
-// whichever entry point called. Its view shadows the Tuner's (the last Step's).
-type judgeCtx struct {
-	*Tuner
-	*view
-	mode   judgeMode
-	justIn bool
-}
-
-// on is the context of a call on snap (over span, a check between Steps).
-func (t *Tuner) on(snap detector.Snapshot, span time.Duration, mode judgeMode) judgeCtx {
-	return judgeCtx{Tuner: t, view: newView(snap, span, t.dstats), mode: mode}
-}
-
-// atStep is the context of a call on the last Step's view.
-func (t *Tuner) atStep() judgeCtx { return judgeCtx{Tuner: t, view: &t.view} }
-
-// viewSpan is the span the view's stats cover.
-func (t judgeCtx) viewSpan() time.Duration { return cmp.Or(t.span, t.cfg.Settle) }
 
 func (t judgeCtx) fileMeasure(k probe.FileKey) measure {
 	fs, ok := t.fstats[k]
@@ -158,13 +104,6 @@ func (t judgeCtx) protectedStream(k probe.FileKey, fs detector.FileStats) bool {
 	return !t.outsideScope(k)
 }
 
-// scopeVerdict caches whether a file without a decision is read only
-// through descriptors outside the allow-paths (protectedStream).
-type scopeVerdict struct {
-	outside bool
-	at      time.Duration
-}
-
 // maxScopeVerdicts bounds the cache of scope verdicts.
 const maxScopeVerdicts = 4096
 
@@ -233,16 +172,6 @@ func (t judgeCtx) devMeasure(dev probe.Dev) measure {
 		return measure{}
 	}
 	return measure{ok: true, tput: ds.BusyThroughput, p50: ds.P50}
-}
-
-// otherStream is one of the device's other (not random) readers in a
-// measure: what it read, and whether its share is protected.
-type otherStream struct {
-	key       probe.FileKey
-	bps       float64
-	protected bool
-	// ended: it read nothing over the span's last endedGap.
-	ended bool
 }
 
 // endedGap: a stream that completed no request for this long is not

@@ -9,20 +9,6 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// Labels of decisions that no detector regime started. They are evidence in
-// actions and status, not regimes: the detector reports none for them.
-const (
-	// WindowBound: a sequential stream whose bytes in flight fill its
-	// window (Little's law: its throughput is its window over its
-	// latency), whatever its history. A larger window is tried, and kept
-	// only if the stream's throughput pays.
-	WindowBound detector.RegimeKind = "window_bound"
-	// FromPrior: a fresh open given the window that paid for recent
-	// streams in its directory (or for the file itself) on its first
-	// readahead event.
-	FromPrior detector.RegimeKind = "prior"
-)
-
 // inflightFill is the share of a stream's window that must be in flight for
 // the stream to count as bound by its window. A sequential reader on
 // asynchronous readahead keeps between half its window and all of it

@@ -141,16 +141,6 @@ func watchPush(h uint8, over bool) uint8 {
 	return h & (1<<watchSpan - 1)
 }
 
-// randCost is what the random readers beside a stream get now against
-// their budgets.
-type randCost struct {
-	n    int           // random readers measured
-	mean float64       // the largest share of a mean budget used (above 1: over it)
-	tail float64       // the largest p99 against its reference
-	max  time.Duration // the largest mean latency
-	why  string        // which reader and how, for the evidence
-}
-
 // over reports whether the random readers are over their budget in one
 // interval: their mean over its budget, or their p99 far off.
 func (c randCost) over() bool { return c.n > 0 && (c.mean > 1 || c.tail >= randTailSevere) }

@@ -10,27 +10,6 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// randService is what a random reader gets over one measure.
-type randService struct {
-	mean, tail time.Duration // mean and p99 latency
-	size       float64       // bytes per request
-	requests   uint64
-}
-
-// randRef is a random reader's reference service.
-type randRef struct {
-	dev  probe.Dev
-	svc  randService
-	seen time.Duration
-	// clean: learned while nothing readaheadd does was in force on the
-	// device (a reader first seen beside a raised window is referred to
-	// what it got then, until the device is clean again).
-	clean bool
-	// tailSure: its p99 is a measure the reader's p99 can be held to
-	// within 10% of: clean, and over enough requests (refTailMinRequests).
-	tailSure bool
-}
-
 // serviceOf is a random reader's service in fs, ok if it has enough
 // requests to say.
 func serviceOf(fs detector.FileStats) (randService, bool) {

@@ -42,17 +42,6 @@ const tailMinRequests = 64
 // was seen (the larger window hides it: the stalls do not go away).
 const tailFresh = 4
 
-// tailSeen is the last tail seen in a file's requests.
-type tailSeen struct {
-	at       time.Duration
-	p50, p99 time.Duration
-	span     uint64 // the noteTails call that saw it (tailNow)
-	// seen: spans that showed it since it was last stale. One span with
-	// a p99 under tailStrong is not enough: a healthy stream's p99 strays
-	// that far now and then (a scheduling hiccup), a stall recurs.
-	seen int
-}
-
 // tailStrong: a p99 this many times the median is a tail in one span at a
 // window above the device's; tailStrongBase at the device's own window. A
 // larger window's queue lifts the median of every request, a stall's and a

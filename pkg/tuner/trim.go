@@ -41,33 +41,6 @@ const (
 	trimScanEvery = 30 * time.Second
 )
 
-type trimDec struct {
-	key     probe.FileKey
-	dev     *devState
-	path    string
-	refs    []actuate.FileRef
-	kb      int           // window pinned on refs
-	from    int           // the window they had (the device's at the time)
-	trialAt time.Duration // set while the trim is under trial
-	beforeP time.Duration // the file's median latency before
-	// beforeReq, beforeP95: its requests per second and p95 before the
-	// trim: what it got without it (random.go).
-	beforeReq float64
-	beforeP95 time.Duration
-	lastNeed  time.Duration
-	dry       bool
-	// watched: the probe reports read-arounds of descriptors opened on
-	// the file since (trimopen.go); opened is what the event path did
-	// per process.
-	watched bool
-	opened  map[uint32]openedMark
-}
-
-type trimOff struct {
-	until    time.Duration
-	failures int
-}
-
 // helping reports whether the tuner has a window raised on the device:
 // its own (device-wide) or an open file's (in dry-run mode: would have).
 func (t *Tuner) helping(d *devState) bool {
@@ -87,10 +60,6 @@ func (t *Tuner) helping(d *devState) bool {
 func (d *devState) raisedWide() bool {
 	return d.cur != d.orig || d.winActive && d.win.dryAt > d.orig
 }
-
-// raised reports whether a file's window is raised (in dry-run mode:
-// would be).
-func (l *ladder) raised() bool { return l.inForce() > l.base || l.dryAt > l.base }
 
 // trimmedOn reports whether a read-around trim is in force on d.
 func (t *Tuner) trimmedOn(d *devState) bool {
@@ -401,37 +370,4 @@ const scansPerSec = 2
 // scansPerSec).
 func (t *Tuner) takeScan() bool {
 	return t.scans.take(t.deps.Clock.Now(), scansPerSec, scansPerSec)
-}
-
-// bucket is a token bucket, full at its first use.
-type bucket struct {
-	tokens float64
-	at     time.Duration
-	used   bool
-}
-
-// take takes one token, refilled at rate per second up to burst.
-func (b *bucket) take(now time.Duration, rate, burst float64) bool {
-	return b.takeN(now, 1, rate, burst)
-}
-
-// takeN takes n tokens, or none when fewer are left.
-func (b *bucket) takeN(now time.Duration, n, rate, burst float64) bool {
-	if b.fill(now, rate, burst) < n {
-		return false
-	}
-	b.tokens -= n
-	return true
-}
-
-// fill refills the bucket at rate per second up to burst, and returns
-// the tokens it holds.
-func (b *bucket) fill(now time.Duration, rate, burst float64) float64 {
-	if !b.used {
-		b.tokens, b.used = burst, true
-	} else {
-		b.tokens = min(burst, b.tokens+(now-b.at).Seconds()*rate)
-	}
-	b.at = now
-	return b.tokens
 }

@@ -20,14 +20,6 @@ import (
 // that faulted, and that process's descriptors on the file get the trim
 // from the event path, a few milliseconds after the open's first fault.
 
-// ReadAroundWatch reports the mmap read-arounds of a file by open files
-// whose window is above kb, as ReadaheadEvents with ReadAround set
-// (probe.Probe in production).
-type ReadAroundWatch interface {
-	WatchReadAround(file probe.FileKey, kb int) error
-	UnwatchReadAround(file probe.FileKey) error
-}
-
 const (
 	// openedQuiet: a reader whose read-around reports found no
 	// descriptor to trim (a mapping whose descriptor is closed, or one
@@ -45,13 +37,6 @@ const (
 	openedPerSec = 10
 	openedBurst  = 4
 )
-
-// openedMark is what the event path did for one process on a trimmed
-// file.
-type openedMark struct {
-	at    time.Duration // its descriptors were trimmed (reports emitted before are stale)
-	until time.Duration // not looked for again before
-}
 
 // watchAround asks the probe to report read-arounds of a trim's file that
 // the trim has not reached.

@@ -12,7 +12,6 @@ package tuner
 import (
 	"cmp"
 	"context"
-	"errors"
 	"log/slog"
 	"maps"
 	"slices"
@@ -25,15 +24,6 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/scope"
 	"github.com/readaheadd/readaheadd/pkg/tuner/prior"
 )
-
-// errRateLimited defers a step to a later interval; it is not a failure.
-var errRateLimited = errors.New("sysfs write rate limit reached")
-
-// errNoReaders: no reader of the file is known to hold it open (yet).
-var errNoReaders = errors.New("no known reader holds the file open")
-
-// errOutOfScope: the readers' descriptors are outside the allow-paths.
-var errOutOfScope = errors.New("the file is outside the allow-paths")
 
 type readerInfo struct {
 	lastSeen  time.Duration
@@ -312,3 +302,159 @@ func (t *Tuner) backoff(failures int) time.Duration {
 	}
 	return b
 }
+
+// view is what steps are measured and judged on: a detector snapshot, its
+// files and devices by key, and the span its stats cover (0: a Step's
+// Settle; else the recent span of a check between Steps).
+type view struct {
+	snap   detector.Snapshot
+	fstats map[probe.FileKey]detector.FileStats
+	dstats map[probe.Dev]detector.DeviceStats
+	span   time.Duration
+}
+
+// newView indexes snap, over span. A device's capacity missing from snap
+// is the one in carry (the last Step's).
+func newView(snap detector.Snapshot, span time.Duration, carry map[probe.Dev]detector.DeviceStats) *view {
+	v := &view{snap: snap, span: span, fstats: make(map[probe.FileKey]detector.FileStats, len(snap.Files)),
+		dstats: make(map[probe.Dev]detector.DeviceStats, len(snap.Devices))}
+	for _, f := range snap.Files {
+		v.fstats[f.Key] = f
+	}
+	for _, d := range snap.Devices {
+		if old, ok := carry[d.Device]; ok && d.CapacityBPS <= 0 {
+			d.CapacityBPS = old.CapacityBPS
+		}
+		v.dstats[d.Device] = d
+	}
+	return v
+}
+
+// scopeVerdict caches whether a file without a decision is read only
+// through descriptors outside the allow-paths (protectedStream).
+type scopeVerdict struct {
+	outside bool
+	at      time.Duration
+}
+
+// randService is what a random reader gets over one measure.
+type randService struct {
+	mean, tail time.Duration // mean and p99 latency
+	size       float64       // bytes per request
+	requests   uint64
+}
+
+// randRef is a random reader's reference service.
+type randRef struct {
+	dev  probe.Dev
+	svc  randService
+	seen time.Duration
+	// clean: learned while nothing readaheadd does was in force on the
+	// device (a reader first seen beside a raised window is referred to
+	// what it got then, until the device is clean again).
+	clean bool
+	// tailSure: its p99 is a measure the reader's p99 can be held to
+	// within 10% of: clean, and over enough requests (refTailMinRequests).
+	tailSure bool
+}
+
+// tailSeen is the last tail seen in a file's requests.
+type tailSeen struct {
+	at       time.Duration
+	p50, p99 time.Duration
+	span     uint64 // the noteTails call that saw it (tailNow)
+	// seen: spans that showed it since it was last stale. One span with
+	// a p99 under tailStrong is not enough: a healthy stream's p99 strays
+	// that far now and then (a scheduling hiccup), a stall recurs.
+	seen int
+}
+
+type trimDec struct {
+	key     probe.FileKey
+	dev     *devState
+	path    string
+	refs    []actuate.FileRef
+	kb      int           // window pinned on refs
+	from    int           // the window they had (the device's at the time)
+	trialAt time.Duration // set while the trim is under trial
+	beforeP time.Duration // the file's median latency before
+	// beforeReq, beforeP95: its requests per second and p95 before the
+	// trim: what it got without it (random.go).
+	beforeReq float64
+	beforeP95 time.Duration
+	lastNeed  time.Duration
+	dry       bool
+	// watched: the probe reports read-arounds of descriptors opened on
+	// the file since (trimopen.go); opened is what the event path did
+	// per process.
+	watched bool
+	opened  map[uint32]openedMark
+}
+
+type trimOff struct {
+	until    time.Duration
+	failures int
+}
+
+// bucket is a token bucket, full at its first use.
+type bucket struct {
+	tokens float64
+	at     time.Duration
+	used   bool
+}
+
+// take takes one token, refilled at rate per second up to burst.
+func (b *bucket) take(now time.Duration, rate, burst float64) bool {
+	return b.takeN(now, 1, rate, burst)
+}
+
+// takeN takes n tokens, or none when fewer are left.
+func (b *bucket) takeN(now time.Duration, n, rate, burst float64) bool {
+	if b.fill(now, rate, burst) < n {
+		return false
+	}
+	b.tokens -= n
+	return true
+}
+
+// fill refills the bucket at rate per second up to burst, and returns
+// the tokens it holds.
+func (b *bucket) fill(now time.Duration, rate, burst float64) float64 {
+	if !b.used {
+		b.tokens, b.used = burst, true
+	} else {
+		b.tokens = min(burst, b.tokens+(now-b.at).Seconds()*rate)
+	}
+	b.at = now
+	return b.tokens
+}
+
+// judgeMode is how a step under trial is judged.
+type judgeMode int
+
+// judgeCtx is what one call measures and judges by: a view, the judging
+// mode, and whether the detector's fast path entered the regime a moment
+// ago (justIn: drive.go does not hold the stream at capacity). Measuring
+// and judging are its methods, so a verdict is a function of these values,
+// whichever entry point called. Its view shadows the Tuner's (the last Step's).
+type judgeCtx struct {
+	*Tuner
+	*view
+	mode   judgeMode
+	justIn bool
+}
+
+// on is the context of a call on snap (over span, a check between Steps).
+func (t *Tuner) on(snap detector.Snapshot, span time.Duration, mode judgeMode) judgeCtx {
+	return judgeCtx{Tuner: t, view: newView(snap, span, t.dstats), mode: mode}
+}
+
+// atStep is the context of a call on the last Step's view.
+func (t *Tuner) atStep() judgeCtx { return judgeCtx{Tuner: t, view: &t.view} }
+
+// viewSpan is the span the view's stats cover.
+func (t judgeCtx) viewSpan() time.Duration { return cmp.Or(t.span, t.cfg.Settle) }
+
+// freshSpanDiv: the recent requests judged are those of the last
+// Settle / 4 (250 ms at 1 s).
+const freshSpanDiv = 4

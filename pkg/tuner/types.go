@@ -10,6 +10,7 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/actuate"
 	"github.com/readaheadd/readaheadd/pkg/blockdev"
 	"github.com/readaheadd/readaheadd/pkg/clock"
+	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 	"github.com/readaheadd/readaheadd/pkg/state"
 )
@@ -295,3 +296,32 @@ type Status struct {
 func compareKeys(a, b probe.FileKey) int {
 	return cmp.Or(cmp.Compare(a.Dev, b.Dev), cmp.Compare(a.Ino, b.Ino))
 }
+
+// ReadAroundWatch reports the mmap read-arounds of a file by open files
+// whose window is above kb, as ReadaheadEvents with ReadAround set
+// (probe.Probe in production).
+type ReadAroundWatch interface {
+	WatchReadAround(file probe.FileKey, kb int) error
+	UnwatchReadAround(file probe.FileKey) error
+}
+
+// openedMark is what the event path did for one process on a trimmed
+// file.
+type openedMark struct {
+	at    time.Duration // its descriptors were trimmed (reports emitted before are stale)
+	until time.Duration // not looked for again before
+}
+
+// Labels of decisions that no detector regime started. They are evidence in
+// actions and status, not regimes: the detector reports none for them.
+const (
+	// WindowBound: a sequential stream whose bytes in flight fill its
+	// window (Little's law: its throughput is its window over its
+	// latency), whatever its history. A larger window is tried, and kept
+	// only if the stream's throughput pays.
+	WindowBound detector.RegimeKind = "window_bound"
+	// FromPrior: a fresh open given the window that paid for recent
+	// streams in its directory (or for the file itself) on its first
+	// readahead event.
+	FromPrior detector.RegimeKind = "prior"
+)
