@@ -134,3 +134,16 @@ func (t judgeCtx) readsAtCapacity(fs detector.FileStats, c float64) (bool, strin
 	return true, fmt.Sprintf("the device reads %.1f MB/s, its capacity (%.1f MB/s), %.0f%% of it for the streams readaheadd serves and random readers",
 		ds.BusyThroughput/1e6, c/1e6, 100*float64(served)/float64(ds.Bytes))
 }
+
+// halfMargin is what a step that takes a lone stream to the device's
+// capacity must gain (marginFor).
+func (t *Tuner) halfMargin() float64 { return t.cfg.Margin / 2 }
+
+// shortOfCapacity is the share of the device's capacity below which a
+// lone stream still has half the margin to gain.
+func (t *Tuner) shortOfCapacity() float64 { return 1 / (1 + t.halfMargin()) }
+
+// streamShareMin: when at least this share of a contended device's bytes
+// goes to the sequential readers that a contention step would reach, the
+// contention is among them.
+const streamShareMin = 0.8

@@ -248,39 +248,6 @@ func (t judgeCtx) reachOpenFiles(d *devState) {
 	}
 }
 
-func (t *Tuner) undoFile(fd *fileDec, why string) {
-	now := t.deps.Clock.Now()
-	if p := fd.pf.inForce(); p > 0 {
-		res := ResultUndone
-		if t.cfg.DryRun {
-			res = ResultDryRun
-		}
-		t.emit(fd.action(now, KindPrefetchUndo, p, 0, res, why))
-	}
-	fd.pf = ladder{}
-	w := fd.win.inForce()
-	if t.cfg.DryRun {
-		if fd.win.dryAt != 0 {
-			t.emit(fd.action(now, KindFileWindowUndo, fd.win.dryAt, fd.win.base, ResultDryRun, why))
-		}
-		return
-	}
-	if w <= fd.win.base {
-		return
-	}
-	res := ResultUndone
-	err := t.pinFile(fd, fd.win.base, nil, false)
-	if err != nil {
-		if errors.Is(err, errNoReaders) {
-			why += "; readers gone (their open files closed)"
-		} else {
-			res = ResultFailed
-			why += "; " + err.Error()
-		}
-	}
-	t.emit(fd.action(now, KindFileWindowUndo, w, fd.win.base, res, why))
-}
-
 func (t judgeCtx) undoDevice(d *devState, why string) {
 	now := t.deps.Clock.Now()
 	d.winActive = false

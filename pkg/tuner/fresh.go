@@ -18,7 +18,7 @@ import (
 // judged like any other one Settle later against the throughput the prior's
 // streams had at the device's window. Called with t.mu held.
 func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Duration) {
-	key, disk, tgid, evTime := ev.File, ev.Device, ev.Tgid, ev.Time
+	key, disk, tgid, evAt := ev.File, ev.Device, ev.Tgid, ev.Time
 	if disk == 0 || t.cfg.DryRun || t.scope.Empty() || !t.mem.Has(key.Dev) || now-r.priorAt < t.cfg.Grace && r.priorAt != 0 {
 		return
 	}
@@ -95,8 +95,8 @@ func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Dur
 	// From the kernel's timestamp of the event to the pin: ring buffer
 	// polling, decoding and the pin itself.
 	lag := time.Duration(0)
-	if evTime > 0 && t.deps.Clock.Now() > evTime {
-		lag = t.deps.Clock.Now() - evTime
+	if evAt > 0 && t.deps.Clock.Now() > evAt {
+		lag = t.deps.Clock.Now() - evAt
 	}
 	fd.prior = p
 	fd.regimes = []detector.RegimeKind{FromPrior}
@@ -165,19 +165,6 @@ func (t judgeCtx) judgePriorChecks(now time.Duration) {
 		}
 		t.count(EvPriorConfirmed)
 	}
-}
-
-// learnFrom records a file window that paid in the memory.
-func (t *Tuner) learnFrom(fd *fileDec) {
-	if fd.win.cur <= fd.win.base || fd.path == "" || fd.win.cur == fd.learnedKB {
-		return
-	}
-	fd.learnedKB = fd.win.cur
-	base := fd.win.baseM.rate
-	if fd.prior != nil && base <= 0 {
-		base = fd.prior.BaseBPS
-	}
-	t.mem.Learn(fd.key, fd.dev.name, fd.path, fd.win.cur, fd.win.base, base, fd.win.keptM.rate, t.deps.Clock.Now(), time.Now())
 }
 
 // loadPriors reads the priors file of the state directory. Anything wrong

@@ -237,3 +237,29 @@ func lossBase(b, m measure) (dev, others float64) {
 	}
 	return max(dev, 0), max(others, 0)
 }
+
+// devLossMax: a file window step whose device total falls by more than this
+// share is not kept.
+const devLossMax = 0.05
+
+// windowKB is the largest window a reader of the file was seen with in the
+// last Settle (readahead events carry the open file's ra_pages), 0 if none,
+// and whether a reader has been reading it for a whole measurement (a
+// stream that started within the detector's window reads at a fraction of
+// its rate there: a step judged against that would be kept for nothing).
+func (t judgeCtx) windowKB(k probe.FileKey) (int, bool) {
+	now := t.deps.Clock.Now()
+	w, whole := 0, false
+	// Whole: read since before the span the tuner's view covers (a
+	// Settle, or the recent span of a check between Steps), by half again.
+	span := t.viewSpan()
+	for _, r := range t.readers[k] {
+		if now-r.lastSeen <= 2*t.cfg.Settle && r.raKB > w {
+			w = r.raKB
+		}
+		if now-r.firstSeen >= span+span/2 {
+			whole = true
+		}
+	}
+	return w, whole
+}

@@ -135,36 +135,6 @@ func (t *Tuner) readSince(k probe.FileKey) time.Duration {
 	return since
 }
 
-// peerStepIn reports whether another stream on the same device that
-// readaheadd serves, reading at least peerShareMin of f's bytes in files
-// (the same measure), has a window step under trial or had its window
-// changed within span: a rate that fell in that span may be that step's
-// doing (a larger window for one of several streams sharing a busy device
-// takes its share from the others, whose requests wait behind it), not a
-// slowdown. Four HDFS clients on a device the default window already
-// saturates: a fresh stream's first step starved another to 8 MB/s at a
-// 31 ms median, which read as its onset, and its own step starved a third
-// in turn. A small file read beside it (a block's checksums) takes no share.
-func (t *Tuner) peerStepIn(files []detector.FileStats, f detector.FileStats, now, span time.Duration) bool {
-	// The decisions are few beside the files; a moving one is rarer still.
-	for key, fd := range t.files {
-		if key == f.Key || fd.dev == nil || fd.dev.dev != f.Device ||
-			fd.win.trial == 0 && (fd.win.movedAt == 0 || now-fd.win.movedAt >= span) {
-			continue
-		}
-		for _, p := range files {
-			if p.Key == key && float64(p.Bytes) >= peerShareMin*float64(f.Bytes) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// peerShareMin: a peer reading less than this share of a stream's bytes
-// cannot have taken the share its rate lost.
-const peerShareMin = 0.25
-
 // abandonTrial ends a step under trial that an onset fell in, unjudged:
 // its span mixes the conditions before and after the onset, so its verdict
 // would say nothing about either (a trial that paid before the onset would

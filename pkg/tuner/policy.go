@@ -16,31 +16,6 @@ import (
 // empty between bursts.
 const inflightFill = 0.4
 
-// minBoundRequests: fewer requests in a window say too little.
-const minBoundRequests = 8
-
-// windowKB is the largest window a reader of the file was seen with in the
-// last Settle (readahead events carry the open file's ra_pages), 0 if none,
-// and whether a reader has been reading it for a whole measurement (a
-// stream that started within the detector's window reads at a fraction of
-// its rate there: a step judged against that would be kept for nothing).
-func (t judgeCtx) windowKB(k probe.FileKey) (int, bool) {
-	now := t.deps.Clock.Now()
-	w, whole := 0, false
-	// Whole: read since before the span the tuner's view covers (a
-	// Settle, or the recent span of a check between Steps), by half again.
-	span := t.viewSpan()
-	for _, r := range t.readers[k] {
-		if now-r.lastSeen <= 2*t.cfg.Settle && r.raKB > w {
-			w = r.raKB
-		}
-		if now-r.firstSeen >= span+span/2 {
-			whole = true
-		}
-	}
-	return w, whole
-}
-
 // windowBound reports whether a file's stream is bound by its window, and
 // why (or why not). It needs no baseline and no onset: only the stream's
 // own reads now. Whether the stream is at the device's bandwidth cannot be
@@ -349,11 +324,6 @@ func (t judgeCtx) stillPays(fd *fileDec) (bool, string) {
 	return m.tput*(1+margin) < ref, fmt.Sprintf("%s at the device's window against %s %.1f MB/s (margin %.0f%%)", m, of, ref/1e6, 100*margin)
 }
 
-// streamShareMin: when at least this share of a contended device's bytes
-// goes to the sequential readers that a contention step would reach, the
-// contention is among them.
-const streamShareMin = 0.8
-
 // contentionAmongStreams reports whether a device's contention comes from
 // the sequential readers the tuner would give larger windows to: two or
 // more of them, taking at least streamShareMin of the device's bytes. A
@@ -437,3 +407,46 @@ func (t judgeCtx) tailHint(snap detector.Snapshot, dev probe.Dev) int {
 	}
 	return int(ds.P99.Seconds() * ds.CapacityBPS / 1024)
 }
+
+// learnFrom records a file window that paid in the memory.
+func (t *Tuner) learnFrom(fd *fileDec) {
+	if fd.win.cur <= fd.win.base || fd.path == "" || fd.win.cur == fd.learnedKB {
+		return
+	}
+	fd.learnedKB = fd.win.cur
+	base := fd.win.baseM.rate
+	if fd.prior != nil && base <= 0 {
+		base = fd.prior.BaseBPS
+	}
+	t.mem.Learn(fd.key, fd.dev.name, fd.path, fd.win.cur, fd.win.base, base, fd.win.keptM.rate, t.deps.Clock.Now(), time.Now())
+}
+
+// peerStepIn reports whether another stream on the same device that
+// readaheadd serves, reading at least peerShareMin of f's bytes in files
+// (the same measure), has a window step under trial or had its window
+// changed within span: a rate that fell in that span may be that step's
+// doing (a larger window for one of several streams sharing a busy device
+// takes its share from the others, whose requests wait behind it), not a
+// slowdown. Four HDFS clients on a device the default window already
+// saturates: a fresh stream's first step starved another to 8 MB/s at a
+// 31 ms median, which read as its onset, and its own step starved a third
+// in turn. A small file read beside it (a block's checksums) takes no share.
+func (t *Tuner) peerStepIn(files []detector.FileStats, f detector.FileStats, now, span time.Duration) bool {
+	// The decisions are few beside the files; a moving one is rarer still.
+	for key, fd := range t.files {
+		if key == f.Key || fd.dev == nil || fd.dev.dev != f.Device ||
+			fd.win.trial == 0 && (fd.win.movedAt == 0 || now-fd.win.movedAt >= span) {
+			continue
+		}
+		for _, p := range files {
+			if p.Key == key && float64(p.Bytes) >= peerShareMin*float64(f.Bytes) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// peerShareMin: a peer reading less than this share of a stream's bytes
+// cannot have taken the share its rate lost.
+const peerShareMin = 0.25

@@ -77,47 +77,15 @@ const (
 	// randTailSevere: a p99 this many times the reference undoes a step
 	// at its verdict; below it the smoothed p99 decides (watchRandom).
 	randTailSevere = 1.6
-	// randTailAlpha: weight of the latest interval in a smoothed p99
-	// (a reference's, and a kept window's watch).
-	randTailAlpha = 0.2
 	// randGrowth: a window step beside random readers is at most this
 	// factor; randMinStep: a smaller one than this is not worth a trial.
 	randGrowth  = 1.5
 	randMinStep = 1.2
-	// randSlack: until a step beside random readers has shown how much
-	// each KB the stream queues delays them, the delay is taken as this
-	// many times a KB's transfer at the device's capacity (one transfer
-	// channel: measured on the lab, 1.0-1.15 near saturation; a device
-	// with many channels delays them less, which a step then shows).
-	randSlack = 1.25
 	// randSlopeFloor: the delay per KB is taken as at least this share of
 	// the prior (a step that cost them nothing says little about the next).
 	randSlopeFloor = 0.05
 	// randStepKB: windows beside random readers are multiples of this.
 	randStepKB = 16
-	// randRefAlpha: weight of the latest clean interval in a reference:
-	// high, since the reference is what the reader gets in the conditions
-	// of the moment (a stream that slows leaves it more of the device).
-	randRefAlpha = 0.6
-	// justNowShare: windows raised within this last share of a measure
-	// delayed too few of a random reader's requests in it for its service
-	// there to be an estimate (raisedJustNow).
-	justNowShare = 0.1
-	// refTailMinRequests: a reference's p99 is sure over this many
-	// requests at least (its second largest or further in).
-	refTailMinRequests = 200
-	// refreshTailRequests: the recent requests whose p99 replaces a random
-	// reader's p99 reference outright at a refresh (refreshTailWeight).
-	refreshTailRequests = 100
-	// tailEstFloor: the account of the raised windows (tailAtDefault)
-	// puts what the device's window gives a random reader at this share
-	// of its reference at least (of its p99 now, its reference's not sure).
-	tailEstFloor = 0.75
-	// peerSlowMult: a stream whose median request latency is this many
-	// times its random peers' is slowed by its file, not by the queue.
-	peerSlowMult = 1.5
-	// maxRandRefs bounds the references kept.
-	maxRandRefs = 4096
 	// watchSpan, watchOver: the watch of a kept window beside random
 	// readers brings it down when watchOver of the last watchSpan
 	// intervals went over their budget (watchRandom).

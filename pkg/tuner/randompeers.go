@@ -104,3 +104,45 @@ func (t judgeCtx) randomBesideDev(dev probe.Dev, except probe.FileKey) bool {
 	}
 	return false
 }
+
+const (
+	// trimMaxSequentiality: only files read this randomly are trimmed.
+	trimMaxSequentiality = 0.2
+	// trimMinRequests: the file's window must hold this many requests.
+	trimMinRequests = 16
+	// trimSizeFactor: its requests must average at least this multiple
+	// of TrimKB (read-around sized, not reads the reader asked for).
+	trimSizeFactor = 4
+)
+
+// readRandomly reports whether a file is read now, and randomly, with
+// enough requests in the window to tell.
+func (t judgeCtx) readRandomly(fs detector.FileStats) bool {
+	return t.snap.Now-fs.LastSeen <= t.cfg.Settle && fs.Sequentiality <= trimMaxSequentiality && fs.Requests >= trimMinRequests
+}
+
+// readAroundSized reports whether a file's requests are the size a window
+// of trimSizeFactor x kb reads around each fault, not what a reader asks.
+func readAroundSized(fs detector.FileStats, kb int) bool {
+	return fs.MeanSize >= float64(trimSizeFactor*kb*1024)
+}
+
+const (
+	// minBoundRequests: fewer requests in a window say too little.
+	minBoundRequests = 8
+	// peerSlowMult: a stream whose median request latency is this many
+	// times its random peers' is slowed by its file, not by the queue.
+	peerSlowMult = 1.5
+)
+
+// serviceOf is a random reader's service in fs, ok if it has enough
+// requests to say.
+func serviceOf(fs detector.FileStats) (randService, bool) {
+	if fs.Requests < trimMinRequests || fs.BusyThroughput <= 0 || fs.MeanSize <= 0 || fs.Inflight <= 0 || fs.P95 <= 0 || fs.P99 <= 0 {
+		return randService{}, false
+	}
+	// Little's law: the mean latency is the requests in flight while busy
+	// times the bytes per request over the busy throughput.
+	mean := time.Duration(fs.Inflight * fs.MeanSize / fs.BusyThroughput * float64(time.Second))
+	return randService{mean: mean, tail: fs.P99, size: fs.MeanSize, requests: fs.Requests}, true
+}

@@ -10,18 +10,6 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// serviceOf is a random reader's service in fs, ok if it has enough
-// requests to say.
-func serviceOf(fs detector.FileStats) (randService, bool) {
-	if fs.Requests < trimMinRequests || fs.BusyThroughput <= 0 || fs.MeanSize <= 0 || fs.Inflight <= 0 || fs.P95 <= 0 || fs.P99 <= 0 {
-		return randService{}, false
-	}
-	// Little's law: the mean latency is the requests in flight while busy
-	// times the bytes per request over the busy throughput.
-	mean := time.Duration(fs.Inflight * fs.MeanSize / fs.BusyThroughput * float64(time.Second))
-	return randService{mean: mean, tail: fs.P99, size: fs.MeanSize, requests: fs.Requests}, true
-}
-
 // untouched reports whether nothing readaheadd does is in force on the
 // device, and nothing changed there for a Settle (the last measure holds
 // no request from before a change).
@@ -342,3 +330,35 @@ func (t judgeCtx) refreshRandom(d *devState) {
 func refreshTailWeight(n uint64) float64 {
 	return min(1, float64(n)/refreshTailRequests)
 }
+
+const (
+	// randTailAlpha: weight of the latest interval in a smoothed p99
+	// (a reference's, and a kept window's watch).
+	randTailAlpha = 0.2
+	// randSlack: until a step beside random readers has shown how much
+	// each KB the stream queues delays them, the delay is taken as this
+	// many times a KB's transfer at the device's capacity (one transfer
+	// channel: measured on the lab, 1.0-1.15 near saturation; a device
+	// with many channels delays them less, which a step then shows).
+	randSlack = 1.25
+	// randRefAlpha: weight of the latest clean interval in a reference:
+	// high, since the reference is what the reader gets in the conditions
+	// of the moment (a stream that slows leaves it more of the device).
+	randRefAlpha = 0.6
+	// justNowShare: windows raised within this last share of a measure
+	// delayed too few of a random reader's requests in it for its service
+	// there to be an estimate (raisedJustNow).
+	justNowShare = 0.1
+	// refTailMinRequests: a reference's p99 is sure over this many
+	// requests at least (its second largest or further in).
+	refTailMinRequests = 200
+	// refreshTailRequests: the recent requests whose p99 replaces a random
+	// reader's p99 reference outright at a refresh (refreshTailWeight).
+	refreshTailRequests = 100
+	// tailEstFloor: the account of the raised windows (tailAtDefault)
+	// puts what the device's window gives a random reader at this share
+	// of its reference at least (of its p99 now, its reference's not sure).
+	tailEstFloor = 0.75
+	// maxRandRefs bounds the references kept.
+	maxRandRefs = 4096
+)

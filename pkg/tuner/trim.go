@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/readaheadd/readaheadd/pkg/actuate"
-	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
@@ -27,49 +26,6 @@ import (
 // undone, with back-off, otherwise. It ends when the tuner
 // no longer acts on the device (Grace), when a decision of the file's own
 // takes over, or at shutdown.
-
-const (
-	// trimMaxSequentiality: only files read this randomly are trimmed.
-	trimMaxSequentiality = 0.2
-	// trimMinRequests: the file's window must hold this many requests.
-	trimMinRequests = 16
-	// trimSizeFactor: its requests must average at least this multiple
-	// of TrimKB (read-around sized, not reads the reader asked for).
-	trimSizeFactor = 4
-	// trimScanEvery bounds how often one file's readers are searched for
-	// in every process's descriptors.
-	trimScanEvery = 30 * time.Second
-)
-
-// helping reports whether the tuner has a window raised on the device:
-// its own (device-wide) or an open file's (in dry-run mode: would have).
-func (t *Tuner) helping(d *devState) bool {
-	if d.raisedWide() {
-		return true
-	}
-	for _, fd := range t.files {
-		if fd.dev == d && fd.win.raised() {
-			return true
-		}
-	}
-	return false
-}
-
-// raisedWide reports whether the device's own window is raised (in dry-run
-// mode: would be).
-func (d *devState) raisedWide() bool {
-	return d.cur != d.orig || d.winActive && d.win.dryAt > d.orig
-}
-
-// trimmedOn reports whether a read-around trim is in force on d.
-func (t *Tuner) trimmedOn(d *devState) bool {
-	for _, td := range t.trims {
-		if td.dev == d {
-			return true
-		}
-	}
-	return false
-}
 
 // trimAll starts, judges and ends read-around trims.
 func (t judgeCtx) trimAll() {
@@ -219,18 +175,6 @@ func (t judgeCtx) retrim(td *trimDec) {
 	t.emit(a)
 }
 
-// readRandomly reports whether a file is read now, and randomly, with
-// enough requests in the window to tell.
-func (t judgeCtx) readRandomly(fs detector.FileStats) bool {
-	return t.snap.Now-fs.LastSeen <= t.cfg.Settle && fs.Sequentiality <= trimMaxSequentiality && fs.Requests >= trimMinRequests
-}
-
-// readAroundSized reports whether a file's requests are the size a window
-// of trimSizeFactor x kb reads around each fault, not what a reader asks.
-func readAroundSized(fs detector.FileStats, kb int) bool {
-	return fs.MeanSize >= float64(trimSizeFactor*kb*1024)
-}
-
 // scanDue reports whether a file's readers may be searched for now (once
 // per trimScanEvery), and records the search.
 func (t *Tuner) scanDue(k probe.FileKey, now time.Duration) bool {
@@ -331,9 +275,6 @@ func (t *Tuner) trimmedClosed(td *trimDec) bool {
 	}
 	return true
 }
-
-// closed reports whether ref is known closed (or its process gone).
-func (t *Tuner) closed(ref actuate.FileRef) bool { return !t.deps.Files.Holds(ref) }
 
 // endTrim gives the trimmed open files the device's window again.
 func (t *Tuner) endTrim(td *trimDec, why string) {

@@ -160,3 +160,10 @@ func pruneOpened(td *trimDec, now time.Duration) {
 		}
 	}
 }
+
+// trimScanEvery bounds how often one file's readers are searched for
+// in every process's descriptors.
+const trimScanEvery = 30 * time.Second
+
+// closed reports whether ref is known closed (or its process gone).
+func (t *Tuner) closed(ref actuate.FileRef) bool { return !t.deps.Files.Holds(ref) }

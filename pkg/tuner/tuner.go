@@ -458,3 +458,33 @@ func (t judgeCtx) viewSpan() time.Duration { return cmp.Or(t.span, t.cfg.Settle)
 // freshSpanDiv: the recent requests judged are those of the last
 // Settle / 4 (250 ms at 1 s).
 const freshSpanDiv = 4
+
+// helping reports whether the tuner has a window raised on the device:
+// its own (device-wide) or an open file's (in dry-run mode: would have).
+func (t *Tuner) helping(d *devState) bool {
+	if d.raisedWide() {
+		return true
+	}
+	for _, fd := range t.files {
+		if fd.dev == d && fd.win.raised() {
+			return true
+		}
+	}
+	return false
+}
+
+// raisedWide reports whether the device's own window is raised (in dry-run
+// mode: would be).
+func (d *devState) raisedWide() bool {
+	return d.cur != d.orig || d.winActive && d.win.dryAt > d.orig
+}
+
+// trimmedOn reports whether a read-around trim is in force on d.
+func (t *Tuner) trimmedOn(d *devState) bool {
+	for _, td := range t.trims {
+		if td.dev == d {
+			return true
+		}
+	}
+	return false
+}

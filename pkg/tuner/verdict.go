@@ -1,73 +1,19 @@
 package tuner
 
+// Verdicts between Steps: a step under trial that clearly pays on its
+// recent requests is kept early (trialStreams, fastVerdict; the rule is
+// keepsEarly, trial.go), and a step whose stream ended is judged at once
+// (endedTrials, endedVerdict).
+
 import (
+	"errors"
+	"fmt"
 	"slices"
 	"time"
 
 	"github.com/readaheadd/readaheadd/pkg/detector"
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
-
-// A step is judged by the first Step at least most of a Settle after it.
-// One taken between Steps (a fresh stream, an onset) is then judged up to
-// two intervals later, and a stream that needs several steps gains one
-// window every one or two seconds: an HDFS block (2 s of reading) is read
-// almost whole at its first step. A step that clearly pays need not wait:
-// from half a Settle on, every Settle/4 Tick asks for the recent
-// requests of the steps under trial (trialStreams) and fastVerdict keeps
-// those whose recent span, all of it at the step's window, reads at least
-// earlyKeepGain above the step's before-measure, and takes the next step.
-// Only a keep comes early, never an undo (a quarter interval says less
-// than a whole one about a loss). Beside random readers only when each of
-// them was measured over the span (enough requests), their trims unchanged
-// in it, their mean clearly within its budget and their p99 not far off:
-// a quarter interval's mean is a few hundred of their faults, its p99 a
-// handful, which the watch of the kept window then follows interval by
-// interval. (At +3 ms beside an mmap reader, each step judged a whole
-// Settle after it took the stream 3.5-4 s to reach 288 KB, and it read
-// 0.84-0.87 of the best static window over 8 s.)
-const (
-	// earlyKeepGain: three keep margins at the default Margin.
-	earlyKeepGain = 0.3
-	// earlyRandMean: the random readers' mean, as a share of its budget,
-	// under which a step beside them may be kept early.
-	earlyRandMean = 0.9
-)
-
-// keepsEarly reports whether a file window step under trial may be judged
-// now, before its Settle: it is judged early (fastVerdict), has run half a
-// Settle, the measure's span holds only its window, and the measure says it
-// pays by earlyKeepGain with nothing lost elsewhere.
-func (t judgeCtx) keepsEarly(d *devState, l *ladder, m measure, now time.Duration) bool {
-	// A verdict put off (randLater) waits for a whole interval.
-	if t.mode != judgeEarly || l.kind != KindFileWindow || l.randLater || now-l.trialAt < t.cfg.Settle/2 || now-l.movedAt < t.span {
-		return false
-	}
-	b := l.before
-	if !m.ok || !b.ok || b.tput <= 0 || m.tput < (1+earlyKeepGain)*b.tput {
-		return false
-	}
-	if (m.rand.n > 0 || b.rand.n > 0) && !t.randomWithinEarly(d, m, now) {
-		return false
-	}
-	bdev, bo := lossBase(b, m)
-	if bdev > 0 && m.dev > 0 && m.dev < (1-devLossMax)*bdev {
-		return false
-	}
-	if m.othersMustNotLose && bo > 0 && m.others < (1-devLossMax)*bo {
-		return false
-	}
-	return true
-}
-
-// randomWithinEarly reports whether the random readers beside a step, as
-// measured on the recent span, allow keeping it early (see above).
-func (t judgeCtx) randomWithinEarly(d *devState, m measure, now time.Duration) bool {
-	if d == nil || d.trimAt > now-t.span || m.rand.n == 0 || m.rand.n < len(t.randomsBeside(d.dev, probe.FileKey{})) {
-		return false
-	}
-	return m.rand.mean <= earlyRandMean && m.rand.tail < randTailSevere
-}
 
 // trialStreams returns the files with a window step under trial that
 // fastVerdict may judge now, and the span of recent requests to judge them
@@ -126,4 +72,115 @@ func (t *Tuner) judgeOn(snap detector.Snapshot, span time.Duration, mode judgeMo
 		}
 	}
 	return t.out
+}
+
+// Steps whose stream ended under trial. A block file read at a few hundred
+// MB/s ends within a second of a step, often before the Step that would
+// judge it: that Step would then find nothing to judge by and, four
+// intervals later, undo the step and set a knee on no evidence, and the
+// directory's prior would never learn the step. Instead, as soon as a
+// stream under trial stops reading, the step is judged on everything the
+// stream read since it, or, if that is too little, ended unjudged with no
+// knee and no back-off.
+
+// endedJudgeMin: a stream that read for less than this after its step (its
+// new window's first readahead takes a few milliseconds, its first
+// requests a latency more) says too little to keep or undo the step.
+const endedJudgeMin = 200 * time.Millisecond
+
+// trialSpan is a step under trial and the span since it.
+type trialSpan struct {
+	Key  probe.FileKey
+	Span time.Duration
+}
+
+// lastRead is when a reader of the file last had a readahead event (0 if
+// none is known).
+func (t *Tuner) lastRead(k probe.FileKey) time.Duration {
+	var last time.Duration
+	for _, r := range t.readers[k] {
+		last = max(last, r.lastSeen)
+	}
+	return last
+}
+
+// readaheadGap is how long a stream under trial may go without a readahead
+// event and still be reading: endedGap, or two of its windows at its rate
+// before the step, whichever is longer (a 4 MB window read at 10 MB/s has
+// an event every 400 ms).
+func (t *Tuner) readaheadGap(l *ladder) time.Duration {
+	gap := endedGap
+	if r := l.before.rate; r > 0 {
+		gap = max(gap, time.Duration(2*float64(l.trial)*1024/r*float64(time.Second)))
+	}
+	return gap
+}
+
+// endedTrials returns the file window steps under trial whose stream has
+// stopped reading (no readahead event for endedGap) after reading long
+// enough since its step to judge it, each with the span since its step;
+// endedVerdict judges them on the requests of that span. Steps whose
+// stream stopped sooner end here unjudged.
+func (t *Tuner) endedTrials() []trialSpan {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.deps.Clock.Now()
+	// Steps ended unjudged are returned by the next Tick or Step.
+	saved := t.out
+	t.out = t.evOut
+	defer func() { t.evOut, t.out = t.out, saved }()
+	var out []trialSpan
+	// Every 100 ms: only the few decisions with a step under trial are
+	// looked at (and ordered), not every decision.
+	var keys []probe.FileKey
+	for k, fd := range t.files {
+		if fd.win.trial != 0 && fd.pf.trial == 0 && fd.win.probeUntil == 0 {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, compareKeys)
+	for _, k := range keys {
+		fd := t.files[k]
+		l := &fd.win
+		last := t.lastRead(k)
+		if last == 0 || now-last < t.readaheadGap(l) {
+			continue
+		}
+		if last-l.trialAt < endedJudgeMin {
+			t.endUnjudged(fd, last-l.trialAt)
+			continue
+		}
+		out = append(out, trialSpan{Key: k, Span: now - l.trialAt})
+	}
+	return out
+}
+
+// endUnjudged takes back a step whose stream read too little after it to
+// judge it: the window in force before it stays, with no knee and no
+// back-off (the next reader of the file, or of its directory, steps again).
+func (t *Tuner) endUnjudged(fd *fileDec, read time.Duration) {
+	now := t.deps.Clock.Now()
+	l := &fd.win
+	from := l.trial
+	l.trial, l.movedAt = 0, now
+	if err := t.pinFile(fd, l.cur, nil, true); err != nil && !errors.Is(err, errNoReaders) {
+		t.log.Debug("tuner: ended step not taken back", "file", fd.key.String(), "err", err)
+	}
+	t.count(EvEndedUnjudged)
+	if fd.climbFrom > 0 {
+		t.mem.Unclimb(fd.prior, fd.key) // no knee: the next open climbs again
+		fd.climbFrom = 0
+	}
+	t.emit(fd.action(now, KindFileWindowUndo, from, l.cur, ResultUndone,
+		fmt.Sprintf("the stream stopped reading %v after the step (its file ended or was closed): too little to judge it by; no knee", read.Round(time.Millisecond))))
+}
+
+// endedVerdict judges a step of endedTrials on its stream's requests since
+// the step (snap, over span; detector.Recent, which also holds the
+// device's other files: they are not judged here). No next step is taken:
+// the stream has stopped.
+func (t *Tuner) endedVerdict(ts trialSpan, snap detector.Snapshot) []Action {
+	return t.judgeOn(snap, ts.Span, judgeEnded, EvKeptEnded, func(f detector.FileStats, fd *fileDec) bool {
+		return f.Key == ts.Key && fd.pf.trial == 0
+	})
 }
