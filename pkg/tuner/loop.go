@@ -361,7 +361,7 @@ func (t *Tuner) Tick(fast detector.Snapshot, recent RecentFunc) []Action {
 	if len(fast.Regimes) > 0 {
 		// The step is measured on the requests since about the onset,
 		// not on a whole interval that is mostly before it.
-		span := t.recentSpan()
+		span := t.cfg.Settle / freshSpanDiv
 		keys := make([]probe.FileKey, 0, len(fast.Files))
 		for _, f := range fast.Files {
 			keys = append(keys, f.Key)

@@ -13,12 +13,6 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-const (
-	judgeStep  judgeMode = iota // at its Settle (a Step; a step taken between Steps)
-	judgeEarly                  // before it, kept only if it clearly pays (fastVerdict)
-	judgeEnded                  // at once, on the span since it: its stream stopped (endedVerdict)
-)
-
 func (t judgeCtx) fileMeasure(k probe.FileKey) measure {
 	fs, ok := t.fstats[k]
 	if !ok || fs.BusyThroughput <= 0 || t.snap.Now-fs.LastSeen > t.cfg.Settle {

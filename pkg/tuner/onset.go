@@ -26,8 +26,6 @@ const (
 	// onsetDrop: the recent rate must be below this share of the rate
 	// at the last Step (a 250 ms span of a healthy stream varies less).
 	onsetDrop = 0.7
-	// onsetEvery: Settle / onsetEvery between two checks.
-	onsetEvery = 4
 	// onsetMinRequests: the fewest recent requests a slowed stream is judged
 	// on. Fewer than a fresh stream needs (freshMinRequests): the slowdown
 	// itself thins them out (a 128 KB window two requests deep at 16 ms

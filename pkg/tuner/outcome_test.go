@@ -861,7 +861,7 @@ func TestFastRegimeOnAnOutcomeDecisionIsMeasuredOnRecentRequests(t *testing.T) {
 	// 100 MB/s with the window Little's law asks for.
 	r.clk.Advance(500 * time.Millisecond)
 	r.tput = func(kb int) float64 { return min(float64(kb)*0.08e6, 100e6) }
-	span := r.tn.recentSpan()
+	span := r.tn.cfg.Settle / freshSpanDiv
 	win := r.outcomeSnap(st)
 	win.Files[0].BusyThroughput, win.Files[0].Bytes = 95e6, 95e6 // the interval: half before the onset
 	win.Files[0].P95 = 20 * time.Millisecond

@@ -195,7 +195,7 @@ type Tuner struct {
 	// steps under trial (verdict.go).
 	verdictAt time.Duration
 	// trimAskAt: when trimStreams last asked for the recent requests of
-	// devices with a window raised (fasttrim.go).
+	// devices with a window raised (trim.go).
 	trimAskAt time.Duration
 	// scopeOf: cached scope verdicts of other readers' files (outsideScope).
 	scopeOf map[probe.FileKey]scopeVerdict
@@ -432,6 +432,12 @@ func (b *bucket) fill(now time.Duration, rate, burst float64) float64 {
 // judgeMode is how a step under trial is judged.
 type judgeMode int
 
+const (
+	judgeStep  judgeMode = iota // at its Settle (a Step; a step taken between Steps)
+	judgeEarly                  // before it, kept only if it clearly pays (fastVerdict)
+	judgeEnded                  // at once, on the span since it: its stream stopped (endedVerdict)
+)
+
 // judgeCtx is what one call measures and judges by: a view, the judging
 // mode, and whether the detector's fast path entered the regime a moment
 // ago (justIn: drive.go does not hold the stream at capacity). Measuring
@@ -455,9 +461,14 @@ func (t *Tuner) atStep() judgeCtx { return judgeCtx{Tuner: t, view: &t.view} }
 // viewSpan is the span the view's stats cover.
 func (t judgeCtx) viewSpan() time.Duration { return cmp.Or(t.span, t.cfg.Settle) }
 
-// freshSpanDiv: the recent requests judged are those of the last
-// Settle / 4 (250 ms at 1 s).
-const freshSpanDiv = 4
+const (
+	// freshSpanDiv: the recent requests judged are those of the last
+	// Settle / 4 (250 ms at 1 s).
+	freshSpanDiv = 4
+	// onsetEvery: Settle / onsetEvery between two checks of the same kind
+	// between Steps (onsets, early verdicts, trims).
+	onsetEvery = 4
+)
 
 // helping reports whether the tuner has a window raised on the device:
 // its own (device-wide) or an open file's (in dry-run mode: would have).
