@@ -49,9 +49,9 @@ type ladder struct {
 	rejump bool
 	// tried: the value of the last step taken.
 	tried int
-	// The knee's own record (kneeStale, trial.go): the measure at the knee's window
-	// when it was found, whether the random readers' loss set it, and the
-	// re-probes that found it stale.
+	// The knee's own record (kneeStale, trial.go): the measure at the
+	// knee's window when it was found, whether the random readers' loss
+	// set it, and the re-probes that found it stale.
 	kneeM      measure
 	kneeRandom bool
 	staleAt    time.Duration
