@@ -163,7 +163,7 @@ func (t *Tuner) lowerFiles(d *devState, kb int, refs []actuate.FileRef, limit bo
 }
 
 // trimOpenedFiles is lowerFiles for descriptors just opened by a random
-// reader on a trimmed file (trimopen.go): without a break (LowerReq.NoBreak),
+// reader on a trimmed file (trim.go): without a break (LowerReq.NoBreak),
 // so the tuner's lock is held throughout.
 func (t *Tuner) trimOpenedFiles(d *devState, kb int, refs []actuate.FileRef) (int, error) {
 	t.count(EvActuatorLower)

@@ -1,8 +1,7 @@
 package tuner
 
-// The state of one knob's closed loop (ladder) and the measure its steps
-// are judged by. Nothing here acts: the tuner's parts above read and move
-// them.
+// One knob's closed-loop state (ladder) and the measure its steps are
+// judged by: data only, read and moved by the parts above.
 
 import (
 	"fmt"

@@ -59,7 +59,7 @@ type devState struct {
 	dirty  bool   // the last write back failed: retry
 	writes bucket // sysfs writes (Tuner.take)
 	// opened: the budget of trims of descriptors opened on trimmed files
-	// (trimopen.go).
+	// (trim.go).
 	opened bucket
 	// prefetch: the prefetch budget in bytes, empty when the device is
 	// first seen.
@@ -152,7 +152,7 @@ type Tuner struct {
 	files     map[probe.FileKey]*fileDec
 	readers   map[probe.FileKey]map[uint32]*readerInfo
 	// view: the last Step's (Step writes it; the fast path's files join
-	// it, between.go); a call between Steps judges on its own (judgeCtx).
+	// it, fastOn); a call between Steps judges on its own (judgeCtx).
 	view
 	tails    map[probe.FileKey]tailSeen // streams whose latency has a tail (tail.go)
 	tailSpan uint64                     // spans noteTails has looked at
@@ -385,7 +385,7 @@ type trimDec struct {
 	lastNeed  time.Duration
 	dry       bool
 	// watched: the probe reports read-arounds of descriptors opened on
-	// the file since (trimopen.go); opened is what the event path did
+	// the file since (trim.go); opened is what the event path did
 	// per process.
 	watched bool
 	opened  map[uint32]openedMark

@@ -189,7 +189,7 @@ type Deps struct {
 	States actuate.RAStates
 	// Around reports read-arounds of trimmed files by descriptors opened
 	// since the trim (the probe in production); nil: those are found by
-	// the periodic search only (trimopen.go).
+	// the periodic search only (trim.go).
 	Around ReadAroundWatch
 	Clock  clock.Clock
 	Store  *state.Store // may be nil only in dry-run mode
