@@ -138,48 +138,47 @@ func (t *Tuner) tailNeedKB(k probe.FileKey, rateBPS float64) int {
 	return int(rateBPS * s.p99.Seconds() / 1024)
 }
 
-// tailKeep reports whether a file window step that did not pay its margin
-// is kept anyway, and why: the stream has a tail its former window could
-// not cover, and the step cost it nothing (its rate held, or it reads at
-// the device's capacity). Never beside a random reader, whose faults wait
-// behind every window of the stream's queued transfers: there each step
-// must pay.
-func (t judgeCtx) tailKeep(file probe.FileKey, l *ladder, m measure) (string, bool) {
+// tailKeep says why a file window step that did not pay its margin is
+// kept anyway, "" if not: prior, its directory's prior confirmed; tail, the
+// stream has a tail its former window could not cover, and the step cost
+// it nothing (its rate held, or it reads at the device's capacity). Never
+// beside a random reader, whose faults wait behind every window of the
+// stream's queued transfers: there each step must pay.
+func (t judgeCtx) tailKeep(file probe.FileKey, l *ladder, m measure) (prior, tail string) {
 	fd := t.files[file]
 	if fd == nil || !m.ok || l.kind != KindFileWindow || t.randomReaderBeside(fd) {
-		return "", false
+		return "", ""
 	}
 	if p := fd.prior; p != nil && l.trialFrom == l.base && p.KeptBPS > 0 && m.tput*(1+t.cfg.Margin) >= p.KeptBPS {
 		// A prior's window is confirmed when the fresh stream reads as
 		// its neighbours did with it: the gain they measured (perhaps
 		// between stalls, perhaps kept on a tail) is theirs, not a
 		// margin this stream must show again over their base.
-		return fmt.Sprintf("the prior's window is confirmed: %.1f MB/s, its streams read %.1f MB/s with it", m.tput/1e6, p.KeptBPS/1e6), true
+		prior = fmt.Sprintf("the prior's window is confirmed: %.1f MB/s, its streams read %.1f MB/s with it", m.tput/1e6, p.KeptBPS/1e6)
 	}
 	s, ok := t.tailOf(file)
 	if !ok {
-		return "", false
+		return prior, ""
 	}
 	if l.youngBefore && s.at <= l.beforeAt {
 		// A tail seen only in the stream's start (its open, its first
 		// synchronous reads: a healthy lab stream's first span showed p99
 		// 5 ms at p50 1.7 ms) says nothing of its steady reads. A stall
 		// that recurs shows again in the step's own spans.
-		return "", false
+		return prior, ""
 	}
 	need := t.tailNeedKB(file, max(m.tput, l.before.tput))
 	if need <= l.trialFrom {
-		return "", false
+		return prior, ""
 	}
 	capBPS := t.dstats[fd.dev.dev].CapacityBPS
 	held := m.tput >= (1-devLossMax)*l.before.tput
 	atCap := capBPS > 0 && m.tput >= t.cfg.CapacityFrac*capBPS
 	if !held && !atCap {
-		return "", false
+		return prior, ""
 	}
-	t.count(EvTailKept)
-	return fmt.Sprintf("kept without its margin: the stream's latency has a tail (p99 %v at p50 %v) that needs about %d KB, more than the %d KB it left, and the step cost it nothing",
-		s.p99.Round(100*time.Microsecond), s.p50.Round(100*time.Microsecond), need, l.trialFrom), true
+	return prior, fmt.Sprintf("kept without its margin: the stream's latency has a tail (p99 %v at p50 %v) that needs about %d KB, more than the %d KB it left, and the step cost it nothing",
+		s.p99.Round(100*time.Microsecond), s.p50.Round(100*time.Microsecond), need, l.trialFrom)
 }
 
 // windowMoved reports whether the span of requests the detector just
@@ -225,7 +224,7 @@ func (t *Tuner) tailNow(k probe.FileKey) bool {
 // it) and the span its before-measure came from did not, and the tail needs
 // more than the step (rate x p99). A stall-free before-measure cannot be
 // matched by a window too small for the stall; one large enough for it
-// reads at the stall-free rate through it. Counted as a put-off verdict.
+// reads at the stall-free rate through it (the rule tail_resized, judge.go).
 func (t judgeCtx) tailResize(file probe.FileKey, l *ladder, m measure, maxKB int) int {
 	if l.kind != KindFileWindow || l.beforeTail || l.later >= tailMaxLater || !t.tailNow(file) || l.trial >= maxKB {
 		return 0
@@ -242,27 +241,5 @@ func (t judgeCtx) tailResize(file probe.FileKey, l *ladder, m measure, maxKB int
 	if next <= l.trial {
 		return 0
 	}
-	l.later++
-	t.count(EvJudgedLater)
 	return next
-}
-
-// judgeLater puts off the verdict of a file window step that did not pay
-// when the span it is judged on stalled (the stream's tail is in it) and
-// the span its before-measure came from did not: that compares a stall with
-// its absence, not one window with another. The step stays one more
-// interval, judged then against the same before-measure (a stall-free span
-// at the larger window is then compared with a stall-free span at the
-// smaller one), at most tailMaxLater times.
-func (t *Tuner) judgeLater(file probe.FileKey, l *ladder) bool {
-	if l.kind != KindFileWindow {
-		return false
-	}
-	if l.beforeTail || l.later >= tailMaxLater || !t.tailNow(file) {
-		t.log.Debug("tuner: verdict not put off", "file", file.String(), "tail_now", t.tailNow(file), "tail_before", l.beforeTail, "later", l.later)
-		return false
-	}
-	l.later++
-	t.count(EvJudgedLater)
-	return true
 }

@@ -59,123 +59,69 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 		l.lastM, l.lastAt, l.lastVal = m, now, l.cur
 	}
 	if l.trial != 0 {
-		// Steps are taken on interval ticks: the tick one Settle after the
-		// step may read the clock a little early, and must still judge it
-		// (otherwise every step would take two intervals).
-		early := now-l.trialAt < t.cfg.Settle-t.cfg.Settle/10
-		if early && !t.keepsEarly(d, l, m, now) && !(t.mode == judgeEnded && m.ok) {
+		e := t.evidenceFor(l, d, file, m, now, max)
+		v := judgeTrial(e)
+		if v.rule.out == outWait {
 			return false
-		}
-		if !m.ok && now-l.trialAt < 4*t.cfg.Settle {
-			return false // no reads yet to judge by
-		}
-		b := l.before
-		if l.steadyTput > 0 {
-			b.tput = l.steadyTput
 		}
 		l.judged = m
 		if l.kind == KindFileWindow {
 			t.learnCapacity(d, l.trialFrom, l.trial, l.before, m)
 		}
-		gain := 0.0
-		if m.ok && b.tput > 0 {
-			gain = m.tput/b.tput - 1
-		}
-		margin, atCap := t.marginFor(l, d, file, m)
-		ordinary := margin
-		if l.youngBefore && margin < youngMargin {
-			margin = youngMargin
-		}
-		ev := fmt.Sprintf("%s; before %s, after %s (%+.0f%%, keep margin %+.0f%%)", why, b, m, gain*100, margin*100)
-		if atCap && margin == ordinary {
+		ev := fmt.Sprintf("%s; before %s, after %s (%+.0f%%, keep margin %+.0f%%)", why, e.before, m, e.gain*100, e.margin*100)
+		if e.atCap && e.margin == e.ordinary {
 			ev += fmt.Sprintf(" (half the margin: the stream alone reads at the device's capacity, %.1f MB/s)", t.dstats[d.dev].CapacityBPS/1e6)
 		}
-		if m.ok && gain < margin && t.mode != judgeEnded { // a stream that ended reads no more to resize or wait for
-			if next := t.tailResize(file, l, m, max); next > 0 {
-				// The step's span stalled, the span before it did not, and
-				// the stall needs more than the step: the larger step is
-				// judged against the same before-measure next interval.
-				if err := apply(next); err == nil {
-					act(l.kind, l.trialFrom, next, ResultTrial, fmt.Sprintf("%s; resized to the stream's tail (p99 %v): %s",
-						why, t.tails[file].p99.Round(100*time.Microsecond), m))
-					l.trial, l.trialAt, l.movedAt, l.tried = next, now, now, next
-					return true
-				}
-			}
-			if t.judgeLater(file, l) {
-				return did // the step's span stalled and the span before it did not
-			}
-		}
-		if !m.ok || gain < margin {
-			why, keep := t.tailKeep(file, l, m)
-			if !keep {
-				why, keep = t.shiftKeep(file, l, m)
-			}
-			if !keep && l.youngBefore && m.ok && l.cur == l.base && gain >= ordinary && l.kind != KindDeviceWindow {
-				// The ordinary margin paid, the start's did not: the step
-				// is taken again after one whole interval at the device's
-				// window, not after a back-off (+1 ms on the lab: +30%
-				// against the start's 40%, and 2 s more at the default
-				// window cost the stream 5% of its read).
-				from, ok := takeBack(l, now, ev, apply, act)
-				if ok {
-					l.youngRetry, l.retryAt, l.youngUndoneAt = true, now+t.cfg.Settle-t.cfg.Settle/10, now
-					act(undoOf(l.kind), from, l.cur, ResultUndone, ev+"; judged on the stream's start: tried again once it is measured whole")
-				}
+		if v.rule.out == outResize {
+			l.later++
+			t.count(v.rule.event)
+			if err := apply(e.resizeTo); err == nil {
+				act(l.kind, l.trialFrom, e.resizeTo, ResultTrial, fmt.Sprintf("%s; resized to the stream's tail (p99 %v): %s",
+					why, t.tails[file].p99.Round(100*time.Microsecond), m))
+				l.trial, l.trialAt, l.movedAt, l.tried = e.resizeTo, now, now, e.resizeTo
 				return true
 			}
-			if !keep {
-				return t.undoStep(l, now, ev, apply, act)
+			// Not resized: the put-off counted above stands, and the rules
+			// below the resize judge the step as it is.
+			e.resizeTo, e.later = 0, l.later
+			v = judgeTrial(e)
+		}
+		if w := v.waiver; w != nil {
+			ev += "; " + w.clause(&e)
+			if w.event != evNone {
+				t.count(w.event)
 			}
-			ev += "; " + why
 		}
-		// The device's other readers must not pay for the gain: its total
-		// must not fall (a larger window that only queues ahead of others
-		// wins a stream nothing the device did not lose elsewhere).
-		bdev, bo := lossBase(l.before, m)
-		if l.kind == KindFileWindow && bdev > 0 && m.dev > 0 && m.dev < (1-devLossMax)*bdev {
-			return t.undoStep(l, now, ev+fmt.Sprintf("; the device's total fell %.1f -> %.1f MB/s: its other readers lost more", bdev/1e6, m.dev/1e6), apply, act)
+		if v.rule.event != evNone {
+			t.count(v.rule.event)
 		}
-		// A step no regime asked for must not be paid for by the device's
-		// other streams (several streams sharing a saturated device: one's
-		// gain is the others' loss). Readers that are not streams
-		// readaheadd serves (O_DIRECT, files outside the allow-paths) are
-		// contenders: their share is what a larger window wins back.
-		if ao := m.others; m.othersMustNotLose && bdev > 0 && bo > othersMin*bdev && ao < (1-devLossMax)*bo {
-			return t.undoStep(l, now, ev+fmt.Sprintf("; the device's other readers lost %.1f -> %.1f MB/s", bo/1e6, ao/1e6), apply, act)
+		if v.rule.reason > rOthersLost {
+			// A step past the device's loss rules teaches what a step
+			// costs the random readers beside it, whatever their verdict.
+			l.kneeRandom = false
+			if l.kind == KindFileWindow && l.limit > 0 {
+				t.learnRandomSlope(d, l, m)
+			}
 		}
-		l.kneeRandom = false
-		if l.kind == KindFileWindow && l.limit > 0 {
-			t.learnRandomSlope(d, l, m)
+		var clause string
+		if v.rule.clause != nil {
+			clause = sep(v.rule.clause(&e))
 		}
-		// A p99 over its budget, short of far off, over a whole interval
-		// (a quarter's is a handful of requests): the step's cost if the
-		// next interval shows it again (below).
-		tailOver := l.kind == KindFileWindow && !early && m.rand.n > 0 && m.rand.tail > randTailBudget
-		if l.kind == KindFileWindow && (m.rand.over() || tailOver) && !l.randLater &&
-			(m.rand.mean <= 1 || m.rand.mean <= randMeanNear && m.rand.tail < randTailSevere) {
-			// Their p99 alone, in one interval: on this host one
-			// interval's p99 strays 20-30% with no step at all, and a
-			// trim applied within the span mixes two sizes of their
-			// requests (a 192 KB step that paid +27% was undone on a
-			// p99 1.7x while their mean was within budget). Or their
-			// mean at its budget (which sits inside the goal) by a hair:
-			// a +23% step was undone on "mean 1.7ms against 0.90 x
-			// 1.89ms", and the stream settled 3.5 s after its onset. The
-			// next interval judges it.
+		switch v.rule.out {
+		case outLater:
+			l.later++
+			return false
+		case outRandLater:
 			l.randLater = true
-			t.count(EvRandomJudgedLater)
-			return did
-		}
-		if l.kind == KindFileWindow && (m.rand.over() || tailOver && l.randLater) {
-			// The random readers beside it went over their budget: the
-			// step is undone whatever the stream gained. So is a p99 over
-			// its budget two intervals running: a stray interval is one,
-			// and the watch of a kept window needs three or four (on the
-			// lab at +2.5 ms a 272 KB step kept with the reader's p99 at
-			// 1.2x its reference held to the end of the run, its p99 1.10x
-			// the default window's, where 192 KB gives the stream 0.94 of
-			// the best static window).
+			return false
+		case outRetry:
+			from, ok := takeBack(l, now, ev, apply, act)
+			if ok {
+				l.youngRetry, l.retryAt, l.youngUndoneAt = true, now+t.cfg.Settle-t.cfg.Settle/10, now
+				act(undoOf(l.kind), from, l.cur, ResultUndone, ev+clause)
+			}
+			return true
+		case outUndoRandom:
 			if l.cur != l.base && l.failures < 1 {
 				// The knee holds for BackoffMax at once: its steps were
 				// sized to fit their budget, so one that did not is no
@@ -184,19 +130,14 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 				l.failures = 1
 			}
 			l.kneeRandom = true
-			return t.undoStep(l, now, ev+"; over budget: "+m.rand.why, apply, act)
+			return t.undoStep(l, now, ev+clause, apply, act)
+		case outUndo:
+			return t.undoStep(l, now, ev+clause, apply, act)
 		}
 		if l.kind == KindFileWindow && m.rand.n > 0 {
-			// Beside random readers the watch starts afresh. (A p99 over
-			// budget here is an early keep's quarter interval.)
-			l.resetWatch()
-			if m.rand.tail > randTailBudget {
-				ev += "; watched: " + m.rand.why
-			} else {
-				ev += "; within budget: " + m.rand.why
-			}
+			l.resetWatch() // beside random readers the watch starts afresh
 		}
-		act(l.kind, l.trialFrom, l.trial, ResultKept, ev)
+		act(l.kind, l.trialFrom, l.trial, ResultKept, ev+clause)
 		l.prev = l.cur
 		l.cur, l.trial, l.failures, l.keptAt, l.keptM = l.trial, 0, 0, now, m
 		l.staleN = 0
@@ -205,7 +146,7 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 		// capacity: no next step is left to gain (each undone one is a
 		// break in the stream's readahead; on the lab the stream tried
 		// 2048 KB twice and a prefetch after such a 1024 KB step).
-		l.capKept = atCap && gain < t.cfg.Margin
+		l.capKept = e.atCap && e.gain < t.cfg.Margin
 		if l.capKept {
 			return did
 		}
@@ -259,6 +200,30 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 	return true
 }
 
+// evidenceFor gathers what the verdict on l's step under trial depends on
+// (judge.go). It changes nothing: what the verdict does is drive's.
+func (t judgeCtx) evidenceFor(l *ladder, d *devState, file probe.FileKey, m measure, now time.Duration, max int) facts {
+	e := facts{kind: l.kind, m: m, before: l.before, since: now - l.trialAt, settle: t.cfg.Settle, ended: t.mode == judgeEnded,
+		tailNow: t.tailNow(file), beforeTail: l.beforeTail, later: l.later, youngBefore: l.youngBefore, atBase: l.cur == l.base, randLater: l.randLater}
+	e.keepsEarly = e.beforeSettle() && t.keepsEarly(d, l, m, now)
+	if l.steadyTput > 0 {
+		e.before.tput = l.steadyTput
+	}
+	if m.ok && e.before.tput > 0 {
+		e.gain = m.tput/e.before.tput - 1
+	}
+	e.margin, e.atCap = t.marginFor(l, d, file, m)
+	e.ordinary = e.margin
+	if l.youngBefore && e.margin < youngMargin {
+		e.margin = youngMargin
+	}
+	e.resizeTo = t.tailResize(file, l, m, max)
+	e.prior, e.tail = t.tailKeep(file, l, m)
+	e.shift = t.shiftKeep(file, l, m)
+	e.lossDev, e.lossOthers = lossBase(l.before, m)
+	return e
+}
+
 // youngMargin is the keep margin of a step whose before-measure took in the
 // stream's start: a healthy lab stream's first quarter second read 5-23%
 // below its steady rate (114-141 against 148-150 MB/s; the open, the first
@@ -302,10 +267,6 @@ func (t judgeCtx) loneAtCapacity(d *devState, file probe.FileKey, m measure) boo
 	fd := t.files[file]
 	return m.ok && capBPS > 0 && m.tput >= capacityReach*capBPS && fd != nil && !t.randomReaderBeside(fd)
 }
-
-// othersMin: the device's other readers count for a step's verdict once
-// they read at least this share of its bytes.
-const othersMin = 0.1
 
 // undoStep takes back a step that did not pay: back-off if it was the
 // first, the knee if an earlier step had paid.
@@ -581,8 +542,8 @@ func (t *Tuner) kneeStale(fd *fileDec, m measure) {
 // the device's window, with bandwidth to spare, is slowed by its file.
 const slowedFrac = 0.8
 
-// shiftKeep reports whether a file window step that did not pay its margin
-// is kept anyway, and why. A stream slowed by its file (an old file, a
+// shiftKeep says why a file window step that did not pay its margin is
+// kept anyway, "" if not. A stream slowed by its file (an old file, a
 // slowed region) needs a window larger in proportion to read at the
 // device's bandwidth (Little's law: bytes in flight = rate x latency). Its
 // first steps pay their margin; the last ones toward the window that
@@ -597,7 +558,7 @@ const slowedFrac = 0.8
 // bandwidth to spare (a healthy stream alone reads at 0.93-1.0 of it;
 // several share it). Never beside a random reader. The device's total and
 // its other readers are judged after this, as for any step.
-func (t judgeCtx) shiftKeep(file probe.FileKey, l *ladder, m measure) (string, bool) {
+func (t judgeCtx) shiftKeep(file probe.FileKey, l *ladder, m measure) string {
 	fd := t.files[file]
 	if fd == nil || !m.ok || l.kind != KindFileWindow || t.randomReaderBeside(fd) {
 		// Beside a random reader every step pays its margin, as for a
@@ -605,10 +566,10 @@ func (t judgeCtx) shiftKeep(file probe.FileKey, l *ladder, m measure) (string, b
 		// queued, and a step measured across a change of its trim has no
 		// reference for what it cost them (measured: kept at 512 KB on
 		// +3 ms, the random reader's p99 2.8x the default's).
-		return "", false
+		return ""
 	}
 	if l.before.tput <= 0 || m.tput < l.before.tput || m.p50 <= 0 {
-		return "", false
+		return ""
 	}
 	var slowed string
 	capBPS := t.dstats[fd.dev.dev].CapacityBPS
@@ -619,13 +580,12 @@ func (t judgeCtx) shiftKeep(file probe.FileKey, l *ladder, m measure) (string, b
 		slowed = fmt.Sprintf("at its base window it read %.1f MB/s (the device %.1f MB/s), below %.0f%% of the device's %.1f MB/s",
 			l.baseM.tput/1e6, l.baseM.dev/1e6, 100*slowedFrac, capBPS/1e6)
 	default:
-		return "", false
+		return ""
 	}
 	inflightKB := int(m.tput * m.p50.Seconds() / 1024)
 	if inflightKB <= l.trialFrom {
-		return "", false
+		return ""
 	}
-	t.count(EvShiftKept)
 	return fmt.Sprintf("kept without its margin: %s and the step cost it nothing; it keeps about %d KB in flight (p50 %v), more than the %d KB it left",
-		slowed, inflightKB, m.p50.Round(100*time.Microsecond), l.trialFrom), true
+		slowed, inflightKB, m.p50.Round(100*time.Microsecond), l.trialFrom)
 }
