@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/readaheadd/readaheadd/pkg/docsync"
 	"github.com/readaheadd/readaheadd/pkg/tuner"
 )
 
@@ -31,19 +32,7 @@ func controlEventsTable() string {
 // TestDocsListEveryControlEvent: docs/metrics.md lists exactly the events
 // the tuner counts, with their meaning, as generated from the tuner's list.
 func TestDocsListEveryControlEvent(t *testing.T) {
-	raw, err := os.ReadFile(metricsDoc)
-	require.NoError(t, err)
-	doc := string(raw)
-	const begin, end = "<!-- control-events:begin -->\n", "<!-- control-events:end -->"
-	i, j := strings.Index(doc, begin), strings.Index(doc, end)
-	require.True(t, i >= 0 && j > i, "docs/metrics.md has no control-events markers")
-	want := controlEventsTable()
-	if os.Getenv("READAHEADD_UPDATE_DOCS") == "1" {
-		doc = doc[:i+len(begin)] + want + doc[j:]
-		require.NoError(t, os.WriteFile(metricsDoc, []byte(doc), 0o644))
-		return
-	}
-	assert.Equal(t, want, doc[i+len(begin):j],
+	docsync.Check(t, metricsDoc, "control-events", controlEventsTable(),
 		"docs/metrics.md's control events differ from pkg/tuner/events.go: run READAHEADD_UPDATE_DOCS=1 go test ./pkg/metrics/ -run TestDocsListEveryControlEvent")
 }
 

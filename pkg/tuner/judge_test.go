@@ -2,13 +2,14 @@ package tuner
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/pkg/docsync"
 )
 
 // paidFacts: a file window step judged a whole Settle after it, +20%
@@ -145,8 +146,6 @@ func TestVerdictRulesInOrder(t *testing.T) {
 	}, events)
 }
 
-const tunerRulesDoc = "../../docs/tuner-rules.md"
-
 // verdictOutcomeDoc says what each outcome does, for the docs.
 var verdictOutcomeDoc = map[ruleOut]string{
 	outWait: "not judged yet", outResize: "resized, judged next interval", outLater: "judged next interval",
@@ -173,18 +172,6 @@ func verdictRulesTable(t *testing.T) string {
 // TestRulesDocumented: docs/tuner-rules.md lists the verdict rules in the
 // table's order, with their docs, as generated from the table.
 func TestRulesDocumented(t *testing.T) {
-	raw, err := os.ReadFile(tunerRulesDoc)
-	require.NoError(t, err)
-	doc := string(raw)
-	const begin, end = "<!-- verdict-rules:begin -->\n", "<!-- verdict-rules:end -->"
-	i, j := strings.Index(doc, begin), strings.Index(doc, end)
-	require.True(t, i >= 0 && j > i, "docs/tuner-rules.md has no verdict-rules markers")
-	want := verdictRulesTable(t)
-	if os.Getenv("READAHEADD_UPDATE_DOCS") == "1" {
-		doc = doc[:i+len(begin)] + want + doc[j:]
-		require.NoError(t, os.WriteFile(tunerRulesDoc, []byte(doc), 0o644))
-		return
-	}
-	assert.Equal(t, want, doc[i+len(begin):j],
+	docsync.Check(t, "../../docs/tuner-rules.md", "verdict-rules", verdictRulesTable(t),
 		"docs/tuner-rules.md's verdict rules differ from pkg/tuner/judge.go: run READAHEADD_UPDATE_DOCS=1 go test ./pkg/tuner/ -run TestRulesDocumented")
 }
