@@ -86,6 +86,8 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 			e.resizeTo, e.later = 0, l.later
 			v = judgeTrial(e)
 		}
+		t.log.Debug("tuner: verdict", "file", file.String(), "kind", l.kind, "rule", v.rule.reason, "gain", e.gain, "margin", e.margin,
+			"tail_now", e.tailNow, "tail_before", e.beforeTail, "later", e.later)
 		if w := v.waiver; w != nil {
 			ev += "; " + w.clause(&e)
 			if w.event != evNone {
