@@ -44,9 +44,12 @@ func (e *facts) shortOfMargin() bool { return !e.m.ok || e.gain < e.margin }
 func (e *facts) onFileWindow() bool  { return e.kind == KindFileWindow }
 func (e *facts) marginWaived() bool  { return e.prior != "" || e.tail != "" || e.shift != "" }
 
-// shortOnReads: a step short of its margin on a measure, with the stream
-// still reading: a stalled span can be resized or waited for.
-func (e *facts) shortOnReads() bool { return e.m.ok && e.gain < e.margin && !e.ended }
+// stalledSpan: a file window step short of its margin on a measure, the
+// stream still reading, the span judged stalled and the before-measure's
+// not, put off fewer than tailMaxLater times: it can be resized or waited for.
+func (e *facts) stalledSpan() bool {
+	return e.m.ok && e.gain < e.margin && !e.ended && e.onFileWindow() && e.tailNow && !e.beforeTail && e.later < tailMaxLater
+}
 
 // randP99Over: the random readers' p99 over its budget, short of far off,
 // over a whole interval (a quarter's is a handful of requests).
@@ -125,11 +128,9 @@ var verdictRules = [numReasons]verdictRule{
 	// span at the larger window is then compared with a stall-free span
 	// at the smaller one). A stream that ended reads no more to wait for.
 	{rTailResized, "tail_resized", "short of its margin on a span with the stream's tail, the before-measure's without: grown to the window the tail needs", outResize, EvJudgedLater,
-		func(e *facts) bool { return e.shortOnReads() && e.resizeTo > 0 }, nil},
+		func(e *facts) bool { return e.stalledSpan() && e.resizeTo > 0 }, nil},
 	{rJudgedLater, "judged_later", "short of its margin on a span with the stream's tail, the before-measure's without: judged next interval (twice at most)", outLater, EvJudgedLater,
-		func(e *facts) bool {
-			return e.shortOnReads() && e.onFileWindow() && !e.beforeTail && e.later < tailMaxLater && e.tailNow
-		}, nil},
+		func(e *facts) bool { return e.stalledSpan() }, nil},
 	{rPriorConfirmed, "prior_confirmed", "short of its margin, a first step to its directory's prior that reads as the prior's streams did: the margin waived", outWaive, evNone,
 		func(e *facts) bool { return e.shortOfMargin() && e.prior != "" }, func(e *facts) string { return e.prior }},
 	{rTailKept, "tail_kept", "short of its margin, the stream's tail needs more than the window left and the step cost nothing: the margin waived", outWaive, EvTailKept,

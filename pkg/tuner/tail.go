@@ -219,17 +219,14 @@ func (t *Tuner) tailNow(k probe.FileKey) bool {
 	return ok && !k.IsZero() && s.span == t.tailSpan
 }
 
-// tailResize is the window a file window step that did not pay grows to,
-// 0 if none: when the span it is judged on stalled (the stream's tail is in
-// it) and the span its before-measure came from did not, and the tail needs
-// more than the step (rate x p99). A stall-free before-measure cannot be
-// matched by a window too small for the stall; one large enough for it
-// reads at the stall-free rate through it (the rule tail_resized, judge.go).
+// tailResize is the window a file window step grows to if the span it is
+// judged on stalled (the stream's tail is in it) and the span its
+// before-measure came from did not (the rule tail_resized, judge.go), 0 if
+// none: the tail needs more than the step (rate x p99). A stall-free
+// before-measure cannot be matched by a window too small for the stall;
+// one large enough for it reads at the stall-free rate through it.
 func (t judgeCtx) tailResize(file probe.FileKey, l *ladder, m measure, maxKB int) int {
-	if l.kind != KindFileWindow || l.beforeTail || l.later >= tailMaxLater || !t.tailNow(file) || l.trial >= maxKB {
-		return 0
-	}
-	if fd := t.files[file]; fd == nil || t.randomReaderBeside(fd) {
+	if fd := t.files[file]; fd == nil || l.trial >= maxKB || t.randomReaderBeside(fd) {
 		return 0
 	}
 	need := t.tailNeedKB(file, max(m.tput, l.before.tput))
