@@ -3,8 +3,9 @@ package tuner
 // Trials: one knob's bounded experiment and its verdict. A step is applied,
 // measured one Settle later against the measure before it, kept if it paid
 // its margin (and the device's total did not fall), otherwise undone with
-// exponential back-off, or the knee. A kept file window is re-probed at the
-// device's window now and then to learn whether it still pays.
+// exponential back-off, or the knee: the rules are judge.go's table, applied
+// here (drive). A kept file window is re-probed at the device's window now
+// and then to learn whether it still pays.
 
 import (
 	"errors"
