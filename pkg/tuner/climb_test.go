@@ -128,7 +128,7 @@ func TestFileDecisionCatchesUpWithItsDirectorysPrior(t *testing.T) {
 	fd := r.tn.files[k1]
 	require.NotNil(t, fd)
 	require.Equal(t, 512, fd.win.cur)
-	fd.win.knee = false
+	fd.win.back.knee = false
 	theDirsPrior(t, r).Window = 2048 // climbed since, on other files
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: k1, Device: sdb, RaPages: 32, Index: 0})
 	assert.Equal(t, 2048, fd.win.cur)

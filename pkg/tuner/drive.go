@@ -26,7 +26,7 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 	// reader every fault reads the whole window: its busy throughput
 	// rises while the reads it needs become slower, so the closed loop
 	// would keep the step. No new step for such a file.
-	if fs, ok := t.fstats[fd.key]; ok && fs.Sequentiality < t.cfg.MinSequentiality && fd.win.trial == 0 && fd.pf.trial == 0 {
+	if fs, ok := t.fstats[fd.key]; ok && fs.Sequentiality < t.cfg.MinSequentiality && fd.win.trial.to == 0 && fd.pf.trial.to == 0 {
 		if !fd.notSeqLogged {
 			fd.notSeqLogged = true
 			t.log.Info("tuner: file is not read sequentially; no window action", "file", fd.key.String(), "regimes", fd.regimes,
@@ -53,11 +53,11 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		// that hides them is sized by the p99.
 		fd.win.hint = max(fd.win.hint, t.tailNeedKB(fd.key, m.tput))
 	}
-	fd.win.limit, fd.win.limitFn = 0, nil
+	fd.win.limit.kb, fd.win.limit.fn = 0, nil
 	beside := t.randomReaderBeside(fd)
-	if fd.win.knee && fd.win.kneeRandom && !beside {
+	if fd.win.back.knee && fd.win.back.kneeRandom && !beside {
 		// The random readers whose budget set the knee are gone.
-		fd.win.knee, fd.win.kneeRandom, fd.win.retryAt, fd.win.failures = false, false, 0, 0
+		fd.win.back.knee, fd.win.back.kneeRandom, fd.win.back.retryAt, fd.win.back.failures = false, false, 0, 0
 	}
 	if beside {
 		// Each window of transfers queued for the stream is waiting time
@@ -65,19 +65,19 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		// their budget and paying its margin, rather than straight to the
 		// window that fills the device (random.go).
 		fd.win.hint = 0
-		if escalate && fd.win.cur == fd.win.base && fd.win.trial == 0 {
+		if escalate && fd.win.cur == fd.win.base && fd.win.trial.to == 0 {
 			// A first step: the random readers' reference is what they
 			// get now, at the device's window, in the conditions of the
 			// moment (a stream that just slowed or opened changed them).
 			t.refreshRandom(fd.dev)
 		}
-		fd.win.limitFn = func() int {
+		fd.win.limit.fn = func() int {
 			lim, why := t.randomLimitKB(fd)
 			if lim < 0 {
 				return 0
 			}
-			if l := &fd.win; l.ceil > 0 && t.deps.Clock.Now() < l.ceilUntil {
-				lim = min(lim, l.ceil-randStepKB)
+			if l := &fd.win; l.limit.ceil > 0 && t.deps.Clock.Now() < l.limit.ceilUntil {
+				lim = min(lim, l.limit.ceil-randStepKB)
 			}
 			if lim < int(randMinStep*float64(fd.win.cur)) {
 				t.log.Debug("tuner: no step beside random readers", "file", fd.key.String(), "window_kb", fd.win.cur, "why", why)
@@ -86,7 +86,7 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 			}
 			return max(lim, fd.win.cur)
 		}
-		fd.win.limit = fd.win.limitFn()
+		fd.win.limit.kb = fd.win.limit.fn()
 	}
 	// A decision no regime started skips this unless the capacity was
 	// learned (capacity.go, atCapacity): the detector's, its best rate
@@ -120,31 +120,31 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 	} else if escalate {
 		fd.atCapLogged = false
 	}
-	if escalate && fd.byRate && fd.win.cur == fd.win.base && fd.win.trial == 0 {
+	if escalate && fd.byRate && fd.win.cur == fd.win.base && fd.win.trial.to == 0 {
 		if !t.outcomeDue(fd.dev, fd.key) {
 			escalate = false // the device's outcome trials are backing off
 		} else if t.outcomeEvidence(fd.dev, fd.key) {
-			fd.win.retryAt = 0 // new evidence: the file's own back-off ends too
+			fd.win.back.retryAt = 0 // new evidence: the file's own back-off ends too
 		}
 	}
-	if escalate && fd.pf.trial == 0 {
+	if escalate && fd.pf.trial.to == 0 {
 		t.kneeStale(fd, m)
 	}
-	if t.span == 0 && fd.pf.trial == 0 && t.watchRandom(fd, m) {
+	if t.span == 0 && fd.pf.trial.to == 0 && t.watchRandom(fd, m) {
 		return // the kept window cost the random readers beside it too much: lowered
 	}
 	applyWin := func(kb int) error { return t.pinFile(fd, kb, nil, true) }
 	fd.win.steadyBefore = onlyOutcome(fd.regimes)
-	if fd.pf.trial == 0 {
-		hadTrial := fd.win.trial != 0
+	if fd.pf.trial.to == 0 {
+		hadTrial := fd.win.trial.to != 0
 		did := t.drive(&fd.win, fd.dev, fd.key, fd.path, m, why, escalate, applyWin)
 		t.remember(fd, hadTrial)
-		if fd.win.trial > fd.win.base && fd.win.limit > 0 {
+		if fd.win.trial.to > fd.win.base && fd.win.limit.kb > 0 {
 			// A step beside random readers: their read-around trim comes
 			// with it, not at the next Step (their budget counts on it).
 			t.startTrims(fd.dev, true)
 		}
-		if did || fd.win.trial != 0 {
+		if did || fd.win.trial.to != 0 {
 			return
 		}
 	}
@@ -155,8 +155,8 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 	// second each on a busy host, and kept, they are unjudged by the
 	// random readers' rule).
 	pfEscalate := escalate && !t.randomReaderBeside(fd)
-	if fd.win.exhausted(t.cfg.MaxKB) && !t.cfg.DisablePrefetch && (pfEscalate || fd.pf.trial != 0) {
-		if fs, ok := t.fstats[fd.key]; ok && fs.Sequentiality >= t.cfg.MinSequentiality || fd.pf.trial != 0 {
+	if fd.win.exhausted(t.cfg.MaxKB) && !t.cfg.DisablePrefetch && (pfEscalate || fd.pf.trial.to != 0) {
+		if fs, ok := t.fstats[fd.key]; ok && fs.Sequentiality >= t.cfg.MinSequentiality || fd.pf.trial.to != 0 {
 			t.drive(&fd.pf, fd.dev, fd.key, fd.path, m, why+", window at its knee or maximum", pfEscalate, func(kb int) error {
 				if len(t.refs(fd, nil)) == 0 {
 					return errNoReaders
@@ -182,7 +182,7 @@ func (t judgeCtx) driveDevice(d *devState, why string, escalate bool) {
 // off after trials that did not pay) leaves the file to the device's window.
 func (t *Tuner) ownWindow(k probe.FileKey) bool {
 	fd := t.files[k]
-	return fd != nil && !(fd.byRate && fd.win.cur == fd.win.base && fd.win.trial == 0 && fd.win.probeUntil == 0)
+	return fd != nil && !(fd.byRate && fd.win.cur == fd.win.base && fd.win.trial.to == 0 && fd.win.reprobe.until == 0)
 }
 
 // reachOpenFiles gives the device's window to the files being read on it

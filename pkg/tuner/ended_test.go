@@ -65,11 +65,12 @@ func TestStepJudgedWhenItsStreamEnds(t *testing.T) {
 	// step's, and it is not judged here.
 	other := probe.FileKey{Dev: st.key.Dev, Ino: st.key.Ino + 1}
 	r.tn.files[other] = &fileDec{key: other, dev: r.tn.files[st.key].dev, byRate: true,
-		win: ladder{kind: KindFileWindow, base: 128, cur: 128, trial: 512, trialFrom: 128, trialAt: r.clk.Now() - 100*time.Millisecond}}
+		win: ladder{kind: KindFileWindow, base: 128, cur: 128,
+			trial: trialStep{to: 512, from: 128, at: r.clk.Now() - 100*time.Millisecond}}}
 	snap.Files = append(snap.Files, detector.FileStats{Key: other, Device: sdb, Requests: 100, Bytes: 13e6, BusyThroughput: 130e6,
 		Sequentiality: 1, LastSeen: snap.Now, MeanSize: 128 << 10})
 	acts := r.tn.endedVerdict(ended[0], snap)
-	assert.Equal(t, 512, r.tn.files[other].win.trial, "the other stream's step stays under trial")
+	assert.Equal(t, 512, r.tn.files[other].win.trial.to, "the other stream's step stays under trial")
 	logActs(t, acts)
 	k := filter(acts, KindFileWindow, ResultKept)
 	require.Len(t, k, 1)
@@ -97,9 +98,9 @@ func TestStepEndsUnjudgedWhenItsStreamStopsAtOnce(t *testing.T) {
 	assert.Contains(t, u[0].Evidence, "too little to judge")
 	fd := r.tn.files[st.key]
 	require.NotNil(t, fd)
-	assert.Zero(t, fd.win.trial)
-	assert.False(t, fd.win.knee, "no knee on no evidence")
-	assert.Zero(t, fd.win.retryAt)
+	assert.Zero(t, fd.win.trial.to)
+	assert.False(t, fd.win.back.knee, "no knee on no evidence")
+	assert.Zero(t, fd.win.back.retryAt)
 }
 
 // A stream's rate is over the part of the span it read: from its first
@@ -130,9 +131,9 @@ func TestStreamsRateIsOverThePartOfTheSpanItRead(t *testing.T) {
 // A slow stream on a large window has a readahead event only every few
 // hundred milliseconds: it has not ended for want of one in endedGap.
 func TestSlowStreamOnALargeWindowHasNotEnded(t *testing.T) {
-	l := &ladder{trial: 4096, before: measure{ok: true, rate: 10e6}}
+	l := &ladder{trial: trialStep{to: 4096, before: measure{ok: true, rate: 10e6}}}
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	assert.Greater(t, r.tn.readaheadGap(l), 800*time.Millisecond)
-	l.before.rate = 300e6
+	l.trial.before.rate = 300e6
 	assert.Equal(t, endedGap, r.tn.readaheadGap(l))
 }

@@ -102,8 +102,8 @@ func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Dur
 	fd.regimes = []detector.RegimeKind{FromPrior}
 	fd.lastNeeded = now
 	before := measure{ok: true, tput: p.BaseBPS, rate: p.BaseBPS}
-	fd.win.trial, fd.win.trialFrom, fd.win.trialAt, fd.win.before, fd.win.baseM = kb, d.orig, now, before, before
-	fd.win.steadyTput = 0
+	fd.win.trial.to, fd.win.trial.from, fd.win.trial.at, fd.win.trial.before, fd.win.baseM = kb, d.orig, now, before, before
+	fd.win.trial.steady = 0
 	fd.win.movedAt = now
 	why := fmt.Sprintf("prior: %d KB paid for %d recent stream(s) in this directory (%.1f -> %.1f MB/s); given to %d descriptor(s) %v after the file's first readahead event",
 		p.Window, p.Streams, p.BaseBPS/1e6, p.KeptBPS/1e6, n, lag.Round(100*time.Microsecond))
@@ -112,8 +112,8 @@ func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Dur
 		// Judged against what the prior's window gave its streams; not
 		// paying, it falls back to that window (and the prior holds it).
 		fd.climbFrom, from = climbFrom, climbFrom
-		fd.win.cur, fd.win.trialFrom, fd.win.keptAt = climbFrom, climbFrom, now
-		fd.win.before = measure{ok: true, tput: p.KeptBPS, rate: p.KeptBPS}
+		fd.win.cur, fd.win.trial.from, fd.win.keptAt = climbFrom, climbFrom, now
+		fd.win.trial.before = measure{ok: true, tput: p.KeptBPS, rate: p.KeptBPS}
 		t.count(EvPriorClimb)
 		why = fmt.Sprintf("prior climbs: %d KB paid for %d recent stream(s) in this directory (%.1f -> %.1f MB/s); this one tries %d KB, given to %d descriptor(s) %v after the file's first readahead event",
 			p.Window, p.Streams, p.BaseBPS/1e6, p.KeptBPS/1e6, kb, n, lag.Round(100*time.Microsecond))
@@ -214,7 +214,7 @@ func (t *Tuner) savePriors(force bool) {
 // every step there), nor while a step or re-probe is under way.
 func (t judgeCtx) catchUp(fd *fileDec, now time.Duration) {
 	l := &fd.win
-	if t.cfg.DryRun || l.trial != 0 || l.probeUntil != 0 || l.knee || fd.pf.trial != 0 || l.cur <= l.base || t.randomReaderBeside(fd) {
+	if t.cfg.DryRun || l.trial.to != 0 || l.reprobe.until != 0 || l.back.knee || fd.pf.trial.to != 0 || l.cur <= l.base || t.randomReaderBeside(fd) {
 		return
 	}
 	p := t.mem.Dir(fd.key.Dev, fd.path)
@@ -350,7 +350,7 @@ func (t *Tuner) fastOutcome(snap detector.Snapshot, span time.Duration) []Action
 			// pay: their back-off and knee were learned in other
 			// conditions; the device's outcome back-off (outcomeDue,
 			// above) still holds a stream whose latency did not change.
-			fd.win.retryAt, fd.win.knee, fd.lastNeeded = 0, false, now
+			fd.win.back.retryAt, fd.win.back.knee, fd.lastNeeded = 0, false, now
 		}
 		t.log.Debug("tuner: fresh stream bound by its window", "file", f.Key.String(), "span", span, "why", why, "reopened", !created)
 		n := len(t.out)
@@ -362,7 +362,7 @@ func (t *Tuner) fastOutcome(snap detector.Snapshot, span time.Duration) []Action
 			if created && !fd.outOfScope {
 				delete(t.files, f.Key)
 			}
-		} else if fd.win.trial != 0 {
+		} else if fd.win.trial.to != 0 {
 			t.count(EvFresh)
 		}
 	}

@@ -32,11 +32,11 @@ type facts struct {
 	// prior confirmed, the stream's tail (tailKeep), a file slower than its
 	// device (shiftKeep).
 	prior, tail, shift  string
-	youngBefore, atBase bool // before-measure young (ladder.youngBefore); the step left base
+	youngBefore, atBase bool // before-measure young (ladder.trial.young); the step left base
 	// lossDev, lossOthers: the device's total and its protected readers'
 	// share before the step, of the readers still reading (lossBase).
 	lossDev, lossOthers float64
-	randLater           bool // the verdict was put off once on the random readers (ladder.randLater)
+	randLater           bool // the verdict was put off once on the random readers (ladder.trial.randLater)
 }
 
 func (e *facts) beforeSettle() bool  { return e.since < e.settle-e.settle/10 }
@@ -63,8 +63,8 @@ type ruleOut uint8
 const (
 	outWait       ruleOut = iota // not judged now: the step stays, nothing changes
 	outResize                    // grown to the window the stream's tail needs, judged next interval
-	outLater                     // judged next interval (ladder.later)
-	outRandLater                 // judged next interval (ladder.randLater)
+	outLater                     // judged next interval (ladder.trial.later)
+	outRandLater                 // judged next interval (ladder.trial.randLater)
 	outWaive                     // kept without its margin if no rule below undoes it
 	outRetry                     // undone, and taken again once the stream is measured whole
 	outUndo                      // undone: back-off, or the knee

@@ -115,7 +115,7 @@ func TestRandomLossKneeIsNeverStale(t *testing.T) {
 	st := stream{key: key, tgid: 100, fill: 0.9}
 	r.runBeside(12, st, severeAbove256)
 	require.Equal(t, 192, r.files.window[key], "the random reader's loss set the knee")
-	require.True(t, r.tn.files[key].win.kneeRandom)
+	require.True(t, r.tn.files[key].win.back.kneeRandom)
 	stalled = true
 	acts := r.runBeside(20, st, severeAbove256)
 	logActs(t, acts)

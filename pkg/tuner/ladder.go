@@ -15,39 +15,74 @@ import (
 type ladder struct {
 	kind      ActionKind
 	base, cur int // value before the tuner; value kept
+	prev      int // the value kept before cur
 	first     int // first step when cur is 0 (prefetch)
-	trial     int // value under trial, 0 if none
-	trialFrom int
-	trialAt   time.Duration
-	before    measure
-	knee      bool
-	failures  int
-	retryAt   time.Duration
 	dryAt     int // value last reported in dry-run mode
 	// hint is the window Little's law says the reader needs (KB, 0 if
 	// unknown): the first step from base skips steps smaller than it.
 	hint int
-	// Re-probe of a kept file window: when cur last changed, when the
-	// current probe (window back at base) ends, and the period.
-	keptAt     time.Duration
-	probeUntil time.Duration
-	probeEvery time.Duration
+	// rejump: the next step may skip to the Little's-law hint from the
+	// window in force (a regime began after it was kept).
+	rejump bool
+	// tried: the value of the last step taken.
+	tried int
+	// keptAt: when cur last changed (a re-probe waits a period from it).
+	keptAt time.Duration
 	// baseM: the measure when the first step left base; keptM: when the
 	// value in force was kept (what a re-probe and the memory compare with).
 	baseM, keptM measure
 	// movedAt: when the value in force last changed (a span of requests
 	// across it mixes two windows' latencies).
 	movedAt time.Duration
-	// beforeTail: the span the step's before-measure came from showed the
-	// stream's tail; later: how many intervals the verdict was put off
-	// (tail.go).
+	// steadyBefore: a step's gain is judged against the mean of the last
+	// two intervals' throughput at the window in force (trial.steady), not
+	// the last one alone (set for decisions that rest on the stream's
+	// outcome alone: with no regime to confirm it, one interval's dip on a
+	// busy host made a step that gained nothing look like +14%).
+	steadyBefore bool
+	// capKept: the last step was kept on half the margin (marginFor): it
+	// took the stream to the device's capacity, so the capacity holds
+	// further steps even for a decision judged by rate.
+	capKept bool
+	// judged: the measure the last verdict was taken on.
+	judged measure
+
+	trial   trialStep
+	back    backOff
+	reprobe reprobeState
+	limit   randLimit
+	watch   randWatch
+	young   youngUndo
+	last    lastMeasure
+}
+
+// trialStep is the step under trial and what its verdict reads.
+type trialStep struct {
+	to   int // value under trial, 0 if none
+	from int
+	at   time.Duration
+	// before: the measure the step is judged against, taken at beforeAt;
+	// beforeTail: its span showed the stream's tail; later: how many
+	// intervals the verdict was put off (tail.go); randLater: put off one
+	// interval on the random readers' p99 alone.
+	before     measure
+	beforeAt   time.Duration
 	beforeTail bool
 	later      int
-	// rejump: the next step may skip to the Little's-law hint from the
-	// window in force (a regime began after it was kept).
-	rejump bool
-	// tried: the value of the last step taken.
-	tried int
+	randLater  bool
+	// steady: the mean of the last two intervals' throughput at the value
+	// left (0 for none, see steadyBefore); high: the higher of the two
+	// (the before-measure's alone otherwise): a gain over it is no dip's.
+	steady, high float64
+	// young: the before-measure took in the stream's start (youngMargin).
+	young bool
+}
+
+// backOff is the knee and the back-off of the next step.
+type backOff struct {
+	knee     bool
+	failures int
+	retryAt  time.Duration
 	// The knee's own record (kneeStale, trial.go): the measure at the
 	// knee's window when it was found, whether the random readers' loss
 	// set it, and the re-probes that found it stale.
@@ -55,77 +90,65 @@ type ladder struct {
 	kneeRandom bool
 	staleAt    time.Duration
 	staleN     int
-	// limit: the largest window a step may take now, 0 for no limit (the
-	// random readers' budget beside the stream, random.go); limitFn
-	// computes it when the next step is taken (a verdict just before may
-	// have taught what a step costs them).
-	limit   int
-	limitFn func() int
-	// prev: the value kept before cur; tailWatch, meanOver, meanFar,
-	// tailOver: the watch of what the value in force costs the random
-	// readers (random.go): the smoothed p99, and which of the last
-	// watchSpan intervals had the mean over budget, the mean far over
-	// it, the p99 over budget (a bit each, the latest lowest).
-	prev      int
-	ceil      int // no step to ceil or more before ceilUntil
+}
+
+// reprobeState: when the current re-probe of a kept file window (window
+// back at base) ends, and the period between re-probes.
+type reprobeState struct{ until, every time.Duration }
+
+// randLimit bounds a step beside random readers (random.go): kb, the
+// largest window a step may take now (0 for no limit), computed by fn when
+// the next step is taken (a verdict just before may have taught what a
+// step costs them); no step to ceil or more before ceilUntil.
+type randLimit struct {
+	kb        int
+	fn        func() int
+	ceil      int
 	ceilUntil time.Duration
-	tailWatch float64
-	meanOver  uint8
-	meanFar   uint8
-	tailOver  uint8
-	watchAt   time.Duration
-	// randLater: the verdict was put off one interval on the random
-	// readers' p99 alone.
-	randLater bool
-	// steadyBefore: a step's gain is judged against the mean of the last
-	// two intervals' throughput at the window in force (steadyTput, 0 for
-	// none), not the last one alone (set for decisions that rest on the
-	// stream's outcome alone: with no regime to confirm it, one interval's
-	// dip on a busy host made a step that gained nothing look like +14%).
-	// lastM, lastAt, lastVal: the measure of the previous interval with no
-	// step under trial, when, and at which value.
-	steadyBefore bool
-	steadyTput   float64
-	// beforeHigh: the higher of those two intervals' throughput (the
-	// before-measure's alone otherwise): a gain over it is no dip's.
-	beforeHigh float64
-	// capKept: the last step was kept on half the margin (marginFor): it
-	// took the stream to the device's capacity, so the capacity holds
-	// further steps even for a decision judged by rate.
-	capKept bool
-	// youngBefore: the step's before-measure took in the stream's start
-	// (youngMargin); beforeAt: when that measure was taken.
-	youngBefore bool
-	beforeAt    time.Duration
-	// youngRetry: the step just undone paid the ordinary margin against a
-	// before-measure that took in the stream's start: tried again once the
-	// stream is measured whole, with no back-off (policy.go counts it as
-	// no unpaid trial).
-	youngRetry bool
-	// youngUndoneAt: when that step was undone, until it is taken again
-	// (onset.go takes it between Steps once a quarter interval has
-	// measured the stream whole at the device's window).
-	youngUndoneAt time.Duration
-	// judged: the measure the last verdict was taken on.
-	judged  measure
-	lastM   measure
-	lastAt  time.Duration
-	lastVal int
+}
+
+// randWatch is the watch of what the value in force costs the random
+// readers (random.go): the smoothed p99, and which of the last watchSpan
+// intervals had the mean over budget, the mean far over it, the p99 over
+// budget (a bit each, the latest lowest); at: the interval last watched.
+type randWatch struct {
+	tail                        float64
+	meanOver, meanFar, tailOver uint8
+	at                          time.Duration
+}
+
+// youngUndo: retry, the step just undone paid the ordinary margin against a
+// before-measure that took in the stream's start: tried again once the
+// stream is measured whole, with no back-off (policy.go counts it as no
+// unpaid trial); undoneAt, when that step was undone, until it is taken
+// again (onset.go takes it between Steps once a quarter interval has
+// measured the stream whole at the device's window).
+type youngUndo struct {
+	retry    bool
+	undoneAt time.Duration
+}
+
+// lastMeasure: the measure of the previous interval with no step under
+// trial, when, and at which value.
+type lastMeasure struct {
+	m   measure
+	at  time.Duration
+	val int
 }
 
 func (l *ladder) inForce() int {
-	if l.probeUntil != 0 {
+	if l.reprobe.until != 0 {
 		return l.base
 	}
-	if l.trial != 0 {
-		return l.trial
+	if l.trial.to != 0 {
+		return l.trial.to
 	}
 	return l.cur
 }
 
 // exhausted: more of this knob alone will not help now.
 func (l *ladder) exhausted(max int) bool {
-	return l.trial == 0 && (l.knee || l.cur >= max)
+	return l.trial.to == 0 && (l.back.knee || l.cur >= max)
 }
 
 type measure struct {

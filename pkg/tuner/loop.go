@@ -252,7 +252,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 				fd.lastNeeded = now
 			}
 		}
-		if fd.win.probeUntil != 0 {
+		if fd.win.reprobe.until != 0 {
 			// A stream at the device's window is bound by it whatever
 			// its speed (a healthy one too): when that is all that
 			// asks for the window now, the stream's rate judges.
@@ -276,7 +276,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 				// A regime that began while an outcome step was under
 				// trial takes over once that step is judged: in the
 				// same Step, not an interval later.
-				if len(fileNeeds[k]) > 0 && !onlyOutcome(fileNeeds[k]) && fd.win.trial == 0 && fd.pf.trial == 0 && t.regimeTakesOver(fd) {
+				if len(fileNeeds[k]) > 0 && !onlyOutcome(fileNeeds[k]) && fd.win.trial.to == 0 && fd.pf.trial.to == 0 && t.regimeTakesOver(fd) {
 					j.driveFile(fd, true)
 				}
 			}
@@ -291,7 +291,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 		if now-fd.lastNeeded >= t.cfg.Grace {
 			t.undoFile(fd, fmt.Sprintf("no regime applies to the file for %v", t.cfg.Grace))
 			delete(t.files, k)
-		} else if fd.win.trial != 0 || fd.pf.trial != 0 {
+		} else if fd.win.trial.to != 0 || fd.pf.trial.to != 0 {
 			j.driveFile(fd, false) // finish judging a step under trial
 		}
 	}
@@ -328,7 +328,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 		if _, ok := devWide[dev]; ok {
 			continue
 		}
-		if d.win.trial != 0 {
+		if d.win.trial.to != 0 {
 			j.driveDevice(d, "judging the last step", false)
 		}
 		if now-d.lastNeeded >= t.cfg.Grace {
@@ -436,7 +436,7 @@ func (t *Tuner) fastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 			if t.regimeTakesOver(fd) {
 				fd.regimes = append(fd.regimes, kind)
 				fd.lastNeeded = now
-				if l := &fd.win; l.trial == 0 && l.movedAt != 0 && now-l.movedAt < t.cfg.Settle/freshSpanDiv {
+				if l := &fd.win; l.trial.to == 0 && l.movedAt != 0 && now-l.movedAt < t.cfg.Settle/freshSpanDiv {
 					// Its window moved a moment ago (a step undone): the
 					// recent requests hold the old one's, and a step
 					// measured against them looks as if it did not pay (on

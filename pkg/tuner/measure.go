@@ -151,7 +151,7 @@ func (t judgeCtx) measureFor(fd *fileDec) measure {
 		// paid. Its busy throughput is its rate while it read (a
 		// window-bound stream is busy all along); the step's own verdict,
 		// a window later, is by rate.
-		if _, whole := t.windowKB(fd.key); whole || fd.win.trial != 0 {
+		if _, whole := t.windowKB(fd.key); whole || fd.win.trial.to != 0 {
 			m.tput = m.rate
 		} else {
 			m.young = true

@@ -83,7 +83,7 @@ func (t *Tuner) onsetStreams() ([]probe.FileKey, time.Duration) {
 		}
 	}
 	for k, fd := range t.files {
-		if (fd.deferUntil != 0 || fd.win.youngUndoneAt != 0) && !slices.Contains(keys, k) {
+		if (fd.deferUntil != 0 || fd.win.young.undoneAt != 0) && !slices.Contains(keys, k) {
 			// A first step put off beside random readers, or undone to
 			// be measured whole (retryYoung).
 			keys = append(keys, k)
@@ -109,14 +109,14 @@ func (t *Tuner) onsetCandidate(k probe.FileKey, fs detector.FileStats) bool {
 		// stream on as much of its life as it has had, which averages the
 		// onset away; HDFS reads a block in two seconds).
 		fd := t.files[k]
-		if t.snap.Now-first < t.cfg.Settle/onsetEvery || fd != nil && (fd.win.trial != 0 || fd.win.movedAt > first) {
+		if t.snap.Now-first < t.cfg.Settle/onsetEvery || fd != nil && (fd.win.trial.to != 0 || fd.win.movedAt > first) {
 			return false
 		}
 	}
 	// A step under trial is no bar: an onset in its span spoils its
 	// verdict (fastOnset ends it unjudged). On a stream at its knee a
 	// prefetch trial runs one interval in three or four.
-	if fd := t.files[k]; fd != nil && (fd.win.probeUntil != 0 || fd.outOfScope) {
+	if fd := t.files[k]; fd != nil && (fd.win.reprobe.until != 0 || fd.outOfScope) {
 		return false
 	}
 	return true
@@ -140,8 +140,8 @@ func (t *Tuner) readSince(k probe.FileKey) time.Duration {
 // with no back-off and no knee; the caller puts it in force unless the
 // onset's own step, taken at once, replaces it.
 func (t *Tuner) abandonTrial(fd *fileDec, l *ladder, now time.Duration) {
-	from := l.trial
-	l.trial, l.movedAt = 0, now
+	from := l.trial.to
+	l.trial.to, l.movedAt = 0, now
 	t.emit(fd.action(now, undoOf(l.kind), from, l.cur, ResultUndone,
 		"the stream slowed during the trial: ended unjudged, a step for the new conditions follows"))
 	t.count(EvOnsetInTrial)
@@ -183,7 +183,7 @@ func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		}
 		slower := slowerNow(last, f)
 		refP50 := last.P50
-		if fd := t.files[f.Key]; fd != nil && (fd.win.trial != 0 || fd.win.movedAt != 0 && now-fd.win.movedAt < t.cfg.Settle) {
+		if fd := t.files[f.Key]; fd != nil && (fd.win.trial.to != 0 || fd.win.movedAt != 0 && now-fd.win.movedAt < t.cfg.Settle) {
 			// The last Step's requests were read at another window (the
 			// step it judged was undone, or the one under trial began):
 			// its rate and latency are no reference for this one. The
@@ -191,8 +191,8 @@ func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 			// larger window under trial reads no slower than it unless
 			// the conditions changed); it has no p99, so a tail counts
 			// only if it stands out at any window (tailStrongBase).
-			b := fd.win.before
-			if !b.ok || b.rate <= 0 || fd.win.trial == 0 && fd.win.inForce() != fd.win.trialFrom {
+			b := fd.win.trial.before
+			if !b.ok || b.rate <= 0 || fd.win.trial.to == 0 && fd.win.inForce() != fd.win.trial.from {
 				continue
 			}
 			stepRate, refP50 = b.rate, b.p50
@@ -241,14 +241,14 @@ func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		if created {
 			fd = t.newDec(c.key, d, true, now, WindowBound)
 		}
-		if fd.pf.trial != 0 {
+		if fd.pf.trial.to != 0 {
 			// prefetchAll issues the value in force each interval.
 			t.abandonTrial(fd, &fd.pf, now)
 		}
 		// The window under trial stays in force until the step below
 		// replaces it: lowering it first would hold the stream in a break
 		// for nothing. Put back only if no step follows.
-		winAbandoned := fd.win.trial != 0
+		winAbandoned := fd.win.trial.to != 0
 		if winAbandoned {
 			t.abandonTrial(fd, &fd.win, now)
 		}
@@ -256,17 +256,17 @@ func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 			"step_mbps", c.step/1e6, "recent_mbps", float64(f.Bytes)/span.Seconds()/1e6)
 		// New conditions: a back-off or knee learned before them does
 		// not hold the step up (as when a regime takes a decision over).
-		if !fd.win.kneeRandom { // what a step costs random readers did not change
-			fd.win.retryAt, fd.win.knee = 0, false
+		if !fd.win.back.kneeRandom { // what a step costs random readers did not change
+			fd.win.back.retryAt, fd.win.back.knee = 0, false
 		}
 		if fd.win.cur > fd.win.base {
 			fd.win.rejump = true
 		}
 		// The interval before the slowdown is no reference for the step.
-		fd.win.lastM = measure{}
+		fd.win.last.m = measure{}
 		n := len(t.out)
 		j.driveFile(fd, true)
-		if winAbandoned && fd.win.trial == 0 {
+		if winAbandoned && fd.win.trial.to == 0 {
 			if err := t.pinFile(fd, fd.win.cur, nil, true); err != nil && !errors.Is(err, errNoReaders) {
 				t.log.Warn("tuner: could not put back the window kept before a trial the stream slowed in",
 					"file", c.key.String(), "window_kb", fd.win.cur, "err", err)
@@ -276,7 +276,7 @@ func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 			if created && !fd.outOfScope {
 				delete(t.files, c.key) // nothing done: the Step decides, as it would have
 			}
-		} else if fd.win.trial != 0 || fd.pf.trial != 0 {
+		} else if fd.win.trial.to != 0 || fd.pf.trial.to != 0 {
 			t.count(EvOnset)
 		}
 	}
@@ -294,14 +294,14 @@ func (t judgeCtx) retryYoung(now time.Duration) {
 	for _, k := range sortedKeys(t.files) {
 		fd := t.files[k]
 		l := &fd.win
-		if l.youngUndoneAt == 0 {
+		if l.young.undoneAt == 0 {
 			continue
 		}
-		if l.trial != 0 || l.cur != l.base || now-l.youngUndoneAt >= t.cfg.Settle {
-			l.youngUndoneAt = 0 // taken again, or the Step's to take
+		if l.trial.to != 0 || l.cur != l.base || now-l.young.undoneAt >= t.cfg.Settle {
+			l.young.undoneAt = 0 // taken again, or the Step's to take
 			continue
 		}
-		if now-l.youngUndoneAt >= t.span {
+		if now-l.young.undoneAt >= t.span {
 			due = append(due, fd)
 		}
 	}
@@ -310,15 +310,15 @@ func (t judgeCtx) retryYoung(now time.Duration) {
 		if !ok || f.Requests < onsetMinRequests {
 			continue // not read enough in the span: the next check or Step
 		}
-		fd.win.youngUndoneAt = 0
+		fd.win.young.undoneAt = 0
 		if ok, why := t.windowBound(f, t.snap.Now); !ok {
 			t.log.Debug("tuner: step undone on a stream's start not taken again: not bound by its window", "file", fd.key.String(), "why", why)
 			continue
 		}
-		fd.win.retryAt, fd.win.lastM = 0, measure{}
+		fd.win.back.retryAt, fd.win.last.m = 0, measure{}
 		n := len(t.out)
 		t.driveFile(fd, true)
-		if len(t.out) > n && fd.win.trial != 0 {
+		if len(t.out) > n && fd.win.trial.to != 0 {
 			t.count(EvYoungRetry)
 		}
 	}

@@ -151,7 +151,7 @@ func TestRateFallingWithAnUndoneStepIsNoOnset(t *testing.T) {
 	require.Equal(t, 192, r.files.window[key])
 	fd := r.tn.files[key]
 	require.NotNil(t, fd)
-	before := fd.win.before
+	before := fd.win.trial.before
 	// 0.6 s later, at 192 KB: 0.68 of the trial's rate, the median of the
 	// smaller queue, a p99 2.5x it.
 	r.clk.Advance(600 * time.Millisecond)
@@ -227,7 +227,7 @@ func TestOnsetDuringAWindowTrialEndsItAndSteps(t *testing.T) {
 		acts := r.runOutcome(1, st)
 		logActs(t, acts)
 		fd := r.tn.files[key]
-		inTrial = i > 0 && fd != nil && fd.win.trial != 0
+		inTrial = i > 0 && fd != nil && fd.win.trial.to != 0
 	}
 	require.True(t, inTrial, "a trial on a stream bound by its window")
 	trialKB := r.files.window[key]
@@ -247,8 +247,8 @@ func TestOnsetDuringAWindowTrialEndsItAndSteps(t *testing.T) {
 	// No back-off was learned from the spoiled trial.
 	fd := r.tn.files[key]
 	require.NotNil(t, fd)
-	assert.False(t, fd.win.knee)
-	assert.Zero(t, fd.win.retryAt)
+	assert.False(t, fd.win.back.knee)
+	assert.Zero(t, fd.win.back.retryAt)
 }
 
 // A stream at its knee runs a prefetch trial one interval in three or four:
@@ -263,7 +263,7 @@ func TestOnsetDuringAPrefetchTrialEndsItAndSteps(t *testing.T) {
 	for i := 0; i < 20 && !inPf; i++ {
 		logActs(t, r.runOutcome(1, st))
 		fd := r.tn.files[key]
-		inPf = fd != nil && fd.pf.trial != 0
+		inPf = fd != nil && fd.pf.trial.to != 0
 	}
 	require.True(t, inPf, "a prefetch trial at the knee")
 	kneeKB := r.files.window[key]
@@ -276,7 +276,7 @@ func TestOnsetDuringAPrefetchTrialEndsItAndSteps(t *testing.T) {
 	trials := filter(acts, KindFileWindow, ResultTrial)
 	require.Len(t, trials, 1, "the window's step")
 	assert.Greater(t, trials[0].ToKB, kneeKB)
-	assert.Zero(t, r.tn.files[key].pf.trial)
+	assert.Zero(t, r.tn.files[key].pf.trial.to)
 }
 
 // A mild slowdown a moment after a Step (+1 ms on the lab: 150 -> 115 MB/s,
@@ -364,7 +364,7 @@ func TestFreshBlockSlowedAfterAStepIsSteppedBetweenSteps(t *testing.T) {
 	r, st := healthyBackedOff(t)
 	r.clk.Advance(3 * time.Second) // the reader's pause between two blocks
 	r.tn.devs[sdb].outcomeRetryAt = r.clk.Now() + 8*time.Second
-	r.tn.files[st.key].win.retryAt = r.clk.Now() + 8*time.Second
+	r.tn.files[st.key].win.back.retryAt = r.clk.Now() + 8*time.Second
 	r.tn.freshStreams() // the daemon's ticks: the first read's entry is long gone
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: st.tgid, File: st.key, Device: sdb, RaPages: 32})
 	r.clk.Advance(400 * time.Millisecond)
@@ -457,8 +457,8 @@ func TestRateDropUnderAPeersTrialIsNoEvidence(t *testing.T) {
 		if peerStep {
 			r.tn.mu.Lock()
 			fd := r.tn.newDec(k2, r.tn.device(sdb), true, r.clk.Now(), WindowBound)
-			fd.win.trial, fd.win.trialFrom, fd.win.trialAt, fd.win.movedAt = 1024, 128, r.clk.Now(), r.clk.Now()
-			fd.win.before = measure{ok: true, tput: 75e6, rate: 75e6, p50: 3 * time.Millisecond}
+			fd.win.trial.to, fd.win.trial.from, fd.win.trial.at, fd.win.movedAt = 1024, 128, r.clk.Now(), r.clk.Now()
+			fd.win.trial.before = measure{ok: true, tput: 75e6, rate: 75e6, p50: 3 * time.Millisecond}
 			r.tn.mu.Unlock()
 		}
 		r.clk.Advance(time.Second)

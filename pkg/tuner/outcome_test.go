@@ -430,11 +430,11 @@ func TestRegimeOnAFileBackingOffFromHealthyTrialsActsAtOnce(t *testing.T) {
 	r.files.open(100, 7, p, key)
 	acts := r.runOutcome(12, stream{key: key, tgid: 100, fill: 0.9})
 	require.NotEmpty(t, filter(acts, KindFileWindowUndo, ResultUndone))
-	for i := 0; i < 5 && r.tn.files[key].win.trial != 0; i++ {
+	for i := 0; i < 5 && r.tn.files[key].win.trial.to != 0; i++ {
 		r.runOutcome(1, stream{key: key, tgid: 100, fill: 0.9})
 	}
-	require.Zero(t, r.tn.files[key].win.trial)
-	require.Greater(t, r.tn.files[key].win.retryAt, r.clk.Now()+time.Second, "backing off")
+	require.Zero(t, r.tn.files[key].win.trial.to)
+	require.Greater(t, r.tn.files[key].win.back.retryAt, r.clk.Now()+time.Second, "backing off")
 	// The file slows down; the detector's fast path enters a shift.
 	r.tput = kneeModel
 	r.clk.Advance(100 * time.Millisecond)
@@ -496,7 +496,7 @@ func TestDeviceWindowReachesAStreamWhoseOutcomeTrialsBackOff(t *testing.T) {
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p, key)
 	r.runOutcome(12, stream{key: key, tgid: 100, fill: 0.9})
-	for i := 0; i < 5 && r.tn.files[key] != nil && r.tn.files[key].win.trial != 0; i++ {
+	for i := 0; i < 5 && r.tn.files[key] != nil && r.tn.files[key].win.trial.to != 0; i++ {
 		r.runOutcome(1, stream{key: key, tgid: 100, fill: 0.9})
 	}
 	require.False(t, r.tn.ownWindow(key), "backing off, no window of its own")

@@ -85,7 +85,7 @@ func (t judgeCtx) outcomeNeeds(snap detector.Snapshot, needs map[probe.FileKey][
 		if len(needs[f.Key]) == 0 {
 			out[f.Key] = true
 			devOf[f.Key] = f.Device
-			if fd := t.files[f.Key]; fd == nil || fd.win.trial == 0 && fd.win.cur == fd.win.base {
+			if fd := t.files[f.Key]; fd == nil || fd.win.trial.to == 0 && fd.win.cur == fd.win.base {
 				t.log.Debug("tuner: stream bound by its window", "file", f.Key.String(), "why", why)
 			}
 		}
@@ -102,17 +102,17 @@ func (t judgeCtx) outcomeNeeds(snap detector.Snapshot, needs map[probe.FileKey][
 // or a step the onset fell in) is probed again at once. A step under trial
 // is judged first (the next interval). It reports whether it did.
 func (t *Tuner) regimeTakesOver(fd *fileDec) bool {
-	if !fd.byRate || fd.win.trial != 0 || fd.win.probeUntil != 0 || fd.pf.trial != 0 {
+	if !fd.byRate || fd.win.trial.to != 0 || fd.win.reprobe.until != 0 || fd.pf.trial.to != 0 {
 		return false
 	}
 	fd.byRate, fd.prior = false, nil
-	if !fd.win.kneeRandom {
+	if !fd.win.back.kneeRandom {
 		// A knee the random readers' budget set holds: the regime
 		// changes nothing of what a step costs them.
-		fd.win.retryAt, fd.win.failures, fd.win.knee = 0, 0, false
+		fd.win.back.retryAt, fd.win.back.failures, fd.win.back.knee = 0, 0, false
 	}
 	fd.win.rejump = true
-	fd.pf.retryAt, fd.pf.failures, fd.pf.knee = 0, 0, false
+	fd.pf.back.retryAt, fd.pf.back.failures, fd.pf.back.knee = 0, 0, false
 	return true
 }
 
@@ -228,7 +228,7 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 	now := t.deps.Clock.Now()
 	// A climb's step was judged once no step is under trial, or once the
 	// step under trial is the next one, taken from the climb's kept value.
-	if fd.climbFrom > 0 && hadTrial && (l.trial == 0 || l.trialFrom != fd.climbFrom) {
+	if fd.climbFrom > 0 && hadTrial && (l.trial.to == 0 || l.trial.from != fd.climbFrom) {
 		// A climb of the directory's prior was judged: paid, it was
 		// learned above; not, the prior holds its window (BackoffBase,
 		// then BackoffMax once confirmed),
@@ -246,26 +246,26 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
 			FromKB: l.cur, ToKB: l.base, Result: ResultUndone,
 			Evidence: fmt.Sprintf("prior: the stream read %.1f MB/s, no better than the prior's streams at the device's window (%.1f MB/s): the prior is halved", l.judged.tput/1e6, fd.prior.BaseBPS/1e6)})
-		l.cur, l.knee, l.movedAt = l.base, false, now
+		l.cur, l.back.knee, l.movedAt = l.base, false, now
 		t.mem.Decay(fd.prior, false)
 		t.mem.ForgetFile(fd.key)
 		fd.prior = nil
 		return
 	}
-	if !hadTrial || l.trial != 0 {
+	if !hadTrial || l.trial.to != 0 {
 		return
 	}
-	if l.youngRetry {
+	if l.young.retry {
 		// Undone only to be measured whole: no verdict on the device yet.
-		l.youngRetry = false
+		l.young.retry = false
 		return
 	}
-	if l.knee && fd.path != "" {
+	if l.back.knee && fd.path != "" {
 		// A step above the window its directory's prior holds did not pay
 		// on this stream: the prior does not climb either while the knee
 		// holds.
 		if p := t.mem.Dir(fd.key.Dev, fd.path); p != nil && p.Window == l.cur {
-			p.KneeUntil = max(p.KneeUntil, l.retryAt)
+			p.KneeUntil = max(p.KneeUntil, l.back.retryAt)
 		}
 	}
 	switch {
@@ -277,13 +277,13 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 	case fd.byRate:
 		fd.dev.outcomeFails++
 		fd.dev.outcomeRetryAt = now + t.backoff(fd.dev.outcomeFails)
-		if fd.win.before.p50 > 0 {
-			fd.dev.outcomeFailP50 = fd.win.before.p50
+		if fd.win.trial.before.p50 > 0 {
+			fd.dev.outcomeFailP50 = fd.win.trial.before.p50
 		}
 		fd.dev.outcomeFailKB = fd.win.tried
-		fd.dev.outcomeFailTail = fd.win.beforeTail || t.tailNow(fd.key)
-		if fd.win.before.ok && fd.win.before.tput > 0 {
-			fd.dev.outcomeFailTput = fd.win.before.tput
+		fd.dev.outcomeFailTail = fd.win.trial.beforeTail || t.tailNow(fd.key)
+		if fd.win.trial.before.ok && fd.win.trial.before.tput > 0 {
+			fd.dev.outcomeFailTput = fd.win.trial.before.tput
 		}
 		fd.dev.outcomeSlow = nil
 		t.count(EvNotPaid)
@@ -303,7 +303,7 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 // the kept window read under the conditions it was kept in.
 func (t judgeCtx) stillPays(fd *fileDec) (bool, string) {
 	l := &fd.win
-	if t.deps.Clock.Now() < l.probeUntil {
+	if t.deps.Clock.Now() < l.reprobe.until {
 		return true, ""
 	}
 	m := t.measureFor(fd)
@@ -436,7 +436,7 @@ func (t *Tuner) peerStepIn(files []detector.FileStats, f detector.FileStats, now
 	// The decisions are few beside the files; a moving one is rarer still.
 	for key, fd := range t.files {
 		if key == f.Key || fd.dev == nil || fd.dev.dev != f.Device ||
-			fd.win.trial == 0 && (fd.win.movedAt == 0 || now-fd.win.movedAt >= span) {
+			fd.win.trial.to == 0 && (fd.win.movedAt == 0 || now-fd.win.movedAt >= span) {
 			continue
 		}
 		for _, p := range files {

@@ -97,7 +97,9 @@ const (
 )
 
 // resetWatch starts the watch of the value in force afresh.
-func (l *ladder) resetWatch() { l.tailWatch, l.meanOver, l.meanFar, l.tailOver = 0, 0, 0, 0 }
+func (l *ladder) resetWatch() {
+	l.watch.tail, l.watch.meanOver, l.watch.meanFar, l.watch.tailOver = 0, 0, 0, 0
+}
 
 // watchPush records one interval, over or not, in a watch's history of the
 // last watchSpan intervals.
@@ -306,11 +308,11 @@ func minStepKB(w int) int {
 // the bytes the step added. Not across a change of their trims (their
 // requests changed with it).
 func (t *Tuner) learnRandomSlope(d *devState, l *ladder, m measure) {
-	b := l.before
-	if b.rand.max <= 0 || m.rand.max <= 0 || l.trial <= l.trialFrom || d.trimAt > l.trialAt-t.cfg.Settle {
+	b := l.trial.before
+	if b.rand.max <= 0 || m.rand.max <= 0 || l.trial.to <= l.trial.from || d.trimAt > l.trial.at-t.cfg.Settle {
 		return
 	}
-	slope := max(0, (m.rand.max-b.rand.max).Seconds()) / float64((l.trial-l.trialFrom)*1024)
+	slope := max(0, (m.rand.max-b.rand.max).Seconds()) / float64((l.trial.to-l.trial.from)*1024)
 	if d.randSlope == 0 {
 		d.randSlope = slope
 	} else {
@@ -359,23 +361,23 @@ func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 		return false
 	}
 	now := t.deps.Clock.Now()
-	if l.trial != 0 || l.probeUntil != 0 || l.watchAt == now {
+	if l.trial.to != 0 || l.reprobe.until != 0 || l.watch.at == now {
 		return false // once per interval, on the window in force
 	}
-	l.watchAt = now
-	if l.tailWatch == 0 {
-		l.tailWatch = 1 // the step was sized to fit
+	l.watch.at = now
+	if l.watch.tail == 0 {
+		l.watch.tail = 1 // the step was sized to fit
 	}
-	l.tailWatch = (1-randTailAlpha)*l.tailWatch + randTailAlpha*m.rand.tail
-	l.meanOver = watchPush(l.meanOver, m.rand.mean > 1)
-	l.meanFar = watchPush(l.meanFar, m.rand.mean >= randMeanFar)
-	l.tailOver = watchPush(l.tailOver, m.rand.tail > randTailBudget)
-	tailOver := bits.OnesCount8(l.tailOver) >= watchOver && l.tailWatch > randTailBudget
+	l.watch.tail = (1-randTailAlpha)*l.watch.tail + randTailAlpha*m.rand.tail
+	l.watch.meanOver = watchPush(l.watch.meanOver, m.rand.mean > 1)
+	l.watch.meanFar = watchPush(l.watch.meanFar, m.rand.mean >= randMeanFar)
+	l.watch.tailOver = watchPush(l.watch.tailOver, m.rand.tail > randTailBudget)
+	tailOver := bits.OnesCount8(l.watch.tailOver) >= watchOver && l.watch.tail > randTailBudget
 	// A mean far over its budget two intervals in a row is no stray (a
 	// stray second moves a mean 10-20%): a window raised before the
 	// reader was known, costing it a multiple of its reference.
-	meanFar := l.meanFar&3 == 3
-	if !tailOver && !meanFar && bits.OnesCount8(l.meanOver) < watchOver {
+	meanFar := l.watch.meanFar&3 == 3
+	if !tailOver && !meanFar && bits.OnesCount8(l.watch.meanOver) < watchOver {
 		return false
 	}
 	from, to := l.cur, max(l.prev, l.base)
@@ -392,7 +394,7 @@ func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 		// what it costs it trimmed, so no ceiling is left. The stream's
 		// next steps bring the trim and are sized by the budget it
 		// leaves, against a reference learned at the device's window.
-		l.ceil, l.ceilUntil = 0, 0
+		l.limit.ceil, l.limit.ceilUntil = 0, 0
 		t.emit(fd.action(now, KindFileWindowUndo, from, to, ResultUndone,
 			fmt.Sprintf("over budget over the last intervals: %s; the reader reads around untrimmed: no ceiling, its trim comes with the next step", m.rand.why)))
 		return true
@@ -400,9 +402,9 @@ func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 	// A ceiling, not a knee: half way back to the window that went over
 	// stays out of reach for BackoffMax, and the stream may still grow
 	// below it within the budget.
-	l.ceil, l.ceilUntil = max((from+to)/2/randStepKB*randStepKB, to+randStepKB), now+t.cfg.BackoffMax
+	l.limit.ceil, l.limit.ceilUntil = max((from+to)/2/randStepKB*randStepKB, to+randStepKB), now+t.cfg.BackoffMax
 	t.emit(fd.action(now, KindFileWindowUndo, from, to, ResultUndone,
-		fmt.Sprintf("over budget over the last intervals: %s; no window of %d KB or more for %v", m.rand.why, l.ceil, t.cfg.BackoffMax)))
+		fmt.Sprintf("over budget over the last intervals: %s; no window of %d KB or more for %v", m.rand.why, l.limit.ceil, t.cfg.BackoffMax)))
 	return true
 }
 

@@ -297,7 +297,7 @@ func TestStepOverTheRandomBudgetIsUndoneAndItsKneeHolds(t *testing.T) {
 	}
 	assert.Equal(t, 1, past, "one trial past 256 KB, not its confirmation")
 	assert.LessOrEqual(t, r.files.window[key], 256)
-	assert.True(t, r.tn.files[key].win.kneeRandom)
+	assert.True(t, r.tn.files[key].win.back.kneeRandom)
 }
 
 // The budget is the random reader's reference, not the step before: steps
@@ -392,7 +392,7 @@ func TestRandomKneeEndsWhenTheRandomReaderGoes(t *testing.T) {
 		return 880, 1500 * time.Microsecond
 	}
 	r.runBeside(8, st, severe)
-	require.True(t, r.tn.files[key].win.knee)
+	require.True(t, r.tn.files[key].win.back.knee)
 	w := r.files.window[key]
 	acts := r.runOutcome(3, st)
 	logActs(t, acts)

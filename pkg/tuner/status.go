@@ -49,11 +49,11 @@ func (t *Tuner) Status() Status {
 		switch {
 		case fd.outOfScope:
 			s = "out_of_scope"
-		case fd.win.trial != 0 || fd.pf.trial != 0:
+		case fd.win.trial.to != 0 || fd.pf.trial.to != 0:
 			s = "trial"
-		case fd.win.knee:
+		case fd.win.back.knee:
 			s = "knee"
-		case fd.win.failures > 0 && fd.win.cur == fd.win.base:
+		case fd.win.back.failures > 0 && fd.win.cur == fd.win.base:
 			s = "backing_off"
 		case fd.win.cur > fd.win.base:
 			s = "kept"

@@ -149,7 +149,7 @@ func (t judgeCtx) tailKeep(file probe.FileKey, l *ladder, m measure) (prior, tai
 	if fd == nil || !m.ok || l.kind != KindFileWindow || t.randomReaderBeside(fd) {
 		return "", ""
 	}
-	if p := fd.prior; p != nil && l.trialFrom == l.base && p.KeptBPS > 0 && m.tput*(1+t.cfg.Margin) >= p.KeptBPS {
+	if p := fd.prior; p != nil && l.trial.from == l.base && p.KeptBPS > 0 && m.tput*(1+t.cfg.Margin) >= p.KeptBPS {
 		// A prior's window is confirmed when the fresh stream reads as
 		// its neighbours did with it: the gain they measured (perhaps
 		// between stalls, perhaps kept on a tail) is theirs, not a
@@ -160,25 +160,25 @@ func (t judgeCtx) tailKeep(file probe.FileKey, l *ladder, m measure) (prior, tai
 	if !ok {
 		return prior, ""
 	}
-	if l.youngBefore && s.at <= l.beforeAt {
+	if l.trial.young && s.at <= l.trial.beforeAt {
 		// A tail seen only in the stream's start (its open, its first
 		// synchronous reads: a healthy lab stream's first span showed p99
 		// 5 ms at p50 1.7 ms) says nothing of its steady reads. A stall
 		// that recurs shows again in the step's own spans.
 		return prior, ""
 	}
-	need := t.tailNeedKB(file, max(m.tput, l.before.tput))
-	if need <= l.trialFrom {
+	need := t.tailNeedKB(file, max(m.tput, l.trial.before.tput))
+	if need <= l.trial.from {
 		return prior, ""
 	}
 	capBPS := t.dstats[fd.dev.dev].CapacityBPS
-	held := m.tput >= (1-devLossMax)*l.before.tput
+	held := m.tput >= (1-devLossMax)*l.trial.before.tput
 	atCap := capBPS > 0 && m.tput >= t.cfg.CapacityFrac*capBPS
 	if !held && !atCap {
 		return prior, ""
 	}
 	return prior, fmt.Sprintf("kept without its margin: the stream's latency has a tail (p99 %v at p50 %v) that needs about %d KB, more than the %d KB it left, and the step cost it nothing",
-		s.p99.Round(100*time.Microsecond), s.p50.Round(100*time.Microsecond), need, l.trialFrom)
+		s.p99.Round(100*time.Microsecond), s.p50.Round(100*time.Microsecond), need, l.trial.from)
 }
 
 // windowMoved reports whether the span of requests the detector just
@@ -226,16 +226,16 @@ func (t *Tuner) tailNow(k probe.FileKey) bool {
 // before-measure cannot be matched by a window too small for the stall;
 // one large enough for it reads at the stall-free rate through it.
 func (t judgeCtx) tailResize(file probe.FileKey, l *ladder, m measure, maxKB int) int {
-	if fd := t.files[file]; fd == nil || l.trial >= maxKB || t.randomReaderBeside(fd) {
+	if fd := t.files[file]; fd == nil || l.trial.to >= maxKB || t.randomReaderBeside(fd) {
 		return 0
 	}
-	need := t.tailNeedKB(file, max(m.tput, l.before.tput))
-	next := l.trial
+	need := t.tailNeedKB(file, max(m.tput, l.trial.before.tput))
+	next := l.trial.to
 	for next < need && next < maxKB {
 		next *= t.cfg.Growth
 	}
 	next = min(next, maxKB)
-	if next <= l.trial {
+	if next <= l.trial.to {
 		return 0
 	}
 	return next

@@ -33,9 +33,9 @@ func (l *ladder) next(growth, max int) (int, bool) {
 	if n > max {
 		n = max
 	}
-	if l.limit > 0 && l.cur > 0 {
+	if l.limit.kb > 0 && l.cur > 0 {
 		// Beside random readers: a smaller step, within their budget.
-		n = min(n, int(float64(l.cur)*randGrowth), l.limit) / randStepKB * randStepKB
+		n = min(n, int(float64(l.cur)*randGrowth), l.limit.kb) / randStepKB * randStepKB
 		if float64(n) < randMinStep*float64(l.cur) {
 			return l.cur, false
 		}
@@ -55,11 +55,11 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 		t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: file, Path: path, Kind: kind, FromKB: from, ToKB: to, Result: res, Evidence: ev})
 	}
 	did := false
-	prevM, prevAt, prevVal := l.lastM, l.lastAt, l.lastVal
-	if l.trial == 0 && l.probeUntil == 0 && m.ok {
-		l.lastM, l.lastAt, l.lastVal = m, now, l.cur
+	prevM, prevAt, prevVal := l.last.m, l.last.at, l.last.val
+	if l.trial.to == 0 && l.reprobe.until == 0 && m.ok {
+		l.last.m, l.last.at, l.last.val = m, now, l.cur
 	}
-	if l.trial != 0 {
+	if l.trial.to != 0 {
 		e := t.evidenceFor(l, d, file, m, now, max)
 		v := judgeTrial(e)
 		if v.rule.out == outWait {
@@ -67,24 +67,24 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 		}
 		l.judged = m
 		if l.kind == KindFileWindow {
-			t.learnCapacity(d, l.trialFrom, l.trial, l.before, m)
+			t.learnCapacity(d, l.trial.from, l.trial.to, l.trial.before, m)
 		}
 		ev := fmt.Sprintf("%s; before %s, after %s (%+.0f%%, keep margin %+.0f%%)", why, e.before, m, e.gain*100, e.margin*100)
 		if e.atCap && e.margin == e.ordinary {
 			ev += fmt.Sprintf(" (half the margin: the stream alone reads at the device's capacity, %.1f MB/s)", t.dstats[d.dev].CapacityBPS/1e6)
 		}
 		if v.rule.out == outResize {
-			l.later++
+			l.trial.later++
 			t.count(v.rule.event)
 			if err := apply(e.resizeTo); err == nil {
-				act(l.kind, l.trialFrom, e.resizeTo, ResultTrial, fmt.Sprintf("%s; resized to the stream's tail (p99 %v): %s",
+				act(l.kind, l.trial.from, e.resizeTo, ResultTrial, fmt.Sprintf("%s; resized to the stream's tail (p99 %v): %s",
 					why, t.tails[file].p99.Round(100*time.Microsecond), m))
-				l.trial, l.trialAt, l.movedAt, l.tried = e.resizeTo, now, now, e.resizeTo
+				l.trial.to, l.trial.at, l.movedAt, l.tried = e.resizeTo, now, now, e.resizeTo
 				return true
 			}
 			// Not resized: the put-off counted above stands, and the rules
 			// below the resize judge the step as it is.
-			e.resizeTo, e.later = 0, l.later
+			e.resizeTo, e.later = 0, l.trial.later
 			v = judgeTrial(e)
 		}
 		t.log.Debug("tuner: verdict", "file", file.String(), "kind", l.kind, "rule", v.rule.reason, "gain", e.gain, "margin", e.margin,
@@ -101,8 +101,8 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 		if v.rule.reason > rOthersLost {
 			// A step past the device's loss rules teaches what a step
 			// costs the random readers beside it, whatever their verdict.
-			l.kneeRandom = false
-			if l.kind == KindFileWindow && l.limit > 0 {
+			l.back.kneeRandom = false
+			if l.kind == KindFileWindow && l.limit.kb > 0 {
 				t.learnRandomSlope(d, l, m)
 			}
 		}
@@ -112,27 +112,27 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 		}
 		switch v.rule.out {
 		case outLater:
-			l.later++
+			l.trial.later++
 			return false
 		case outRandLater:
-			l.randLater = true
+			l.trial.randLater = true
 			return false
 		case outRetry:
 			from, ok := takeBack(l, now, ev, apply, act)
 			if ok {
-				l.youngRetry, l.retryAt, l.youngUndoneAt = true, now+t.cfg.Settle-t.cfg.Settle/10, now
+				l.young.retry, l.back.retryAt, l.young.undoneAt = true, now+t.cfg.Settle-t.cfg.Settle/10, now
 				act(undoOf(l.kind), from, l.cur, ResultUndone, ev+clause)
 			}
 			return true
 		case outUndoRandom:
-			if l.cur != l.base && l.failures < 1 {
+			if l.cur != l.base && l.back.failures < 1 {
 				// The knee holds for BackoffMax at once: its steps were
 				// sized to fit their budget, so one that did not is no
 				// noise, and its confirmation would cost them another
 				// second.
-				l.failures = 1
+				l.back.failures = 1
 			}
-			l.kneeRandom = true
+			l.back.kneeRandom = true
 			return t.undoStep(l, now, ev+clause, apply, act)
 		case outUndo:
 			return t.undoStep(l, now, ev+clause, apply, act)
@@ -140,10 +140,10 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 		if l.kind == KindFileWindow && m.rand.n > 0 {
 			l.resetWatch() // beside random readers the watch starts afresh
 		}
-		act(l.kind, l.trialFrom, l.trial, ResultKept, ev+clause)
+		act(l.kind, l.trial.from, l.trial.to, ResultKept, ev+clause)
 		l.prev = l.cur
-		l.cur, l.trial, l.failures, l.keptAt, l.keptM = l.trial, 0, 0, now, m
-		l.staleN = 0
+		l.cur, l.trial.to, l.back.failures, l.keptAt, l.keptM = l.trial.to, 0, 0, now, m
+		l.back.staleN = 0
 		did = true
 		// A step kept on half the margin took the stream to the device's
 		// capacity: no next step is left to gain (each undone one is a
@@ -157,12 +157,12 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 		// slowed reader regains its throughput one interval per step,
 		// not two.
 	}
-	if !escalate || now < l.retryAt {
+	if !escalate || now < l.back.retryAt {
 		return did
 	}
-	l.knee = false
-	if l.limitFn != nil {
-		l.limit = l.limitFn()
+	l.back.knee = false
+	if l.limit.fn != nil {
+		l.limit.kb = l.limit.fn()
 	}
 	next, ok := l.next(t.cfg.Growth, max)
 	if !ok || !m.ok {
@@ -180,22 +180,22 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 		if errors.Is(err, errRateLimited) || errors.Is(err, errNoReaders) || errors.Is(err, errOutOfScope) {
 			return did // deferred, or not ours to act on: no action
 		}
-		l.failures++
-		l.retryAt = now + t.backoff(l.failures)
-		act(l.kind, l.cur, next, ResultFailed, fmt.Sprintf("%s; %v; retry in %v", ev, err, t.backoff(l.failures)))
+		l.back.failures++
+		l.back.retryAt = now + t.backoff(l.back.failures)
+		act(l.kind, l.cur, next, ResultFailed, fmt.Sprintf("%s; %v; retry in %v", ev, err, t.backoff(l.back.failures)))
 		return true
 	}
-	l.steadyTput, l.beforeHigh = 0, m.tput
+	l.trial.steady, l.trial.high = 0, m.tput
 	if l.steadyBefore && prevM.ok && !prevM.young && prevVal == l.cur && now-prevAt <= 2*t.cfg.Settle {
 		// (Not a measure of the stream's start: its start-up is no part
 		// of its steady rate.)
-		l.steadyTput = (prevM.tput + m.tput) / 2
-		l.beforeHigh = math.Max(prevM.tput, m.tput)
-		ev = fmt.Sprintf("%s; judged against %.1f MB/s (this and the last interval's mean)", ev, l.steadyTput/1e6)
+		l.trial.steady = (prevM.tput + m.tput) / 2
+		l.trial.high = math.Max(prevM.tput, m.tput)
+		ev = fmt.Sprintf("%s; judged against %.1f MB/s (this and the last interval's mean)", ev, l.trial.steady/1e6)
 	}
-	l.trial, l.trialFrom, l.trialAt, l.before, l.movedAt, l.beforeAt = next, l.cur, now, m, now, now
-	l.rejump, l.tried, l.youngBefore = false, next, m.young && l.steadyTput == 0
-	l.beforeTail, l.later, l.randLater = t.tailNow(file), 0, false
+	l.trial.to, l.trial.from, l.trial.at, l.trial.before, l.movedAt, l.trial.beforeAt = next, l.cur, now, m, now, now
+	l.rejump, l.tried, l.trial.young = false, next, m.young && l.trial.steady == 0
+	l.trial.beforeTail, l.trial.later, l.trial.randLater = t.tailNow(file), 0, false
 	if l.cur == l.base {
 		l.baseM = m
 	}
@@ -206,24 +206,24 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 // evidenceFor gathers what the verdict on l's step under trial depends on
 // (judge.go). It changes nothing: what the verdict does is drive's.
 func (t judgeCtx) evidenceFor(l *ladder, d *devState, file probe.FileKey, m measure, now time.Duration, max int) facts {
-	e := facts{kind: l.kind, m: m, before: l.before, since: now - l.trialAt, settle: t.cfg.Settle, ended: t.mode == judgeEnded,
-		tailNow: t.tailNow(file), beforeTail: l.beforeTail, later: l.later, youngBefore: l.youngBefore, atBase: l.cur == l.base, randLater: l.randLater}
+	e := facts{kind: l.kind, m: m, before: l.trial.before, since: now - l.trial.at, settle: t.cfg.Settle, ended: t.mode == judgeEnded,
+		tailNow: t.tailNow(file), beforeTail: l.trial.beforeTail, later: l.trial.later, youngBefore: l.trial.young, atBase: l.cur == l.base, randLater: l.trial.randLater}
 	e.keepsEarly = e.beforeSettle() && t.keepsEarly(d, l, m, now)
-	if l.steadyTput > 0 {
-		e.before.tput = l.steadyTput
+	if l.trial.steady > 0 {
+		e.before.tput = l.trial.steady
 	}
 	if m.ok && e.before.tput > 0 {
 		e.gain = m.tput/e.before.tput - 1
 	}
 	e.margin, e.atCap = t.marginFor(l, d, file, m)
 	e.ordinary = e.margin
-	if l.youngBefore && e.margin < youngMargin {
+	if l.trial.young && e.margin < youngMargin {
 		e.margin = youngMargin
 	}
 	e.resizeTo = t.tailResize(file, l, m, max)
 	e.prior, e.tail = t.tailKeep(file, l, m)
 	e.shift = t.shiftKeep(file, l, m)
-	e.lossDev, e.lossOthers = lossBase(l.before, m)
+	e.lossDev, e.lossOthers = lossBase(l.trial.before, m)
 	return e
 }
 
@@ -257,7 +257,7 @@ func (t judgeCtx) marginFor(l *ladder, d *devState, file probe.FileKey, m measur
 		return t.cfg.DeviceMargin, false
 	}
 	half := t.halfMargin()
-	if l.kind == KindFileWindow && t.loneAtCapacity(d, file, m) && l.beforeHigh > 0 && m.tput >= (1+half)*l.beforeHigh {
+	if l.kind == KindFileWindow && t.loneAtCapacity(d, file, m) && l.trial.high > 0 && m.tput >= (1+half)*l.trial.high {
 		return half, true
 	}
 	return t.cfg.Margin, false
@@ -279,19 +279,19 @@ func (t *Tuner) undoStep(l *ladder, now time.Duration, ev string, apply func(int
 		return true
 	}
 	if l.cur == l.base {
-		l.failures++
-		l.retryAt = now + t.backoff(l.failures)
-		ev += fmt.Sprintf("; backing off %v", t.backoff(l.failures))
+		l.back.failures++
+		l.back.retryAt = now + t.backoff(l.back.failures)
+		ev += fmt.Sprintf("; backing off %v", t.backoff(l.back.failures))
 	} else {
 		// A knee found by one noisy interval would hold the window short
 		// for BackoffMax: confirm it once, BackoffBase later.
-		l.knee, l.kneeM = true, l.before
-		l.failures++
+		l.back.knee, l.back.kneeM = true, l.trial.before
+		l.back.failures++
 		wait := t.cfg.BackoffMax
-		if l.failures == 1 {
+		if l.back.failures == 1 {
 			wait = t.cfg.BackoffBase
 		}
-		l.retryAt = now + wait
+		l.back.retryAt = now + wait
 		ev += fmt.Sprintf("; knee at %d KB, probing further in %v", l.cur, wait)
 	}
 	act(undoOf(l.kind), from, l.cur, ResultUndone, ev)
@@ -302,10 +302,10 @@ func (t *Tuner) undoStep(l *ladder, now time.Duration, ev string, apply func(int
 // ends the trial; it returns the step's value and whether it could (the
 // step stays in force until an undo succeeds, reported as failed).
 func takeBack(l *ladder, now time.Duration, ev string, apply func(int) error, act func(ActionKind, int, int, Result, string)) (int, bool) {
-	from := l.trial
-	l.trial, l.movedAt = 0, now
+	from := l.trial.to
+	l.trial.to, l.movedAt = 0, now
 	if err := apply(l.cur); err != nil && !errors.Is(err, errNoReaders) {
-		l.trial = from
+		l.trial.to = from
 		act(undoOf(l.kind), from, l.cur, ResultFailed, ev+"; undo failed: "+err.Error())
 		return from, false
 	}
@@ -322,14 +322,14 @@ func (t *Tuner) reprobeStart(fd *fileDec) bool {
 	// A kept prefetch is part of what the re-probe takes back: held, it
 	// keeps the stream ahead of the device whatever the window, so the
 	// regime would never be seen to end.
-	if t.cfg.DryRun || l.trial != 0 || fd.pf.trial != 0 || (l.cur <= l.base && fd.pf.cur == 0) ||
+	if t.cfg.DryRun || l.trial.to != 0 || fd.pf.trial.to != 0 || (l.cur <= l.base && fd.pf.cur == 0) ||
 		slices.Contains(fd.regimes, detector.StarvedStream) { // starved: the window is visibly needed
 		return false
 	}
-	if l.probeEvery == 0 {
-		l.probeEvery = t.cfg.ReprobeAfter
+	if l.reprobe.every == 0 {
+		l.reprobe.every = t.cfg.ReprobeAfter
 	}
-	if now-l.keptAt < l.probeEvery {
+	if now-l.keptAt < l.reprobe.every {
 		return false
 	}
 	if err := t.pinFile(fd, l.base, nil, true); err != nil {
@@ -339,9 +339,9 @@ func (t *Tuner) reprobeStart(fd *fileDec) bool {
 		}
 		return false
 	}
-	l.probeUntil, l.movedAt = now+t.cfg.ReprobeHold, now
+	l.reprobe.until, l.movedAt = now+t.cfg.ReprobeHold, now
 	if fd.pf.cur > 0 {
-		fd.pf.probeUntil = l.probeUntil // inForce reports no prefetch while the probe holds
+		fd.pf.reprobe.until = l.reprobe.until // inForce reports no prefetch while the probe holds
 		t.emit(fd.action(now, KindPrefetchUndo, fd.pf.cur, 0, ResultTrial,
 			fmt.Sprintf("re-probe: prefetch held off for %v with the window", t.cfg.ReprobeHold)))
 	}
@@ -368,8 +368,8 @@ func (t *Tuner) reprobeJudge(fd *fileDec, needed bool, why string) {
 	l := &fd.win
 	if !needed {
 		kept := l.cur
-		l.probeUntil, l.cur, l.movedAt = 0, l.base, now
-		fd.pf.probeUntil = 0 // undoFile reports the prefetch it stops
+		l.reprobe.until, l.cur, l.movedAt = 0, l.base, now
+		fd.pf.reprobe.until = 0 // undoFile reports the prefetch it stops
 		if kept > l.base {
 			t.emit(fd.action(now, KindFileWindowUndo, kept, l.base, ResultUndone,
 				fmt.Sprintf("re-probe: no regime at the device's window (was %v): the %d KB window is no longer needed%s", fd.regimes, kept, sep(why))))
@@ -379,7 +379,7 @@ func (t *Tuner) reprobeJudge(fd *fileDec, needed bool, why string) {
 		return
 	}
 	fd.lastNeeded = now
-	if now < l.probeUntil {
+	if now < l.reprobe.until {
 		return
 	}
 	if err := t.pinFile(fd, l.cur, nil, true); err != nil && !errors.Is(err, errNoReaders) {
@@ -390,11 +390,11 @@ func (t *Tuner) reprobeJudge(fd *fileDec, needed bool, why string) {
 			"re-probe: putting the kept window back failed: "+err.Error()))
 	} else {
 		t.emit(fd.action(now, KindFileWindow, l.base, l.cur, ResultKept,
-			fmt.Sprintf("re-probe: regimes %v persist at the device's window after %v%s; the kept window is back, next re-probe in %v", fd.regimes, t.cfg.ReprobeHold, sep(why), min(2*l.probeEvery, t.cfg.BackoffMax))))
+			fmt.Sprintf("re-probe: regimes %v persist at the device's window after %v%s; the kept window is back, next re-probe in %v", fd.regimes, t.cfg.ReprobeHold, sep(why), min(2*l.reprobe.every, t.cfg.BackoffMax))))
 	}
-	l.probeUntil, l.keptAt, l.movedAt = 0, now, now
-	fd.pf.probeUntil = 0 // a held prefetch is issued again
-	l.probeEvery = min(2*l.probeEvery, t.cfg.BackoffMax)
+	l.reprobe.until, l.keptAt, l.movedAt = 0, now, now
+	fd.pf.reprobe.until = 0 // a held prefetch is issued again
+	l.reprobe.every = min(2*l.reprobe.every, t.cfg.BackoffMax)
 }
 
 func (t *Tuner) undoFile(fd *fileDec, why string) {
@@ -462,10 +462,10 @@ const (
 // pays by earlyKeepGain with nothing lost elsewhere.
 func (t judgeCtx) keepsEarly(d *devState, l *ladder, m measure, now time.Duration) bool {
 	// A verdict put off (randLater) waits for a whole interval.
-	if t.mode != judgeEarly || l.kind != KindFileWindow || l.randLater || now-l.trialAt < t.cfg.Settle/2 || now-l.movedAt < t.span {
+	if t.mode != judgeEarly || l.kind != KindFileWindow || l.trial.randLater || now-l.trial.at < t.cfg.Settle/2 || now-l.movedAt < t.span {
 		return false
 	}
-	b := l.before
+	b := l.trial.before
 	if !m.ok || !b.ok || b.tput <= 0 || m.tput < (1+earlyKeepGain)*b.tput {
 		return false
 	}
@@ -520,24 +520,24 @@ const (
 func (t *Tuner) kneeStale(fd *fileDec, m measure) {
 	l := &fd.win
 	now := t.deps.Clock.Now()
-	if !l.knee || l.kneeRandom || l.trial != 0 || l.probeUntil != 0 || now >= l.retryAt {
+	if !l.back.knee || l.back.kneeRandom || l.trial.to != 0 || l.reprobe.until != 0 || now >= l.back.retryAt {
 		return
 	}
-	if !m.ok || !l.kneeM.ok || l.kneeM.rate <= 0 || m.rate >= kneeStaleDrop*l.kneeM.rate {
+	if !m.ok || !l.back.kneeM.ok || l.back.kneeM.rate <= 0 || m.rate >= kneeStaleDrop*l.back.kneeM.rate {
 		return
 	}
 	// The measure must come from the knee's window alone.
 	if now-l.movedAt < t.cfg.Settle {
 		return
 	}
-	if l.staleAt != 0 && now-l.staleAt < t.backoff(l.staleN) {
+	if l.back.staleAt != 0 && now-l.back.staleAt < t.backoff(l.back.staleN) {
 		return
 	}
 	t.log.Debug("tuner: stream reads below its rate at the knee", "file", fd.key.String(), "window_kb", l.cur,
-		"knee_mbps", l.kneeM.rate/1e6, "now_mbps", m.rate/1e6, "p50", m.p50.Round(10*time.Microsecond))
-	l.knee, l.retryAt, l.failures = false, 0, 0
-	l.staleAt = now
-	l.staleN++
+		"knee_mbps", l.back.kneeM.rate/1e6, "now_mbps", m.rate/1e6, "p50", m.p50.Round(10*time.Microsecond))
+	l.back.knee, l.back.retryAt, l.back.failures = false, 0, 0
+	l.back.staleAt = now
+	l.back.staleN++
 	t.count(EvKneeStale)
 }
 
@@ -571,7 +571,7 @@ func (t judgeCtx) shiftKeep(file probe.FileKey, l *ladder, m measure) string {
 		// +3 ms, the random reader's p99 2.8x the default's).
 		return ""
 	}
-	if l.before.tput <= 0 || m.tput < l.before.tput || m.p50 <= 0 {
+	if l.trial.before.tput <= 0 || m.tput < l.trial.before.tput || m.p50 <= 0 {
 		return ""
 	}
 	var slowed string
@@ -586,9 +586,9 @@ func (t judgeCtx) shiftKeep(file probe.FileKey, l *ladder, m measure) string {
 		return ""
 	}
 	inflightKB := int(m.tput * m.p50.Seconds() / 1024)
-	if inflightKB <= l.trialFrom {
+	if inflightKB <= l.trial.from {
 		return ""
 	}
 	return fmt.Sprintf("kept without its margin: %s and the step cost it nothing; it keeps about %d KB in flight (p50 %v), more than the %d KB it left",
-		slowed, inflightKB, m.p50.Round(100*time.Microsecond), l.trialFrom)
+		slowed, inflightKB, m.p50.Round(100*time.Microsecond), l.trial.from)
 }

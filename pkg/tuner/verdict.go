@@ -30,7 +30,7 @@ func (t *Tuner) trialStreams() ([]probe.FileKey, time.Duration) {
 	var keys []probe.FileKey
 	for k, fd := range t.files {
 		l := &fd.win
-		if l.trial != 0 && now-l.trialAt >= t.cfg.Settle/2 && now-l.trialAt < t.cfg.Settle-t.cfg.Settle/10 && now-l.movedAt >= span {
+		if l.trial.to != 0 && now-l.trial.at >= t.cfg.Settle/2 && now-l.trial.at < t.cfg.Settle-t.cfg.Settle/10 && now-l.movedAt >= span {
 			keys = append(keys, k)
 		}
 	}
@@ -60,7 +60,7 @@ func (t *Tuner) judgeOn(snap detector.Snapshot, span time.Duration, mode judgeMo
 	j := t.on(snap, span, mode)
 	for _, f := range snap.Files {
 		fd := t.files[f.Key]
-		if fd == nil || fd.win.trial == 0 || !want(f, fd) {
+		if fd == nil || fd.win.trial.to == 0 || !want(f, fd) {
 			continue
 		}
 		n := len(t.out)
@@ -110,8 +110,8 @@ func (t *Tuner) lastRead(k probe.FileKey) time.Duration {
 // an event every 400 ms).
 func (t *Tuner) readaheadGap(l *ladder) time.Duration {
 	gap := endedGap
-	if r := l.before.rate; r > 0 {
-		gap = max(gap, time.Duration(2*float64(l.trial)*1024/r*float64(time.Second)))
+	if r := l.trial.before.rate; r > 0 {
+		gap = max(gap, time.Duration(2*float64(l.trial.to)*1024/r*float64(time.Second)))
 	}
 	return gap
 }
@@ -134,7 +134,7 @@ func (t *Tuner) endedTrials() []trialSpan {
 	// looked at (and ordered), not every decision.
 	var keys []probe.FileKey
 	for k, fd := range t.files {
-		if fd.win.trial != 0 && fd.pf.trial == 0 && fd.win.probeUntil == 0 {
+		if fd.win.trial.to != 0 && fd.pf.trial.to == 0 && fd.win.reprobe.until == 0 {
 			keys = append(keys, k)
 		}
 	}
@@ -146,11 +146,11 @@ func (t *Tuner) endedTrials() []trialSpan {
 		if last == 0 || now-last < t.readaheadGap(l) {
 			continue
 		}
-		if last-l.trialAt < endedJudgeMin {
-			t.endUnjudged(fd, last-l.trialAt)
+		if last-l.trial.at < endedJudgeMin {
+			t.endUnjudged(fd, last-l.trial.at)
 			continue
 		}
-		out = append(out, trialSpan{Key: k, Span: now - l.trialAt})
+		out = append(out, trialSpan{Key: k, Span: now - l.trial.at})
 	}
 	return out
 }
@@ -161,8 +161,8 @@ func (t *Tuner) endedTrials() []trialSpan {
 func (t *Tuner) endUnjudged(fd *fileDec, read time.Duration) {
 	now := t.deps.Clock.Now()
 	l := &fd.win
-	from := l.trial
-	l.trial, l.movedAt = 0, now
+	from := l.trial.to
+	l.trial.to, l.movedAt = 0, now
 	if err := t.pinFile(fd, l.cur, nil, true); err != nil && !errors.Is(err, errNoReaders) {
 		t.log.Debug("tuner: ended step not taken back", "file", fd.key.String(), "err", err)
 	}
@@ -181,6 +181,6 @@ func (t *Tuner) endUnjudged(fd *fileDec, read time.Duration) {
 // the stream has stopped.
 func (t *Tuner) endedVerdict(ts trialSpan, snap detector.Snapshot) []Action {
 	return t.judgeOn(snap, ts.Span, judgeEnded, EvKeptEnded, func(f detector.FileStats, fd *fileDec) bool {
-		return f.Key == ts.Key && fd.pf.trial == 0
+		return f.Key == ts.Key && fd.pf.trial.to == 0
 	})
 }

@@ -53,7 +53,7 @@ func TestStepThatClearlyPaysIsKeptEarly(t *testing.T) {
 			kept := filter(acts, KindFileWindow, ResultKept)
 			if !tc.early {
 				assert.Empty(t, kept, "a step that pays less than earlyKeepGain waits for its Step")
-				assert.Equal(t, first, r.tn.files[key].win.trial)
+				assert.Equal(t, first, r.tn.files[key].win.trial.to)
 				return
 			}
 			require.Len(t, kept, 1, "kept on its recent requests")
@@ -165,8 +165,8 @@ func TestVerdictIsAFunctionOfItsMode(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			now := r.clk.Now()
-			step := ladder{kind: KindFileWindow, base: 128, cur: 128, trial: 256, trialFrom: 128,
-				trialAt: now - tc.age, movedAt: now - tc.age, before: measure{ok: true, tput: 100e6, rate: 100e6}}
+			step := ladder{kind: KindFileWindow, base: 128, cur: 128, movedAt: now - tc.age,
+				trial: trialStep{to: 256, from: 128, at: now - tc.age, before: measure{ok: true, tput: 100e6, rate: 100e6}}}
 			m := measure{ok: true, tput: (1 + tc.gain) * 100e6, rate: (1 + tc.gain) * 100e6}
 			views := [3]*view{&tn.view, {span: recent}, {span: tc.age}}
 			judge := func(mode judgeMode) string {
@@ -174,9 +174,9 @@ func TestVerdictIsAFunctionOfItsMode(t *testing.T) {
 				j := judgeCtx{Tuner: tn, view: views[mode], mode: mode}
 				j.drive(&l, d, probe.FileKey{Dev: sdb, Ino: 9}, "", m, "test", false, func(int) error { return nil })
 				switch {
-				case l.trial != 0:
+				case l.trial.to != 0:
 					return wait
-				case l.cur == step.trial:
+				case l.cur == step.trial.to:
 					return kept
 				default:
 					return undone
