@@ -53,11 +53,11 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		// that hides them is sized by the p99.
 		fd.win.hint = max(fd.win.hint, t.tailNeedKB(fd.key, m.tput))
 	}
-	fd.win.limit.kb, fd.win.limit.fn = 0, nil
+	fd.win.limit.setFn(nil)
 	beside := t.randomReaderBeside(fd)
 	if fd.win.back.knee && fd.win.back.kneeRandom && !beside {
 		// The random readers whose budget set the knee are gone.
-		fd.win.back.knee, fd.win.back.kneeRandom, fd.win.back.retryAt, fd.win.back.failures = false, false, 0, 0
+		fd.win.clearBack()
 	}
 	if beside {
 		// Each window of transfers queued for the stream is waiting time
@@ -71,7 +71,7 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 			// moment (a stream that just slowed or opened changed them).
 			t.refreshRandom(fd.dev)
 		}
-		fd.win.limit.fn = func() int {
+		fd.win.limit.setFn(func() int {
 			lim, why := t.randomLimitKB(fd)
 			if lim < 0 {
 				return 0
@@ -85,8 +85,7 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 				t.log.Debug("tuner: step beside random readers", "file", fd.key.String(), "window_kb", fd.win.cur, "limit_kb", lim, "why", why)
 			}
 			return max(lim, fd.win.cur)
-		}
-		fd.win.limit.kb = fd.win.limit.fn()
+		})
 	}
 	// A decision no regime started skips this unless the capacity was
 	// learned (capacity.go, atCapacity): the detector's, its best rate
@@ -124,7 +123,7 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		if !t.outcomeDue(fd.dev, fd.key) {
 			escalate = false // the device's outcome trials are backing off
 		} else if t.outcomeEvidence(fd.dev, fd.key) {
-			fd.win.back.retryAt = 0 // new evidence: the file's own back-off ends too
+			fd.win.retryNow(false) // new evidence: the file's own back-off ends too
 		}
 	}
 	if escalate && fd.pf.trial.to == 0 {

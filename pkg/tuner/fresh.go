@@ -101,26 +101,24 @@ func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Dur
 	fd.prior = p
 	fd.regimes = []detector.RegimeKind{FromPrior}
 	fd.lastNeeded = now
-	before := measure{ok: true, tput: p.BaseBPS, rate: p.BaseBPS}
-	fd.win.trial.to, fd.win.trial.from, fd.win.trial.at, fd.win.trial.before, fd.win.baseM = kb, d.orig, now, before, before
-	fd.win.trial.steady = 0
-	fd.win.movedAt = now
+	base := measure{ok: true, tput: p.BaseBPS, rate: p.BaseBPS}
+	s := trialStep{to: kb, from: d.orig, at: now, before: base}
 	why := fmt.Sprintf("prior: %d KB paid for %d recent stream(s) in this directory (%.1f -> %.1f MB/s); given to %d descriptor(s) %v after the file's first readahead event",
 		p.Window, p.Streams, p.BaseBPS/1e6, p.KeptBPS/1e6, n, lag.Round(100*time.Microsecond))
-	from := d.orig
 	if climbFrom > 0 {
 		// Judged against what the prior's window gave its streams; not
 		// paying, it falls back to that window (and the prior holds it).
-		fd.climbFrom, from = climbFrom, climbFrom
-		fd.win.cur, fd.win.trial.from, fd.win.keptAt = climbFrom, climbFrom, now
-		fd.win.trial.before = measure{ok: true, tput: p.KeptBPS, rate: p.KeptBPS}
+		fd.climbFrom, s.from = climbFrom, climbFrom
+		fd.win.keepAt(climbFrom, 0, now)
+		s.before = measure{ok: true, tput: p.KeptBPS, rate: p.KeptBPS}
 		t.count(EvPriorClimb)
 		why = fmt.Sprintf("prior climbs: %d KB paid for %d recent stream(s) in this directory (%.1f -> %.1f MB/s); this one tries %d KB, given to %d descriptor(s) %v after the file's first readahead event",
 			p.Window, p.Streams, p.BaseBPS/1e6, p.KeptBPS/1e6, kb, n, lag.Round(100*time.Microsecond))
 	}
+	fd.win.begin(s, base, now)
 	t.files[key] = fd
 	t.count(EvPriorApplied)
-	t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: key, Path: fd.path, Kind: KindFileWindow, FromKB: from, ToKB: kb,
+	t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: key, Path: fd.path, Kind: KindFileWindow, FromKB: s.from, ToKB: kb,
 		Result: ResultTrial, Evidence: why})
 }
 
@@ -226,7 +224,7 @@ func (t judgeCtx) catchUp(fd *fileDec, now time.Duration) {
 		return
 	}
 	from := l.cur
-	l.prev, l.cur, l.keptAt, l.movedAt = l.cur, kb, now, now
+	l.keepAt(kb, l.cur, now)
 	t.count(EvPriorCaughtUp)
 	t.log.Debug("tuner: a file's kept window raised to its directory's prior", "file", fd.key.String(), "path", fd.path,
 		"from_kb", from, "to_kb", kb)
@@ -350,7 +348,8 @@ func (t *Tuner) fastOutcome(snap detector.Snapshot, span time.Duration) []Action
 			// pay: their back-off and knee were learned in other
 			// conditions; the device's outcome back-off (outcomeDue,
 			// above) still holds a stream whose latency did not change.
-			fd.win.back.retryAt, fd.win.back.knee, fd.lastNeeded = 0, false, now
+			fd.win.retryNow(true)
+			fd.lastNeeded = now
 		}
 		t.log.Debug("tuner: fresh stream bound by its window", "file", f.Key.String(), "span", span, "why", why, "reopened", !created)
 		n := len(t.out)

@@ -1,7 +1,7 @@
 package tuner
 
-// One knob's closed-loop state (ladder) and the measure its steps are
-// judged by: data only, read and moved by the parts above.
+// One knob's closed-loop state (ladder), its transitions, and the measure
+// its steps are judged by; what to do when is decided by the parts above.
 
 import (
 	"fmt"
@@ -18,22 +18,21 @@ type ladder struct {
 	prev      int // the value kept before cur
 	first     int // first step when cur is 0 (prefetch)
 	dryAt     int // value last reported in dry-run mode
+	tried     int // the value of the last step taken
 	// hint is the window Little's law says the reader needs (KB, 0 if
-	// unknown): the first step from base skips steps smaller than it.
-	hint int
-	// rejump: the next step may skip to the Little's-law hint from the
-	// window in force (a regime began after it was kept).
+	// unknown): the first step from base skips steps smaller than it, as
+	// does one from the window in force when rejump (a regime began after
+	// it was kept).
+	hint   int
 	rejump bool
-	// tried: the value of the last step taken.
-	tried int
-	// keptAt: when cur last changed (a re-probe waits a period from it).
-	keptAt time.Duration
-	// baseM: the measure when the first step left base; keptM: when the
-	// value in force was kept (what a re-probe and the memory compare with).
-	baseM, keptM measure
+	// keptAt: when cur last changed (a re-probe waits a period from it);
 	// movedAt: when the value in force last changed (a span of requests
-	// across it mixes two windows' latencies).
-	movedAt time.Duration
+	// across it mixes two windows' latencies). baseM: the measure when the
+	// first step left base; keptM: when the value in force was kept (what a
+	// re-probe and the memory compare with); judged: the measure the last
+	// verdict was taken on.
+	keptAt, movedAt      time.Duration
+	baseM, keptM, judged measure
 	// steadyBefore: a step's gain is judged against the mean of the last
 	// two intervals' throughput at the window in force (trial.steady), not
 	// the last one alone (set for decisions that rest on the stream's
@@ -44,66 +43,63 @@ type ladder struct {
 	// took the stream to the device's capacity, so the capacity holds
 	// further steps even for a decision judged by rate.
 	capKept bool
-	// judged: the measure the last verdict was taken on.
-	judged measure
 
-	trial   trialStep
-	back    backOff
-	reprobe reprobeState
+	trial trialStep
+	back  backOff
+	// reprobe: when the current re-probe of a kept file window (window back
+	// at base) ends, and the period between re-probes.
+	reprobe struct{ until, every time.Duration }
 	limit   randLimit
 	watch   randWatch
-	young   youngUndo
-	last    lastMeasure
+	// young: retry, the step just undone paid the ordinary margin against a
+	// before-measure that took in the stream's start: tried again once the
+	// stream is measured whole, with no back-off (policy.go counts it as no
+	// unpaid trial); undoneAt: when, until it is taken again (onset.go
+	// takes it between Steps once a quarter interval has measured the
+	// stream whole at the device's window).
+	young struct {
+		retry    bool
+		undoneAt time.Duration
+	}
+	last lastMeasure
 }
 
-// trialStep is the step under trial and what its verdict reads.
+// trialStep is the step under trial (to, 0 if none, from from since at)
+// and what its verdict reads: before, the measure it is judged against,
+// taken at beforeAt, whose span showed the stream's tail (beforeTail) or
+// took in its start (young: youngMargin); later: the intervals the
+// verdict was put off (tail.go), randLater: put off once on the random
+// readers' p99 alone; steady: the mean of the last two intervals'
+// throughput at the value left (0 for none, see steadyBefore), high: the
+// higher of the two (the before-measure's alone otherwise): a gain over it
+// is no dip's.
 type trialStep struct {
-	to   int // value under trial, 0 if none
-	from int
-	at   time.Duration
-	// before: the measure the step is judged against, taken at beforeAt;
-	// beforeTail: its span showed the stream's tail; later: how many
-	// intervals the verdict was put off (tail.go); randLater: put off one
-	// interval on the random readers' p99 alone.
-	before     measure
-	beforeAt   time.Duration
-	beforeTail bool
-	later      int
-	randLater  bool
-	// steady: the mean of the last two intervals' throughput at the value
-	// left (0 for none, see steadyBefore); high: the higher of the two
-	// (the before-measure's alone otherwise): a gain over it is no dip's.
-	steady, high float64
-	// young: the before-measure took in the stream's start (youngMargin).
-	young bool
+	to, from, later   int
+	at, beforeAt      time.Duration
+	before            measure
+	beforeTail, young bool
+	randLater         bool
+	steady, high      float64
 }
 
-// backOff is the knee and the back-off of the next step.
+// backOff: the knee, and the failures that hold the next step until
+// retryAt; the knee's own record (kneeStale, trial.go): the measure at the
+// knee's window when it was found, whether the random readers' loss set
+// it, and the re-probes that found it stale.
 type backOff struct {
-	knee     bool
-	failures int
-	retryAt  time.Duration
-	// The knee's own record (kneeStale, trial.go): the measure at the
-	// knee's window when it was found, whether the random readers' loss
-	// set it, and the re-probes that found it stale.
-	kneeM      measure
-	kneeRandom bool
-	staleAt    time.Duration
-	staleN     int
+	knee, kneeRandom bool
+	failures, staleN int
+	retryAt, staleAt time.Duration
+	kneeM            measure
 }
-
-// reprobeState: when the current re-probe of a kept file window (window
-// back at base) ends, and the period between re-probes.
-type reprobeState struct{ until, every time.Duration }
 
 // randLimit bounds a step beside random readers (random.go): kb, the
 // largest window a step may take now (0 for no limit), computed by fn when
 // the next step is taken (a verdict just before may have taught what a
 // step costs them); no step to ceil or more before ceilUntil.
 type randLimit struct {
-	kb        int
+	kb, ceil  int
 	fn        func() int
-	ceil      int
 	ceilUntil time.Duration
 }
 
@@ -115,17 +111,6 @@ type randWatch struct {
 	tail                        float64
 	meanOver, meanFar, tailOver uint8
 	at                          time.Duration
-}
-
-// youngUndo: retry, the step just undone paid the ordinary margin against a
-// before-measure that took in the stream's start: tried again once the
-// stream is measured whole, with no back-off (policy.go counts it as no
-// unpaid trial); undoneAt, when that step was undone, until it is taken
-// again (onset.go takes it between Steps once a quarter interval has
-// measured the stream whole at the device's window).
-type youngUndo struct {
-	retry    bool
-	undoneAt time.Duration
 }
 
 // lastMeasure: the measure of the previous interval with no step under
@@ -214,3 +199,147 @@ type randCost struct {
 	max  time.Duration // the largest mean latency
 	why  string        // which reader and how, for the evidence
 }
+
+// The ladder's transitions (when to take each is the callers'). startStep
+// puts its next step s under trial from now (from base, s.before measures
+// the base too); begin, a prior's step, baseM the measure at base; resize
+// moves the step to kb; putOff puts its verdict off an interval (rand: on
+// the random readers' p99 alone). keepStep keeps it (atCap: on half the
+// margin), the back-off afresh; keepAt puts kb in force as the value kept,
+// prev the one a watch falls back to; backToBase puts base back, no knee.
+// endStep ends a step unjudged or undone and returns its value; resume puts
+// it back when taking it back failed.
+func (l *ladder) startStep(s trialStep, now time.Duration) {
+	baseM := l.baseM
+	if s.from == l.base {
+		baseM = s.before
+	}
+	l.begin(s, baseM, now)
+	l.rejump, l.tried = false, s.to
+}
+func (l *ladder) begin(s trialStep, baseM measure, now time.Duration) {
+	l.trial, l.baseM, l.movedAt = s, baseM, now
+}
+func (l *ladder) resize(kb int, now time.Duration) {
+	l.trial.to, l.trial.at, l.movedAt, l.tried = kb, now, now, kb
+}
+func (l *ladder) putOff(rand bool) {
+	if rand {
+		l.trial.randLater = true
+	} else {
+		l.trial.later++
+	}
+}
+func (l *ladder) keepStep(m measure, atCap bool, now time.Duration) {
+	l.prev, l.cur, l.trial.to, l.keptAt, l.keptM = l.cur, l.trial.to, 0, now, m
+	l.back.failures, l.back.staleN, l.capKept = 0, 0, atCap
+}
+func (l *ladder) keepAt(kb, prev int, now time.Duration) {
+	l.prev, l.cur, l.keptAt, l.movedAt = prev, kb, now, now
+}
+func (l *ladder) backToBase(now time.Duration) { l.cur, l.back.knee, l.movedAt = l.base, false, now }
+func (l *ladder) endStep(now time.Duration) (to int) {
+	to, l.trial.to, l.movedAt = l.trial.to, 0, now
+	return to
+}
+func (l *ladder) resume(to int) { l.trial.to = to }
+
+// The knee and the back-off. failedStep counts a step that did not pay
+// (or could not be taken): the next waits wait(failures). atKnee: the step
+// undone did not pay above a kept one, whose measure the knee keeps; a
+// first failure is confirmed after first, a confirmed knee holds for hold
+// (the wait returned). randomKnee: the random readers' loss undid it, the
+// knee holds at once; untaught: a verdict taught what a step costs them,
+// the knee is no longer theirs alone. retryNow ends the wait (with knee,
+// the knee); clearBack, both; staleKnee, a knee found stale (counted: the
+// next such re-probe waits longer). regimeBegan after the value was kept.
+func (l *ladder) failedStep(now time.Duration, wait func(int) time.Duration) {
+	l.back.failures++
+	l.back.retryAt = now + wait(l.back.failures)
+}
+func (l *ladder) atKnee(now, first, hold time.Duration) time.Duration {
+	l.back.knee, l.back.kneeM = true, l.trial.before
+	l.back.failures++
+	wait := hold
+	if l.back.failures == 1 {
+		wait = first
+	}
+	l.back.retryAt = now + wait
+	return wait
+}
+func (l *ladder) randomKnee() {
+	if l.cur != l.base {
+		l.back.failures = max(l.back.failures, 1)
+	}
+	l.back.kneeRandom = true
+}
+func (l *ladder) untaught()          { l.back.kneeRandom = false }
+func (l *ladder) retryNow(knee bool) { l.back.retryAt, l.back.knee = 0, l.back.knee && !knee }
+func (l *ladder) clearBack() {
+	l.back.knee, l.back.kneeRandom, l.back.retryAt, l.back.failures = false, false, 0, 0
+}
+func (l *ladder) staleKnee(now time.Duration) {
+	l.clearBack()
+	l.back.staleAt, l.back.staleN = now, l.back.staleN+1
+}
+func (l *ladder) regimeBegan() { l.rejump = true }
+
+// The young retry: the step undone now is tried again at retryAt, or
+// sooner between Steps, until taken; youngRetried reports whether the step
+// just judged was such a retry, and ends it.
+func (l *ladder) youngUndone(now, retryAt time.Duration) {
+	l.young.retry, l.back.retryAt, l.young.undoneAt = true, retryAt, now
+}
+func (l *ladder) youngTaken() { l.young.undoneAt = 0 }
+func (l *ladder) youngRetried() (r bool) {
+	r, l.young.retry = l.young.retry, false
+	return r
+}
+
+// The re-probe: due once a window was kept a period (first, until one
+// ran); later, a period from now. It holds the base until until (holdTill:
+// a prefetch off with it, 0 no longer); at its end the regime persisted
+// (needed): the kept window is back, the next waits twice as long, up to
+// most; or the base stays.
+func (l *ladder) reprobeDue(now, first time.Duration) bool {
+	if l.reprobe.every == 0 {
+		l.reprobe.every = first
+	}
+	return now-l.keptAt >= l.reprobe.every
+}
+func (l *ladder) reprobeLater(now time.Duration)        { l.keptAt = now }
+func (l *ladder) startReprobe(now, until time.Duration) { l.reprobe.until, l.movedAt = until, now }
+func (l *ladder) holdTill(until time.Duration)          { l.reprobe.until = until }
+func (l *ladder) endReprobe(now time.Duration, needed bool, most time.Duration) {
+	l.reprobe.until, l.movedAt = 0, now
+	if !needed {
+		l.cur = l.base
+		return
+	}
+	l.keptAt, l.reprobe.every = now, min(2*l.reprobe.every, most)
+}
+
+// noteLast records m as the last measure with no step under trial (a
+// reference for the next step until forgotten); dryStep records kb as the
+// value dry-run mode reports, and whether it is new.
+func (l *ladder) noteLast(m measure, now time.Duration) {
+	if l.trial.to == 0 && l.reprobe.until == 0 && m.ok {
+		l.last = lastMeasure{m, now, l.cur}
+	}
+}
+func (l *ladder) forgetLast() { l.last.m = measure{} }
+func (l *ladder) dryStep(kb int) (changed bool) {
+	changed, l.dryAt = l.dryAt != kb, kb
+	return changed
+}
+
+// The watch starts afresh; the limit is computed by fn (nil: none), now
+// and again on refresh; no step to ceil or more before until.
+func (w *randWatch) reset()              { *w = randWatch{at: w.at} }
+func (r *randLimit) setFn(fn func() int) { r.kb, r.fn = 0, fn; r.refresh() }
+func (r *randLimit) refresh() {
+	if r.fn != nil {
+		r.kb = r.fn()
+	}
+}
+func (r *randLimit) setCeil(kb int, until time.Duration) { r.ceil, r.ceilUntil = kb, until }

@@ -140,8 +140,7 @@ func (t *Tuner) readSince(k probe.FileKey) time.Duration {
 // with no back-off and no knee; the caller puts it in force unless the
 // onset's own step, taken at once, replaces it.
 func (t *Tuner) abandonTrial(fd *fileDec, l *ladder, now time.Duration) {
-	from := l.trial.to
-	l.trial.to, l.movedAt = 0, now
+	from := l.endStep(now)
 	t.emit(fd.action(now, undoOf(l.kind), from, l.cur, ResultUndone,
 		"the stream slowed during the trial: ended unjudged, a step for the new conditions follows"))
 	t.count(EvOnsetInTrial)
@@ -257,13 +256,13 @@ func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		// New conditions: a back-off or knee learned before them does
 		// not hold the step up (as when a regime takes a decision over).
 		if !fd.win.back.kneeRandom { // what a step costs random readers did not change
-			fd.win.back.retryAt, fd.win.back.knee = 0, false
+			fd.win.retryNow(true)
 		}
 		if fd.win.cur > fd.win.base {
-			fd.win.rejump = true
+			fd.win.regimeBegan()
 		}
 		// The interval before the slowdown is no reference for the step.
-		fd.win.last.m = measure{}
+		fd.win.forgetLast()
 		n := len(t.out)
 		j.driveFile(fd, true)
 		if winAbandoned && fd.win.trial.to == 0 {
@@ -298,7 +297,7 @@ func (t judgeCtx) retryYoung(now time.Duration) {
 			continue
 		}
 		if l.trial.to != 0 || l.cur != l.base || now-l.young.undoneAt >= t.cfg.Settle {
-			l.young.undoneAt = 0 // taken again, or the Step's to take
+			l.youngTaken() // taken again, or the Step's to take
 			continue
 		}
 		if now-l.young.undoneAt >= t.span {
@@ -310,12 +309,13 @@ func (t judgeCtx) retryYoung(now time.Duration) {
 		if !ok || f.Requests < onsetMinRequests {
 			continue // not read enough in the span: the next check or Step
 		}
-		fd.win.young.undoneAt = 0
+		fd.win.youngTaken()
 		if ok, why := t.windowBound(f, t.snap.Now); !ok {
 			t.log.Debug("tuner: step undone on a stream's start not taken again: not bound by its window", "file", fd.key.String(), "why", why)
 			continue
 		}
-		fd.win.back.retryAt, fd.win.last.m = 0, measure{}
+		fd.win.retryNow(false)
+		fd.win.forgetLast()
 		n := len(t.out)
 		t.driveFile(fd, true)
 		if len(t.out) > n && fd.win.trial.to != 0 {

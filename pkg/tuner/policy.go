@@ -109,10 +109,10 @@ func (t *Tuner) regimeTakesOver(fd *fileDec) bool {
 	if !fd.win.back.kneeRandom {
 		// A knee the random readers' budget set holds: the regime
 		// changes nothing of what a step costs them.
-		fd.win.back.retryAt, fd.win.back.failures, fd.win.back.knee = 0, 0, false
+		fd.win.clearBack() // (kneeRandom is false)
 	}
-	fd.win.rejump = true
-	fd.pf.back.retryAt, fd.pf.back.failures, fd.pf.back.knee = 0, 0, false
+	fd.win.regimeBegan()
+	fd.pf.clearBack() // (a prefetch's knee is never the random readers')
 	return true
 }
 
@@ -246,7 +246,7 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
 			FromKB: l.cur, ToKB: l.base, Result: ResultUndone,
 			Evidence: fmt.Sprintf("prior: the stream read %.1f MB/s, no better than the prior's streams at the device's window (%.1f MB/s): the prior is halved", l.judged.tput/1e6, fd.prior.BaseBPS/1e6)})
-		l.cur, l.back.knee, l.movedAt = l.base, false, now
+		l.backToBase(now)
 		t.mem.Decay(fd.prior, false)
 		t.mem.ForgetFile(fd.key)
 		fd.prior = nil
@@ -255,10 +255,8 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 	if !hadTrial || l.trial.to != 0 {
 		return
 	}
-	if l.young.retry {
-		// Undone only to be measured whole: no verdict on the device yet.
-		l.young.retry = false
-		return
+	if l.youngRetried() {
+		return // undone only to be measured whole: no verdict on the device yet
 	}
 	if l.back.knee && fd.path != "" {
 		// A step above the window its directory's prior holds did not pay

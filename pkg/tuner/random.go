@@ -96,11 +96,6 @@ const (
 	randMeanFar = 1.5
 )
 
-// resetWatch starts the watch of the value in force afresh.
-func (l *ladder) resetWatch() {
-	l.watch.tail, l.watch.meanOver, l.watch.meanFar, l.watch.tailOver = 0, 0, 0, 0
-}
-
 // watchPush records one interval, over or not, in a watch's history of the
 // last watchSpan intervals.
 func watchPush(h uint8, over bool) uint8 {
@@ -357,7 +352,7 @@ func (t judgeCtx) deferBesideRandom(fd *fileDec, dev probe.Dev, now time.Duratio
 func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 	l := &fd.win
 	if m.rand.n == 0 || l.cur <= l.base {
-		l.resetWatch()
+		l.watch.reset()
 		return false
 	}
 	now := t.deps.Clock.Now()
@@ -384,9 +379,8 @@ func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 	if err := t.pinFile(fd, to, nil, true); err != nil {
 		return false // tried again next interval
 	}
-	l.cur, l.movedAt, l.keptAt = to, now, now
-	l.prev = max(l.base, to*2/3/randStepKB*randStepKB)
-	l.resetWatch()
+	l.keepAt(to, max(l.base, to*2/3/randStepKB*randStepKB), now)
+	l.watch.reset()
 	if t.untrimmedBeside(fd.dev.dev, fd.key) {
 		// A reader beside it still reads around with the device's
 		// window (the window was raised before it was known: a prior's
@@ -394,7 +388,7 @@ func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 		// what it costs it trimmed, so no ceiling is left. The stream's
 		// next steps bring the trim and are sized by the budget it
 		// leaves, against a reference learned at the device's window.
-		l.limit.ceil, l.limit.ceilUntil = 0, 0
+		l.limit.setCeil(0, 0)
 		t.emit(fd.action(now, KindFileWindowUndo, from, to, ResultUndone,
 			fmt.Sprintf("over budget over the last intervals: %s; the reader reads around untrimmed: no ceiling, its trim comes with the next step", m.rand.why)))
 		return true
@@ -402,7 +396,7 @@ func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 	// A ceiling, not a knee: half way back to the window that went over
 	// stays out of reach for BackoffMax, and the stream may still grow
 	// below it within the budget.
-	l.limit.ceil, l.limit.ceilUntil = max((from+to)/2/randStepKB*randStepKB, to+randStepKB), now+t.cfg.BackoffMax
+	l.limit.setCeil(max((from+to)/2/randStepKB*randStepKB, to+randStepKB), now+t.cfg.BackoffMax)
 	t.emit(fd.action(now, KindFileWindowUndo, from, to, ResultUndone,
 		fmt.Sprintf("over budget over the last intervals: %s; no window of %d KB or more for %v", m.rand.why, l.limit.ceil, t.cfg.BackoffMax)))
 	return true

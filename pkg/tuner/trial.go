@@ -55,10 +55,8 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 		t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: file, Path: path, Kind: kind, FromKB: from, ToKB: to, Result: res, Evidence: ev})
 	}
 	did := false
-	prevM, prevAt, prevVal := l.last.m, l.last.at, l.last.val
-	if l.trial.to == 0 && l.reprobe.until == 0 && m.ok {
-		l.last.m, l.last.at, l.last.val = m, now, l.cur
-	}
+	prev := l.last
+	l.noteLast(m, now)
 	if l.trial.to != 0 {
 		e := t.evidenceFor(l, d, file, m, now, max)
 		v := judgeTrial(e)
@@ -74,12 +72,12 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 			ev += fmt.Sprintf(" (half the margin: the stream alone reads at the device's capacity, %.1f MB/s)", t.dstats[d.dev].CapacityBPS/1e6)
 		}
 		if v.rule.out == outResize {
-			l.trial.later++
+			l.putOff(false)
 			t.count(v.rule.event)
 			if err := apply(e.resizeTo); err == nil {
 				act(l.kind, l.trial.from, e.resizeTo, ResultTrial, fmt.Sprintf("%s; resized to the stream's tail (p99 %v): %s",
 					why, t.tails[file].p99.Round(100*time.Microsecond), m))
-				l.trial.to, l.trial.at, l.movedAt, l.tried = e.resizeTo, now, now, e.resizeTo
+				l.resize(e.resizeTo, now)
 				return true
 			}
 			// Not resized: the put-off counted above stands, and the rules
@@ -101,7 +99,7 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 		if v.rule.reason > rOthersLost {
 			// A step past the device's loss rules teaches what a step
 			// costs the random readers beside it, whatever their verdict.
-			l.back.kneeRandom = false
+			l.untaught()
 			if l.kind == KindFileWindow && l.limit.kb > 0 {
 				t.learnRandomSlope(d, l, m)
 			}
@@ -111,45 +109,35 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 			clause = sep(v.rule.clause(&e))
 		}
 		switch v.rule.out {
-		case outLater:
-			l.trial.later++
-			return false
-		case outRandLater:
-			l.trial.randLater = true
+		case outLater, outRandLater:
+			l.putOff(v.rule.out == outRandLater)
 			return false
 		case outRetry:
 			from, ok := takeBack(l, now, ev, apply, act)
 			if ok {
-				l.young.retry, l.back.retryAt, l.young.undoneAt = true, now+t.cfg.Settle-t.cfg.Settle/10, now
+				l.youngUndone(now, now+t.cfg.Settle-t.cfg.Settle/10)
 				act(undoOf(l.kind), from, l.cur, ResultUndone, ev+clause)
 			}
 			return true
 		case outUndoRandom:
-			if l.cur != l.base && l.back.failures < 1 {
-				// The knee holds for BackoffMax at once: its steps were
-				// sized to fit their budget, so one that did not is no
-				// noise, and its confirmation would cost them another
-				// second.
-				l.back.failures = 1
-			}
-			l.back.kneeRandom = true
+			// The knee holds for BackoffMax at once: its steps were sized
+			// to fit their budget, so one that did not is no noise, and
+			// its confirmation would cost them another second.
+			l.randomKnee()
 			return t.undoStep(l, now, ev+clause, apply, act)
 		case outUndo:
 			return t.undoStep(l, now, ev+clause, apply, act)
 		}
 		if l.kind == KindFileWindow && m.rand.n > 0 {
-			l.resetWatch() // beside random readers the watch starts afresh
+			l.watch.reset() // beside random readers the watch starts afresh
 		}
 		act(l.kind, l.trial.from, l.trial.to, ResultKept, ev+clause)
-		l.prev = l.cur
-		l.cur, l.trial.to, l.back.failures, l.keptAt, l.keptM = l.trial.to, 0, 0, now, m
-		l.back.staleN = 0
-		did = true
 		// A step kept on half the margin took the stream to the device's
 		// capacity: no next step is left to gain (each undone one is a
 		// break in the stream's readahead; on the lab the stream tried
 		// 2048 KB twice and a prefetch after such a 1024 KB step).
-		l.capKept = e.atCap && e.gain < t.cfg.Margin
+		l.keepStep(m, e.atCap && e.gain < t.cfg.Margin, now)
+		did = true
 		if l.capKept {
 			return did
 		}
@@ -160,18 +148,15 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 	if !escalate || now < l.back.retryAt {
 		return did
 	}
-	l.back.knee = false
-	if l.limit.fn != nil {
-		l.limit.kb = l.limit.fn()
-	}
+	l.back.knee = false // its wait is over: the next step tries past it
+	l.limit.refresh()
 	next, ok := l.next(t.cfg.Growth, max)
 	if !ok || !m.ok {
 		return did
 	}
 	ev := fmt.Sprintf("%s; now %s", why, m)
 	if t.cfg.DryRun {
-		if l.dryAt != next {
-			l.dryAt = next
+		if l.dryStep(next) {
 			act(l.kind, l.cur, next, ResultDryRun, ev)
 		}
 		return false
@@ -180,25 +165,19 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 		if errors.Is(err, errRateLimited) || errors.Is(err, errNoReaders) || errors.Is(err, errOutOfScope) {
 			return did // deferred, or not ours to act on: no action
 		}
-		l.back.failures++
-		l.back.retryAt = now + t.backoff(l.back.failures)
+		l.failedStep(now, t.backoff)
 		act(l.kind, l.cur, next, ResultFailed, fmt.Sprintf("%s; %v; retry in %v", ev, err, t.backoff(l.back.failures)))
 		return true
 	}
-	l.trial.steady, l.trial.high = 0, m.tput
-	if l.steadyBefore && prevM.ok && !prevM.young && prevVal == l.cur && now-prevAt <= 2*t.cfg.Settle {
+	s := trialStep{to: next, from: l.cur, at: now, before: m, beforeAt: now, beforeTail: t.tailNow(file), high: m.tput}
+	if l.steadyBefore && prev.m.ok && !prev.m.young && prev.val == l.cur && now-prev.at <= 2*t.cfg.Settle {
 		// (Not a measure of the stream's start: its start-up is no part
 		// of its steady rate.)
-		l.trial.steady = (prevM.tput + m.tput) / 2
-		l.trial.high = math.Max(prevM.tput, m.tput)
-		ev = fmt.Sprintf("%s; judged against %.1f MB/s (this and the last interval's mean)", ev, l.trial.steady/1e6)
+		s.steady, s.high = (prev.m.tput+m.tput)/2, math.Max(prev.m.tput, m.tput)
+		ev = fmt.Sprintf("%s; judged against %.1f MB/s (this and the last interval's mean)", ev, s.steady/1e6)
 	}
-	l.trial.to, l.trial.from, l.trial.at, l.trial.before, l.movedAt, l.trial.beforeAt = next, l.cur, now, m, now, now
-	l.rejump, l.tried, l.trial.young = false, next, m.young && l.trial.steady == 0
-	l.trial.beforeTail, l.trial.later, l.trial.randLater = t.tailNow(file), 0, false
-	if l.cur == l.base {
-		l.baseM = m
-	}
+	s.young = m.young && s.steady == 0
+	l.startStep(s, now)
 	act(l.kind, l.cur, next, ResultTrial, ev)
 	return true
 }
@@ -279,19 +258,12 @@ func (t *Tuner) undoStep(l *ladder, now time.Duration, ev string, apply func(int
 		return true
 	}
 	if l.cur == l.base {
-		l.back.failures++
-		l.back.retryAt = now + t.backoff(l.back.failures)
+		l.failedStep(now, t.backoff)
 		ev += fmt.Sprintf("; backing off %v", t.backoff(l.back.failures))
 	} else {
 		// A knee found by one noisy interval would hold the window short
 		// for BackoffMax: confirm it once, BackoffBase later.
-		l.back.knee, l.back.kneeM = true, l.trial.before
-		l.back.failures++
-		wait := t.cfg.BackoffMax
-		if l.back.failures == 1 {
-			wait = t.cfg.BackoffBase
-		}
-		l.back.retryAt = now + wait
+		wait := l.atKnee(now, t.cfg.BackoffBase, t.cfg.BackoffMax)
 		ev += fmt.Sprintf("; knee at %d KB, probing further in %v", l.cur, wait)
 	}
 	act(undoOf(l.kind), from, l.cur, ResultUndone, ev)
@@ -302,10 +274,9 @@ func (t *Tuner) undoStep(l *ladder, now time.Duration, ev string, apply func(int
 // ends the trial; it returns the step's value and whether it could (the
 // step stays in force until an undo succeeds, reported as failed).
 func takeBack(l *ladder, now time.Duration, ev string, apply func(int) error, act func(ActionKind, int, int, Result, string)) (int, bool) {
-	from := l.trial.to
-	l.trial.to, l.movedAt = 0, now
+	from := l.endStep(now)
 	if err := apply(l.cur); err != nil && !errors.Is(err, errNoReaders) {
-		l.trial.to = from
+		l.resume(from)
 		act(undoOf(l.kind), from, l.cur, ResultFailed, ev+"; undo failed: "+err.Error())
 		return from, false
 	}
@@ -326,22 +297,19 @@ func (t *Tuner) reprobeStart(fd *fileDec) bool {
 		slices.Contains(fd.regimes, detector.StarvedStream) { // starved: the window is visibly needed
 		return false
 	}
-	if l.reprobe.every == 0 {
-		l.reprobe.every = t.cfg.ReprobeAfter
-	}
-	if now-l.keptAt < l.reprobe.every {
+	if !l.reprobeDue(now, t.cfg.ReprobeAfter) {
 		return false
 	}
 	if err := t.pinFile(fd, l.base, nil, true); err != nil {
 		if !errors.Is(err, errRateLimited) {
-			l.keptAt = now // try again a period later
+			l.reprobeLater(now) // try again a period later
 			t.log.Debug("tuner: re-probe not started", "file", fd.key.String(), "err", err)
 		}
 		return false
 	}
-	l.reprobe.until, l.movedAt = now+t.cfg.ReprobeHold, now
+	l.startReprobe(now, now+t.cfg.ReprobeHold)
 	if fd.pf.cur > 0 {
-		fd.pf.reprobe.until = l.reprobe.until // inForce reports no prefetch while the probe holds
+		fd.pf.holdTill(l.reprobe.until) // inForce reports no prefetch while the probe holds
 		t.emit(fd.action(now, KindPrefetchUndo, fd.pf.cur, 0, ResultTrial,
 			fmt.Sprintf("re-probe: prefetch held off for %v with the window", t.cfg.ReprobeHold)))
 	}
@@ -368,8 +336,8 @@ func (t *Tuner) reprobeJudge(fd *fileDec, needed bool, why string) {
 	l := &fd.win
 	if !needed {
 		kept := l.cur
-		l.reprobe.until, l.cur, l.movedAt = 0, l.base, now
-		fd.pf.reprobe.until = 0 // undoFile reports the prefetch it stops
+		l.endReprobe(now, false, 0)
+		fd.pf.holdTill(0) // undoFile reports the prefetch it stops
 		if kept > l.base {
 			t.emit(fd.action(now, KindFileWindowUndo, kept, l.base, ResultUndone,
 				fmt.Sprintf("re-probe: no regime at the device's window (was %v): the %d KB window is no longer needed%s", fd.regimes, kept, sep(why))))
@@ -392,9 +360,8 @@ func (t *Tuner) reprobeJudge(fd *fileDec, needed bool, why string) {
 		t.emit(fd.action(now, KindFileWindow, l.base, l.cur, ResultKept,
 			fmt.Sprintf("re-probe: regimes %v persist at the device's window after %v%s; the kept window is back, next re-probe in %v", fd.regimes, t.cfg.ReprobeHold, sep(why), min(2*l.reprobe.every, t.cfg.BackoffMax))))
 	}
-	l.reprobe.until, l.keptAt, l.movedAt = 0, now, now
-	fd.pf.reprobe.until = 0 // a held prefetch is issued again
-	l.reprobe.every = min(2*l.reprobe.every, t.cfg.BackoffMax)
+	l.endReprobe(now, true, t.cfg.BackoffMax)
+	fd.pf.holdTill(0) // a held prefetch is issued again
 }
 
 func (t *Tuner) undoFile(fd *fileDec, why string) {
@@ -535,9 +502,7 @@ func (t *Tuner) kneeStale(fd *fileDec, m measure) {
 	}
 	t.log.Debug("tuner: stream reads below its rate at the knee", "file", fd.key.String(), "window_kb", l.cur,
 		"knee_mbps", l.back.kneeM.rate/1e6, "now_mbps", m.rate/1e6, "p50", m.p50.Round(10*time.Microsecond))
-	l.back.knee, l.back.retryAt, l.back.failures = false, 0, 0
-	l.back.staleAt = now
-	l.back.staleN++
+	l.staleKnee(now)
 	t.count(EvKneeStale)
 }
 

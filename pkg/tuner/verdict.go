@@ -161,8 +161,7 @@ func (t *Tuner) endedTrials() []trialSpan {
 func (t *Tuner) endUnjudged(fd *fileDec, read time.Duration) {
 	now := t.deps.Clock.Now()
 	l := &fd.win
-	from := l.trial.to
-	l.trial.to, l.movedAt = 0, now
+	from := l.endStep(now)
 	if err := t.pinFile(fd, l.cur, nil, true); err != nil && !errors.Is(err, errNoReaders) {
 		t.log.Debug("tuner: ended step not taken back", "file", fd.key.String(), "err", err)
 	}
