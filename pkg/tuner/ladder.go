@@ -254,8 +254,7 @@ func (l *ladder) resume(to int) { l.trial.to = to }
 // the knee); clearBack, both; staleKnee, a knee found stale (counted: the
 // next such re-probe waits longer). regimeBegan after the value was kept.
 func (l *ladder) failedStep(now time.Duration, wait func(int) time.Duration) {
-	l.back.failures++
-	l.back.retryAt = now + wait(l.back.failures)
+	l.back.failures, l.back.retryAt = l.back.failures+1, now+wait(l.back.failures+1)
 }
 func (l *ladder) atKnee(now, first, hold time.Duration) time.Duration {
 	l.back.knee, l.back.kneeM = true, l.trial.before

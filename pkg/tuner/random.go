@@ -96,6 +96,16 @@ const (
 	randMeanFar = 1.5
 )
 
+// add records one interval's cost r at now in the watch.
+func (w *randWatch) add(r randCost, now time.Duration) {
+	if w.tail == 0 {
+		w.tail = 1 // the step was sized to fit
+	}
+	w.at, w.tail = now, (1-randTailAlpha)*w.tail+randTailAlpha*r.tail
+	w.meanOver, w.meanFar = watchPush(w.meanOver, r.mean > 1), watchPush(w.meanFar, r.mean >= randMeanFar)
+	w.tailOver = watchPush(w.tailOver, r.tail > randTailBudget)
+}
+
 // watchPush records one interval, over or not, in a watch's history of the
 // last watchSpan intervals.
 func watchPush(h uint8, over bool) uint8 {
@@ -359,14 +369,7 @@ func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 	if l.trial.to != 0 || l.reprobe.until != 0 || l.watch.at == now {
 		return false // once per interval, on the window in force
 	}
-	l.watch.at = now
-	if l.watch.tail == 0 {
-		l.watch.tail = 1 // the step was sized to fit
-	}
-	l.watch.tail = (1-randTailAlpha)*l.watch.tail + randTailAlpha*m.rand.tail
-	l.watch.meanOver = watchPush(l.watch.meanOver, m.rand.mean > 1)
-	l.watch.meanFar = watchPush(l.watch.meanFar, m.rand.mean >= randMeanFar)
-	l.watch.tailOver = watchPush(l.watch.tailOver, m.rand.tail > randTailBudget)
+	l.watch.add(m.rand, now)
 	tailOver := bits.OnesCount8(l.watch.tailOver) >= watchOver && l.watch.tail > randTailBudget
 	// A mean far over its budget two intervals in a row is no stray (a
 	// stray second moves a mean 10-20%): a window raised before the
