@@ -38,7 +38,7 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 	if m.ended {
 		escalate = false // its reader stopped: no next step to judge
 	}
-	fd.win.hint = t.windowHint(fd.key)
+	hint := t.windowHint(fd.key)
 	if fd.byRate && t.learnedCapacity(fd.dev) == 0 {
 		// Without a learned capacity the hint's is the detector's best
 		// rate seen, which on a device slow from the start is its slow
@@ -46,12 +46,12 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		// window starts at FirstStepFactor times it (one trial, judged like
 		// any other; at bandwidth it does not pay, is undone, and teaches
 		// the capacity).
-		fd.win.hint = max(fd.win.hint, t.cfg.FirstStepFactor*fd.win.base)
+		hint = max(hint, t.cfg.FirstStepFactor*fd.win.base)
 	}
 	if m.ok {
 		// A stream with a tail waits on its slowest requests: the window
 		// that hides them is sized by the p99.
-		fd.win.hint = max(fd.win.hint, t.tailNeedKB(fd.key, m.tput))
+		hint = max(hint, t.tailNeedKB(fd.key, m.tput))
 	}
 	fd.win.limit.setFn(nil)
 	beside := t.randomReaderBeside(fd)
@@ -64,7 +64,7 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		// for the random reader's faults: grow in small steps, each within
 		// their budget and paying its margin, rather than straight to the
 		// window that fills the device (random.go).
-		fd.win.hint = 0
+		hint = 0
 		if escalate && fd.win.cur == fd.win.base && fd.win.trial.to == 0 {
 			// A first step: the random readers' reference is what they
 			// get now, at the device's window, in the conditions of the
@@ -133,7 +133,7 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		return // the kept window cost the random readers beside it too much: lowered
 	}
 	applyWin := func(kb int) error { return t.pinFile(fd, kb, nil, true) }
-	fd.win.steadyBefore = onlyOutcome(fd.regimes)
+	fd.win.aim(hint, onlyOutcome(fd.regimes))
 	if fd.pf.trial.to == 0 {
 		hadTrial := fd.win.trial.to != 0
 		did := t.drive(&fd.win, fd.dev, fd.key, fd.path, m, why, escalate, applyWin)

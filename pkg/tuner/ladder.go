@@ -252,7 +252,8 @@ func (l *ladder) resume(to int) { l.trial.to = to }
 // knee holds at once; untaught: a verdict taught what a step costs them,
 // the knee is no longer theirs alone. retryNow ends the wait (with knee,
 // the knee); clearBack, both; staleKnee, a knee found stale (counted: the
-// next such re-probe waits longer). regimeBegan after the value was kept.
+// next such re-probe waits longer); kneeWaited, a knee whose wait is over.
+// regimeBegan after the value was kept.
 func (l *ladder) failedStep(now time.Duration, wait func(int) time.Duration) {
 	l.back.failures, l.back.retryAt = l.back.failures+1, now+wait(l.back.failures+1)
 }
@@ -282,6 +283,7 @@ func (l *ladder) staleKnee(now time.Duration) {
 	l.back.staleAt, l.back.staleN = now, l.back.staleN+1
 }
 func (l *ladder) regimeBegan() { l.rejump = true }
+func (l *ladder) kneeWaited()  { l.back.knee = false }
 
 // The young retry: the step undone now is tried again at retryAt, or
 // sooner between Steps, until taken; youngRetried reports whether the step
@@ -318,9 +320,13 @@ func (l *ladder) endReprobe(now time.Duration, needed bool, most time.Duration) 
 	l.keptAt, l.reprobe.every = now, min(2*l.reprobe.every, most)
 }
 
-// noteLast records m as the last measure with no step under trial (a
-// reference for the next step until forgotten); dryStep records kb as the
-// value dry-run mode reports, and whether it is new.
+// aim sets what the next step skips to (hint) and whether its gain is
+// judged against two intervals (steadyBefore); noteLast records m as the
+// last measure with no step under trial (a reference for the next step
+// until forgotten); judgedOn, the measure of a verdict; dryStep records kb
+// as the value dry-run mode reports, and whether it is new.
+func (l *ladder) aim(hint int, steady bool) { l.hint, l.steadyBefore = hint, steady }
+func (l *ladder) judgedOn(m measure)        { l.judged = m }
 func (l *ladder) noteLast(m measure, now time.Duration) {
 	if l.trial.to == 0 && l.reprobe.until == 0 && m.ok {
 		l.last = lastMeasure{m, now, l.cur}

@@ -318,7 +318,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 			d.win = ladder{kind: KindDeviceWindow, base: d.orig, cur: d.cur}
 		}
 		d.lastNeeded = now
-		d.win.hint = j.tailHint(snap, dev)
+		d.win.aim(j.tailHint(snap, dev), false)
 		j.driveDevice(d, why, true)
 	}
 	for dev, d := range t.devs {

@@ -63,7 +63,7 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 		if v.rule.out == outWait {
 			return false
 		}
-		l.judged = m
+		l.judgedOn(m)
 		if l.kind == KindFileWindow {
 			t.learnCapacity(d, l.trial.from, l.trial.to, l.trial.before, m)
 		}
@@ -148,7 +148,7 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 	if !escalate || now < l.back.retryAt {
 		return did
 	}
-	l.back.knee = false // its wait is over: the next step tries past it
+	l.kneeWaited() // the next step tries past it
 	l.limit.refresh()
 	next, ok := l.next(t.cfg.Growth, max)
 	if !ok || !m.ok {
