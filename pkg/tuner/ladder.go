@@ -72,7 +72,8 @@ type ladder struct {
 // readers' p99 alone; steady: the mean of the last two intervals'
 // throughput at the value left (0 for none, see steadyBefore), high: the
 // higher of the two (the before-measure's alone otherwise): a gain over it
-// is no dip's.
+// is no dip's. A step ends with to alone zeroed: a knee keeps the
+// before-measure of the step undone, and the next step sets every field.
 type trialStep struct {
 	to, from, later   int
 	at, beforeAt      time.Duration
