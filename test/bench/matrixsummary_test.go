@@ -3,11 +3,12 @@ package bench
 import (
 	"encoding/json"
 	"os"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/readaheadd/readaheadd/pkg/docsync"
 )
 
 // TestReadmeResultsFromMatrix: the README's results table is the class
@@ -18,19 +19,7 @@ func TestReadmeResultsFromMatrix(t *testing.T) {
 	require.NoError(t, err)
 	var rep MatrixReport
 	require.NoError(t, json.Unmarshal(raw, &rep))
-	want := ClassSummary(rep.Rows)
-	const readme = "../../README.md"
-	doc, err := os.ReadFile(readme)
-	require.NoError(t, err)
-	s := string(doc)
-	const begin, end = "<!-- matrix-summary:begin -->\n", "<!-- matrix-summary:end -->"
-	i, j := strings.Index(s, begin), strings.Index(s, end)
-	require.True(t, i >= 0 && j > i, "README.md has no matrix-summary markers")
-	if os.Getenv("READAHEADD_UPDATE_DOCS") == "1" {
-		require.NoError(t, os.WriteFile(readme, []byte(s[:i+len(begin)]+want+s[j:]), 0o644))
-		return
-	}
-	assert.Equal(t, want, s[i+len(begin):j],
+	docsync.Check(t, "../../README.md", "matrix-summary", ClassSummary(rep.Rows),
 		"README.md's results differ from docs/results/matrix/matrix.json: run READAHEADD_UPDATE_DOCS=1 go test ./test/bench/ -run TestReadmeResultsFromMatrix")
 }
 
