@@ -196,15 +196,18 @@ fresh-debian:
 # and exits non-zero on any `not met`. NAMED=0 leaves out the named ones;
 # ONLY=name,... runs only those. RESUME=1 keeps the rows of the committed
 # table (same SEED, N, NAMED) and runs only the scenarios it lacks, each
-# row marked with the run (and source commit) that measured it.
+# row marked with the run (and source commit) that measured it; REDO=1,2
+# with it runs the rows of those runs again (an older daemon's, or a busy
+# host's).
 SEED  ?= 1
 N     ?= 10
 NAMED ?= 1
 ONLY  ?=
 RESUME ?=
+REDO   ?=
 bench-matrix: labfs build
 	READAHEADD_BIN=$(CURDIR)/$(BIN)/readaheadd $(GO) run ./test/bench/cmd/benchrun -matrix -seed $(SEED) -n $(N) \
-		-named=$(if $(filter 0,$(NAMED)),false,true) $(if $(ONLY),-only $(ONLY)) $(if $(RESUME),-resume) -out docs/results/matrix
+		-named=$(if $(filter 0,$(NAMED)),false,true) $(if $(ONLY),-only $(ONLY)) $(if $(RESUME),-resume) $(if $(REDO),-redo $(REDO)) -out docs/results/matrix
 
 # CI's short set (root, under 3 minutes): the whole device slow beside a
 # bursty reader, and a saturated device; the default, 512 KB and

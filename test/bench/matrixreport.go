@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -121,8 +122,10 @@ type MatrixRun struct {
 
 // Resume makes rep, a new run of the same scenario set, continue prev: it
 // keeps prev's rows (their run recorded) and returns the names already
-// run, which the new run skips.
-func (rep *MatrixReport) Resume(prev *MatrixReport, now MatrixRun) (done map[string]bool, err error) {
+// run, which the new run skips. The rows of the runs numbered in redo (1
+// the first, as the table numbers them) are dropped and run again: rows
+// measured on an older daemon, or on a host that was busy then.
+func (rep *MatrixReport) Resume(prev *MatrixReport, now MatrixRun, redo ...int) (done map[string]bool, err error) {
 	if prev.Seed != rep.Seed || prev.N != rep.N || !subsequence(prev.Named, rep.Named) {
 		return nil, fmt.Errorf("resume: the table holds seed %d, n %d, %d named scenarios; this run is seed %d, n %d, %d: run with the same SEED, N and NAMED, or without resume",
 			prev.Seed, prev.N, len(prev.Named), rep.Seed, rep.N, len(rep.Named))
@@ -137,6 +140,9 @@ func (rep *MatrixReport) Resume(prev *MatrixReport, now MatrixRun) (done map[str
 	rep.Runs = append(runs, now)
 	done = map[string]bool{}
 	for _, r := range prev.Rows {
+		if slices.Contains(redo, r.Run+1) {
+			continue
+		}
 		done[r.Scenario.Name] = true
 		rep.Rows = append(rep.Rows, r)
 	}

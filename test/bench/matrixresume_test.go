@@ -43,6 +43,15 @@ func TestMatrixResume(t *testing.T) {
 	}
 	assert.Equal(t, []string{"1", "2"}, runs, "each row names its run")
 
+	// The rows of the first run run again (REDO=1): the second run's stay.
+	again := &MatrixReport{Seed: 7, N: 3, Planned: 3}
+	done, err = again.Resume(rep, MatrixRun{Command: "benchrun -matrix -seed 7 -n 3 -resume -redo 1"}, 1)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]bool{scs[1].Name: true}, done, "the first run's row runs again")
+	require.Len(t, again.Rows, 1)
+	assert.Equal(t, 1, again.Rows[0].Run)
+	assert.Len(t, again.Runs, 3)
+
 	other := &MatrixReport{Seed: 8, N: 3}
 	_, err = other.Resume(prev, MatrixRun{})
 	assert.ErrorContains(t, err, "same SEED, N and NAMED")

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -39,6 +40,7 @@ func main() {
 	reportOnly := flag.Bool("report-only", false, "matrix: exit 0 on `not met` verdicts (still 1 on harness errors)")
 	only := flag.String("only", "", "matrix: run only these scenarios (comma-separated names, of the named and generated set)")
 	resume := flag.Bool("resume", false, "matrix: keep the rows of the table in -out (same seed, n, named) and run only the scenarios it lacks")
+	redo := flag.String("redo", "", "matrix, with -resume: run again the rows of these runs of the table (comma-separated run numbers, 1 the first, as its `run` column shows)")
 	list := flag.Bool("list", false, "matrix: print the scenarios and the classes they cover, run nothing")
 	flag.Parse()
 	if *matrix && *from != "" {
@@ -49,7 +51,20 @@ func main() {
 		return
 	}
 	if *matrix {
-		o := matrixOpts{seed: *seed, n: *n, named: *named, short: *shortMatrix, reportOnly: *reportOnly,
+		var redoRuns []int
+		for _, f := range strings.FieldsFunc(*redo, func(r rune) bool { return r == ',' }) {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 {
+				fmt.Fprintf(os.Stderr, "-redo %s: %q is not a run number (1 the first)\n", *redo, f)
+				os.Exit(1)
+			}
+			redoRuns = append(redoRuns, n)
+		}
+		if len(redoRuns) > 0 && !*resume {
+			fmt.Fprintln(os.Stderr, "-redo runs rows of a table again: use it with -resume")
+			os.Exit(1)
+		}
+		o := matrixOpts{redo: redoRuns, seed: *seed, n: *n, named: *named, short: *shortMatrix, reportOnly: *reportOnly,
 			listOnly: *list, only: *only, out: *out, work: *work, measure: *measure, resume: *resume}
 		if o.out == "docs/results" {
 			o.out = "docs/results/matrix"

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,6 +28,7 @@ type matrixOpts struct {
 	measure    time.Duration
 	only       string // comma-separated scenario names
 	resume     bool   // keep the rows of out's table, run the rest
+	redo       []int  // with resume: the runs (1 the first) whose rows run again
 }
 
 // runMatrix runs the scenario matrix and returns the exit code: 0 when
@@ -91,7 +93,7 @@ func runMatrix(ctx context.Context, o matrixOpts) int {
 		Coverage: lab.Coverage(scs),
 	}
 	if o.resume {
-		if err := resumeFrom(rep, o.out, &scs); err != nil {
+		if err := resumeFrom(rep, o.out, &scs, o.redo); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -107,6 +109,10 @@ func runMatrix(ctx context.Context, o matrixOpts) int {
 		}
 		fmt.Println(bench.RowText(r))
 		rep.Rows = append(rep.Rows, r)
+		// In the set's order, whatever run measured a row.
+		slices.SortStableFunc(rep.Rows, func(a, b bench.MatrixRow) int {
+			return slices.Index(names, a.Scenario.Name) - slices.Index(names, b.Scenario.Name)
+		})
 		if o.out != "" {
 			if err := bench.WriteMatrix(rep, o.out); err != nil {
 				fmt.Fprintln(os.Stderr, "write table:", err)
@@ -143,7 +149,7 @@ func runMatrix(ctx context.Context, o matrixOpts) int {
 
 // resumeFrom continues the table in out: its rows are kept, and the
 // scenarios they ran are taken out of scs.
-func resumeFrom(rep *bench.MatrixReport, out string, scs *[]lab.MatrixScenario) error {
+func resumeFrom(rep *bench.MatrixReport, out string, scs *[]lab.MatrixScenario, redo []int) error {
 	b, err := os.ReadFile(filepath.Join(out, "matrix.json"))
 	if err != nil {
 		return fmt.Errorf("resume: %w (run once without resume to start a table)", err)
@@ -154,7 +160,7 @@ func resumeFrom(rep *bench.MatrixReport, out string, scs *[]lab.MatrixScenario) 
 	}
 	commit, _ := exec.Command("git", "describe", "--always", "--dirty").Output()
 	done, err := rep.Resume(&prev, bench.MatrixRun{Started: time.Now(), Command: "benchrun " + strings.Join(os.Args[1:], " "),
-		Commit: strings.TrimSpace(string(commit)), Uptime: rep.Uptime})
+		Commit: strings.TrimSpace(string(commit)), Uptime: rep.Uptime}, redo...)
 	if err != nil {
 		return err
 	}
