@@ -123,8 +123,10 @@ type MatrixRun struct {
 // Resume makes rep, a new run of the same scenario set, continue prev: it
 // keeps prev's rows (their run recorded) and returns the names already
 // run, which the new run skips. The rows of the runs numbered in redo (1
-// the first, as the table numbers them) are dropped and run again: rows
-// measured on an older daemon, or on a host that was busy then.
+// the first, as the table numbers them) run again: rows measured on an
+// older daemon, or on a host that was busy then. They stay in the table
+// until their new row replaces them (Put), so a run stopped early leaves
+// the rest as they were.
 func (rep *MatrixReport) Resume(prev *MatrixReport, now MatrixRun, redo ...int) (done map[string]bool, err error) {
 	if prev.Seed != rep.Seed || prev.N != rep.N || !subsequence(prev.Named, rep.Named) {
 		return nil, fmt.Errorf("resume: the table holds seed %d, n %d, %d named scenarios; this run is seed %d, n %d, %d: run with the same SEED, N and NAMED, or without resume",
@@ -140,13 +142,26 @@ func (rep *MatrixReport) Resume(prev *MatrixReport, now MatrixRun, redo ...int) 
 	rep.Runs = append(runs, now)
 	done = map[string]bool{}
 	for _, r := range prev.Rows {
-		if slices.Contains(redo, r.Run+1) {
-			continue
-		}
-		done[r.Scenario.Name] = true
 		rep.Rows = append(rep.Rows, r)
+		if !slices.Contains(redo, r.Run+1) {
+			done[r.Scenario.Name] = true
+		}
 	}
 	return done, nil
+}
+
+// Put adds row r, in place of an earlier row of its scenario if there is
+// one, and keeps the rows in the order of names (the set's).
+func (rep *MatrixReport) Put(r MatrixRow, names []string) {
+	i := slices.IndexFunc(rep.Rows, func(o MatrixRow) bool { return o.Scenario.Name == r.Scenario.Name })
+	if i >= 0 {
+		rep.Rows[i] = r
+	} else {
+		rep.Rows = append(rep.Rows, r)
+	}
+	slices.SortStableFunc(rep.Rows, func(a, b MatrixRow) int {
+		return slices.Index(names, a.Scenario.Name) - slices.Index(names, b.Scenario.Name)
+	})
 }
 
 // subsequence reports whether every name of a is in b, in a's order. A

@@ -43,14 +43,22 @@ func TestMatrixResume(t *testing.T) {
 	}
 	assert.Equal(t, []string{"1", "2"}, runs, "each row names its run")
 
-	// The rows of the first run run again (REDO=1): the second run's stay.
+	// The rows of the first run run again (REDO=1): the second run's stay,
+	// and the first run's until its new row replaces it, in the set's order.
 	again := &MatrixReport{Seed: 7, N: 3, Planned: 3}
 	done, err = again.Resume(rep, MatrixRun{Command: "benchrun -matrix -seed 7 -n 3 -resume -redo 1"}, 1)
 	require.NoError(t, err)
 	assert.Equal(t, map[string]bool{scs[1].Name: true}, done, "the first run's row runs again")
-	require.Len(t, again.Rows, 1)
-	assert.Equal(t, 1, again.Rows[0].Run)
+	require.Len(t, again.Rows, 2, "a row to run again stays until it is replaced")
 	assert.Len(t, again.Runs, 3)
+	set := []string{scs[0].Name, scs[1].Name, scs[2].Name}
+	again.Put(MatrixRow{Scenario: scs[2], Run: 2}, set)
+	again.Put(MatrixRow{Scenario: scs[0], Run: 2}, set)
+	require.Len(t, again.Rows, 3)
+	for i, r := range again.Rows {
+		assert.Equal(t, set[i], r.Scenario.Name, "the set's order")
+	}
+	assert.Equal(t, []int{2, 1, 2}, []int{again.Rows[0].Run, again.Rows[1].Run, again.Rows[2].Run}, "the first run's row replaced")
 
 	other := &MatrixReport{Seed: 8, N: 3}
 	_, err = other.Resume(prev, MatrixRun{})

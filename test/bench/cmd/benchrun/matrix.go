@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -108,11 +107,7 @@ func runMatrix(ctx context.Context, o matrixOpts) int {
 			r.Run = len(rep.Runs) - 1
 		}
 		fmt.Println(bench.RowText(r))
-		rep.Rows = append(rep.Rows, r)
-		// In the set's order, whatever run measured a row.
-		slices.SortStableFunc(rep.Rows, func(a, b bench.MatrixRow) int {
-			return slices.Index(names, a.Scenario.Name) - slices.Index(names, b.Scenario.Name)
-		})
+		rep.Put(r, names)
 		if o.out != "" {
 			if err := bench.WriteMatrix(rep, o.out); err != nil {
 				fmt.Fprintln(os.Stderr, "write table:", err)
