@@ -24,17 +24,18 @@ import (
 type Capacity struct {
 	BPS float64 // bytes per second through the device's transfer
 	// Fixed is the latency of a request of no bytes (L0): a fail-slow
-	// device's added cost shows here, not in BPS. Zero from the depth fit.
+	// device's added cost shows here, not in BPS. Zero when saturated.
 	Fixed    time.Duration
 	Points   int    // cells fitted
 	Requests int    // requests in those cells
-	From     string // "unqueued" (size fit) or "depth" (queueing fit)
+	From     string // "unqueued" (size fit) or "saturated" (busy rate at a rising queue)
 }
 
-// riseMin: the depth fit stands only when the latency it fits rises by at
-// least this share of the shallowest cell's across the depths fitted: a
-// device below its capacity serves its queue in parallel at one latency,
-// and noise on a flat line is no slope to take a capacity from.
+// riseMin: latency rises with the bytes queued when, over the depths of
+// the profile, it rises by at least this share of its shallowest median: a
+// device below its capacity serves its queue in parallel at one latency
+// (a fail-slow one too: +3 ms at every depth), and noise on a flat line is
+// no rise.
 const riseMin = 0.2
 
 // CapacityFit is the device's transfer capacity. First from its unqueued
@@ -42,20 +43,30 @@ const riseMin = 0.2
 // device's fixed cost plus their own bytes over its transfer rate,
 // L ≈ L0 + size/B, fitted by least squares on the cells' medians at
 // their mean sizes, cells of at least minCell requests, at least two
-// sizes a factor two apart. Otherwise from the profile: at its capacity a
-// request waits for the bytes queued around it, P50 ≈ L0 + Q/C, fitted
-// on each size class's depth buckets (one slope, an intercept per class),
-// when the latency rises with them. ok is false when neither can say: a
-// device never idle has no unqueued requests, one never queued no slope.
+// sizes a factor two apart. Otherwise from its profile: when its median
+// latency rises with the bytes queued around the requests (P50 ≈ L0 +
+// Q/C, one slope over the depth buckets of every size class), the device
+// is at its capacity, and its busy throughput over the window is that
+// capacity (its transfer never idles while requests wait). The slope
+// itself is no capacity: the depth a request completes with counts the
+// requests behind it, not those it waited for, and on the detector's
+// simulated lab device the slope said 1.8x (40 MB/s) and 4.8x (150 MB/s)
+// the capacity. ok is false when neither can say: a device never idle has
+// no unqueued requests, one never queued no rise.
 //
 // It is not the best rate seen: a fail-slow device (every request +3 ms)
 // reads a stream at a fraction of its capacity, its L0 rises and its B
-// stays.
+// stays, and its latency does not rise with depth.
 func CapacityFit(ds detector.DeviceStats, minCell int) (Capacity, bool) {
 	if c, ok := sizeFit(ds.Unqueued, minCell); ok {
 		return c, true
 	}
-	return depthFit(ds.Profile, minCell)
+	c, rising := queueRise(ds.Profile, minCell)
+	if !rising || ds.BusyThroughput <= 0 {
+		return Capacity{}, false
+	}
+	c.BPS, c.From = ds.BusyThroughput, "saturated"
+	return c, true
 }
 
 // sizeFit fits latency on size over the unqueued cells.
@@ -83,9 +94,12 @@ func sizeFit(cells []detector.LatencyCell, minCell int) (Capacity, bool) {
 	return c, true
 }
 
-// depthFit fits latency on the bytes queued around the requests, class by
-// class (the pooled within-class slope).
-func depthFit(cells []detector.LatencyCell, minCell int) (Capacity, bool) {
+// queueRise reports whether the profile's median latency rises with the
+// bytes queued around the requests: the pooled slope over each size
+// class's depth buckets (cells of at least minCell requests), across the
+// widest span of bytes queued fitted, at least riseMin of the lowest
+// median. c counts the cells and requests it looked at.
+func queueRise(cells []detector.LatencyCell, minCell int) (c Capacity, rising bool) {
 	byClass := map[uint8][]detector.LatencyCell{}
 	for _, u := range cells {
 		if u.Requests >= minCell && u.P50 > 0 && u.QueueBytes > 0 {
@@ -93,8 +107,7 @@ func depthFit(cells []detector.LatencyCell, minCell int) (Capacity, bool) {
 		}
 	}
 	var sxy, sxx float64
-	var c Capacity
-	lowest, top := math.Inf(1), 0.0 // shallowest median, largest fitted rise
+	lowest, span := math.Inf(1), 0.0
 	for _, cs := range byClass {
 		if len(cs) < 2 {
 			continue
@@ -111,17 +124,12 @@ func depthFit(cells []detector.LatencyCell, minCell int) (Capacity, bool) {
 		}
 		c.Points += len(cs)
 		lowest = min(lowest, slices.Min(ys))
-		top = max(top, slices.Max(xs)-slices.Min(xs))
+		span = max(span, slices.Max(xs)-slices.Min(xs))
 	}
 	if sxx <= 0 || sxy <= 0 {
-		return Capacity{}, false
+		return c, false
 	}
-	slope := sxy / sxx
-	if slope*top < riseMin*lowest {
-		return Capacity{}, false
-	}
-	c.BPS, c.From = 1e9/slope, "depth"
-	return c, true
+	return c, sxy/sxx*span >= riseMin*lowest
 }
 
 // Headroom is what of capacity c a stream may still take, in bytes per
