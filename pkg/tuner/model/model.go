@@ -217,32 +217,50 @@ func (g Grid) Up(kb int) int {
 	return min(n, g.MaxKB)
 }
 
-// StepKB is the window, on grid g, a stream reading x bytes per second at
-// latency l with a window of windowKB needs to read its target rate, 0 for
-// no step. Its target takes its share of the headroom h among the n
-// streams bound by their windows, short of the capacity c by half the
-// margin (where a step still pays): X_t = min(x + h/n, c/(1+margin/2)).
-// Its latency without the queue its window makes is l less the wait
-// behind half the window at c, and the target's window queues half of
-// itself in turn: W_t = X_t(l - W/2c) / (1 - X_t/2c). l is the median
-// for the median's rate, a tail latency to read through the tail. No step
-// without headroom, when the window's queue is all of l (the device binds
-// it), or when the target is no larger than the window.
-func StepKB(x float64, l time.Duration, windowKB int, c, h float64, n int, margin float64, g Grid) int {
-	if h <= 0 || c <= 0 || x < 0 || l <= 0 || windowKB <= 0 {
+// Stream is a stream bound by its window, for its step: it reads X bytes
+// per second at latency L with a window of WindowKB.
+type Stream struct {
+	X        float64
+	L        time.Duration
+	WindowKB int
+}
+
+// TargetKB is the window (KB, rounded up) stream s needs to read its
+// target rate, 0 for none. Its target takes its share of the headroom h
+// among the n streams bound by their windows, short of the capacity c by
+// half the margin (where a step still pays): X_t = min(X + h/n,
+// c/(1+margin/2)). Its latency without the queue its window makes is L
+// less the wait behind half the window at c, and the target's window
+// queues half of itself in turn: W_t = X_t(L - W/2c) / (1 - X_t/2c). L is
+// the median for the median's rate, a tail latency to read through the
+// tail. None without headroom, when the window's queue is all of L (the
+// device binds it), or at a target of twice the capacity or more (the
+// formula turns negative; only a margin under -1 sets one).
+func TargetKB(s Stream, c, h float64, n int, margin float64) int {
+	if h <= 0 || c <= 0 || s.X < 0 || s.L <= 0 || s.WindowKB <= 0 {
 		return 0
 	}
-	xt := min(x+h/float64(max(n, 1)), c/(1+margin/2))
-	bare := l.Seconds() - float64(windowKB)*1024/(2*c)
+	xt := min(s.X+h/float64(max(n, 1)), c/(1+margin/2))
+	bare := s.L.Seconds() - float64(s.WindowKB)*1024/(2*c)
 	den := 1 - xt/(2*c)
 	if bare <= 0 || den <= 0 {
 		return 0
 	}
-	kb := g.Up(int(math.Ceil(xt * bare / den / 1024)))
-	if kb <= windowKB {
+	return int(math.Ceil(xt * bare / den / 1024))
+}
+
+// StepKB is the window on grid g that a step of stream s takes (TargetKB
+// rounded up on the grid, at most its MaxKB), 0 for no step: no target, or
+// none larger than its window.
+func StepKB(s Stream, c, h float64, n int, margin float64, g Grid) int {
+	t := TargetKB(s, c, h, n, margin)
+	if t <= 0 {
 		return 0
 	}
-	return kb
+	if kb := g.Up(t); kb > s.WindowKB {
+		return kb
+	}
+	return 0
 }
 
 // TailBudget is the random readers' p99 budget: at most this many times

@@ -237,7 +237,10 @@ func TestWindowBoundAndNeeds(t *testing.T) {
 		{"window unknown", stream, 0, false},
 		{"no requests", with(func(s *detector.FileStats) { s.Inflight, s.Bytes = 0, 0 }), 128, false},
 		{"a window mostly empty", stream, 1024, false},
-		{"just at the fill", with(func(s *detector.FileStats) { s.Inflight = 0.41 * 4 }), 512, true},
+		{"just over the fill", with(func(s *detector.FileStats) { s.Inflight = 0.41 * 4 }), 512, true},
+		{"just under the fill", with(func(s *detector.FileStats) { s.Inflight = 0.39 * 4 }), 512, false},
+		{"busy just over half the span", with(func(s *detector.FileStats) { s.Bytes = 0.52 * 59e6 }), 128, true},
+		{"busy just under half the span", with(func(s *detector.FileStats) { s.Bytes = 0.48 * 59e6 }), 128, false},
 		{"idle most of the span", with(func(s *detector.FileStats) { s.Bytes = 20e6 }), 128, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -267,42 +270,35 @@ func TestGridUp(t *testing.T) {
 func TestStepKB(t *testing.T) {
 	g := Grid{BaseKB: 128, Growth: 2, MaxKB: 4096}
 	ms := func(f float64) time.Duration { return time.Duration(f * float64(time.Millisecond)) }
+	failSlow := Stream{X: 59e6, L: ms(3.6), WindowKB: 128} // +3 ms on the lab's device, default window
 	for _, tc := range []struct {
-		name   string
-		x      float64
-		l      time.Duration
-		window int
-		c, h   float64
-		n      int
-		margin float64
-		grid   Grid
-		want   int
+		name         string
+		s            Stream
+		c, h         float64
+		n            int
+		margin       float64
+		target, step int
 	}{
-		// +3 ms on the lab's device: 59 MB/s at the default window, its
-		// target the capacity less half the margin (142.9 MB/s), 843 KiB.
-		{"+3 ms, lone stream", 59e6, ms(3.6), 128, 150e6, 91e6, 1, 0.1, g, 1024},
-		{"+3 ms, two streams share the headroom", 59e6, ms(3.6), 128, 150e6, 60e6, 2, 0.1, g, 512},
-		{"+1.5 ms", 97e6, ms(2.1), 128, 150e6, 53e6, 1, 0.1, g, 512},
-		{"capped", 59e6, ms(20), 128, 150e6, 91e6, 1, 0.1, g, 4096},
-		{"no headroom", 59e6, ms(3.6), 128, 150e6, 0, 1, 0.1, g, 0},
-		{"negative headroom", 59e6, ms(3.6), 128, 150e6, -5e6, 1, 0.1, g, 0},
-		{"its latency is its window's queue", 40e6, ms(3.2), 2048, 40e6, 1e6, 1, 0.1, g, 0},
-		{"the target no larger than the window", 140e6, ms(1.9), 512, 150e6, 10e6, 1, 0.1, g, 0},
-		// A negative margin under -1 would set the target at or past
-		// twice the capacity, where the formula turns negative.
-		{"target at twice the capacity", 59e6, ms(3.6), 128, 150e6, 500e6, 1, -1.2, g, 0},
-		{"no capacity", 59e6, ms(3.6), 128, 0, 91e6, 1, 0.1, g, 0},
+		// Its target the capacity less half the margin, 142.9 MB/s:
+		// 862.7 kB (the plan's 860 KB), 843 KiB.
+		{"+3 ms, lone stream", failSlow, 150e6, 91e6, 1, 0.1, 843, 1024},
+		// 59 + 60/2 MB/s: 89 MB/s.
+		{"+3 ms, two streams share the headroom", failSlow, 150e6, 60e6, 2, 0.1, 391, 512},
+		{"+1.5 ms", Stream{X: 97e6, L: ms(2.1), WindowKB: 128}, 150e6, 53e6, 1, 0.1, 443, 512},
+		{"capped", Stream{X: 59e6, L: ms(20), WindowKB: 128}, 150e6, 91e6, 1, 0.1, 5211, 4096},
+		{"no headroom", failSlow, 150e6, 0, 1, 0.1, 0, 0},
+		{"negative headroom", failSlow, 150e6, -5e6, 1, 0.1, 0, 0},
+		{"its latency is its window's queue", Stream{X: 40e6, L: ms(3.2), WindowKB: 2048}, 40e6, 1e6, 1, 0.1, 0, 0},
+		{"the target no larger than the window", Stream{X: 140e6, L: ms(1.9), WindowKB: 512}, 150e6, 10e6, 1, 0.1, 41, 0},
+		{"a target of twice the capacity", failSlow, 150e6, 500e6, 1, -1.2, 0, 0},
+		{"no capacity", failSlow, 0, 91e6, 1, 0.1, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, StepKB(tc.x, tc.l, tc.window, tc.c, tc.h, tc.n, tc.margin, tc.grid))
+			assert.Equal(t, tc.target, TargetKB(tc.s, tc.c, tc.h, tc.n, tc.margin), "target")
+			assert.Equal(t, tc.step, StepKB(tc.s, tc.c, tc.h, tc.n, tc.margin, g), "step")
 		})
 	}
-	// The +3 ms step before the grid: 843 KiB, the plan's 860 KB (of 1000).
-	xt := 150e6 / 1.05
-	raw := xt * (3.6e-3 - 128*kib/(2*150e6)) / (1 - xt/(2*150e6))
-	assert.InDelta(t, 862.7e3, raw, 1e3)
-	assert.Equal(t, 1024, StepKB(59e6, ms(3.6), 128, 150e6, 91e6, 1, 0.1, Grid{BaseKB: 128, Growth: 2, MaxKB: 4096}))
-	assert.Equal(t, 900, StepKB(59e6, ms(3.6), 128, 150e6, 91e6, 1, 0.1, Grid{BaseKB: 128, Growth: 2, MaxKB: 900}), "capped at the grid's max")
+	assert.Equal(t, 900, StepKB(failSlow, 150e6, 91e6, 1, 0.1, Grid{BaseKB: 128, Growth: 2, MaxKB: 900}), "capped at the grid's max")
 }
 
 // s1-17 (docs/results/matrix): a pread reader of 32 KiB beside a stream
