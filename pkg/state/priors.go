@@ -61,10 +61,12 @@ type SlowFile struct {
 
 // DeviceCapacity is a disk's capacity as the tuner learned it: the rate at
 // which more bytes in flight stopped adding throughput (a step that raised
-// them and left the device's total where it was), not the best rate seen.
+// them and left the device's total where it was), not the best rate seen;
+// and its transfer capacity fitted on its latencies (FittedBPS, 0: none).
 type DeviceCapacity struct {
 	Device      string    `json:"device"` // whole disk in /sys/block
 	CapacityBPS float64   `json:"capacity_bps"`
+	FittedBPS   float64   `json:"fitted_bps,omitempty"`
 	Updated     time.Time `json:"updated"`
 }
 
@@ -132,7 +134,7 @@ func LoadPriors(path string) (Priors, error) {
 		}
 	}
 	for _, d := range pf.Devices {
-		if d.Device != "" && d.CapacityBPS > 0 && !math.IsInf(d.CapacityBPS, 0) {
+		if d.Device != "" && finiteRate(d.CapacityBPS) && finiteRate(d.FittedBPS) && d.CapacityBPS+d.FittedBPS > 0 {
 			p.Devices = append(p.Devices, d)
 		}
 	}
@@ -187,3 +189,7 @@ func SavePriors(path string, p Priors) error {
 	}
 	return nil
 }
+
+// finiteRate reports whether a rate read from a file is a rate: finite and
+// not negative (NaN is neither).
+func finiteRate(bps float64) bool { return bps >= 0 && !math.IsInf(bps, 0) }

@@ -25,7 +25,8 @@ func TestPriorsRoundTripAndBounds(t *testing.T) {
 			BaseBPS: 60e6, KeptBPS: 150e6, Streams: 1, Updated: base.Add(time.Duration(i) * time.Second)})
 	}
 	in.Files = []SlowFile{{Dev: 7, Ino: 12, Device: "sdb", Path: "/data/d1/blk_1", WindowKB: 512, Updated: base}}
-	in.Devices = []DeviceCapacity{{Device: "sdb", CapacityBPS: 80e6, Updated: base}, {Device: "sdc", CapacityBPS: -1, Updated: base}}
+	in.Devices = []DeviceCapacity{{Device: "sdb", CapacityBPS: 80e6, Updated: base}, {Device: "sdc", CapacityBPS: -1, Updated: base},
+		{Device: "sdd", FittedBPS: 150e6, Updated: base}, {Device: "sde", CapacityBPS: 80e6, FittedBPS: -1, Updated: base}}
 	require.NoError(t, SavePriors(p, in))
 	st, err := os.Stat(p)
 	require.NoError(t, err)
@@ -39,8 +40,9 @@ func TestPriorsRoundTripAndBounds(t *testing.T) {
 	assert.Equal(t, fmt.Sprintf("/data/d%d", MaxPriorDirs+9), got.Dirs[0].Dir)
 	require.Len(t, got.Files, 1)
 	assert.Equal(t, uint64(12), got.Files[0].Ino)
-	require.Len(t, got.Devices, 1, "a capacity that is not a rate is dropped")
+	require.Len(t, got.Devices, 2, "a capacity that is not a rate is dropped")
 	assert.Equal(t, DeviceCapacity{Device: "sdb", CapacityBPS: 80e6, Updated: base}, got.Devices[0])
+	assert.Equal(t, DeviceCapacity{Device: "sdd", FittedBPS: 150e6, Updated: base}, got.Devices[1], "a fitted capacity alone")
 }
 
 func TestPriorsRejectsWhatIsNotAPriorsFile(t *testing.T) {

@@ -43,6 +43,7 @@ func (t *Tuner) learnCapacity(d *devState, w0, w1 int, b, m measure) {
 	case saturated:
 		c := max(b.devBusy, m.devBusy)
 		t.mem.SetCapacity(d.name, c, time.Now())
+		d.satAt, d.satSeen = t.deps.Clock.Now(), true
 		if old == 0 || c < old*(1-devLossMax) || c > old*(1+devLossMax) {
 			t.log.Info("tuner: device capacity learned: more bytes in flight added no throughput", "device", d.name,
 				"capacity_mbps", c/1e6, "from_kb", w0, "to_kb", w1, "p50_before", b.p50, "p50_after", m.p50,
@@ -51,18 +52,10 @@ func (t *Tuner) learnCapacity(d *devState, w0, w1 int, b, m measure) {
 	case old > 0 && m.devBusy > (1+t.cfg.Margin)*old:
 		// It read well past the capacity learned: that was no knee.
 		t.mem.SetCapacity(d.name, 0, time.Now())
+		d.satSeen = false
 		t.log.Info("tuner: device capacity forgotten: the device read past it", "device", d.name,
 			"capacity_mbps", old/1e6, "mbps_now", m.devBusy/1e6)
 	}
-}
-
-// learnedCapacity is the capacity of the device learnCapacity learned, 0
-// when none is known.
-func (t *Tuner) learnedCapacity(d *devState) float64 {
-	if d == nil {
-		return 0
-	}
-	return t.mem.Capacity(d.name)
 }
 
 // atCapacity reports whether a stream reads at its device's learned
@@ -77,7 +70,7 @@ func (t *Tuner) learnedCapacity(d *devState) float64 {
 // share a larger window legitimately wins back: a device they load is not
 // judged.
 func (t judgeCtx) atCapacity(fs detector.FileStats) (bool, string) {
-	c := t.learnedCapacity(t.devs[fs.Device])
+	c := t.knownCapacity(fs.Device)
 	if c <= 0 {
 		return false, ""
 	}

@@ -39,10 +39,10 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		escalate = false // its reader stopped: no next step to judge
 	}
 	hint := t.windowHint(fd.key)
-	if fd.byRate && t.learnedCapacity(fd.dev) == 0 {
-		// Without a learned capacity the hint's is the detector's best
-		// rate seen, which on a device slow from the start is its slow
-		// rate, so the Little's-law hint undershoots: a stream bound by its
+	if fd.byRate && t.knownCapacity(fd.dev.dev) == 0 {
+		// Without a capacity fitted or learned the hint's is the
+		// detector's best rate seen, which on a device slow from the start
+		// is its slow rate, so the Little's-law hint undershoots: a stream bound by its
 		// window starts at FirstStepFactor times it (one trial, judged like
 		// any other; at bandwidth it does not pay, is undone, and teaches
 		// the capacity).
@@ -101,7 +101,7 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		// margin (marginFor): it is tried up to where that half is left.
 		capFrac = max(capFrac, t.shortOfCapacity())
 	}
-	capBPS := t.dstats[fd.dev.dev].CapacityBPS
+	capBPS, _ := t.capacity(fd.dev.dev)
 	learnedAt := false
 	if fd.byRate {
 		learnedAt, _ = t.atCapacity(t.fstats[fd.key])

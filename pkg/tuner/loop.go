@@ -58,6 +58,7 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 		view:       *newView(detector.Snapshot{}, 0, nil),
 		devs:       map[probe.Dev]*devState{},
 		watchedAt:  map[probe.Dev]time.Duration{},
+		capFits:    map[probe.Dev]*capFit{},
 		files:      map[probe.FileKey]*fileDec{},
 		readers:    map[probe.FileKey]map[uint32]*readerInfo{},
 		trims:      map[probe.FileKey]*trimDec{},
@@ -207,6 +208,8 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 		if _, ok := t.watchedAt[d.Device]; !ok && len(t.watchedAt) < maxWatched {
 			t.watchedAt[d.Device] = now
 		}
+		t.fitCapacity(d, now)
+		j.logCapacity(d.Device)
 	}
 	j.noteTails(snap.Files, now)
 	j.observeRandom(now)
@@ -410,7 +413,7 @@ func (t *Tuner) fastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 		t.fstats[f.Key] = f
 	}
 	for _, d := range snap.Devices {
-		if ds, ok := t.dstats[d.Device]; ok { // the last Step's, with the fast path's capacity
+		if ds, ok := t.dstats[d.Device]; ok { // the last Step's, with the fast path's peak rate
 			ds.CapacityBPS = d.CapacityBPS
 			d = ds
 		}

@@ -55,6 +55,7 @@ func (r *rig) outcomeSnap(ss ...stream) detector.Snapshot {
 	if r.capBPS > 0 {
 		s.Devices[0].CapacityBPS = r.capBPS
 	}
+	s.Devices[0].Unqueued = r.unqueued
 	if r.queue {
 		// Little's law: the latency at which the streams' bytes in flight
 		// read at their rate.

@@ -313,7 +313,7 @@ func (t judgeCtx) stillPays(fd *fileDec) (bool, string) {
 		margin = t.halfMargin() // what a step to the capacity pays (marginFor)
 	}
 	ref, of := l.keptM.tput, "the kept window's"
-	if c := t.learnedCapacity(fd.dev); c > 0 && c < ref {
+	if c := t.knownCapacity(fd.dev.dev); c > 0 && c < ref {
 		// Against the capacity, the whole margin: a stream within it at the
 		// device's window gains no step's worth (on the lab the stream read
 		// 69.6-72.6 MB/s at 128 KB, its median the healthy 3.2 ms, against
@@ -353,7 +353,7 @@ func (t *Tuner) contentionAmongStreams(snap detector.Snapshot, dev probe.Dev) (s
 }
 
 // windowHint is the window (KB) that keeps enough bytes in flight to hide
-// the file's p95 latency at the device's learned capacity (Little's law),
+// the file's p95 latency at the device's capacity (Little's law),
 // 0 when the detector has not measured both. The p95, not the median: a
 // sequential reader stalls on the slowest request of its window.
 func (t judgeCtx) windowHint(k probe.FileKey) int {
@@ -365,19 +365,12 @@ func (t judgeCtx) windowHint(k probe.FileKey) int {
 	if lat <= 0 {
 		lat = fs.P50
 	}
-	ds, ok := t.dstats[fs.Device]
-	if !ok || lat <= 0 {
+	if _, ok := t.dstats[fs.Device]; !ok || lat <= 0 {
 		return 0
 	}
-	capBPS := ds.CapacityBPS
-	if c := t.learnedCapacity(t.devs[fs.Device]); c > 0 {
-		capBPS = c
-	}
-	if capBPS <= 0 {
-		// Not learned yet (the daemon just started): what the device
-		// reads now, its other readers included, is a lower bound.
-		capBPS = ds.BusyThroughput
-	}
+	// Before anything knows the capacity (the daemon just started), what
+	// the device reads now, its other readers included, is a lower bound.
+	capBPS := t.capacityOrBusy(fs.Device)
 	return int(lat.Seconds() * capBPS / 1024)
 }
 
@@ -395,16 +388,17 @@ func (t judgeCtx) tailHint(snap detector.Snapshot, dev probe.Dev) int {
 		}
 	}
 	ds, ok := t.dstats[dev]
-	if !tail || !ok || ds.CapacityBPS <= 0 || ds.P99 <= 0 {
+	capBPS, _ := t.capacity(dev)
+	if !tail || !ok || capBPS <= 0 || ds.P99 <= 0 {
 		return 0
 	}
 	// A device already near its capacity has no bandwidth for the stalled
 	// readers to take back, and its p99 is its queue: steps one at a time,
 	// each judged.
-	if ds.BusyThroughput >= t.cfg.CapacityFrac*ds.CapacityBPS {
+	if ds.BusyThroughput >= t.cfg.CapacityFrac*capBPS {
 		return 0
 	}
-	return int(ds.P99.Seconds() * ds.CapacityBPS / 1024)
+	return int(ds.P99.Seconds() * capBPS / 1024)
 }
 
 // learnFrom records a file window that paid in the memory.

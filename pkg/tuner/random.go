@@ -190,7 +190,7 @@ func (t judgeCtx) randomLimitKB(fd *fileDec) (int, string) {
 	if len(rs) == 0 {
 		return -1, ""
 	}
-	capBPS := t.capacity(fd.dev.dev)
+	capBPS := t.capacityOrBusy(fd.dev.dev)
 	if capBPS <= 0 {
 		return 0, "the device's capacity is not known yet"
 	}

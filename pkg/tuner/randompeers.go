@@ -85,7 +85,7 @@ func (t judgeCtx) slowerThanPeers(fs detector.FileStats) (bool, string) {
 	// with one fault at a time waits behind no request of its own. What is
 	// left is what the device makes the stream's requests wait.
 	own := time.Duration(0)
-	if capBPS := t.dstats[fs.Device].CapacityBPS; capBPS > 0 && fs.Inflight > 0 {
+	if capBPS, _ := t.capacity(fs.Device); capBPS > 0 && fs.Inflight > 0 {
 		own = time.Duration(fs.Inflight * fs.MeanSize / 2 / capBPS * float64(time.Second))
 	}
 	lat := max(fs.P50-own, fs.P50/4)
@@ -204,7 +204,7 @@ func (t judgeCtx) observeRandom(now time.Duration) {
 // read-around it no longer reads. That account is of its mean.
 func (t judgeCtx) untouchedEstimate(fs detector.FileStats, svc randService) randService {
 	d := t.devs[fs.Device]
-	capBPS := t.capacity(fs.Device)
+	capBPS := t.capacityOrBusy(fs.Device)
 	if d == nil || capBPS <= 0 {
 		return svc
 	}
@@ -219,15 +219,6 @@ func (t judgeCtx) untouchedEstimate(fs detector.FileStats, svc randService) rand
 	// and an estimate 1.8 ms brought the prior down on the p99 alone. Its
 	// verdicts hold it to tailAtDefault as well.
 	return svc
-}
-
-// capacity is the device's learned capacity in bytes per second, or its
-// busy throughput before one is learned; 0 when neither is known.
-func (t judgeCtx) capacity(dev probe.Dev) float64 {
-	if c := t.dstats[dev].CapacityBPS; c > 0 {
-		return c
-	}
-	return t.dstats[dev].BusyThroughput
 }
 
 // raisedExcess is how many bytes the file windows readaheadd holds raised
@@ -286,7 +277,7 @@ func (t *Tuner) trimSaving(key probe.FileKey, size float64) float64 {
 // too); ok is false otherwise.
 func (t judgeCtx) tailAtDefault(r randObs) (time.Duration, bool) {
 	d := t.devs[r.fs.Device]
-	capBPS := t.capacity(r.fs.Device)
+	capBPS := t.capacityOrBusy(r.fs.Device)
 	if !r.ok || r.ref == nil || r.svc.requests < refreshTailRequests || d == nil || d.raisedWide() || capBPS <= 0 ||
 		d.randSlope <= 0 && r.ref.tailSure {
 		return 0, false

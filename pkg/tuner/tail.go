@@ -71,7 +71,7 @@ func (t judgeCtx) noteTails(files []detector.FileStats, now time.Duration) {
 			ratio = tailRatioBase
 		}
 		tail := f.P99 >= time.Duration(ratio*float64(f.P50))
-		if ds, ok := t.dstats[f.Device]; tail && ok && ds.CapacityBPS > 0 && f.BusyThroughput >= (1-devLossMax)*ds.CapacityBPS &&
+		if capBPS, _ := t.capacity(f.Device); tail && capBPS > 0 && f.BusyThroughput >= (1-devLossMax)*capBPS &&
 			f.P99 < time.Duration(tailStrongBase*float64(f.P50)) {
 			// A stream at the device's bandwidth (within 5%) whose p99 is
 			// within three medians: the spread of its own queue (a healthy
@@ -171,7 +171,7 @@ func (t judgeCtx) tailKeep(file probe.FileKey, l *ladder, m measure) (prior, tai
 	if need <= l.trial.from {
 		return prior, ""
 	}
-	capBPS := t.dstats[fd.dev.dev].CapacityBPS
+	capBPS, _ := t.capacity(fd.dev.dev)
 	held := m.tput >= (1-devLossMax)*l.trial.before.tput
 	atCap := capBPS > 0 && m.tput >= t.cfg.CapacityFrac*capBPS
 	if !held && !atCap {

@@ -69,7 +69,8 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 		}
 		ev := fmt.Sprintf("%s; before %s, after %s (%+.0f%%, keep margin %+.0f%%)", why, e.before, m, e.gain*100, e.margin*100)
 		if e.atCap && e.margin == e.ordinary {
-			ev += fmt.Sprintf(" (half the margin: the stream alone reads at the device's capacity, %.1f MB/s)", t.dstats[d.dev].CapacityBPS/1e6)
+			c, src := t.capacity(d.dev)
+			ev += fmt.Sprintf(" (half the margin: the stream alone reads at the device's capacity, %.1f MB/s by its %s)", c/1e6, src)
 		}
 		if v.rule.out == outResize {
 			l.putOff(false)
@@ -245,7 +246,7 @@ func (t judgeCtx) marginFor(l *ladder, d *devState, file probe.FileKey, m measur
 // loneAtCapacity reports whether a stream with no random reader beside it
 // reads (m) at its device's capacity.
 func (t judgeCtx) loneAtCapacity(d *devState, file probe.FileKey, m measure) bool {
-	capBPS := t.dstats[d.dev].CapacityBPS
+	capBPS, _ := t.capacity(d.dev)
 	fd := t.files[file]
 	return m.ok && capBPS > 0 && m.tput >= capacityReach*capBPS && fd != nil && !t.randomReaderBeside(fd)
 }
@@ -540,7 +541,7 @@ func (t judgeCtx) shiftKeep(file probe.FileKey, l *ladder, m measure) string {
 		return ""
 	}
 	var slowed string
-	capBPS := t.dstats[fd.dev.dev].CapacityBPS
+	capBPS, _ := t.capacity(fd.dev.dev)
 	switch {
 	case slices.Contains(fd.regimes, detector.FileLatencyShift):
 		slowed = fmt.Sprintf("the file's requests are slower than the device's (%s)", detector.FileLatencyShift)

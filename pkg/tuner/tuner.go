@@ -88,6 +88,10 @@ type devState struct {
 	// file's, a trim): a random reader's measure since is not its
 	// reference (random.go). trimAt: when a trim there last changed.
 	movedAt, trimAt time.Duration
+	// satAt: when a step last taught its saturation point (satSeen: one
+	// did in this run; capacity.go).
+	satAt   time.Duration
+	satSeen bool
 	// randSlope: seconds of delay each byte a stream keeps queued costs
 	// the device's random readers, learned from steps (0: not yet).
 	randSlope float64
@@ -149,8 +153,11 @@ type Tuner struct {
 	// watchedAt: the first Step whose snapshot held each device (its
 	// readers, random ones among them, are known a Settle after it).
 	watchedAt map[probe.Dev]time.Duration
-	files     map[probe.FileKey]*fileDec
-	readers   map[probe.FileKey]map[uint32]*readerInfo
+	// capFits: each watched device's capacity fitted on its latencies
+	// (capacity.go).
+	capFits map[probe.Dev]*capFit
+	files   map[probe.FileKey]*fileDec
+	readers map[probe.FileKey]map[uint32]*readerInfo
 	// view: the last Step's (Step writes it; the fast path's files join
 	// it, fastOn); a call between Steps judges on its own (judgeCtx).
 	view
@@ -313,8 +320,9 @@ type view struct {
 	span   time.Duration
 }
 
-// newView indexes snap, over span. A device's capacity missing from snap
-// is the one in carry (the last Step's).
+// newView indexes snap, over span. A device's peak rate missing from snap
+// is the one in carry (the last Step's): the capacity's last resort
+// (capacity.go).
 func newView(snap detector.Snapshot, span time.Duration, carry map[probe.Dev]detector.DeviceStats) *view {
 	v := &view{snap: snap, span: span, fstats: make(map[probe.FileKey]detector.FileStats, len(snap.Files)),
 		dstats: make(map[probe.Dev]detector.DeviceStats, len(snap.Devices))}

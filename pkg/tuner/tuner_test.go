@@ -198,6 +198,8 @@ type rig struct {
 	// queue: outcomeSnap reports the device's bytes in flight (its
 	// streams' windows times their fill), which the capacity is learned by.
 	queue bool
+	// unqueued, if set, is the device's unqueued cells in outcomeSnap.
+	unqueued []detector.LatencyCell
 	// around, if set before New (mutate), is the tuner's ReadAroundWatch.
 	around *fakeAround
 }

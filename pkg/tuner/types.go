@@ -78,7 +78,8 @@ type Config struct {
 	// sequential reader, and costs a random one.
 	MinSequentiality float64
 	// CapacityFrac: once a file's busy throughput is at least this share of
-	// its device's learned capacity (detector.DeviceStats.CapacityBPS), no
+	// its device's capacity (fitted on its latencies or learned by a step,
+	// else the detector's peak rate: capacity.go), no
 	// further window step or prefetch is tried for it (default 0.9). A
 	// stream with no random reader beside it is tried up to 1/(1+Margin/2)
 	// of the capacity if that is more: a step that takes it to the

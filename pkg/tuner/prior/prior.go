@@ -78,10 +78,12 @@ type slowFile struct {
 	wall    time.Time
 }
 
-// capacity is a learned capacity (bytes/s) and when it was learned.
+// capacity is a learned capacity (bytes/s) and when it was learned, and
+// the transfer capacity fitted on the device's unqueued reads (0: none).
 type capacity struct {
 	bps  float64
 	wall time.Time
+	fit  float64
 }
 
 // New returns an empty memory.
@@ -228,8 +230,25 @@ func (m *Memory) Capacity(device string) float64 { return m.caps[device].bps }
 
 // SetCapacity records a disk's learned capacity; 0 forgets it.
 func (m *Memory) SetCapacity(device string, bps float64, wall time.Time) {
-	m.caps[device] = capacity{bps, wall}
-	if bps == 0 {
+	c := m.caps[device]
+	c.bps, c.wall = bps, wall
+	m.setCap(device, c)
+}
+
+// Fitted is the transfer capacity (bytes/s) fitted on a disk's latencies,
+// 0 if none.
+func (m *Memory) Fitted(device string) float64 { return m.caps[device].fit }
+
+// SetFitted records a disk's fitted transfer capacity; 0 forgets it.
+func (m *Memory) SetFitted(device string, bps float64, wall time.Time) {
+	c := m.caps[device]
+	c.fit, c.wall = bps, wall
+	m.setCap(device, c)
+}
+
+func (m *Memory) setCap(device string, c capacity) {
+	m.caps[device] = c
+	if c.bps == 0 && c.fit == 0 {
 		delete(m.caps, device)
 	}
 	m.dirty = true
@@ -259,7 +278,7 @@ func (m *Memory) export() state.Priors {
 		p.Files = append(p.Files, state.SlowFile{Dev: uint32(k.Dev), Ino: k.Ino, Device: f.device, Path: f.path, WindowKB: f.window, Updated: f.wall})
 	}
 	for name, c := range m.caps {
-		p.Devices = append(p.Devices, state.DeviceCapacity{Device: name, CapacityBPS: c.bps, Updated: c.wall})
+		p.Devices = append(p.Devices, state.DeviceCapacity{Device: name, CapacityBPS: c.bps, FittedBPS: c.fit, Updated: c.wall})
 	}
 	sort.Slice(p.Devices, func(i, j int) bool { return p.Devices[i].Device < p.Devices[j].Device })
 	sort.Slice(p.Dirs, func(i, j int) bool { return p.Dirs[i].Dir < p.Dirs[j].Dir })
@@ -306,7 +325,7 @@ func (m *Memory) Load(p state.Priors, device func(name string) bool, dir func(di
 			refused++
 			continue
 		}
-		m.caps[d.Device] = capacity{bps: d.CapacityBPS, wall: d.Updated}
+		m.caps[d.Device] = capacity{bps: d.CapacityBPS, wall: d.Updated, fit: d.FittedBPS}
 	}
 	m.bound()
 	return refused

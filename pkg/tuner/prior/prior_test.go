@@ -38,3 +38,28 @@ func TestPriorHasOneClimberAtATime(t *testing.T) {
 	assert.Zero(t, m.Climb(p, k1, 3*time.Second, 2, 4096, time.Minute), "the knee holds")
 	assert.Equal(t, 1024, m.Climb(p, k1, 10*time.Second, 2, 4096, time.Minute))
 }
+
+// A device's saturation point and its fitted capacity are kept side by
+// side: forgetting one keeps the other, forgetting both drops the device,
+// and both go through the priors file's export and load.
+func TestCapacityAndFitKeptSideBySide(t *testing.T) {
+	m := New()
+	wall := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	m.SetFitted("sdb", 150e6, wall)
+	m.SetCapacity("sdb", 40e6, wall)
+	assert.Equal(t, 150e6, m.Fitted("sdb"))
+	assert.Equal(t, 40e6, m.Capacity("sdb"))
+
+	n := New()
+	assert.Zero(t, n.Load(m.export(), func(string) bool { return true }, nil, 4096, 0))
+	assert.Equal(t, 150e6, n.Fitted("sdb"))
+	assert.Equal(t, 40e6, n.Capacity("sdb"))
+
+	m.SetCapacity("sdb", 0, wall)
+	assert.Equal(t, 150e6, m.Fitted("sdb"), "the fit outlives the saturation point")
+	_, _, caps := m.Len()
+	assert.Equal(t, 1, caps)
+	m.SetFitted("sdb", 0, wall)
+	_, _, caps = m.Len()
+	assert.Zero(t, caps)
+}
