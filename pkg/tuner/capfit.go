@@ -173,7 +173,7 @@ func (t judgeCtx) logCapacity(dev probe.Dev) {
 	t.log.Debug("tuner: device capacity", "dev", dev.String(), "device", name, "capacity_mbps", c/1e6, "source", string(src),
 		"fitted_mbps", t.fitted(dev)/1e6, "fit_from", last.From, "fit_fixed", last.Fixed, "fit_points", last.Points,
 		"fit_requests", last.Requests, "saturation_mbps", sat/1e6, "saturation_fresh", fresh,
-		"peak_mbps", t.dstats[dev].CapacityBPS/1e6)
+		"peak_mbps", t.dstats[dev].CapacityBPS/1e6, "busy_mbps", t.dstats[dev].BusyThroughput/1e6, "bytes", t.dstats[dev].Bytes)
 }
 
 // learnedCapacity is the capacity of the device learnCapacity learned, 0

@@ -119,6 +119,16 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 	} else if escalate {
 		fd.atCapLogged = false
 	}
+	if escalate && fd.byRate && fd.win.trial.to == 0 && fd.pf.trial.to == 0 {
+		if other, ok := t.outcomeTrialOn(fd.dev, fd.key); ok {
+			// The device has one capacity: two outcome steps on it at once
+			// read each other's effect (three streams on a saturated lab
+			// device stepped together, and each "gained" +56-61%, the
+			// share the others' steps took from their peers). One at a time.
+			escalate = false
+			t.log.Debug("tuner: an outcome step is under trial on the device; this one waits", "file", fd.key.String(), "trial_file", other.String())
+		}
+	}
 	if escalate && fd.byRate && fd.win.cur == fd.win.base && fd.win.trial.to == 0 {
 		if !t.outcomeDue(fd.dev, fd.key) {
 			escalate = false // the device's outcome trials are backing off
@@ -269,4 +279,20 @@ func (t judgeCtx) undoDevice(d *devState, why string) {
 		t.reachOpenFiles(d)
 	}
 	t.emit(Action{Time: now, Device: d.name, Dev: d.dev, Kind: KindDeviceWindowUndo, FromKB: from, ToKB: d.orig, Result: res, Evidence: why})
+}
+
+// outcomeTrialOn returns a file other than except on d, read now, whose
+// outcome decision (no regime asked for it) has a step under trial, if
+// any. A stream that stopped reading takes nothing from the others.
+func (t judgeCtx) outcomeTrialOn(d *devState, except probe.FileKey) (probe.FileKey, bool) {
+	now := t.deps.Clock.Now()
+	for k, o := range t.files {
+		if k == except || o.dev != d || !o.byRate || o.win.trial.to == 0 && o.pf.trial.to == 0 {
+			continue
+		}
+		if last := t.lastRead(k); last != 0 && now-last < t.readaheadGap(&o.win) {
+			return k, true
+		}
+	}
+	return probe.FileKey{}, false
 }

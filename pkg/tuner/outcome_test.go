@@ -338,36 +338,47 @@ func TestPriorIsNotGivenToAPageFaultMidFile(t *testing.T) {
 	assert.Greater(t, r.files.window[k2], 128)
 }
 
+// No device-wide window beside a random reader, whether it faults
+// read-around windows (mmap) or asks for 4 KB (pread): every byte a stream
+// keeps queued delays its reads, and only per-file windows are held to its
+// budget.
 func TestNoDeviceWindowWhileARandomReaderIsActive(t *testing.T) {
-	r := newRig(t, Config{DeviceMinFiles: 2}, nil)
-	var err error
-	r.tn, err = New(Config{AllowPaths: []string{}, DeviceMinFiles: 2}, Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: r.store, Logger: quiet()})
-	require.NoError(t, err)
-	r.tput = kneeModel
-	_, k1 := realFile(t, r.dir, "a")
-	_, k2 := realFile(t, r.dir, "b")
-	_, kr := realFile(t, r.dir, "index")
-	random := false
-	mk := func() detector.Snapshot {
-		s := r.snap(detector.FileLatencyShift, k1, k2)
-		if random {
-			s.Files = append(s.Files, detector.FileStats{Key: kr, Device: sdb, Requests: 100, Bytes: 100 << 17, BusyThroughput: 10e6,
-				Sequentiality: 0, MeanSize: 128 << 10, LastSeen: r.clk.Now()})
-		}
-		return s
+	for _, c := range []struct {
+		name string
+		size uint64
+	}{{"mmap read-around", 128 << 10}, {"pread 4 KB", 4 << 10}} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRig(t, Config{DeviceMinFiles: 2}, nil)
+			var err error
+			r.tn, err = New(Config{AllowPaths: []string{}, DeviceMinFiles: 2}, Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: r.store, Logger: quiet()})
+			require.NoError(t, err)
+			r.tput = kneeModel
+			_, k1 := realFile(t, r.dir, "a")
+			_, k2 := realFile(t, r.dir, "b")
+			_, kr := realFile(t, r.dir, "index")
+			random := false
+			mk := func() detector.Snapshot {
+				s := r.snap(detector.FileLatencyShift, k1, k2)
+				if random {
+					s.Files = append(s.Files, detector.FileStats{Key: kr, Device: sdb, Requests: 100, Bytes: 100 * c.size, BusyThroughput: 10e6,
+						Sequentiality: 0, MeanSize: float64(c.size), LastSeen: r.clk.Now()})
+				}
+				return s
+			}
+			acts := r.run(1, mk)
+			require.Len(t, filter(acts, KindDeviceWindow, ResultTrial), 1)
+			require.Equal(t, 256, r.sys.get("sdb"))
+			// A random reader appears: the device's window is taken back at once,
+			// and no new one is tried while it reads.
+			random = true
+			acts = r.run(5, mk)
+			logActs(t, acts)
+			require.Len(t, filter(acts, KindDeviceWindowUndo, ResultUndone), 1)
+			assert.Contains(t, filter(acts, KindDeviceWindowUndo, ResultUndone)[0].Evidence, "random reader")
+			assert.Empty(t, filter(acts, KindDeviceWindow, ResultTrial))
+			assert.Equal(t, 128, r.sys.get("sdb"))
+		})
 	}
-	acts := r.run(1, mk)
-	require.Len(t, filter(acts, KindDeviceWindow, ResultTrial), 1)
-	require.Equal(t, 256, r.sys.get("sdb"))
-	// A random reader appears: the device's window is taken back at once,
-	// and no new one is tried while it reads.
-	random = true
-	acts = r.run(5, mk)
-	logActs(t, acts)
-	require.Len(t, filter(acts, KindDeviceWindowUndo, ResultUndone), 1)
-	assert.Contains(t, filter(acts, KindDeviceWindowUndo, ResultUndone)[0].Evidence, "random reader")
-	assert.Empty(t, filter(acts, KindDeviceWindow, ResultTrial))
-	assert.Equal(t, 128, r.sys.get("sdb"))
 }
 
 func TestWholeSystemScansHaveAGlobalBudget(t *testing.T) {
@@ -1395,4 +1406,30 @@ func steadyStream(t *testing.T, rate float64) (*rig, stream) {
 	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
 	r.files.open(100, 7, p, key)
 	return r, stream{key: key, tgid: 100, fill: 0.9}
+}
+
+// Two streams bound by their windows on a device they saturate together
+// (each reads its window's share of 40 MB/s): the device has one capacity,
+// so their outcome steps are tried one at a time, never both at once, and
+// the one tried, which only takes the other's share, is undone.
+func TestOutcomeStepsOnOneDeviceAreTriedOneAtATime(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	ka, kb := r.twoReaders(t)
+	a, b := stream{key: ka, tgid: 100, fill: 0.9}, stream{key: kb, tgid: 101, fill: 0.9}
+	var acts []Action
+	for i := 0; i < 8; i++ {
+		r.clk.Advance(time.Second)
+		wa, wb := r.files.window[ka], r.files.window[kb]
+		r.tput = func(w int) float64 { return 40e6 * float64(w) / float64(wa+wb) }
+		s := r.outcomeSnap(a, b)
+		for _, k := range []probe.FileKey{ka, kb} {
+			r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: map[probe.FileKey]uint32{ka: 100, kb: 101}[k], File: k, Device: sdb, RaPages: uint32(r.files.window[k] / 4)})
+		}
+		step := r.tn.Step(s)
+		acts = append(acts, step...)
+		assert.False(t, r.files.window[ka] > 128 && r.files.window[kb] > 128, "both streams under trial at once at %v", r.clk.Now())
+	}
+	logActs(t, acts)
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept), "a step that only takes the other stream's share is not kept")
 }

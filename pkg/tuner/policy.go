@@ -51,16 +51,6 @@ func (t judgeCtx) windowBound(fs detector.FileStats, now time.Duration) (bool, s
 		// adds latency for every reader there and no throughput.
 		return false, why + "; but " + cap + ": the device binds it, not its window"
 	}
-	if t.randomBesideDev(fs.Device, fs.Key) {
-		// Beside random readers a full window may be the device's queue,
-		// which they wait in too: only a stream slower than them is
-		// slowed by its file (random.go).
-		slow, peers := t.slowerThanPeers(fs)
-		if !slow {
-			return false, why + "; but " + peers + ": the device's queue binds it, not its window"
-		}
-		why += "; " + peers
-	}
 	return true, why
 }
 

@@ -47,11 +47,9 @@ import (
 //     a whole window) is budget the stream may spend, up to their reference
 //     and never beyond.
 //
-// And a stream beside them gets a step only on evidence that it is slowed:
-// a regime, or its requests taking peerSlowMult times as long as theirs
-// (slowerThanPeers). A stream no slower than its peers is bound by its
-// window only because the device's queue is full: a larger window would
-// take its share from them, and on a healthy device nothing is slow.
+// A stream beside them is stepped on the same evidence as alone (a regime,
+// or its window bound on a device with room): a device slowed as a whole
+// slows them alike, and its streams need the step as much.
 const (
 	// randMeanBudget, randTailBudget: a random reader's mean and p99
 	// latency as a share of its reference that a stream's window may

@@ -4,7 +4,6 @@ package tuner
 // slower than them, and their reference service.
 
 import (
-	"fmt"
 	"slices"
 	"time"
 
@@ -18,23 +17,21 @@ func (t judgeCtx) randomReaderBeside(fd *fileDec) bool {
 	return t.trimmedOn(fd.dev) || t.randomBesideDev(fd.dev.dev, fd.key)
 }
 
-// randomOnDevice returns a file read randomly now on the device whose reads
-// are read-around sized (an mmap reader: each fault reads the file's window
-// around it, so a larger device window makes every fault larger), or one
-// trimmed there, if any. A buffered random reader reads what it asks for
-// whatever the window and is no reason to keep the device's window down.
+// randomOnDevice returns a file read randomly now on the device, or one
+// trimmed there, if any. A device-wide window is held to no reader's
+// budget: every byte a stream keeps queued delays the random reads behind
+// it, whether they fault read-around windows or ask for 4 KB (on the lab a
+// device window raised beside DataNode preads left their p99 3.8x the
+// default's), so beside any random reader the streams get windows of their
+// own, which are (randomLimitKB).
 func (t judgeCtx) randomOnDevice(dev probe.Dev) (probe.FileKey, bool) {
 	for k, td := range t.trims {
 		if td.dev != nil && td.dev.dev == dev {
 			return k, true
 		}
 	}
-	kb := 0
-	if d := t.devs[dev]; d != nil {
-		kb = d.orig
-	}
 	for k, fs := range t.fstats {
-		if fs.Device == dev && t.readRandomly(fs) && readAroundSized(fs, min(kb, t.cfg.TrimKB)) && t.snap.Now-fs.LastSeen <= t.cfg.Settle {
+		if fs.Device == dev && t.readRandomly(fs) {
 			return k, true
 		}
 	}
@@ -62,36 +59,6 @@ type randObs struct {
 	svc randService
 	ok  bool
 	ref *randRef
-}
-
-// slowerThanPeers reports whether a stream's requests, less the wait
-// behind its own, take peerSlowMult times as long as those of the random
-// readers on its device (its file is slow, not the device's queue, which
-// they wait in too), with why; false with no random reader to compare with.
-// Measured on the lab, healthy: the stream's median 2.5 ms, 1.1 of it
-// behind its own requests, beside a random reader's 1.2-2.5 ms.
-func (t judgeCtx) slowerThanPeers(fs detector.FileStats) (bool, string) {
-	var peer time.Duration
-	for _, r := range t.randomsBeside(fs.Device, fs.Key) {
-		if r.fs.Requests >= minBoundRequests && r.fs.P50 > peer {
-			peer = r.fs.P50
-		}
-	}
-	if peer <= 0 || fs.P50 <= 0 {
-		return false, ""
-	}
-	// A stream's requests also wait behind its own: on average half the
-	// bytes it keeps in flight, at the device's capacity. A random reader
-	// with one fault at a time waits behind no request of its own. What is
-	// left is what the device makes the stream's requests wait.
-	own := time.Duration(0)
-	if capBPS, _ := t.capacity(fs.Device); capBPS > 0 && fs.Inflight > 0 {
-		own = time.Duration(fs.Inflight * fs.MeanSize / 2 / capBPS * float64(time.Second))
-	}
-	lat := max(fs.P50-own, fs.P50/4)
-	ratio := float64(lat) / float64(peer)
-	return ratio >= peerSlowMult, fmt.Sprintf("median %v (%v of it behind its own requests), %.1fx the random readers' beside it",
-		fs.P50.Round(10*time.Microsecond), own.Round(10*time.Microsecond), ratio)
 }
 
 // randomBesideDev reports whether a file other than except is read
@@ -130,9 +97,6 @@ func readAroundSized(fs detector.FileStats, kb int) bool {
 const (
 	// minBoundRequests: fewer requests in a window say too little.
 	minBoundRequests = 8
-	// peerSlowMult: a stream whose median request latency is this many
-	// times its random peers' is slowed by its file, not by the queue.
-	peerSlowMult = 1.5
 )
 
 // serviceOf is a random reader's service in fs, ok if it has enough
