@@ -1,12 +1,10 @@
 package tuner
 
-// A device's capacity, learned by the model rather than by the best rate
-// seen: by Little's law a stream reads at bytes in flight over latency;
-// below the device's capacity more bytes in flight add throughput at the
-// same latency, at its capacity they only add latency. A file window step
-// is that experiment (learnCapacity). A fail-slow drive's steps pay (the
-// latency, not the device, bound them): its slow rate is never taken for
-// its capacity.
+// A device's capacity, learned by experiment rather than as the best rate
+// seen: by Little's law a stream reads its bytes in flight over latency,
+// and at the device's capacity more bytes in flight only add latency. A
+// file window step is that experiment (learnCapacity); a fail-slow drive's
+// steps pay, so its slow rate is never taken for its capacity.
 
 import (
 	"fmt"
@@ -15,23 +13,17 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/detector"
 )
 
-// capQRise: a step counts as an experiment on the device's capacity when
-// it at least doubled the window: a step of half again (beside a random
-// reader, on the lab) saw its median rise 1.4x with the random reader's
-// faults, and taught 63.6 MB/s of a 148 MB/s device.
+// capQRise: a step is an experiment on the device's capacity when it at
+// least doubled the window (smaller ones, beside a random reader, saw its
+// faults raise the median and taught a fraction of the capacity).
 const capQRise = 2.0
 
-// learnCapacity updates the capacity of d from a file window step from
-// w0 to w1 KB and its before- and after-measures. By Little's law a stream
-// reads its bytes in flight, which its window sets, over its latency: when
-// the window at least doubled and the latency grew with it (the
-// window over the median latency gained less than the keep margin), the
-// extra bytes only waited in the device's queue and the device was at its
-// capacity: its busy throughput, the larger of before and after (a rate
-// while it had requests in flight, however far back the detector reached
-// for its samples). Judged by latency rather than bytes read, a reader
-// starved of CPU for part of an interval (the device idle meanwhile, its
-// latency unchanged) does not move the verdict.
+// learnCapacity updates d's capacity from a file window step from w0 to w1
+// KB and its before and after measures: when the window at least doubled
+// and the latency grew with it (the window over the median gained less
+// than the margin), the extra bytes only queued and the device's busy
+// throughput, the larger of before and after, is its capacity. Judged by
+// latency, not bytes: a reader starved of CPU does not move the verdict.
 func (t *Tuner) learnCapacity(d *devState, w0, w1 int, b, m measure) {
 	if d.name == "" || !b.ok || !m.ok || m.young || m.ended || b.devBusy <= 0 || m.devBusy <= 0 || b.p50 <= 0 || m.p50 <= 0 || w0 <= 0 {
 		return
@@ -58,17 +50,12 @@ func (t *Tuner) learnCapacity(d *devState, w0, w1 int, b, m measure) {
 	}
 }
 
-// atCapacity reports whether a stream reads at its device's learned
-// capacity, or the device does with the streams readaheadd serves taking
-// most of its bytes: within what a step must gain of it (reach below). A larger window then adds latency (for every
-// reader of the device) and no throughput worth a trial, so the stream is
-// not bound by its window. The device's busy throughput counts too, with
-// the random readers beside the streams (a step's bytes queue ahead of
-// their faults: on the lab a healthy device shared with one read 1.15x the
-// default's total and the random reader's p99 1.99x). Other sequential
-// readers (O_DIRECT, files outside the allow-paths) are contenders whose
-// share a larger window legitimately wins back: a device they load is not
-// judged.
+// atCapacity reports whether a stream reads at its device's known
+// capacity, or the device does with the streams readaheadd serves and the
+// random readers taking most of its bytes (readsAtCapacity): a larger
+// window then adds latency for every reader and no throughput worth a
+// trial. A device loaded by other sequential readers (O_DIRECT, outside
+// the allow-paths) is not judged: a larger window rightly wins their share.
 func (t judgeCtx) atCapacity(fs detector.FileStats) (bool, string) {
 	c := t.knownCapacity(fs.Device)
 	if c <= 0 {
@@ -80,8 +67,7 @@ func (t judgeCtx) atCapacity(fs detector.FileStats) (bool, string) {
 		t.capSeen[fs.Key] = now
 		return true, why
 	}
-	// One interval below it is the host's (a reader starved of CPU on a
-	// busy host read 47 MB/s at 128 KB, against 78 on either side).
+	// One interval below it is the host's (a reader starved of CPU).
 	if seen, ok := t.capSeen[fs.Key]; ok && now-seen <= capHold {
 		return true, fmt.Sprintf("it read at the device's capacity (%.1f MB/s) %v ago", c/1e6, (now - seen).Round(time.Millisecond))
 	}
@@ -93,17 +79,15 @@ func (t judgeCtx) atCapacity(fs detector.FileStats) (bool, string) {
 const capHold = 2 * time.Second
 
 func (t judgeCtx) readsAtCapacity(fs detector.FileStats, c float64) (bool, string) {
-	// Within what a step must gain: half the margin for a lone stream (a
-	// step to the capacity pays that, marginFor), the margin beside a
-	// random reader.
+	// Within what a step must gain: half the margin for a lone stream
+	// (marginFor), the margin beside a random reader.
 	reach := t.shortOfCapacity()
 	if t.randomBesideDev(fs.Device, fs.Key) {
 		reach = 1 / (1 + t.cfg.Margin)
 	}
-	// What its window gives at its latency (Little's law: bytes in flight
-	// over latency), or what it read while busy, whichever is more: a
-	// pause of the reader's or a lowering's break leaves the device idle
-	// and the rate low, not the latency.
+	// What its window gives at its latency (bytes in flight over
+	// latency), or what it read while busy, whichever is more: a pause
+	// leaves the device idle and the rate low, not the latency.
 	x := fs.BusyThroughput
 	if fs.P50 > 0 {
 		x = max(x, fs.Inflight*fs.MeanSize/fs.P50.Seconds())

@@ -1,15 +1,11 @@
 package tuner
 
-// The device's transfer capacity fitted on its latencies (model.
-// CapacityFit): its unqueued reads, whose latency is a fixed cost plus
-// their bytes over the transfer rate. A fail-slow device raises the fixed
-// cost, not the rate, so the fit keeps a +3 ms drive's capacity where its
-// best rate seen is its slow one. One detector window holds few unqueued
-// reads (none while a stream keeps two in flight), so each Step's cells
-// join a decaying pool per size class (capPool) and the fit is made on the
-// pool. The pool is the tuner's: the decisions that read capacity are the
-// tuner's; the detector's own regimes (StarvedStream, a shift held on a
-// saturated device) keep its decaying peak and are labels to the model.
+// The device's transfer capacity fitted on its unqueued reads
+// (model.CapacityFit), whose latency is a fixed cost plus bytes over the
+// rate: a fail-slow device raises the fixed cost, not the rate. One
+// detector window holds few unqueued reads, so each Step's cells join a
+// decaying pool per size class (capPool), fitted as one. The pool is the
+// tuner's; the detector's own regimes keep its decaying peak.
 
 import (
 	"context"
@@ -36,10 +32,8 @@ const (
 )
 
 // fitCapacity pools ds's unqueued cells and fits the device's transfer
-// capacity on the pool (or, when it cannot say, on the window's profile: a
-// median rising with the bytes queued). A fit that cannot say leaves the
-// last. On a device the tuner knows by name, a fit that moved by more
-// than capSaveMoved is saved with the priors.
+// capacity on the pool (or the window's profile); a fit that cannot say
+// leaves the last. A fit that moved by capSaveMoved is saved with the priors.
 func (t *Tuner) fitCapacity(ds detector.DeviceStats, now time.Duration) {
 	f := t.capFits[ds.Device]
 	if f == nil {
@@ -83,9 +77,8 @@ const (
 	capFitted     capSource = "fit"        // fitted on the device's latencies
 	capSaturation capSource = "saturation" // a step that added bytes in flight and no throughput
 	capPeak       capSource = "peak"       // the detector's decaying best rate seen
-	// capPeakOverFit: the peak, above the fit: the device read faster than
-	// the fit says (it serves several requests at once, say), so the fit
-	// is short and the peak, a rate it did read, is the better bound.
+	// capPeakOverFit: the peak, above the fit: the device read faster
+	// than the fit says (it serves several requests at once, say).
 	capPeakOverFit capSource = "peak over fit"
 )
 
@@ -95,12 +88,10 @@ const (
 func (s capSource) known() bool { return s == capFitted || s == capSaturation || s == capPeakOverFit }
 
 // capacity is the device's one capacity in bytes per second and where it
-// comes from: a saturation point learned within satFreshAge (a step saw
-// the device saturate now, whatever the fit says); else the fit, raised to
-// an older saturation point or to the peak above it (an unqueued fit can
-// underestimate a device that serves several requests at once, and the
-// device read that fast); else the saturation point; else the detector's
-// peak; 0 when nothing knows.
+// comes from: a saturation point learned within satFreshAge; else the fit,
+// raised to an older saturation point or to the peak above it (an unqueued
+// fit can underestimate a device serving several requests at once); else
+// the saturation point; else the detector's peak; 0 when nothing knows.
 func (t judgeCtx) capacity(dev probe.Dev) (float64, capSource) {
 	d := t.devs[dev]
 	peak, fit, sat := t.dstats[dev].CapacityBPS, t.fitted(dev), t.learnedCapacity(d)

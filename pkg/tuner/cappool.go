@@ -10,16 +10,14 @@ import (
 )
 
 // capHalfLife: a Step's unqueued cells count half after this long (the
-// detector's LongWindow): 4-15 unqueued reads a second fill two size
-// classes' cells within a few seconds, and a device whose rate changed
-// is fitted anew within a few half-lives.
+// detector's LongWindow): long enough to fill two size classes' cells, short
+// enough to refit a device whose rate changed within a few half-lives.
 const capHalfLife = 10 * time.Second
 
 // capPool is a device's unqueued latency cells pooled across Steps, per
 // size class: decayed requests, and their decayed sums of mean size and
-// median latency weighted by requests. A detector window extended past
-// the last Step (a sparse device) counts its older requests again: the
-// pool leans to them, it does not invent any.
+// median latency weighted by requests. A detector window reaching back past
+// the last Step counts its older requests again: the pool leans to them.
 type capPool struct {
 	at    time.Duration
 	cells map[uint8]*poolCell

@@ -11,20 +11,16 @@ import (
 )
 
 // inflightFill is the share of a stream's window that must be in flight for
-// the stream to count as bound by its window. A sequential reader on
-// asynchronous readahead keeps between half its window and all of it
-// queued; a reader limited by its application or CPU leaves it mostly
-// empty between bursts.
+// it to count as bound by its window: a reader on asynchronous readahead
+// keeps half to all of it queued; one limited by its application or CPU
+// leaves it mostly empty.
 const inflightFill = 0.4
 
 // windowBound reports whether a file's stream is bound by its window, and
-// why (or why not). It needs no baseline and no onset: only the stream's
-// own reads now. Whether the stream is at the device's bandwidth cannot be
-// told from the stream alone: until the device's capacity is learned
-// (capacity.go) that is left to the trial (at bandwidth a larger window
-// does not pay, the step is undone and backed off, and the trial teaches
-// the capacity); once it is, a stream that reads at it is not bound by its
-// window.
+// why (or why not), from its own reads now (no baseline, no onset). A
+// stream at its device's known capacity is not; until the capacity is
+// known the trial tells (a step at bandwidth does not pay, is backed off,
+// and teaches the capacity).
 func (t judgeCtx) windowBound(fs detector.FileStats, now time.Duration) (bool, string) {
 	if fs.Sequentiality < t.cfg.MinSequentiality {
 		return false, fmt.Sprintf("not sequential (%.2f)", fs.Sequentiality)
@@ -85,12 +81,10 @@ func (t judgeCtx) outcomeNeeds(snap detector.Snapshot, needs map[probe.FileKey][
 }
 
 // regimeTakesOver turns an outcome decision into a regime decision when the
-// detector enters a regime on its file: the regime is new evidence. Backing
-// off after a trial that did not pay (a stream that was healthy then) does
-// not hold it up, and its Little's-law first step applies; a knee found
-// before it (the window at which a healthy stream's next step did not pay,
-// or a step the onset fell in) is probed again at once. A step under trial
-// is judged first (the next interval). It reports whether it did.
+// detector enters a regime on its file: new evidence, which the back-off
+// of an unpaid trial does not hold up; a knee found before it is probed
+// again at once. A step under trial is judged first. It reports whether it
+// did.
 func (t *Tuner) regimeTakesOver(fd *fileDec) bool {
 	if !fd.byRate || fd.win.trial.to != 0 || fd.win.reprobe.until != 0 || fd.pf.trial.to != 0 {
 		return false
@@ -108,19 +102,15 @@ func (t *Tuner) regimeTakesOver(fd *fileDec) bool {
 
 // outcomeDue reports whether a new outcome-driven decision may start on the
 // device now for a file: once the device's back-off has passed, or at once
-// when the file's median latency is half again what it was at the trial
-// that did not pay, or it has read well below that trial's stream
-// (rateDropped), or its requests show a tail that needs a larger
-// window than that trial tried (the conditions changed: a slowdown began
-// after a healthy spell, which must not wait out a healthy device's
-// back-off).
+// on new evidence (outcomeEvidence): a slowdown that began after a healthy
+// spell must not wait out a healthy device's back-off.
 func (t judgeCtx) outcomeDue(d *devState, k probe.FileKey) bool {
 	return t.deps.Clock.Now() >= d.outcomeRetryAt || t.outcomeEvidence(d, k)
 }
 
 // outcomeEvidence reports whether file k shows what the device's last
-// unpaid outcome trial did not (outcomeDue): new evidence, which neither
-// the device's nor the file's own back-off holds up.
+// unpaid outcome trial did not: its median half again that trial's, a rate
+// drop (rateDropped) or a tail that needs more (tailDue).
 func (t judgeCtx) outcomeEvidence(d *devState, k probe.FileKey) bool {
 	fs, ok := t.fstats[k]
 	if !ok {
@@ -134,9 +124,7 @@ func (t judgeCtx) outcomeEvidence(d *devState, k probe.FileKey) bool {
 
 // outcomeRateDrop: a stream reading below this share of what the stream of
 // the device's last unpaid trial read at the device's window is slowed
-// since. A mild slowdown moves the median latency less than the rate: +1 ms
-// on the lab took a 148 MB/s stream to 110 with its median only 1.3x, and
-// it waited out an 8 s back-off at 0.78 of the best static window.
+// since. A mild slowdown moves the rate more than the median latency.
 const outcomeRateDrop = 0.85
 
 // maxOutcomeSlow bounds the files followed by rateDropped per device.
@@ -148,25 +136,19 @@ const maxOutcomeSlow = 256
 const outcomeP50Rise = 1.2
 
 // outcomeP50Nudge: a milder drop counts with the median this many times
-// the failed trial's stream's. A window-bound stream's rate falls as its
-// latency rises (+0.7 ms on the lab: 149 MB/s to 136, the median 1.71 ms
-// to 1.85, 1.08x); a dip of the host's or the reader's leaves the median
-// where it was (a steady stream's moves by under 1% from interval to
-// interval).
+// the failed trial's stream's: a window-bound stream's rate falls as its
+// latency rises, while a dip of the host's or the reader's leaves the
+// median where it was (a steady stream's moves under 1% an interval).
 const outcomeP50Nudge = 1.05
 
 // rateDropped reports whether file k has read below outcomeRateDrop of the
 // device's last unpaid trial's stream in this interval with its median
-// risen outcomeP50Rise, or in this interval and the one before: one
-// interval's dip at the same latency (the host's, or its reader's) reads as
-// low now and then on a healthy device. A milder drop counts with its
-// median nudged up (outcomeP50Nudge), in two intervals running: below what
-// a step to the device's capacity pays (half the margin, marginFor), the
-// stream has that much to win back (+0.7 ms on the lab: the device's
-// trials, backed off on the healthy stream, held it at 0.91 of the best
-// static window to the end of the run). Not in an interval where another
-// stream on the device had a step under trial (peerStepIn): its larger
-// window may have taken the share.
+// risen outcomeP50Rise, or in this interval and the one before (a one
+// interval dip at the same latency happens on a healthy device). A milder
+// drop, below shortOfCapacity with the median nudged up (outcomeP50Nudge),
+// counts in two intervals running: the stream has half the margin to win
+// back. Not in an interval where a peer's step may have taken the share
+// (peerStepIn).
 func (t judgeCtx) rateDropped(d *devState, k probe.FileKey, fs detector.FileStats) bool {
 	risen := d.outcomeFailP50 > 0 && float64(fs.P50) >= outcomeP50Rise*float64(d.outcomeFailP50)
 	drop, mild := outcomeRateDrop, false
@@ -195,11 +177,9 @@ func (t judgeCtx) rateDropped(d *devState, k probe.FileKey, fs detector.FileStat
 }
 
 // tailDue reports whether a file's requests show a tail now that the
-// device's last outcome trial that did not pay saw none of, or that needs a
-// larger window than that trial tried (a trial judged between stalls,
-// before the stalls showed): new evidence, which neither the device's nor
-// the file's back-off holds up. (A healthy trial at 1024 KB that did not
-// pay says nothing of a stall that began after it and needs about as much.)
+// device's last unpaid outcome trial saw none of, or that needs a larger
+// window than it tried (a trial judged between stalls, before they
+// showed): new evidence, which neither back-off holds up.
 func (t judgeCtx) tailDue(d *devState, k probe.FileKey) bool {
 	fs, ok := t.fstats[k]
 	return ok && t.tailNow(k) && (!d.outcomeFailTail || t.tailNeedKB(k, fs.BusyThroughput) > d.outcomeFailKB)
@@ -220,10 +200,9 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 	// step under trial is the next one, taken from the climb's kept value.
 	if fd.climbFrom > 0 && hadTrial && (l.trial.to == 0 || l.trial.from != fd.climbFrom) {
 		// A climb of the directory's prior was judged: paid, it was
-		// learned above; not, the prior holds its window (BackoffBase,
-		// then BackoffMax once confirmed),
-		// unless the stream read no better than the prior's streams did
-		// at the device's window: then the prior itself no longer pays.
+		// learned above; not, the prior holds its window (BackoffBase, then
+		// BackoffMax once confirmed), unless the stream read no better than
+		// the prior's streams at the device's window: then it no longer pays.
 		paid := l.cur > fd.climbFrom
 		t.mem.Climbed(fd.prior, fd.key, paid, now+t.cfg.BackoffBase, now+t.cfg.BackoffMax)
 		fd.climbFrom = 0
@@ -249,9 +228,8 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 		return // undone only to be measured whole: no verdict on the device yet
 	}
 	if l.back.knee && fd.path != "" {
-		// A step above the window its directory's prior holds did not pay
-		// on this stream: the prior does not climb either while the knee
-		// holds.
+		// A step above the window its directory's prior holds did not
+		// pay: the prior does not climb either while the knee holds.
 		if p := t.mem.Dir(fd.key.Dev, fd.path); p != nil && p.Window == l.cur {
 			p.KneeUntil = max(p.KneeUntil, l.back.retryAt)
 		}
@@ -285,10 +263,8 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 
 // stillPays judges a re-probe of a decision judged by rate: at the end of
 // the hold, the stream at the device's window must read slower than at its
-// kept window by the margin for the window to come back. No window reads
-// past the device's learned capacity (capacity.go): a stream within the
-// margin of it at the device's window has nothing left to gain, whatever
-// the kept window read under the conditions it was kept in.
+// kept window (or the device's known capacity, if lower) by the margin for
+// the window to come back.
 func (t judgeCtx) stillPays(fd *fileDec) (bool, string) {
 	l := &fd.win
 	if t.deps.Clock.Now() < l.reprobe.until {
@@ -304,21 +280,18 @@ func (t judgeCtx) stillPays(fd *fileDec) (bool, string) {
 	}
 	ref, of := l.keptM.tput, "the kept window's"
 	if c := t.knownCapacity(fd.dev.dev); c > 0 && c < ref {
-		// Against the capacity, the whole margin: a stream within it at the
-		// device's window gains no step's worth (on the lab the stream read
-		// 69.6-72.6 MB/s at 128 KB, its median the healthy 3.2 ms, against
-		// 76.2, and half the margin put the 4096 KB window back twice).
+		// Against the capacity, the whole margin: a stream within it at
+		// the device's window gains no step's worth (half the margin put
+		// a window back on a stream already at its capacity).
 		ref, of, margin = c, "the device's capacity", t.cfg.Margin
 	}
 	return m.tput*(1+margin) < ref, fmt.Sprintf("%s at the device's window against %s %.1f MB/s (margin %.0f%%)", m, of, ref/1e6, 100*margin)
 }
 
-// contentionAmongStreams reports whether a device's contention comes from
-// the sequential readers the tuner would give larger windows to: two or
-// more of them, taking at least streamShareMin of the device's bytes. A
-// larger window wins a reader share from the others; when the others are
-// the same kind of reader, each step takes from another's (the device stays
-// saturated) and only adds queueing.
+// contentionAmongStreams reports whether a device's contention is among
+// the sequential readers the tuner would give larger windows: two or more
+// taking at least streamShareMin of its bytes. Each step would then take
+// share from another stream and only add queueing.
 func (t *Tuner) contentionAmongStreams(snap detector.Snapshot, dev probe.Dev) (string, bool) {
 	var devBytes float64
 	for _, d := range snap.Devices {
@@ -364,12 +337,11 @@ func (t judgeCtx) windowHint(k probe.FileKey) int {
 	return int(lat.Seconds() * capBPS / 1024)
 }
 
-// tailHint is the device window (KB) that keeps a stall of the device's
-// p99 latency hidden at its capacity, when the need is tail inflation and
-// the device is below CapacityFrac of its capacity (0 otherwise): a reader stalls on the slowest request of its window, and
-// under tail inflation that is the p99. Steps below it would each cost an
-// interval to learn only that they are too small (and under a periodic
-// stall, one interval's throughput says little).
+// tailHint is the device window (KB) that hides a stall of the device's p99
+// latency at its capacity, when the need is tail inflation and the device
+// is below CapacityFrac of its capacity (0 otherwise): a reader stalls on
+// its window's slowest request, under tail inflation the p99, and smaller
+// steps would each cost an interval to learn they are too small.
 func (t judgeCtx) tailHint(snap detector.Snapshot, dev probe.Dev) int {
 	tail := false
 	for _, r := range snap.Regimes {
@@ -382,9 +354,8 @@ func (t judgeCtx) tailHint(snap detector.Snapshot, dev probe.Dev) int {
 	if !tail || !ok || capBPS <= 0 || ds.P99 <= 0 {
 		return 0
 	}
-	// A device already near its capacity has no bandwidth for the stalled
-	// readers to take back, and its p99 is its queue: steps one at a time,
-	// each judged.
+	// A device near its capacity has no bandwidth to give back, and its
+	// p99 is its queue: steps one at a time, each judged.
 	if ds.BusyThroughput >= t.cfg.CapacityFrac*capBPS {
 		return 0
 	}
@@ -404,16 +375,13 @@ func (t *Tuner) learnFrom(fd *fileDec) {
 	t.mem.Learn(fd.key, fd.dev.name, fd.path, fd.win.cur, fd.win.base, base, fd.win.keptM.rate, t.deps.Clock.Now(), time.Now())
 }
 
-// peerStepIn reports whether another stream on the same device that
-// readaheadd serves, reading at least peerShareMin of f's bytes in files
-// (the same measure), has a window step under trial or had its window
-// changed within span: a rate that fell in that span may be that step's
-// doing (a larger window for one of several streams sharing a busy device
-// takes its share from the others, whose requests wait behind it), not a
-// slowdown. Four HDFS clients on a device the default window already
-// saturates: a fresh stream's first step starved another to 8 MB/s at a
-// 31 ms median, which read as its onset, and its own step starved a third
-// in turn. A small file read beside it (a block's checksums) takes no share.
+// peerStepIn reports whether another stream on f's device that readaheadd
+// serves, reading at least peerShareMin of f's bytes, has a window step
+// under trial or had its window changed within span: a rate that fell
+// then may be that step's doing (a larger window for one of several
+// streams on a busy device takes its share from the others), not a
+// slowdown. A small file read beside it (a block's checksums) takes no
+// share.
 func (t *Tuner) peerStepIn(files []detector.FileStats, f detector.FileStats, now, span time.Duration) bool {
 	// The decisions are few beside the files; a moving one is rarer still.
 	for key, fd := range t.files {
@@ -453,9 +421,8 @@ func (t judgeCtx) needs(snap detector.Snapshot) (fileNeeds map[probe.FileKey][]d
 		case r.File.IsZero() && r.Kind == detector.TailInflation:
 			devWide[r.Device] = fmt.Sprintf("%s: %s", r.Kind, r.Evidence)
 			if _, ok := t.randomOnDevice(r.Device); ok && !t.scope.Empty() {
-				// No device-wide window beside a random mmap reader
-				// (below): the device's streams get windows of their own,
-				// within the random readers' budget.
+				// No device-wide window beside a random reader: the device's
+				// streams get windows of their own, within its budget.
 				for _, f := range snap.Files {
 					if f.Device == r.Device && f.Sequentiality >= t.cfg.MinSequentiality && snap.Now-f.LastSeen <= t.cfg.Settle &&
 						!slices.Contains(fileNeeds[f.Key], detector.TailInflation) {
@@ -473,9 +440,8 @@ func (t judgeCtx) needs(snap detector.Snapshot) (fileNeeds map[probe.FileKey][]d
 		perDev[fileDev[k]]++
 	}
 	// Contention: other readers take the device; a larger window on a
-	// sequential reader's open file keeps more of its requests queued and
-	// wins back its share. Each such file gets the closed loop (kept only
-	// if its own throughput improves by the margin).
+	// sequential reader's file wins back its share. Each such file gets
+	// the closed loop (kept only if its own throughput gains the margin).
 	for _, r := range snap.Regimes {
 		if r.Kind != detector.Contention || !r.File.IsZero() {
 			continue

@@ -10,63 +10,40 @@ import (
 )
 
 // Random readers beside a stream (an mmap reader faulting pages, a service
-// reading records) wait, on each of their reads, behind the bytes the
-// stream's window keeps queued on the device: a larger window for the
-// stream is paid in their latency. Their bytes say nothing of it (a trimmed
-// mmap reader reads fewer bytes by design), the latency of their requests
-// does.
+// reading records) wait on each read behind the bytes the stream's window
+// keeps queued: a larger window is paid in their latency, which is what is
+// judged (not their bytes: a trimmed reader reads fewer by design).
 //
-// Each random reader has a reference: its service (mean and p99 latency of
-// its requests) while nothing readaheadd does is in force on its device,
-// learned interval by interval, frozen while readaheadd acts there, and set
-// to what the reader gets just before a stream's first step (the conditions
-// of the moment: a slowdown that just began, a stream that just opened).
-// The goal is that the reader keeps 95% of its rate and its p99 within 10%
-// of what the device's default window gives it. Its budget aims inside
-// that goal by the noise of what it is judged on: the mean at most
-// randMeanBudget of the reference (a reader that waits on each of its
-// faults touches about 1/mean pages a second), the p99 at most
-// randTailBudget of it. The reference is itself a few noisy intervals, and
-// on this host one interval's p99 strays 20-30% either way with no step at
-// all; so the mean, steady from one interval to the next, drives the steps
-// and their verdicts, and the p99 is smoothed over intervals and watched
-// (watchRandom), acting at a verdict only when it is far off
-// (randTailSevere). The read-around trim gives the reader far more than
-// that margin (16 KB per fault instead of a whole window): the stream
-// spends what is left of it. Everything a stream beside it does answers to
-// that budget, not to the step before:
-//   - the stream's steps are sized to fit (randomLimitKB): each KB more the
-//     stream keeps queued delays their requests by about a KB's transfer at
-//     the device's capacity, so a step is no larger than the budget left
-//     allows, nor than randGrowth times the window (smaller steps than on a
-//     device with no random reader: a trial that overshoots is a second of
-//     their tail);
-//   - a step is kept only if they stayed within their budget (randomCost),
+// Each has a reference: its service (mean and p99 latency) while nothing
+// readaheadd does is in force on its device, frozen while readaheadd acts
+// there and refreshed just before a stream's first step. The goal is 95% of
+// its rate and its p99 within 10% of the device's default window's; the
+// budgets aim inside it by the noise. The mean, steady from interval to
+// interval, drives the steps and verdicts; the p99, which strays 20-30% in
+// an interval with no step, is smoothed and watched (watchRandom) and acts
+// at a verdict only far off (randTailSevere). Everything a stream beside
+// them does answers to that budget, not to the step before:
+//   - steps are sized to fit (randomLimitKB), and at most randGrowth: a
+//     trial that overshoots is a second of their tail;
+//   - a step is kept only if they stayed within budget (randomCost),
 //     whatever the stream gained;
-//   - what their own read-around trim gives them (16 KB per fault instead of
-//     a whole window) is budget the stream may spend, up to their reference
-//     and never beyond.
+//   - what their read-around trim gives them (16 KB per fault instead of a
+//     whole window) is budget the stream may spend, up to their reference.
 //
-// A stream beside them is stepped on the same evidence as alone (a regime,
-// or its window bound on a device with room): a device slowed as a whole
-// slows them alike, and its streams need the step as much.
+// A stream beside them is stepped on the same evidence as alone: a device
+// slowed as a whole slows them alike.
 const (
-	// randMeanBudget, randTailBudget: a random reader's mean and p99
-	// latency as a share of its reference that a stream's window may
-	// cost it (see above: inside the goal's 0.95x rate and 1.1x p99 by
-	// the noise of a few intervals). A p99 budget at the goal itself
-	// (1.10) ended 10 minutes beside one raised stream at 1.13x the
-	// default's p99 (the block-level p99 it judges is not the reader's
-	// touch p99, and both stray): it sits half the goal's 10% inside.
+	// randMeanBudget, randTailBudget: a random reader's mean and p99 latency
+	// as a share of its reference that a stream's window may cost it, inside
+	// the goal's 0.95x rate and 1.1x p99 by the noise of a few intervals (a
+	// p99 budget at the goal itself ended runs over it).
 	randMeanBudget = 0.90
 	randTailBudget = 1.05
-	// randMeanBudgetUntrimmed: the mean budget of a reader no trim gives
-	// room (a buffered random reader reads what it asks for): the goal's
-	// own 5%, since a margin below its reference would rule out any step.
+	// randMeanBudgetUntrimmed: the mean budget of a reader no trim gives room:
+	// the goal's own 5% (a margin below its reference would rule out any step).
 	randMeanBudgetUntrimmed = 1.05
-	// randMeanBudgetEstimated: the mean budget against an estimated
-	// reference (untouchedEstimate), whose account of the windows' cost
-	// is the margin.
+	// randMeanBudgetEstimated: against an estimated reference
+	// (untouchedEstimate), whose account of the windows' cost is the margin.
 	randMeanBudgetEstimated = 1.0
 	// randMeanNear: a step's verdict whose random readers' mean is over
 	// its budget by no more than this (their p99 not far off) waits one
@@ -138,11 +115,9 @@ func (t judgeCtx) randomCost(dev probe.Dev, except probe.FileKey) randCost {
 			refTail, sure, estimated, tr = r.ref.svc.tail, true, false, far
 		}
 		if !sure && tr < randTailSevere {
-			// An estimated reference's p99 is one interval's, less an
-			// account of the windows' cost, and one measured over a few
-			// dozen requests is their largest or so: too unsure to hold
-			// a stream to within 10% of it. Its mean still holds the
-			// reader's rate; its p99 counts only far off.
+			// An unsure p99 reference (estimated, or a few dozen requests'
+			// largest) cannot hold a stream within 10%: its mean still holds
+			// the reader's rate, its p99 counts only far off.
 			tr = min(tr, 1)
 		}
 		c.mean, c.tail = max(c.mean, cm), max(c.tail, tr)
@@ -161,13 +136,10 @@ func (t judgeCtx) randomCost(dev probe.Dev, except probe.FileKey) randCost {
 }
 
 // meanBudget is a random reader's mean budget as a share of its reference:
-// with a margin when its read-around trim gives it room (it is trimmed, or
-// reads around with the device's window and its trim is not backed off),
-// the goal's own 5% otherwise. An estimated reference already errs on the
-// reader's side by its account of the raised windows' cost (taken at its
-// dearest): the margin is in it, and a second one held a 240 KB prior at
-// +3 ms to "mean 1.11ms against 0.90 x 1.22ms" while the default window
-// gives that reader about 1.6 ms.
+// with a margin when its trim gives it room (trimmed, or reading around
+// with the device's window and its trim not backed off), the goal's own 5%
+// otherwise. An estimated reference already errs on the reader's side (a
+// KB taken at its dearest): no second margin.
 func (t *Tuner) meanBudget(r randObs) float64 {
 	if t.trims[r.key] != nil || !t.cfg.DisableTrim && t.trimOffs[r.key] == nil && readAroundSized(r.fs, t.cfg.TrimKB) {
 		if r.ref != nil && !r.ref.clean {
@@ -195,11 +167,9 @@ func (t judgeCtx) randomLimitKB(fd *fileDec) (int, string) {
 	perByte := randSlack / capBPS // seconds of delay per byte queued ahead
 	learned := fd.dev.randSlope > 0
 	if learned {
-		// What the last steps cost them, twice over: the delay grows
-		// faster than the window as the device nears its bandwidth (on
-		// the lab, +3 ms: 3 us per KB from 128 to 256 KB, 7 from 256 to
-		// 384), but never more than a KB's transfer at its capacity
-		// with the slack.
+		// What the last steps cost them, twice over (the delay grows
+		// faster than the window near the device's bandwidth), never more
+		// than the prior.
 		perByte = min(perByte, max(2*fd.dev.randSlope, randSlopeFloor*perByte))
 	}
 	trimComes, trimmed := false, false
@@ -216,19 +186,13 @@ func (t judgeCtx) randomLimitKB(fd *fileDec) (int, string) {
 		refTail, tailSure, _ := t.tailRef(r)
 		if fd.win.inForce() > fd.win.base && r.svc.tail > time.Duration(randTailBudget*float64(refTail)) {
 			// Its p99 is over budget already beside the raised window: no
-			// step further. The steps are sized by its mean, which its
-			// trim lowers far more than its p99 (the wait behind the
-			// stream's queue): on the lab at +3 ms a reader trimmed to 16
-			// KB requests went from a 2.8 ms median to 0.5 ms, and the
-			// stream beside it stepped on to 352-432 KB with the reader's
-			// p99 1.3x the default window's. Held back, not lowered (the
-			// watch does that, over several intervals): any reference,
-			// an estimated one too, may hold a step back.
+			// step further (its trim lowers its mean, which sizes the steps,
+			// far more than its p99). Held back, not lowered: the watch does
+			// that, over several intervals. Any reference may hold a step back.
 			return 0, fmt.Sprintf("the random reader %s beside it is over its p99 budget now: %v against %.2fx its reference %v",
 				r.key, r.svc.tail.Round(10*time.Microsecond), randTailBudget, refTail.Round(10*time.Microsecond))
 		}
-		// Sized by the mean: steady from one interval to the next (the
-		// p99 is watched over several, watchRandom).
+		// Sized by the mean, steady between intervals (the p99 is watched).
 		cur := r.svc.mean
 		trimmed = trimmed || t.trims[r.key] != nil
 		spared := 0.0 // bytes per request its coming trim spares it
@@ -258,24 +222,20 @@ func (t judgeCtx) randomLimitKB(fd *fileDec) (int, string) {
 	}
 	settled := !trimmed || fd.dev.trimAt <= t.deps.Clock.Now()-t.cfg.Settle
 	if !learned && !trimComes && settled && float64(kb) < randMinStep*float64(w) {
-		// What a KB costs them on this device is not known (the prior,
-		// a KB's transfer at the capacity with slack, is several times
-		// what it costs below the device's bandwidth), and their trims,
-		// if any, are settled (a step across a trim's change shows
-		// nothing): one small step shows it, its verdict holding them to
-		// their budget (learnRandomSlope).
+		// What a KB costs them here is not known (the prior may be
+		// several times it) and their trims are settled: one small step
+		// shows it, its verdict holding them to their budget
+		// (learnRandomSlope).
 		return minStepKB(w), "a small step shows what the stream's window costs the random readers on this device"
 	}
 	return budgetStep(kb, w), fmt.Sprintf("the random readers' budget allows %d KB", kb)
 }
 
-// budgetStep is the largest window on the grid a stream at w may try when
-// its random readers' budget allows kb: the grid window at or below kb, or
-// the smallest step worth a trial if it lies no more than a grid step above
-// kb. The budget is an estimate (a KB's cost is taken at its dearest until
-// a step shows it), and the step's verdict holds the readers to the budget
-// itself. (192 KB: the budget allows 230-237 KB, the step is 240; 240 KB:
-// the budget allows 274 KB, the step is 288.)
+// budgetStep is the largest window on the randStepKB grid a stream at w
+// may try when its random readers' budget allows kb: the grid window at or
+// below kb, or the smallest step worth a trial if that is within a grid
+// step above kb (the budget is an estimate; the verdict holds the readers
+// to it).
 func budgetStep(kb, w int) int {
 	lim := kb / randStepKB * randStepKB
 	if m := minStepKB(w); m <= kb+randStepKB {
@@ -285,14 +245,10 @@ func budgetStep(kb, w int) int {
 }
 
 // tailLimitKB is the largest window fd's stream may hold by what random
-// reader r's p99 may still take against refTail, a sure figure to hold it
-// to (tailRef, over refreshTailRequests or more now): each KB the stream
-// adds delays its worst requests as the account of the raised windows
-// counts it (tailPerByte), and a trim that comes with the step spares
-// them the transfer of spared bytes each. Sized by the mean alone, a
-// stream on the lab at +2.5 ms stepped from 272 to 336 KB with the
-// reader's p99 at 2.7 ms against 2.0, a second at 1.3x its budget that its
-// verdict undid but the run's p99 kept.
+// reader r's p99 may still take against refTail, a sure figure (tailRef):
+// each KB added delays its worst requests by tailPerByte, and a trim that
+// comes with the step spares each of them the transfer of spared bytes.
+// Steps sized by the mean alone overshot the p99.
 func (t *Tuner) tailLimitKB(fd *fileDec, r randObs, refTail time.Duration, spared, capBPS float64) int {
 	cur := r.svc.tail - time.Duration(spared/capBPS*float64(time.Second))
 	room := time.Duration(randTailBudget*float64(refTail)) - cur
@@ -326,16 +282,13 @@ func (t *Tuner) learnRandomSlope(d *devState, l *ladder, m measure) {
 	}
 }
 
-// deferBesideRandom puts off the first step of a regime the detector's fast
-// path entered on a stream beside random readers by a quarter interval: a
-// slowdown that began a moment ago changed what the random readers get at
-// the device's window too (a slowed stream leaves them more of the
-// device), and their reference must be what they get in the new
-// conditions, which the requests since the onset show (fastOnset takes the
-// step then, refreshing the references on the recent requests).
-// randomNow: the recent requests hold a random reader on dev, which the
-// tuner's view does not before its first Step (a daemon that has just
-// started). It reports whether it did.
+// deferBesideRandom puts off by a quarter interval the first step of a
+// regime the detector's fast path entered on a stream beside random
+// readers: the slowdown changed what they get at the device's window too,
+// and their reference must be taken in the new conditions (fastOnset takes
+// the step then, refreshing it). randomNow: the recent requests hold a
+// random reader on dev, which the tuner's view lacks before its first
+// Step. It reports whether it deferred.
 func (t judgeCtx) deferBesideRandom(fd *fileDec, dev probe.Dev, now time.Duration, randomNow bool) bool {
 	if !randomNow && !t.randomBesideDev(dev, fd.key) || !t.untouched(fd.dev) {
 		return false
@@ -347,16 +300,12 @@ func (t judgeCtx) deferBesideRandom(fd *fileDec, dev probe.Dev, now time.Duratio
 }
 
 // watchRandom follows what a stream's kept window costs the random readers
-// beside it, interval by interval (m: the Step's measure): their p99
-// against its reference, smoothed over intervals, and their mean. The
-// window comes down to the one kept before it, and it or more is out of
-// reach for BackoffMax, when watchOver of the last watchSpan intervals had
-// the mean over its budget, or the p99 over its budget with the smoothed
-// p99 over it too. On this host one or two intervals in a row of a random
-// reader's p99 (and its mean with it) stray 2x and more with no window
-// raised at all (the default window's p99 per second on the lab: 3.5-7.1
-// ms within one run); a cost the window causes shows in most intervals. It
-// reports whether it lowered the window.
+// beside it, once per interval (m: the Step's measure). The window comes
+// down to the one kept before it, with it or more out of reach for
+// BackoffMax, when watchOver of the last watchSpan intervals had the mean
+// over budget, or the p99 over budget with its smoothed value over too:
+// one or two intervals stray 2x with no window raised, a cost the window
+// causes shows in most. It reports whether it lowered the window.
 func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 	l := &fd.win
 	if m.rand.n == 0 || l.cur <= l.base {
@@ -369,9 +318,8 @@ func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 	}
 	l.watch.add(m.rand, now)
 	tailOver := bits.OnesCount8(l.watch.tailOver) >= watchOver && l.watch.tail > randTailBudget
-	// A mean far over its budget two intervals in a row is no stray (a
-	// stray second moves a mean 10-20%): a window raised before the
-	// reader was known, costing it a multiple of its reference.
+	// A mean far over budget two intervals in a row is no stray: a
+	// window raised before the reader was known.
 	meanFar := l.watch.meanFar&3 == 3
 	if !tailOver && !meanFar && bits.OnesCount8(l.watch.meanOver) < watchOver {
 		return false
@@ -383,20 +331,16 @@ func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 	l.keepAt(to, max(l.base, to*2/3/randStepKB*randStepKB), now)
 	l.watch.reset()
 	if t.untrimmedBeside(fd.dev.dev, fd.key) {
-		// A reader beside it still reads around with the device's
-		// window (the window was raised before it was known: a prior's
-		// at a fresh open): what the window cost it says nothing of
-		// what it costs it trimmed, so no ceiling is left. The stream's
-		// next steps bring the trim and are sized by the budget it
-		// leaves, against a reference learned at the device's window.
+		// A reader beside it still reads around untrimmed (the window
+		// was raised before it was known): its cost now says nothing of
+		// its cost trimmed, so no ceiling; the next steps bring the trim.
 		l.limit.setCeil(0, 0)
 		t.emit(fd.action(now, KindFileWindowUndo, from, to, ResultUndone,
 			fmt.Sprintf("over budget over the last intervals: %s; the reader reads around untrimmed: no ceiling, its trim comes with the next step", m.rand.why)))
 		return true
 	}
-	// A ceiling, not a knee: half way back to the window that went over
-	// stays out of reach for BackoffMax, and the stream may still grow
-	// below it within the budget.
+	// A ceiling, not a knee: half way back to the window that went
+	// over stays out of reach; the stream may still grow below it.
 	l.limit.setCeil(max((from+to)/2/randStepKB*randStepKB, to+randStepKB), now+t.cfg.BackoffMax)
 	t.emit(fd.action(now, KindFileWindowUndo, from, to, ResultUndone,
 		fmt.Sprintf("over budget over the last intervals: %s; no window of %d KB or more for %v", m.rand.why, l.limit.ceil, t.cfg.BackoffMax)))

@@ -18,12 +18,9 @@ func (t judgeCtx) randomReaderBeside(fd *fileDec) bool {
 }
 
 // randomOnDevice returns a file read randomly now on the device, or one
-// trimmed there, if any. A device-wide window is held to no reader's
-// budget: every byte a stream keeps queued delays the random reads behind
-// it, whether they fault read-around windows or ask for 4 KB (on the lab a
-// device window raised beside DataNode preads left their p99 3.8x the
-// default's), so beside any random reader the streams get windows of their
-// own, which are (randomLimitKB).
+// trimmed there, if any. Beside any random reader the streams get windows
+// of their own (randomLimitKB), never a device-wide one held to no reader's
+// budget: every byte a stream keeps queued delays the random reads behind it.
 func (t judgeCtx) randomOnDevice(dev probe.Dev) (probe.FileKey, bool) {
 	for k, td := range t.trims {
 		if td.dev != nil && td.dev.dev == dev {
@@ -160,12 +157,10 @@ func (t judgeCtx) observeRandom(now time.Duration) {
 }
 
 // untouchedEstimate is what a random reader first seen beside windows
-// readaheadd raised (a prior given to a fresh open before the first
-// interval, say) would get without them, by the same account steps are
-// sized by: each KB the raised windows keep queued beyond the device's
-// delays its requests by randSlack KB transfers at the device's capacity;
-// a trim it already has saves it the transfer of the part of its
-// read-around it no longer reads. That account is of its mean.
+// readaheadd raised would get without them: each KB those windows keep
+// queued beyond the device's delays its requests by randSlack KB transfers
+// at the device's capacity, less what its trim already saves. It is an
+// account of the mean.
 func (t judgeCtx) untouchedEstimate(fs detector.FileStats, svc randService) randService {
 	d := t.devs[fs.Device]
 	capBPS := t.capacityOrBusy(fs.Device)
@@ -175,21 +170,15 @@ func (t judgeCtx) untouchedEstimate(fs detector.FileStats, svc randService) rand
 	excess := t.raisedExcess(d, fs.Key) - t.trimSaving(fs.Key, svc.size)
 	less := time.Duration(excess * randSlack / capBPS * float64(time.Second))
 	svc.mean = max(svc.mean-less, svc.mean/4)
-	// The p99 is left as measured: it is the spread of the wait behind
-	// the queue, which the account above, made for the mean with its
-	// slack, does not predict (on the lab at +3 ms a reader measured at
-	// p99 2.7 ms untrimmed beside a 240 KB prior read 3.3 ms trimmed
-	// beside it; the default window gives it 2.7-4.8 ms from run to run),
-	// and an estimate 1.8 ms brought the prior down on the p99 alone. Its
-	// verdicts hold it to tailAtDefault as well.
+	// The p99 is left as measured: it is the spread of the wait behind the
+	// queue, which the account does not predict. Verdicts also hold it to
+	// tailAtDefault.
 	return svc
 }
 
-// raisedExcess is how many bytes the file windows readaheadd holds raised
-// on d, other than except's, keep queued beyond the device's window, each
-// counted for the share of the measure it was in force: a window raised
-// within the measure delayed only the part of the requests after it (a
-// prior given a moment ago).
+// raisedExcess is the bytes the file windows raised on d (other than
+// except's) keep queued beyond the device's window, each weighted by the
+// share of the measure it was in force.
 func (t judgeCtx) raisedExcess(d *devState, except probe.FileKey) float64 {
 	span, now := t.viewSpan(), t.deps.Clock.Now()
 	var excess float64
@@ -206,11 +195,9 @@ func (t judgeCtx) raisedExcess(d *devState, except probe.FileKey) float64 {
 }
 
 // trimSaving is the transfer a random reader's trim spares each of its
-// requests, of mean size bytes: the part of its read-around it no longer
-// reads. A trim applied within the measure reached some of its requests
-// only, which their mean size tells (a prior at start-up: 70 KB per
-// request, and the whole 112 KB counted put the estimate of its mean 30%
-// over what the default window gives it).
+// requests of mean size bytes: the part of its read-around it no longer
+// reads (the mean size also tells how many requests a trim applied within
+// the measure reached).
 func (t *Tuner) trimSaving(key probe.FileKey, size float64) float64 {
 	if td := t.trims[key]; td != nil && td.from > td.kb {
 		return max(0, float64(td.from)*1024-size)
@@ -218,27 +205,14 @@ func (t *Tuner) trimSaving(key probe.FileKey, size float64) float64 {
 	return 0
 }
 
-// tailAtDefault is what a random reader's p99 would be at the device's
-// window, by the account of what readaheadd does beside it: its p99 now,
-// less what each KB the raised file windows keep queued beyond the
-// device's window costs it, plus the transfer its trim spares it. A random
-// reader's worst requests wait behind the stream's queued transfers, so on
-// a device with one transfer channel its p99 grows by a KB's transfer at
-// the device's capacity per KB of the stream's window (on the lab, trimmed
-// to 16 KB beside a stream slowed +1.5 to +3 ms: 1.2-1.3 ms at 128 KB,
-// 1.6-1.7 at 192, 2.0 at 240, 2.3-2.4 at 288; at the default window
-// untrimmed 1.8-1.9, or 2.5-2.6 in seconds when two of the stream's
-// transfers queue together). Where a KB costs less (many channels), the
-// steps judged on the device show it: a KB is taken at twice what it
-// cost the readers' mean, at most its transfer. Until a step has shown
-// it, the account stands only for a reference whose p99 is not sure (a
-// few dozen requests before a prior went in, their largest: 2.07-3.28 ms
-// where the default window gives the reader 2.0-2.5), at a KB's transfer:
-// without it such a reference counts only 1.6x off, and a saved prior
-// held the reader at 1.28x the default window's p99 at +2.5 ms. It needs
-// enough recent requests for their p99 (refreshTailRequests) and no
-// device-wide window raised (that one enlarges the reader's own requests
-// too); ok is false otherwise.
+// tailAtDefault is a random reader's p99 at the device's window by the
+// account of what readaheadd does beside it: its p99 now, less what each KB
+// the raised windows keep queued costs it (tailPerByte: its worst requests
+// wait behind those transfers), plus the transfer its trim spares it. Until
+// steps on d have shown a KB's cost (randSlope) the account stands only for
+// a reference whose p99 is not sure. ok is false with fewer than
+// refreshTailRequests recent requests or with a device-wide window raised
+// (that one enlarges the reader's own requests too).
 func (t judgeCtx) tailAtDefault(r randObs) (time.Duration, bool) {
 	d := t.devs[r.fs.Device]
 	capBPS := t.capacityOrBusy(r.fs.Device)
@@ -260,24 +234,15 @@ func tailPerByte(d *devState, capBPS float64) float64 {
 	return 1 / capBPS
 }
 
-// tailRef is the p99 a random reader is held to: its reference, or what
-// the account of the raised windows says the device's window would give
-// it now (tailAtDefault) where that is lower or the reference's p99 is not
-// sure, though never below tailEstFloor of its reference (of its p99 now
-// where the reference's is not sure: a stray 3.3 ms of a few dozen
-// requests put the floor over what the account said). A reference's p99
-// is one draw of a bimodal figure: at the default window the benchmark's
-// reader reads 1.9 ms in most seconds and 2.5-2.6 ms in some, and a
-// reference learned in such seconds held the stream to 1.1x of 2.5-2.6
-// ms, where the default window gave the reader 2.03-2.10 ms over the run
-// (p99 1.25-1.4x at +2.5 ms). The account errs low where the stream's
-// transfers cost the reader less than their transfer time (a device with
-// many channels), or where a trim shortens the reader's own p99 more than
-// its transfer: the stream is then held nearer the device's window, never
-// below it, and by the floor the reader's p99 reads at most 1.33x what its
-// reference says, which holds a step back through the verdict's second
-// interval and the watch, never at once (far off is 1.6x). It reports
-// whether the p99 is sure, and whether it is the account's.
+// tailRef is the p99 a random reader is held to: its reference, or the
+// account's (tailAtDefault) where that is lower or the reference's p99 is
+// not sure, floored at tailEstFloor of the reference (of its p99 now when
+// the reference's is not sure). A reference's p99 is one draw of a bimodal
+// figure, and the account errs low where a KB costs the reader less than
+// its transfer (many channels) or a trim shortens its p99 more: the floor
+// bounds that error to 1.33x, which the verdict's second interval and the
+// watch catch (far off, randTailSevere, acts at once). It reports whether
+// the p99 is sure, and whether it is the account's.
 func (t judgeCtx) tailRef(r randObs) (tail time.Duration, sure, estimated bool) {
 	tail, sure = r.ref.svc.tail, r.ref.tailSure
 	if est, ok := t.tailAtDefault(r); ok {
@@ -287,10 +252,8 @@ func (t judgeCtx) tailRef(r randObs) (tail time.Duration, sure, estimated bool) 
 		}
 		est = max(est, time.Duration(tailEstFloor*float64(floor)))
 		if est < tail || !sure {
-			// A reference whose p99 is not sure is replaced by the
-			// account either way: a prior's reader referred to 73
-			// requests at 1.92 ms read 2.5 ms beside 288 KB, 1.3x, and
-			// held only 1.6x off, the window stayed.
+			// A reference whose p99 is not sure is replaced by the account
+			// either way.
 			return est, true, true
 		}
 	}
@@ -298,14 +261,9 @@ func (t judgeCtx) tailRef(r randObs) (tail time.Duration, sure, estimated bool) 
 }
 
 // referAtTrim gives a random reader about to be trimmed, with no
-// reference yet, one from its requests in the tuner's view: read around
-// at the device's window, what that window gives it, less the account of
-// the windows raised beside it (untouchedEstimate). A reader trimmed between
-// Steps (fastTrim) is never measured untrimmed by a Step, and a reference
-// estimated from its trimmed requests counts the trim's saving by the same
-// account, which on the lab at +3 ms put it at 0.51 ms against the 1.6 ms
-// the default window gives it, and held the stream beside it at the
-// default window.
+// reference yet, one from its requests in the tuner's view, less the
+// account of the windows raised beside it: a reader trimmed between Steps
+// (fastTrim) is never measured untrimmed by a Step.
 func (t judgeCtx) referAtTrim(fs detector.FileStats) {
 	if t.randRefs[fs.Key] != nil {
 		return
@@ -324,14 +282,9 @@ func (t judgeCtx) addRandRef(fs detector.FileStats, svc randService, clean bool,
 	}
 	tailSure := clean
 	if !clean && t.raisedJustNow(fs.Device, fs.Key) {
-		// Its requests came before the windows in force now: what it
-		// gets at the device's window, measured. Its p99 too when they
-		// are enough: at start-up, with a saved prior given 120 ms after
-		// the daemon started, they are 70-80, and their p99 is their
-		// largest or so (on the lab at +3 ms: 1.74 and 4.08 ms where the
-		// default window gives 2.6; held to 1.1x the first, a 288 KB prior
-		// came down to the device's window and the stream read 0.90 of
-		// the best static window).
+		// Its requests came before the windows in force now: a measure at the
+		// device's window, its p99 too when they are enough (at start-up, with a
+		// saved prior, they are a few dozen and their p99 is about their largest).
 		clean, tailSure = true, svc.requests >= refTailMinRequests
 	}
 	if !clean {
@@ -343,16 +296,10 @@ func (t judgeCtx) addRandRef(fs detector.FileStats, svc randService, clean bool,
 }
 
 // raisedJustNow reports whether what readaheadd does on dev, though in
-// force now, held almost none of the measure a reader's (except's)
-// requests are in: nothing but file windows raised in its last
-// justNowShare (a prior given to a fresh open as the reader is first seen:
-// with saved state the first open after a restart is given its window a
-// moment before the reader beside it is referred), no device-wide window,
-// no trim, and no window lowered within it. Such a measure is not an
-// estimate. On the lab at +3 ms, references taken 2-4 ms after a saved
-// prior read p99 2.0-2.7 ms against the default window's 2.1-2.6 in the
-// same runs; taken as estimates, their p99 counted only from 1.6x, and the
-// stream stepped past the prior to 352 KB with the reader's p99 1.25x.
+// force now, held almost none of the measure except's requests are in:
+// only file windows raised within its last justNowShare (a prior given to
+// a fresh open as the reader is first seen), no device-wide window, no
+// trim, no window lowered within it. Such a measure is not an estimate.
 func (t judgeCtx) raisedJustNow(dev probe.Dev, except probe.FileKey) bool {
 	d := t.devs[dev]
 	if d == nil || d.raisedWide() || t.trimmedOn(d) {
@@ -386,12 +333,9 @@ func ewmaDur(old, x time.Duration, alpha float64) time.Duration {
 }
 
 // refreshRandom sets the references of the random readers on dev to what
-// they get in the tuner's view (recent requests), while nothing the tuner
-// does is in force there, before a first step taken between Steps: the
-// reference is what they get at the device's window in the conditions of
-// the moment, and a slowdown that just began (a slowed stream leaves them
-// more of the device) or a stream that just opened (it takes some) changed
-// those since the last Step learned it.
+// they get now (recent requests), while nothing the tuner does is in force
+// there, before a first step taken between Steps: a slowdown or a stream
+// that just began changed what the device's window gives them.
 func (t judgeCtx) refreshRandom(d *devState) {
 	if !t.untouched(d) {
 		return
@@ -402,26 +346,18 @@ func (t judgeCtx) refreshRandom(d *devState) {
 		}
 		r.ref.svc.mean = r.svc.mean
 		r.ref.svc.tail = ewmaDur(r.ref.svc.tail, r.svc.tail, refreshTailWeight(r.svc.requests))
-		// Sure over refTailMinRequests only: a quarter interval's p99 is
-		// one draw of a bimodal figure (1.81 or 2.48 ms at +3 ms, where
-		// the default window gives the reader 2.6 over most seconds), and
-		// the account of the raised windows stands for it (tailRef).
+		// Sure over refTailMinRequests only: a quarter interval's p99 is one
+		// draw of a bimodal figure; the account stands for it (tailRef).
 		r.ref.clean, r.ref.tailSure = true, r.svc.requests >= refTailMinRequests
 		t.log.Debug("tuner: random reader's reference in the conditions of the moment", "file", r.key.String(),
 			"mean", r.ref.svc.mean, "p99", r.ref.svc.tail, "p99_now", r.svc.tail, "requests", r.svc.requests)
 	}
 }
 
-// refreshTailWeight is the weight refreshRandom gives the p99 of a random
-// reader's n recent requests against its reference from before: all of it
-// from refreshTailRequests on, a share below. The reference from before
-// was learned in other conditions (a stream at full speed before its
-// onset takes more of the device, one just opened took none), so it is no
-// prior for the new ones: on the lab, taken half way from it, the p99
-// references read 2.10-2.50 ms at +2.5 ms, where the default window gives
-// the reader 1.9-2.0 ms second by second, and 2.02-2.22 at +3 ms, where
-// it gives 2.5-2.6. A quarter interval holds 130-150 of the benchmark
-// reader's requests; its p99 is their second largest.
+// refreshTailWeight is the weight refreshRandom gives the p99 of n recent
+// requests against the reference from before: all of it from
+// refreshTailRequests on, a share below. The reference from before was
+// learned in other conditions, so it is no prior for the new ones.
 func refreshTailWeight(n uint64) float64 {
 	return min(1, float64(n)/refreshTailRequests)
 }
@@ -430,15 +366,13 @@ const (
 	// randTailAlpha: weight of the latest interval in a smoothed p99
 	// (a reference's, and a kept window's watch).
 	randTailAlpha = 0.2
-	// randSlack: until a step beside random readers has shown how much
-	// each KB the stream queues delays them, the delay is taken as this
-	// many times a KB's transfer at the device's capacity (one transfer
-	// channel: measured on the lab, 1.0-1.15 near saturation; a device
-	// with many channels delays them less, which a step then shows).
+	// randSlack: until a step beside random readers has shown what each KB
+	// the stream queues delays them, the delay is taken as this many KB
+	// transfers at the device's capacity (one channel measured 1.0-1.15 near
+	// saturation; many channels delay less, which a step then shows).
 	randSlack = 1.25
-	// randRefAlpha: weight of the latest clean interval in a reference:
-	// high, since the reference is what the reader gets in the conditions
-	// of the moment (a stream that slows leaves it more of the device).
+	// randRefAlpha: weight of the latest clean interval in a reference: high,
+	// since the reference is what the reader gets in the conditions of the moment.
 	randRefAlpha = 0.6
 	// justNowShare: windows raised within this last share of a measure
 	// delayed too few of a random reader's requests in it for its service
