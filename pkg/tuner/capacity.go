@@ -1,10 +1,10 @@
 package tuner
 
-// A device's capacity, learned by experiment rather than as the best rate
-// seen: by Little's law a stream reads its bytes in flight over latency,
-// and at the device's capacity more bytes in flight only add latency. A
-// file window step is that experiment (learnCapacity); a fail-slow drive's
-// steps pay, so its slow rate is never taken for its capacity.
+// A device's capacity, learned by experiment, not as the best rate seen: a
+// stream reads its bytes in flight over latency (Little's law), and at the
+// device's capacity more bytes in flight only add latency. A window step is
+// that experiment; a fail-slow drive's steps pay, so its slow rate is never
+// taken for its capacity.
 
 import (
 	"fmt"
@@ -13,17 +13,16 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/detector"
 )
 
-// capQRise: a step is an experiment on the device's capacity when it at
-// least doubled the window (smaller ones, beside a random reader, saw its
-// faults raise the median and taught a fraction of the capacity).
+// capQRise: a step is an experiment on the capacity when it at least
+// doubled the window (smaller ones beside a random reader taught a fraction).
 const capQRise = 2.0
 
 // learnCapacity updates d's capacity from a file window step from w0 to w1
 // KB and its before and after measures: when the window at least doubled
-// and the latency grew with it (the window over the median gained less
-// than the margin), the extra bytes only queued and the device's busy
-// throughput, the larger of before and after, is its capacity. Judged by
-// latency, not bytes: a reader starved of CPU does not move the verdict.
+// and the window over the median latency gained less than the margin, the
+// extra bytes only queued and the device's busy throughput (the larger of
+// the two) is its capacity. By latency, not bytes: a CPU-starved reader
+// does not move it.
 func (t *Tuner) learnCapacity(d *devState, w0, w1 int, b, m measure) {
 	if d.name == "" || !b.ok || !m.ok || m.young || m.ended || b.devBusy <= 0 || m.devBusy <= 0 || b.p50 <= 0 || m.p50 <= 0 || w0 <= 0 {
 		return
@@ -50,12 +49,11 @@ func (t *Tuner) learnCapacity(d *devState, w0, w1 int, b, m measure) {
 	}
 }
 
-// atCapacity reports whether a stream reads at its device's known
-// capacity, or the device does with the streams readaheadd serves and the
-// random readers taking most of its bytes (readsAtCapacity): a larger
-// window then adds latency for every reader and no throughput worth a
-// trial. A device loaded by other sequential readers (O_DIRECT, outside
-// the allow-paths) is not judged: a larger window rightly wins their share.
+// atCapacity reports whether a stream reads at its device's known capacity,
+// or the device does with the streams readaheadd serves and random readers
+// taking most of its bytes: a larger window then adds latency for every
+// reader and no throughput. A device other sequential readers load (O_DIRECT,
+// outside the allow-paths) is not judged: a window rightly wins their share.
 func (t judgeCtx) atCapacity(fs detector.FileStats) (bool, string) {
 	c := t.knownCapacity(fs.Device)
 	if c <= 0 {
@@ -74,8 +72,7 @@ func (t judgeCtx) atCapacity(fs detector.FileStats) (bool, string) {
 	return false, ""
 }
 
-// capHold: a stream seen at its device's capacity within this long still
-// counts as at it (atCapacity).
+// capHold: a stream at its device's capacity this recently still counts as at it.
 const capHold = 2 * time.Second
 
 func (t judgeCtx) readsAtCapacity(fs detector.FileStats, c float64) (bool, string) {
@@ -85,9 +82,8 @@ func (t judgeCtx) readsAtCapacity(fs detector.FileStats, c float64) (bool, strin
 	if t.randomBesideDev(fs.Device, fs.Key) {
 		reach = 1 / (1 + t.cfg.Margin)
 	}
-	// What its window gives at its latency (bytes in flight over
-	// latency), or what it read while busy, whichever is more: a pause
-	// leaves the device idle and the rate low, not the latency.
+	// Its window at its latency (bytes in flight over latency) or its busy
+	// rate, whichever is more: a pause lowers the rate, not the latency.
 	x := fs.BusyThroughput
 	if fs.P50 > 0 {
 		x = max(x, fs.Inflight*fs.MeanSize/fs.P50.Seconds())
@@ -112,8 +108,7 @@ func (t judgeCtx) readsAtCapacity(fs detector.FileStats, c float64) (bool, strin
 		ds.BusyThroughput/1e6, c/1e6, 100*float64(served)/float64(ds.Bytes))
 }
 
-// halfMargin is what a step that takes a lone stream to the device's
-// capacity must gain (marginFor).
+// halfMargin is what a step taking a lone stream to capacity must gain.
 func (t *Tuner) halfMargin() float64 { return t.cfg.Margin / 2 }
 
 // shortOfCapacity is the share of the device's capacity below which a
@@ -121,6 +116,6 @@ func (t *Tuner) halfMargin() float64 { return t.cfg.Margin / 2 }
 func (t *Tuner) shortOfCapacity() float64 { return 1 / (1 + t.halfMargin()) }
 
 // streamShareMin: when at least this share of a contended device's bytes
-// goes to the sequential readers that a contention step would reach, the
-// contention is among them.
+// goes to the streams a contention step would reach, the contention is
+// among them.
 const streamShareMin = 0.8

@@ -2,10 +2,9 @@ package tuner
 
 // The device's transfer capacity fitted on its unqueued reads
 // (model.CapacityFit), whose latency is a fixed cost plus bytes over the
-// rate: a fail-slow device raises the fixed cost, not the rate. One
-// detector window holds few unqueued reads, so each Step's cells join a
-// decaying pool per size class (capPool), fitted as one. The pool is the
-// tuner's; the detector's own regimes keep its decaying peak.
+// rate: a fail-slow device raises the fixed cost, not the rate. Unqueued
+// reads are few per window, so each Step's cells join a decaying pool per
+// size class (capPool). The detector's own regimes keep its decaying peak.
 
 import (
 	"context"
@@ -19,15 +18,12 @@ import (
 )
 
 const (
-	// capMinCell: the requests (decayed) a pooled size class needs to be a
-	// point of the fit.
+	// capMinCell: the decayed requests a pooled size class needs to be a point.
 	capMinCell = 8
-	// satFreshAge: a saturation point learned this long ago or less wins
-	// over a higher fit (the step that taught it saw the device now);
-	// older, the larger of the two.
+	// satFreshAge: a saturation point learned this recently wins over a higher
+	// fit (the step saw the device now); older, the larger of the two wins.
 	satFreshAge = 5 * time.Minute
-	// capSaveMoved: a fit is saved with the priors when it moved by more
-	// than this share of the one saved (not at every Step).
+	// capSaveMoved: a fit moved by more than this share is saved with the priors.
 	capSaveMoved = 0.05
 )
 
@@ -82,9 +78,8 @@ const (
 	capPeakOverFit capSource = "peak over fit"
 )
 
-// known reports whether the capacity is the model's (fitted or learned by
-// a step), not the best rate seen: on a device slow from the start that
-// is its slow rate.
+// known reports whether the capacity is the model's, not the best rate seen
+// (on a device slow from the start, its slow rate).
 func (s capSource) known() bool { return s == capFitted || s == capSaturation || s == capPeakOverFit }
 
 // capacity is the device's one capacity in bytes per second and where it
@@ -113,8 +108,7 @@ func (t judgeCtx) capacity(dev probe.Dev) (float64, capSource) {
 	return peak, capPeakIf(peak)
 }
 
-// satFresh reports whether d's saturation point sat was learned by a step
-// within satFreshAge.
+// satFresh reports whether d's saturation point sat is within satFreshAge.
 func (t judgeCtx) satFresh(d *devState, sat float64) bool {
 	return sat > 0 && d.satSeen && t.deps.Clock.Now()-d.satAt <= satFreshAge
 }
@@ -126,8 +120,7 @@ func capPeakIf(peak float64) capSource {
 	return capNone
 }
 
-// knownCapacity is the device's capacity when the model knows it (fitted
-// or learned by a step), 0 otherwise.
+// knownCapacity is the device's capacity if the model knows it, else 0.
 func (t judgeCtx) knownCapacity(dev probe.Dev) float64 {
 	if c, src := t.capacity(dev); src.known() {
 		return c
@@ -144,8 +137,7 @@ func (t judgeCtx) capacityOrBusy(dev probe.Dev) float64 {
 	return t.dstats[dev].BusyThroughput
 }
 
-// logCapacity writes, at debug, each device's capacity at a Step and its
-// sources, for the comparison of runs.
+// logCapacity logs, at debug, a device's capacity and its sources.
 func (t judgeCtx) logCapacity(dev probe.Dev) {
 	if !t.log.Enabled(context.Background(), slog.LevelDebug) {
 		return
@@ -167,8 +159,7 @@ func (t judgeCtx) logCapacity(dev probe.Dev) {
 		"peak_mbps", t.dstats[dev].CapacityBPS/1e6, "busy_mbps", t.dstats[dev].BusyThroughput/1e6, "bytes", t.dstats[dev].Bytes)
 }
 
-// learnedCapacity is the capacity of the device learnCapacity learned, 0
-// when none is known.
+// learnedCapacity is the capacity learnCapacity learned for d, or 0.
 func (t *Tuner) learnedCapacity(d *devState) float64 {
 	if d == nil {
 		return 0

@@ -68,8 +68,7 @@ func (p *capPool) pooled() []detector.LatencyCell {
 }
 
 // capFit is a device's pool and the last capacity fitted on it, kept for
-// every device the detector reports (a device gets its fit before any
-// decision on it).
+// every device the detector reports, so a fit precedes any decision there.
 type capFit struct {
 	pool capPool
 	last model.Capacity

@@ -10,17 +10,15 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// inflightFill is the share of a stream's window that must be in flight for
-// it to count as bound by its window: a reader on asynchronous readahead
-// keeps half to all of it queued; one limited by its application or CPU
-// leaves it mostly empty.
+// inflightFill: the share of its window a stream keeps in flight to count
+// as bound by it (asynchronous readahead keeps half to all of it queued; a
+// reader limited by its application or CPU leaves it mostly empty).
 const inflightFill = 0.4
 
 // windowBound reports whether a file's stream is bound by its window, and
-// why (or why not), from its own reads now (no baseline, no onset). A
-// stream at its device's known capacity is not; until the capacity is
-// known the trial tells (a step at bandwidth does not pay, is backed off,
-// and teaches the capacity).
+// why (or why not), from its own reads now (no baseline, no onset). A stream
+// at its device's known capacity is not; before that is known, the trial
+// tells (a step at bandwidth does not pay and teaches the capacity).
 func (t judgeCtx) windowBound(fs detector.FileStats, now time.Duration) (bool, string) {
 	if fs.Sequentiality < t.cfg.MinSequentiality {
 		return false, fmt.Sprintf("not sequential (%.2f)", fs.Sequentiality)
@@ -43,16 +41,14 @@ func (t judgeCtx) windowBound(fs detector.FileStats, now time.Duration) (bool, s
 	why := fmt.Sprintf("%.0f KB in flight of a %d KB window (%.0f%%), %.1f MB/s at p50 %v", inflight/1024, w, 100*fill,
 		fs.BusyThroughput/1e6, fs.P50)
 	if at, cap := t.atCapacity(fs); at {
-		// Its window's bytes wait in the device's queue: a larger one
-		// adds latency for every reader there and no throughput.
+		// Its bytes queue: a larger window adds latency, no throughput.
 		return false, why + "; but " + cap + ": the device binds it, not its window"
 	}
 	return true, why
 }
 
-// outcomeNeeds adds to the needs every stream under the allow-paths that is
-// bound by its window (no regime required) and returns those whose need is
-// only that: their decisions are judged by the stream's rate.
+// outcomeNeeds adds every window-bound stream under the allow-paths to the
+// needs and returns those with no other need: they are judged by their rate.
 func (t judgeCtx) outcomeNeeds(snap detector.Snapshot, needs map[probe.FileKey][]detector.RegimeKind, devOf map[probe.FileKey]probe.Dev) map[probe.FileKey]bool {
 	out := map[probe.FileKey]bool{}
 	if t.scope.Empty() {
@@ -80,19 +76,17 @@ func (t judgeCtx) outcomeNeeds(snap detector.Snapshot, needs map[probe.FileKey][
 	return out
 }
 
-// regimeTakesOver turns an outcome decision into a regime decision when the
-// detector enters a regime on its file: new evidence, which the back-off
-// of an unpaid trial does not hold up; a knee found before it is probed
-// again at once. A step under trial is judged first. It reports whether it
-// did.
+// regimeTakesOver turns an outcome decision into a regime one when the
+// detector enters a regime on its file: new evidence that an unpaid trial's
+// back-off does not hold up (a knee found before it is probed again). A step
+// under trial is judged first. It reports whether it did.
 func (t *Tuner) regimeTakesOver(fd *fileDec) bool {
 	if !fd.byRate || fd.win.trial.to != 0 || fd.win.reprobe.until != 0 || fd.pf.trial.to != 0 {
 		return false
 	}
 	fd.byRate, fd.prior = false, nil
 	if !fd.win.back.kneeRandom {
-		// A knee the random readers' budget set holds: the regime
-		// changes nothing of what a step costs them.
+		// A knee the random readers' budget set holds: a regime does not change their cost.
 		fd.win.clearBack() // (kneeRandom is false)
 	}
 	fd.win.regimeBegan()
@@ -100,10 +94,8 @@ func (t *Tuner) regimeTakesOver(fd *fileDec) bool {
 	return true
 }
 
-// outcomeDue reports whether a new outcome-driven decision may start on the
-// device now for a file: once the device's back-off has passed, or at once
-// on new evidence (outcomeEvidence): a slowdown that began after a healthy
-// spell must not wait out a healthy device's back-off.
+// outcomeDue: a new outcome decision may start on the device for a file,
+// once the device's back-off passed or at once on new evidence.
 func (t judgeCtx) outcomeDue(d *devState, k probe.FileKey) bool {
 	return t.deps.Clock.Now() >= d.outcomeRetryAt || t.outcomeEvidence(d, k)
 }
@@ -116,39 +108,31 @@ func (t judgeCtx) outcomeEvidence(d *devState, k probe.FileKey) bool {
 	if !ok {
 		return false
 	}
-	// rateDropped first, whatever the rest says: it follows the file's
-	// slow intervals one by one.
+	// rateDropped first: it follows the file's slow intervals one by one.
 	dropped := t.rateDropped(d, k, fs)
 	return dropped || d.outcomeFailP50 > 0 && fs.P50 >= d.outcomeFailP50*3/2 || t.tailDue(d, k)
 }
 
-// outcomeRateDrop: a stream reading below this share of what the stream of
-// the device's last unpaid trial read at the device's window is slowed
-// since. A mild slowdown moves the rate more than the median latency.
+// outcomeRateDrop: below this share of the last unpaid trial's stream's
+// rate, a stream is slowed since (a mild slowdown moves the rate first).
 const outcomeRateDrop = 0.85
 
 // maxOutcomeSlow bounds the files followed by rateDropped per device.
 const maxOutcomeSlow = 256
 
 // outcomeP50Rise: a rate drop with the median this many times the failed
-// trial's stream's is the device's (Little's law: the window's bytes take
-// longer), and one interval of it is enough.
+// trial's stream's is the device's, and one interval of it is enough.
 const outcomeP50Rise = 1.2
 
-// outcomeP50Nudge: a milder drop counts with the median this many times
-// the failed trial's stream's: a window-bound stream's rate falls as its
-// latency rises, while a dip of the host's or the reader's leaves the
-// median where it was (a steady stream's moves under 1% an interval).
+// outcomeP50Nudge: a milder drop counts with the median this many times the
+// failed trial's stream's (a dip of the host's leaves the median as it was).
 const outcomeP50Nudge = 1.05
 
-// rateDropped reports whether file k has read below outcomeRateDrop of the
-// device's last unpaid trial's stream in this interval with its median
-// risen outcomeP50Rise, or in this interval and the one before (a one
-// interval dip at the same latency happens on a healthy device). A milder
-// drop, below shortOfCapacity with the median nudged up (outcomeP50Nudge),
-// counts in two intervals running: the stream has half the margin to win
-// back. Not in an interval where a peer's step may have taken the share
-// (peerStepIn).
+// rateDropped reports whether file k read below outcomeRateDrop of the
+// device's last unpaid trial's stream this interval with its median risen
+// outcomeP50Rise, or two intervals running (one dip happens on a healthy
+// device); a milder drop (below shortOfCapacity, median nudged up) too. Not
+// where a peer's step may have taken the share (peerStepIn).
 func (t judgeCtx) rateDropped(d *devState, k probe.FileKey, fs detector.FileStats) bool {
 	risen := d.outcomeFailP50 > 0 && float64(fs.P50) >= outcomeP50Rise*float64(d.outcomeFailP50)
 	drop, mild := outcomeRateDrop, false
@@ -176,20 +160,17 @@ func (t judgeCtx) rateDropped(d *devState, k probe.FileKey, fs detector.FileStat
 	return now-s[0] >= t.cfg.Settle
 }
 
-// tailDue reports whether a file's requests show a tail now that the
-// device's last unpaid outcome trial saw none of, or that needs a larger
-// window than it tried (a trial judged between stalls, before they
-// showed): new evidence, which neither back-off holds up.
+// tailDue reports whether a file shows a tail now that the device's last
+// unpaid outcome trial saw none of, or that needs a larger window than it
+// tried (a trial judged between stalls): new evidence no back-off holds up.
 func (t judgeCtx) tailDue(d *devState, k probe.FileKey) bool {
 	fs, ok := t.fstats[k]
 	return ok && t.tailNow(k) && (!d.outcomeFailTail || t.tailNeedKB(k, fs.BusyThroughput) > d.outcomeFailKB)
 }
 
 // remember updates the memory and the device's outcome back-off after a
-// file window's trial was judged: a kept window teaches the directory's
-// prior; a first step that did not pay backs the device's outcome trials
-// off (a healthy device at its bandwidth: every stream there would fail
-// the same way) and decays the prior it came from.
+// trial: a kept window teaches the directory's prior; an unpaid first step
+// backs the device off (every stream there would fail alike) and decays it.
 func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 	l := &fd.win
 	if l.cur > l.base {
@@ -199,10 +180,9 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 	// A climb's step was judged once no step is under trial, or once the
 	// step under trial is the next one, taken from the climb's kept value.
 	if fd.climbFrom > 0 && hadTrial && (l.trial.to == 0 || l.trial.from != fd.climbFrom) {
-		// A climb of the directory's prior was judged: paid, it was
-		// learned above; not, the prior holds its window (BackoffBase, then
-		// BackoffMax once confirmed), unless the stream read no better than
-		// the prior's streams at the device's window: then it no longer pays.
+		// A climb of the directory's prior was judged: unpaid, the prior
+		// holds its window (BackoffBase, then BackoffMax), unless the stream
+		// read no better than at the device's window: then it no longer pays.
 		paid := l.cur > fd.climbFrom
 		t.mem.Climbed(fd.prior, fd.key, paid, now+t.cfg.BackoffBase, now+t.cfg.BackoffMax)
 		fd.climbFrom = 0
@@ -263,8 +243,7 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 
 // stillPays judges a re-probe of a decision judged by rate: at the end of
 // the hold, the stream at the device's window must read slower than at its
-// kept window (or the device's known capacity, if lower) by the margin for
-// the window to come back.
+// kept window (or the known capacity, if lower) by the margin to come back.
 func (t judgeCtx) stillPays(fd *fileDec) (bool, string) {
 	l := &fd.win
 	if t.deps.Clock.Now() < l.reprobe.until {
@@ -280,18 +259,16 @@ func (t judgeCtx) stillPays(fd *fileDec) (bool, string) {
 	}
 	ref, of := l.keptM.tput, "the kept window's"
 	if c := t.knownCapacity(fd.dev.dev); c > 0 && c < ref {
-		// Against the capacity, the whole margin: a stream within it at
-		// the device's window gains no step's worth (half the margin put
-		// a window back on a stream already at its capacity).
+		// Against the capacity, the whole margin: within it at the
+		// device's window, a stream gains no step's worth.
 		ref, of, margin = c, "the device's capacity", t.cfg.Margin
 	}
 	return m.tput*(1+margin) < ref, fmt.Sprintf("%s at the device's window against %s %.1f MB/s (margin %.0f%%)", m, of, ref/1e6, 100*margin)
 }
 
 // contentionAmongStreams reports whether a device's contention is among
-// the sequential readers the tuner would give larger windows: two or more
-// taking at least streamShareMin of its bytes. Each step would then take
-// share from another stream and only add queueing.
+// the sequential readers the tuner would give larger windows (two or more,
+// streamShareMin of its bytes): each step would take another's share.
 func (t *Tuner) contentionAmongStreams(snap detector.Snapshot, dev probe.Dev) (string, bool) {
 	var devBytes float64
 	for _, d := range snap.Devices {
@@ -315,10 +292,9 @@ func (t *Tuner) contentionAmongStreams(snap detector.Snapshot, dev probe.Dev) (s
 	return fmt.Sprintf("%d sequential readers take %.0f%% of the device's bytes", n, 100*share), share >= streamShareMin
 }
 
-// windowHint is the window (KB) that keeps enough bytes in flight to hide
-// the file's p95 latency at the device's capacity (Little's law),
-// 0 when the detector has not measured both. The p95, not the median: a
-// sequential reader stalls on the slowest request of its window.
+// windowHint is the window (KB) whose bytes in flight hide the file's p95
+// latency at the device's capacity (Little's law), 0 when not measured: a
+// sequential reader stalls on its window's slowest request.
 func (t judgeCtx) windowHint(k probe.FileKey) int {
 	fs, ok := t.fstats[k]
 	if !ok {
@@ -331,17 +307,15 @@ func (t judgeCtx) windowHint(k probe.FileKey) int {
 	if _, ok := t.dstats[fs.Device]; !ok || lat <= 0 {
 		return 0
 	}
-	// Before anything knows the capacity (the daemon just started), what
-	// the device reads now, its other readers included, is a lower bound.
+	// Before the capacity is known, what the device reads now is a lower bound.
 	capBPS := t.capacityOrBusy(fs.Device)
 	return int(lat.Seconds() * capBPS / 1024)
 }
 
 // tailHint is the device window (KB) that hides a stall of the device's p99
-// latency at its capacity, when the need is tail inflation and the device
-// is below CapacityFrac of its capacity (0 otherwise): a reader stalls on
-// its window's slowest request, under tail inflation the p99, and smaller
-// steps would each cost an interval to learn they are too small.
+// at its capacity, when the need is tail inflation and the device is below
+// CapacityFrac of its capacity (0 otherwise): smaller steps would each cost
+// an interval to learn they are too small.
 func (t judgeCtx) tailHint(snap detector.Snapshot, dev probe.Dev) int {
 	tail := false
 	for _, r := range snap.Regimes {
@@ -375,13 +349,10 @@ func (t *Tuner) learnFrom(fd *fileDec) {
 	t.mem.Learn(fd.key, fd.dev.name, fd.path, fd.win.cur, fd.win.base, base, fd.win.keptM.rate, t.deps.Clock.Now(), time.Now())
 }
 
-// peerStepIn reports whether another stream on f's device that readaheadd
-// serves, reading at least peerShareMin of f's bytes, has a window step
-// under trial or had its window changed within span: a rate that fell
-// then may be that step's doing (a larger window for one of several
-// streams on a busy device takes its share from the others), not a
-// slowdown. A small file read beside it (a block's checksums) takes no
-// share.
+// peerStepIn reports whether another served stream on f's device, reading
+// at least peerShareMin of f's bytes, has a step under trial or had its
+// window changed within span: a rate that fell then may be that step
+// taking its share. A small file beside it (checksums) takes no share.
 func (t *Tuner) peerStepIn(files []detector.FileStats, f detector.FileStats, now, span time.Duration) bool {
 	// The decisions are few beside the files; a moving one is rarer still.
 	for key, fd := range t.files {
@@ -402,13 +373,10 @@ func (t *Tuner) peerStepIn(files []detector.FileStats, f detector.FileStats, now
 // cannot have taken the share its rate lost.
 const peerShareMin = 0.25
 
-// What needs help now: the detector's regimes turned into needs, per file
-// (a window of its own) and per device (a device-wide window).
+// Needs: regimes per file (a window of its own) and per device (device-wide).
 
-// needs returns the files that need a larger window and why (their
-// regimes), the device of each, and the devices that need a device-wide
-// window and why. Outcome-driven needs (streams bound by their window, no
-// regime) are added by outcomeNeeds.
+// needs returns the files needing a larger window and why, the device of
+// each, and the devices needing a device-wide window and why.
 func (t judgeCtx) needs(snap detector.Snapshot) (fileNeeds map[probe.FileKey][]detector.RegimeKind, fileDev map[probe.FileKey]probe.Dev, devWide map[probe.Dev]string) {
 	fileNeeds = map[probe.FileKey][]detector.RegimeKind{}
 	fileDev = map[probe.FileKey]probe.Dev{}
@@ -439,9 +407,8 @@ func (t judgeCtx) needs(snap detector.Snapshot) (fileNeeds map[probe.FileKey][]d
 	for k := range fileNeeds {
 		perDev[fileDev[k]]++
 	}
-	// Contention: other readers take the device; a larger window on a
-	// sequential reader's file wins back its share. Each such file gets
-	// the closed loop (kept only if its own throughput gains the margin).
+	// Contention: a larger window wins a sequential reader back its share;
+	// each such file gets the closed loop (kept only if it gains the margin).
 	for _, r := range snap.Regimes {
 		if r.Kind != detector.Contention || !r.File.IsZero() {
 			continue

@@ -10,33 +10,19 @@ import (
 )
 
 // Random readers beside a stream (an mmap reader faulting pages, a service
-// reading records) wait on each read behind the bytes the stream's window
-// keeps queued: a larger window is paid in their latency, which is what is
-// judged (not their bytes: a trimmed reader reads fewer by design).
-//
-// Each has a reference: its service (mean and p99 latency) while nothing
-// readaheadd does is in force on its device, frozen while readaheadd acts
-// there and refreshed just before a stream's first step. The goal is 95% of
-// its rate and its p99 within 10% of the device's default window's; the
-// budgets aim inside it by the noise. The mean, steady from interval to
-// interval, drives the steps and verdicts; the p99, which strays 20-30% in
-// an interval with no step, is smoothed and watched (watchRandom) and acts
-// at a verdict only far off (randTailSevere). Everything a stream beside
-// them does answers to that budget, not to the step before:
-//   - steps are sized to fit (randomLimitKB), and at most randGrowth: a
-//     trial that overshoots is a second of their tail;
-//   - a step is kept only if they stayed within budget (randomCost),
-//     whatever the stream gained;
-//   - what their read-around trim gives them (16 KB per fault instead of a
-//     whole window) is budget the stream may spend, up to their reference.
-//
-// A stream beside them is stepped on the same evidence as alone: a device
-// slowed as a whole slows them alike.
+// reading records) wait behind the bytes the stream's window keeps queued,
+// so a larger window is judged by their latency (not their bytes). Each has
+// a reference: its mean and p99 while nothing readaheadd does is in force on
+// its device. The goal is 95% of its rate and its p99 within 10% of the
+// default window's; the budgets aim inside it by the noise. The mean, steady,
+// sizes steps (randomLimitKB) and decides verdicts (randomCost); the p99,
+// which strays 20-30% an interval, is smoothed and watched (watchRandom). A
+// stream may spend what the readers' trims give them, up to their reference,
+// and is stepped on the same evidence as a lone one.
 const (
-	// randMeanBudget, randTailBudget: a random reader's mean and p99 latency
-	// as a share of its reference that a stream's window may cost it, inside
-	// the goal's 0.95x rate and 1.1x p99 by the noise of a few intervals (a
-	// p99 budget at the goal itself ended runs over it).
+	// randMeanBudget, randTailBudget: a random reader's mean and p99 latency,
+	// as a share of its reference, that a stream's window may cost it: inside
+	// the goal's 0.95x rate and 1.1x p99 by the noise of a few intervals.
 	randMeanBudget = 0.90
 	randTailBudget = 1.05
 	// randMeanBudgetUntrimmed: the mean budget of a reader no trim gives room:
@@ -45,9 +31,8 @@ const (
 	// randMeanBudgetEstimated: against an estimated reference
 	// (untouchedEstimate), whose account of the windows' cost is the margin.
 	randMeanBudgetEstimated = 1.0
-	// randMeanNear: a step's verdict whose random readers' mean is over
-	// its budget by no more than this (their p99 not far off) waits one
-	// more interval.
+	// randMeanNear: a verdict whose random readers' mean is over budget by no
+	// more than this (their p99 not far off) waits one more interval.
 	randMeanNear = 1.03
 	// randTailSevere: a p99 this many times the reference undoes a step
 	// at its verdict; below it the smoothed p99 decides (watchRandom).
@@ -61,9 +46,8 @@ const (
 	randSlopeFloor = 0.05
 	// randStepKB: windows beside random readers are multiples of this.
 	randStepKB = 16
-	// watchSpan, watchOver: the watch of a kept window beside random
-	// readers brings it down when watchOver of the last watchSpan
-	// intervals went over their budget (watchRandom).
+	// watchSpan, watchOver: a kept window beside random readers comes down when
+	// watchOver of the last watchSpan intervals went over budget (watchRandom).
 	watchSpan = 5
 	watchOver = 3
 	// randMeanFar: a mean this many times its budget two intervals in a
@@ -81,8 +65,7 @@ func (w *randWatch) add(r randCost, now time.Duration) {
 	w.tailOver = watchPush(w.tailOver, r.tail > randTailBudget)
 }
 
-// watchPush records one interval, over or not, in a watch's history of the
-// last watchSpan intervals.
+// watchPush records one interval, over or not, in a watchSpan history.
 func watchPush(h uint8, over bool) uint8 {
 	h <<= 1
 	if over {
@@ -95,8 +78,7 @@ func watchPush(h uint8, over bool) uint8 {
 // interval: their mean over its budget, or their p99 far off.
 func (c randCost) over() bool { return c.n > 0 && (c.mean > 1 || c.tail >= randTailSevere) }
 
-// randomCost measures what the random readers on dev (other than except)
-// get now against their budgets.
+// randomCost: what dev's random readers (but except) get now against budget.
 func (t judgeCtx) randomCost(dev probe.Dev, except probe.FileKey) randCost {
 	var c randCost
 	worst := -1.0
@@ -110,14 +92,12 @@ func (t judgeCtx) randomCost(dev probe.Dev, except probe.FileKey) randCost {
 		refTail, sure, estimated := t.tailRef(r)
 		tr := float64(r.svc.tail) / float64(refTail)
 		if far := float64(r.svc.tail) / float64(r.ref.svc.tail); far >= randTailSevere && far > tr {
-			// Far off its reference, measured or estimated, counts
-			// whatever the account says (that one is floored).
+			// Far off its reference counts, whatever the floored account says.
 			refTail, sure, estimated, tr = r.ref.svc.tail, true, false, far
 		}
 		if !sure && tr < randTailSevere {
-			// An unsure p99 reference (estimated, or a few dozen requests'
-			// largest) cannot hold a stream within 10%: its mean still holds
-			// the reader's rate, its p99 counts only far off.
+			// An unsure p99 reference cannot hold a stream within 10%: its
+			// p99 counts only far off; its mean still holds the reader's rate.
 			tr = min(tr, 1)
 		}
 		c.mean, c.tail = max(c.mean, cm), max(c.tail, tr)
@@ -137,9 +117,8 @@ func (t judgeCtx) randomCost(dev probe.Dev, except probe.FileKey) randCost {
 
 // meanBudget is a random reader's mean budget as a share of its reference:
 // with a margin when its trim gives it room (trimmed, or reading around
-// with the device's window and its trim not backed off), the goal's own 5%
-// otherwise. An estimated reference already errs on the reader's side (a
-// KB taken at its dearest): no second margin.
+// with the device's window, its trim not backed off), else the goal's own
+// 5%. An estimated reference already errs on the reader's side: no margin.
 func (t *Tuner) meanBudget(r randObs) float64 {
 	if t.trims[r.key] != nil || !t.cfg.DisableTrim && t.trimOffs[r.key] == nil && readAroundSized(r.fs, t.cfg.TrimKB) {
 		if r.ref != nil && !r.ref.clean {
@@ -151,10 +130,8 @@ func (t *Tuner) meanBudget(r randObs) float64 {
 }
 
 // randomLimitKB is the largest window fd's stream may try given the random
-// readers beside it, with why; 0 and the reason when no step may be tried
-// now (a random reader without a reference yet, or no budget left), -1
-// when no random reader is beside it. A reader still reading around with
-// the device's window is counted as trimmed: its trim comes with the step.
+// readers beside it, with why: 0 when no step may be tried now, -1 with no
+// random reader beside it. An untrimmed reader's trim comes with the step.
 func (t judgeCtx) randomLimitKB(fd *fileDec) (int, string) {
 	rs := t.randomsBeside(fd.dev.dev, fd.key)
 	if len(rs) == 0 {
@@ -167,9 +144,8 @@ func (t judgeCtx) randomLimitKB(fd *fileDec) (int, string) {
 	perByte := randSlack / capBPS // seconds of delay per byte queued ahead
 	learned := fd.dev.randSlope > 0
 	if learned {
-		// What the last steps cost them, twice over (the delay grows
-		// faster than the window near the device's bandwidth), never more
-		// than the prior.
+		// Twice what the last steps cost them (the delay grows faster
+		// than the window near saturation), never more than the prior.
 		perByte = min(perByte, max(2*fd.dev.randSlope, randSlopeFloor*perByte))
 	}
 	trimComes, trimmed := false, false
@@ -185,10 +161,9 @@ func (t judgeCtx) randomLimitKB(fd *fileDec) (int, string) {
 		}
 		refTail, tailSure, _ := t.tailRef(r)
 		if fd.win.inForce() > fd.win.base && r.svc.tail > time.Duration(randTailBudget*float64(refTail)) {
-			// Its p99 is over budget already beside the raised window: no
-			// step further (its trim lowers its mean, which sizes the steps,
-			// far more than its p99). Held back, not lowered: the watch does
-			// that, over several intervals. Any reference may hold a step back.
+			// Its p99 is over budget already: no step further (its trim
+			// lowers the mean, which sizes steps, far more than the p99).
+			// Held back, not lowered: the watch lowers, over intervals.
 			return 0, fmt.Sprintf("the random reader %s beside it is over its p99 budget now: %v against %.2fx its reference %v",
 				r.key, r.svc.tail.Round(10*time.Microsecond), randTailBudget, refTail.Round(10*time.Microsecond))
 		}
@@ -197,8 +172,7 @@ func (t judgeCtx) randomLimitKB(fd *fileDec) (int, string) {
 		trimmed = trimmed || t.trims[r.key] != nil
 		spared := 0.0 // bytes per request its coming trim spares it
 		if t.trims[r.key] == nil && !t.cfg.DisableTrim && readAroundSized(r.fs, t.cfg.TrimKB) && t.trimOffs[r.key] == nil {
-			// Its trim comes with the step: each request reads TrimKB
-			// instead of its read-around window.
+			// Its trim comes with the step: each request reads TrimKB.
 			spared = max(0, r.svc.size-float64(t.cfg.TrimKB*1024))
 			less := time.Duration(spared * randSlack / capBPS * float64(time.Second))
 			cur = max(cur-less, cur/4)
@@ -223,19 +197,17 @@ func (t judgeCtx) randomLimitKB(fd *fileDec) (int, string) {
 	settled := !trimmed || fd.dev.trimAt <= t.deps.Clock.Now()-t.cfg.Settle
 	if !learned && !trimComes && settled && float64(kb) < randMinStep*float64(w) {
 		// What a KB costs them here is not known (the prior may be
-		// several times it) and their trims are settled: one small step
-		// shows it, its verdict holding them to their budget
-		// (learnRandomSlope).
+		// several times it) and trims are settled: one small step shows
+		// it, its verdict holding them to budget (learnRandomSlope).
 		return minStepKB(w), "a small step shows what the stream's window costs the random readers on this device"
 	}
 	return budgetStep(kb, w), fmt.Sprintf("the random readers' budget allows %d KB", kb)
 }
 
 // budgetStep is the largest window on the randStepKB grid a stream at w
-// may try when its random readers' budget allows kb: the grid window at or
-// below kb, or the smallest step worth a trial if that is within a grid
-// step above kb (the budget is an estimate; the verdict holds the readers
-// to it).
+// may try when the random readers' budget allows kb: the grid window at or
+// below kb, or the smallest step worth a trial if within a grid step above
+// kb (the budget is an estimate; the verdict holds the readers to it).
 func budgetStep(kb, w int) int {
 	lim := kb / randStepKB * randStepKB
 	if m := minStepKB(w); m <= kb+randStepKB {
@@ -246,26 +218,22 @@ func budgetStep(kb, w int) int {
 
 // tailLimitKB is the largest window fd's stream may hold by what random
 // reader r's p99 may still take against refTail, a sure figure (tailRef):
-// each KB added delays its worst requests by tailPerByte, and a trim that
-// comes with the step spares each of them the transfer of spared bytes.
-// Steps sized by the mean alone overshot the p99.
+// each KB added costs tailPerByte, and a trim coming with the step spares
+// each request spared bytes' transfer. The mean alone overshot the p99.
 func (t *Tuner) tailLimitKB(fd *fileDec, r randObs, refTail time.Duration, spared, capBPS float64) int {
 	cur := r.svc.tail - time.Duration(spared/capBPS*float64(time.Second))
 	room := time.Duration(randTailBudget*float64(refTail)) - cur
 	return fd.win.inForce() + int(room.Seconds()/tailPerByte(fd.dev, capBPS)/1024)
 }
 
-// minStepKB is the smallest window step from w worth a trial beside random
-// readers, on their grid of randStepKB.
+// minStepKB is the smallest step from w worth a trial, on the randStepKB grid.
 func minStepKB(w int) int {
 	return (int(randMinStep*float64(w)) + randStepKB - 1) / randStepKB * randStepKB
 }
 
-// learnRandomSlope learns, from a file window step judged beside random
-// readers, how much each byte the stream keeps queued delays them on the
-// device: their worst mean latency after the step against before it, over
-// the bytes the step added. Not across a change of their trims (their
-// requests changed with it).
+// learnRandomSlope learns from a step judged beside random readers what
+// each byte queued costs them (their worst mean latency after against before,
+// over the bytes added); not across a change of their trims.
 func (t *Tuner) learnRandomSlope(d *devState, l *ladder, m measure) {
 	b := l.trial.before
 	if b.rand.max <= 0 || m.rand.max <= 0 || l.trial.to <= l.trial.from || d.trimAt > l.trial.at-t.cfg.Settle {
@@ -283,12 +251,10 @@ func (t *Tuner) learnRandomSlope(d *devState, l *ladder, m measure) {
 }
 
 // deferBesideRandom puts off by a quarter interval the first step of a
-// regime the detector's fast path entered on a stream beside random
-// readers: the slowdown changed what they get at the device's window too,
-// and their reference must be taken in the new conditions (fastOnset takes
-// the step then, refreshing it). randomNow: the recent requests hold a
-// random reader on dev, which the tuner's view lacks before its first
-// Step. It reports whether it deferred.
+// regime the detector's fast path entered beside random readers, so that
+// fastOnset takes it on references refreshed in the new conditions.
+// randomNow: the recent requests hold a random reader on dev, unknown to the
+// tuner's view before its first Step. It reports whether it deferred.
 func (t judgeCtx) deferBesideRandom(fd *fileDec, dev probe.Dev, now time.Duration, randomNow bool) bool {
 	if !randomNow && !t.randomBesideDev(dev, fd.key) || !t.untouched(fd.dev) {
 		return false
@@ -299,13 +265,11 @@ func (t judgeCtx) deferBesideRandom(fd *fileDec, dev probe.Dev, now time.Duratio
 	return true
 }
 
-// watchRandom follows what a stream's kept window costs the random readers
-// beside it, once per interval (m: the Step's measure). The window comes
-// down to the one kept before it, with it or more out of reach for
-// BackoffMax, when watchOver of the last watchSpan intervals had the mean
-// over budget, or the p99 over budget with its smoothed value over too:
-// one or two intervals stray 2x with no window raised, a cost the window
-// causes shows in most. It reports whether it lowered the window.
+// watchRandom follows what a kept window costs the random readers beside
+// it, once per interval (m: the Step's measure): when watchOver of the last
+// watchSpan intervals went over budget (the p99 with its smoothed value) it
+// lowers the window to the one kept before, with a ceiling for BackoffMax
+// (one or two stray intervals prove nothing). It reports whether it did.
 func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 	l := &fd.win
 	if m.rand.n == 0 || l.cur <= l.base {
@@ -331,9 +295,8 @@ func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 	l.keepAt(to, max(l.base, to*2/3/randStepKB*randStepKB), now)
 	l.watch.reset()
 	if t.untrimmedBeside(fd.dev.dev, fd.key) {
-		// A reader beside it still reads around untrimmed (the window
-		// was raised before it was known): its cost now says nothing of
-		// its cost trimmed, so no ceiling; the next steps bring the trim.
+		// A reader beside it still reads around untrimmed: its cost now
+		// says nothing of its cost trimmed, so no ceiling.
 		l.limit.setCeil(0, 0)
 		t.emit(fd.action(now, KindFileWindowUndo, from, to, ResultUndone,
 			fmt.Sprintf("over budget over the last intervals: %s; the reader reads around untrimmed: no ceiling, its trim comes with the next step", m.rand.why)))
@@ -347,9 +310,8 @@ func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 	return true
 }
 
-// untrimmedBeside reports whether a random reader beside except on dev
-// still reads around with the device's window though a trim could reach
-// it (readAroundSized, trims on, none backed off).
+// untrimmedBeside: a random reader beside except on dev still reads around
+// with the device's window though a trim could reach it.
 func (t judgeCtx) untrimmedBeside(dev probe.Dev, except probe.FileKey) bool {
 	if t.cfg.DisableTrim {
 		return false

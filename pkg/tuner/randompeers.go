@@ -1,7 +1,6 @@
 package tuner
 
-// The random readers beside a stream: who they are, whether the stream is
-// slower than them, and their reference service.
+// The random readers beside a stream and their reference service.
 
 import (
 	"slices"
@@ -11,16 +10,15 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// randomReaderBeside reports whether another file on fd's device is read
-// randomly now (or its read-around is trimmed).
+// randomReaderBeside: another file on fd's device is read randomly now
+// (or trimmed).
 func (t judgeCtx) randomReaderBeside(fd *fileDec) bool {
 	return t.trimmedOn(fd.dev) || t.randomBesideDev(fd.dev.dev, fd.key)
 }
 
-// randomOnDevice returns a file read randomly now on the device, or one
-// trimmed there, if any. Beside any random reader the streams get windows
-// of their own (randomLimitKB), never a device-wide one held to no reader's
-// budget: every byte a stream keeps queued delays the random reads behind it.
+// randomOnDevice returns a file read randomly now on dev, or trimmed there,
+// if any. Beside one, streams get windows of their own (randomLimitKB),
+// never a device-wide one: every byte queued delays the random reads.
 func (t judgeCtx) randomOnDevice(dev probe.Dev) (probe.FileKey, bool) {
 	for k, td := range t.trims {
 		if td.dev != nil && td.dev.dev == dev {
@@ -35,8 +33,7 @@ func (t judgeCtx) randomOnDevice(dev probe.Dev) (probe.FileKey, bool) {
 	return probe.FileKey{}, false
 }
 
-// randomsBeside returns the random readers on dev in the tuner's view,
-// other than except, with their service now.
+// randomsBeside: the random readers on dev but except, with their service now.
 func (t judgeCtx) randomsBeside(dev probe.Dev, except probe.FileKey) []randObs {
 	var out []randObs
 	for k, fs := range t.fstats {
@@ -58,8 +55,7 @@ type randObs struct {
 	ref *randRef
 }
 
-// randomBesideDev reports whether a file other than except is read
-// randomly on dev in the tuner's view.
+// randomBesideDev: a file other than except is read randomly on dev now.
 func (t judgeCtx) randomBesideDev(dev probe.Dev, except probe.FileKey) bool {
 	for k, fs := range t.fstats {
 		if k != except && fs.Device == dev && t.readRandomly(fs) {
@@ -79,8 +75,7 @@ const (
 	trimSizeFactor = 4
 )
 
-// readRandomly reports whether a file is read now, and randomly, with
-// enough requests in the window to tell.
+// readRandomly: a file read now, randomly, with enough requests to tell.
 func (t judgeCtx) readRandomly(fs detector.FileStats) bool {
 	return t.snap.Now-fs.LastSeen <= t.cfg.Settle && fs.Sequentiality <= trimMaxSequentiality && fs.Requests >= trimMinRequests
 }
@@ -96,24 +91,20 @@ const (
 	minBoundRequests = 8
 )
 
-// serviceOf is a random reader's service in fs, ok if it has enough
-// requests to say.
+// serviceOf is a random reader's service in fs; ok with enough requests.
 func serviceOf(fs detector.FileStats) (randService, bool) {
 	if fs.Requests < trimMinRequests || fs.BusyThroughput <= 0 || fs.MeanSize <= 0 || fs.Inflight <= 0 || fs.P95 <= 0 || fs.P99 <= 0 {
 		return randService{}, false
 	}
-	// Little's law: the mean latency is the requests in flight while busy
-	// times the bytes per request over the busy throughput.
+	// Little's law: mean latency = in flight x request size / busy rate.
 	mean := time.Duration(fs.Inflight * fs.MeanSize / fs.BusyThroughput * float64(time.Second))
 	return randService{mean: mean, tail: fs.P99, size: fs.MeanSize, requests: fs.Requests}, true
 }
 
-// A random reader's reference service: what it gets at the device's
-// default window, learned while nothing readaheadd does is in force there.
+// A random reader's reference: its service at the device's default window.
 
-// untouched reports whether nothing readaheadd does is in force on the
-// device, and nothing changed there for a Settle (the last measure holds
-// no request from before a change).
+// untouched: nothing readaheadd does is in force on d, and nothing changed
+// there for a Settle (no request of the last measure predates a change).
 func (t *Tuner) untouched(d *devState) bool {
 	if d == nil {
 		return true
@@ -121,8 +112,7 @@ func (t *Tuner) untouched(d *devState) bool {
 	return !t.helping(d) && (d.movedAt == 0 || t.deps.Clock.Now()-d.movedAt >= t.cfg.Settle) && !t.trimmedOn(d)
 }
 
-// observeRandom learns the references of the random readers in the Step's
-// snapshot (t.mu held).
+// observeRandom learns the Step's random readers' references (t.mu held).
 func (t judgeCtx) observeRandom(now time.Duration) {
 	for _, fs := range t.snap.Files {
 		if !t.readRandomly(fs) {
@@ -156,11 +146,9 @@ func (t judgeCtx) observeRandom(now time.Duration) {
 	}
 }
 
-// untouchedEstimate is what a random reader first seen beside windows
-// readaheadd raised would get without them: each KB those windows keep
-// queued beyond the device's delays its requests by randSlack KB transfers
-// at the device's capacity, less what its trim already saves. It is an
-// account of the mean.
+// untouchedEstimate is what a random reader first seen beside raised
+// windows would get without them: each KB queued beyond the device's window
+// costs randSlack KB transfers at capacity, less its trim's saving (mean only).
 func (t judgeCtx) untouchedEstimate(fs detector.FileStats, svc randService) randService {
 	d := t.devs[fs.Device]
 	capBPS := t.capacityOrBusy(fs.Device)
@@ -170,15 +158,13 @@ func (t judgeCtx) untouchedEstimate(fs detector.FileStats, svc randService) rand
 	excess := t.raisedExcess(d, fs.Key) - t.trimSaving(fs.Key, svc.size)
 	less := time.Duration(excess * randSlack / capBPS * float64(time.Second))
 	svc.mean = max(svc.mean-less, svc.mean/4)
-	// The p99 is left as measured: it is the spread of the wait behind the
-	// queue, which the account does not predict. Verdicts also hold it to
-	// tailAtDefault.
+	// The p99 is left as measured: the account does not predict the
+	// spread of the wait behind the queue (verdicts use tailAtDefault).
 	return svc
 }
 
-// raisedExcess is the bytes the file windows raised on d (other than
-// except's) keep queued beyond the device's window, each weighted by the
-// share of the measure it was in force.
+// raisedExcess: the bytes d's raised file windows (but except's) keep queued
+// beyond the device's window, each weighted by its share of the measure.
 func (t judgeCtx) raisedExcess(d *devState, except probe.FileKey) float64 {
 	span, now := t.viewSpan(), t.deps.Clock.Now()
 	var excess float64
@@ -195,9 +181,7 @@ func (t judgeCtx) raisedExcess(d *devState, except probe.FileKey) float64 {
 }
 
 // trimSaving is the transfer a random reader's trim spares each of its
-// requests of mean size bytes: the part of its read-around it no longer
-// reads (the mean size also tells how many requests a trim applied within
-// the measure reached).
+// requests (mean size bytes): the read-around it no longer reads.
 func (t *Tuner) trimSaving(key probe.FileKey, size float64) float64 {
 	if td := t.trims[key]; td != nil && td.from > td.kb {
 		return max(0, float64(td.from)*1024-size)
@@ -206,13 +190,10 @@ func (t *Tuner) trimSaving(key probe.FileKey, size float64) float64 {
 }
 
 // tailAtDefault is a random reader's p99 at the device's window by the
-// account of what readaheadd does beside it: its p99 now, less what each KB
-// the raised windows keep queued costs it (tailPerByte: its worst requests
-// wait behind those transfers), plus the transfer its trim spares it. Until
-// steps on d have shown a KB's cost (randSlope) the account stands only for
-// a reference whose p99 is not sure. ok is false with fewer than
-// refreshTailRequests recent requests or with a device-wide window raised
-// (that one enlarges the reader's own requests too).
+// account of what readaheadd does beside it: its p99 now, less each queued
+// KB's cost (tailPerByte), plus the transfer its trim spares it; used only
+// for an unsure reference until steps show a KB's cost. Not ok below
+// refreshTailRequests requests or with a device-wide window raised.
 func (t judgeCtx) tailAtDefault(r randObs) (time.Duration, bool) {
 	d := t.devs[r.fs.Device]
 	capBPS := t.capacityOrBusy(r.fs.Device)
@@ -235,14 +216,10 @@ func tailPerByte(d *devState, capBPS float64) float64 {
 }
 
 // tailRef is the p99 a random reader is held to: its reference, or the
-// account's (tailAtDefault) where that is lower or the reference's p99 is
-// not sure, floored at tailEstFloor of the reference (of its p99 now when
-// the reference's is not sure). A reference's p99 is one draw of a bimodal
-// figure, and the account errs low where a KB costs the reader less than
-// its transfer (many channels) or a trim shortens its p99 more: the floor
-// bounds that error to 1.33x, which the verdict's second interval and the
-// watch catch (far off, randTailSevere, acts at once). It reports whether
-// the p99 is sure, and whether it is the account's.
+// account's (tailAtDefault) where lower or the reference's is not sure,
+// floored at tailEstFloor of the reference (of its p99 now if not sure),
+// since the account errs low on many-channel devices or under a trim. It
+// reports whether the p99 is sure, and whether it is the account's.
 func (t judgeCtx) tailRef(r randObs) (tail time.Duration, sure, estimated bool) {
 	tail, sure = r.ref.svc.tail, r.ref.tailSure
 	if est, ok := t.tailAtDefault(r); ok {
@@ -252,8 +229,7 @@ func (t judgeCtx) tailRef(r randObs) (tail time.Duration, sure, estimated bool) 
 		}
 		est = max(est, time.Duration(tailEstFloor*float64(floor)))
 		if est < tail || !sure {
-			// A reference whose p99 is not sure is replaced by the account
-			// either way.
+			// An unsure p99 reference is replaced by the account either way.
 			return est, true, true
 		}
 	}
@@ -261,9 +237,8 @@ func (t judgeCtx) tailRef(r randObs) (tail time.Duration, sure, estimated bool) 
 }
 
 // referAtTrim gives a random reader about to be trimmed, with no
-// reference yet, one from its requests in the tuner's view, less the
-// account of the windows raised beside it: a reader trimmed between Steps
-// (fastTrim) is never measured untrimmed by a Step.
+// reference, one from its requests now (addRandRef): a reader
+// trimmed between Steps (fastTrim) is never measured untrimmed by a Step.
 func (t judgeCtx) referAtTrim(fs detector.FileStats) {
 	if t.randRefs[fs.Key] != nil {
 		return
@@ -273,18 +248,16 @@ func (t judgeCtx) referAtTrim(fs detector.FileStats) {
 	}
 }
 
-// addRandRef gives a random reader with no reference one from svc: as
-// measured where nothing readaheadd does is in force on its device
-// (clean), else estimated without the raised windows (untouchedEstimate).
+// addRandRef gives a random reader one reference from svc: as measured
+// when clean (nothing readaheadd does in force), else untouchedEstimate.
 func (t judgeCtx) addRandRef(fs detector.FileStats, svc randService, clean bool, now time.Duration, msg string) {
 	if len(t.randRefs) >= maxRandRefs {
 		return
 	}
 	tailSure := clean
 	if !clean && t.raisedJustNow(fs.Device, fs.Key) {
-		// Its requests came before the windows in force now: a measure at the
-		// device's window, its p99 too when they are enough (at start-up, with a
-		// saved prior, they are a few dozen and their p99 is about their largest).
+		// Its requests came before the windows in force: a measure at the
+		// device's window, its p99 too given refTailMinRequests of them.
 		clean, tailSure = true, svc.requests >= refTailMinRequests
 	}
 	if !clean {
@@ -295,11 +268,10 @@ func (t judgeCtx) addRandRef(fs detector.FileStats, svc randService, clean bool,
 		"requests", svc.requests, "request_kb", int(svc.size/1024))
 }
 
-// raisedJustNow reports whether what readaheadd does on dev, though in
-// force now, held almost none of the measure except's requests are in:
-// only file windows raised within its last justNowShare (a prior given to
-// a fresh open as the reader is first seen), no device-wide window, no
-// trim, no window lowered within it. Such a measure is not an estimate.
+// raisedJustNow reports whether only file windows raised in the last
+// justNowShare of except's measure are in force on dev (a prior for a
+// fresh open), no device-wide window, trim or lowering: the measure is then
+// the device's window's, not an estimate.
 func (t judgeCtx) raisedJustNow(dev probe.Dev, except probe.FileKey) bool {
 	d := t.devs[dev]
 	if d == nil || d.raisedWide() || t.trimmedOn(d) {
@@ -332,10 +304,9 @@ func ewmaDur(old, x time.Duration, alpha float64) time.Duration {
 	return time.Duration((1-alpha)*float64(old) + alpha*float64(x))
 }
 
-// refreshRandom sets the references of the random readers on dev to what
-// they get now (recent requests), while nothing the tuner does is in force
-// there, before a first step taken between Steps: a slowdown or a stream
-// that just began changed what the device's window gives them.
+// refreshRandom sets the references of dev's random readers to their recent
+// requests, while nothing the tuner does is in force there, before a first
+// step between Steps: a slowdown or a new stream changed their service.
 func (t judgeCtx) refreshRandom(d *devState) {
 	if !t.untouched(d) {
 		return
@@ -354,10 +325,8 @@ func (t judgeCtx) refreshRandom(d *devState) {
 	}
 }
 
-// refreshTailWeight is the weight refreshRandom gives the p99 of n recent
-// requests against the reference from before: all of it from
-// refreshTailRequests on, a share below. The reference from before was
-// learned in other conditions, so it is no prior for the new ones.
+// refreshTailWeight: the weight of n recent requests' p99 against the old
+// reference (other conditions): all from refreshTailRequests on, a share below.
 func refreshTailWeight(n uint64) float64 {
 	return min(1, float64(n)/refreshTailRequests)
 }
@@ -366,17 +335,15 @@ const (
 	// randTailAlpha: weight of the latest interval in a smoothed p99
 	// (a reference's, and a kept window's watch).
 	randTailAlpha = 0.2
-	// randSlack: until a step beside random readers has shown what each KB
-	// the stream queues delays them, the delay is taken as this many KB
-	// transfers at the device's capacity (one channel measured 1.0-1.15 near
-	// saturation; many channels delay less, which a step then shows).
+	// randSlack: until a step beside random readers shows it, each KB the
+	// stream queues delays them this many KB transfers at the device's
+	// capacity (one channel measured 1.0-1.15 near saturation).
 	randSlack = 1.25
 	// randRefAlpha: weight of the latest clean interval in a reference: high,
 	// since the reference is what the reader gets in the conditions of the moment.
 	randRefAlpha = 0.6
 	// justNowShare: windows raised within this last share of a measure
-	// delayed too few of a random reader's requests in it for its service
-	// there to be an estimate (raisedJustNow).
+	// delayed too few requests for it to be an estimate (raisedJustNow).
 	justNowShare = 0.1
 	// refTailMinRequests: a reference's p99 is sure over this many
 	// requests at least (its second largest or further in).
@@ -384,9 +351,8 @@ const (
 	// refreshTailRequests: the recent requests whose p99 replaces a random
 	// reader's p99 reference outright at a refresh (refreshTailWeight).
 	refreshTailRequests = 100
-	// tailEstFloor: the account of the raised windows (tailAtDefault)
-	// puts what the device's window gives a random reader at this share
-	// of its reference at least (of its p99 now, its reference's not sure).
+	// tailEstFloor: the account's floor (tailRef), a share of the reference's p99
+	// (of the p99 now when the reference's is not sure).
 	tailEstFloor = 0.75
 	// maxRandRefs bounds the references kept.
 	maxRandRefs = 4096
