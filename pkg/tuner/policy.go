@@ -10,9 +10,8 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// inflightFill: the share of its window a stream keeps in flight to count
-// as bound by it (asynchronous readahead keeps half to all of it queued; a
-// reader limited by its application or CPU leaves it mostly empty).
+// inflightFill: the share of its window a stream keeps in flight to count as
+// bound by it (an application- or CPU-bound reader leaves it mostly empty).
 const inflightFill = 0.4
 
 // windowBound reports whether a file's stream is bound by its window, and
@@ -100,9 +99,8 @@ func (t judgeCtx) outcomeDue(d *devState, k probe.FileKey) bool {
 	return t.deps.Clock.Now() >= d.outcomeRetryAt || t.outcomeEvidence(d, k)
 }
 
-// outcomeEvidence reports whether file k shows what the device's last
-// unpaid outcome trial did not: its median half again that trial's, a rate
-// drop (rateDropped) or a tail that needs more (tailDue).
+// outcomeEvidence: file k shows what the last unpaid trial did not: its
+// median half again that trial's, a rate drop or a tail needing more.
 func (t judgeCtx) outcomeEvidence(d *devState, k probe.FileKey) bool {
 	fs, ok := t.fstats[k]
 	if !ok {
@@ -160,9 +158,8 @@ func (t judgeCtx) rateDropped(d *devState, k probe.FileKey, fs detector.FileStat
 	return now-s[0] >= t.cfg.Settle
 }
 
-// tailDue reports whether a file shows a tail now that the device's last
-// unpaid outcome trial saw none of, or that needs a larger window than it
-// tried (a trial judged between stalls): new evidence no back-off holds up.
+// tailDue: a file shows a tail now that the last unpaid outcome trial saw
+// none of or needs a larger window than it tried (new evidence).
 func (t judgeCtx) tailDue(d *devState, k probe.FileKey) bool {
 	fs, ok := t.fstats[k]
 	return ok && t.tailNow(k) && (!d.outcomeFailTail || t.tailNeedKB(k, fs.BusyThroughput) > d.outcomeFailKB)
@@ -266,9 +263,8 @@ func (t judgeCtx) stillPays(fd *fileDec) (bool, string) {
 	return m.tput*(1+margin) < ref, fmt.Sprintf("%s at the device's window against %s %.1f MB/s (margin %.0f%%)", m, of, ref/1e6, 100*margin)
 }
 
-// contentionAmongStreams reports whether a device's contention is among
-// the sequential readers the tuner would give larger windows (two or more,
-// streamShareMin of its bytes): each step would take another's share.
+// contentionAmongStreams: two or more sequential readers take streamShareMin
+// of the device's bytes, so a step would only take another's share.
 func (t *Tuner) contentionAmongStreams(snap detector.Snapshot, dev probe.Dev) (string, bool) {
 	var devBytes float64
 	for _, d := range snap.Devices {
@@ -293,8 +289,7 @@ func (t *Tuner) contentionAmongStreams(snap detector.Snapshot, dev probe.Dev) (s
 }
 
 // windowHint is the window (KB) whose bytes in flight hide the file's p95
-// latency at the device's capacity (Little's law), 0 when not measured: a
-// sequential reader stalls on its window's slowest request.
+// at the device's capacity (Little's law), 0 when not measured.
 func (t judgeCtx) windowHint(k probe.FileKey) int {
 	fs, ok := t.fstats[k]
 	if !ok {

@@ -204,10 +204,9 @@ func (t judgeCtx) randomLimitKB(fd *fileDec) (int, string) {
 	return budgetStep(kb, w), fmt.Sprintf("the random readers' budget allows %d KB", kb)
 }
 
-// budgetStep is the largest window on the randStepKB grid a stream at w
-// may try when the random readers' budget allows kb: the grid window at or
-// below kb, or the smallest step worth a trial if within a grid step above
-// kb (the budget is an estimate; the verdict holds the readers to it).
+// budgetStep is the largest randStepKB-grid window a stream at w may try when
+// the budget allows kb: the grid window at or below kb, or the smallest step
+// worth a trial if within a grid step above (the verdict holds the budget).
 func budgetStep(kb, w int) int {
 	lim := kb / randStepKB * randStepKB
 	if m := minStepKB(w); m <= kb+randStepKB {
@@ -216,10 +215,9 @@ func budgetStep(kb, w int) int {
 	return lim
 }
 
-// tailLimitKB is the largest window fd's stream may hold by what random
-// reader r's p99 may still take against refTail, a sure figure (tailRef):
-// each KB added costs tailPerByte, and a trim coming with the step spares
-// each request spared bytes' transfer. The mean alone overshot the p99.
+// tailLimitKB is the largest window fd's stream may hold by what reader r's
+// p99 may still take against refTail (tailRef): each KB costs tailPerByte;
+// a coming trim spares each request spared bytes' transfer.
 func (t *Tuner) tailLimitKB(fd *fileDec, r randObs, refTail time.Duration, spared, capBPS float64) int {
 	cur := r.svc.tail - time.Duration(spared/capBPS*float64(time.Second))
 	room := time.Duration(randTailBudget*float64(refTail)) - cur

@@ -205,9 +205,9 @@ func (t judgeCtx) tailAtDefault(r randObs) (time.Duration, bool) {
 	return r.svc.tail - time.Duration(more*float64(time.Second)), true
 }
 
-// tailPerByte is what a byte the stream keeps queued costs a random
-// reader's p99 on d, in seconds: its transfer at the device's capacity,
-// or twice what a byte cost the readers' mean where steps showed less.
+// tailPerByte is a queued byte's cost to a random reader's p99 on d in
+// seconds: its transfer at capacity, or twice its cost to the mean where
+// steps showed less.
 func tailPerByte(d *devState, capBPS float64) float64 {
 	if d.randSlope > 0 {
 		return min(1/capBPS, 2*d.randSlope)
@@ -236,9 +236,8 @@ func (t judgeCtx) tailRef(r randObs) (tail time.Duration, sure, estimated bool) 
 	return tail, sure, false
 }
 
-// referAtTrim gives a random reader about to be trimmed, with no
-// reference, one from its requests now (addRandRef): a reader
-// trimmed between Steps (fastTrim) is never measured untrimmed by a Step.
+// referAtTrim gives a random reader about to be trimmed a reference if none:
+// trimmed between Steps (fastTrim), no Step measures it untrimmed.
 func (t judgeCtx) referAtTrim(fs detector.FileStats) {
 	if t.randRefs[fs.Key] != nil {
 		return
@@ -304,9 +303,8 @@ func ewmaDur(old, x time.Duration, alpha float64) time.Duration {
 	return time.Duration((1-alpha)*float64(old) + alpha*float64(x))
 }
 
-// refreshRandom sets the references of dev's random readers to their recent
-// requests, while nothing the tuner does is in force there, before a first
-// step between Steps: a slowdown or a new stream changed their service.
+// refreshRandom sets dev's random readers' references to their recent
+// requests before a first step between Steps, if nothing is in force there.
 func (t judgeCtx) refreshRandom(d *devState) {
 	if !t.untouched(d) {
 		return
