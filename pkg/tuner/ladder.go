@@ -19,29 +19,23 @@ type ladder struct {
 	first     int // first step when cur is 0 (prefetch)
 	dryAt     int // value last reported in dry-run mode
 	tried     int // the value of the last step taken
-	// hint is the window Little's law says the reader needs (KB, 0 if
-	// unknown): the first step from base skips steps smaller than it, as
-	// does one from the window in force when rejump (a regime began after
-	// it was kept).
+	// hint: the window Little's law says the reader needs (KB, 0 if unknown):
+	// the first step from base skips steps smaller than it, as does one from
+	// the value in force when rejump (a regime began after it was kept).
 	hint   int
 	rejump bool
-	// keptAt: when cur last changed (a re-probe waits a period from it);
-	// movedAt: when the value in force last changed (a span of requests
-	// across it mixes two windows' latencies). baseM: the measure when the
-	// first step left base; keptM: when the value in force was kept (what a
-	// re-probe and the memory compare with); judged: the measure the last
-	// verdict was taken on.
+	// keptAt: when cur last changed (re-probes wait from it); movedAt: when
+	// the value in force last changed (spans across it mix two windows).
+	// baseM: the measure when the first step left base; keptM: when the value
+	// in force was kept; judged: the measure of the last verdict.
 	keptAt, movedAt      time.Duration
 	baseM, keptM, judged measure
-	// steadyBefore: a step's gain is judged against the mean of the last
-	// two intervals' throughput at the window in force (trial.steady), not
-	// the last one alone (set for decisions that rest on the stream's
-	// outcome alone: with no regime to confirm it, one interval's dip on a
-	// busy host made a step that gained nothing look like +14%).
+	// steadyBefore: judge a step's gain against the mean of the last two
+	// intervals at the value in force (trial.steady): set for decisions on the
+	// stream's outcome alone, where one interval's dip faked gains.
 	steadyBefore bool
-	// capKept: the last step was kept on half the margin (marginFor): it
-	// took the stream to the device's capacity, so the capacity holds
-	// further steps even for a decision judged by rate.
+	// capKept: the last step was kept on half the margin (marginFor): the
+	// capacity holds further steps, even for a decision judged by rate.
 	capKept bool
 
 	trial trialStep
@@ -52,11 +46,9 @@ type ladder struct {
 	limit   randLimit
 	watch   randWatch
 	// young: retry, the step just undone paid the ordinary margin against a
-	// before-measure that took in the stream's start: tried again once the
-	// stream is measured whole, with no back-off (policy.go counts it as no
-	// unpaid trial); undoneAt: when, until it is taken again (onset.go
-	// takes it between Steps once a quarter interval has measured the
-	// stream whole at the device's window).
+	// before-measure that took in the stream's start: tried again once it is
+	// measured whole, with no back-off (no unpaid trial for policy.go);
+	// undoneAt: when, until taken again (onset.go may take it between Steps).
 	young struct {
 		retry    bool
 		undoneAt time.Duration
@@ -64,16 +56,14 @@ type ladder struct {
 	last lastMeasure
 }
 
-// trialStep is the step under trial (to, 0 if none, from from since at)
-// and what its verdict reads: before, the measure it is judged against,
-// taken at beforeAt, whose span showed the stream's tail (beforeTail) or
-// took in its start (young: youngMargin); later: the intervals the
-// verdict was put off (tail.go), randLater: put off once on the random
-// readers' p99 alone; steady: the mean of the last two intervals'
-// throughput at the value left (0 for none, see steadyBefore), high: the
-// higher of the two (the before-measure's alone otherwise): a gain over it
-// is no dip's. A step ends with to alone zeroed: a knee keeps the
-// before-measure of the step undone, and the next step sets every field.
+// trialStep is the step under trial (to, 0 if none, from from since at).
+// before: the measure it is judged against, taken at beforeAt, whose span
+// showed the stream's tail (beforeTail) or its start (young); later: the
+// intervals the verdict was put off (tail.go), randLater: put off once on the
+// random readers' p99; steady: the mean of the last two intervals at the value
+// left (0: none), high: the higher of them, so a gain over it is no dip's. A
+// step ends with to alone zeroed (a knee keeps the before-measure of the step
+// undone); the next step sets every field.
 type trialStep struct {
 	to, from, later   int
 	at, beforeAt      time.Duration
@@ -141,32 +131,26 @@ type measure struct {
 	ok   bool
 	tput float64 // bytes/s judged: busy throughput, or rate for decisions judged by rate
 	p50  time.Duration
-	// rate: the file's bytes per second over the detector's window (what
-	// the stream's reader gets, unlike busy throughput, which a larger
-	// window raises even for a reader limited by its application).
+	// rate: the file's bytes/s over the detector's window: what its reader
+	// gets (busy throughput rises with the window even for an app-bound reader).
 	rate float64
 	// dev: the device's bytes per second over the same window, 0 if unknown;
 	// devBusy: its busy throughput (a rate however far back the detector
 	// extended its window).
 	dev, devBusy float64
-	// others: bytes per second of the device's other readers whose share
-	// is protected (protectedStream: the other sequential streams
-	// readaheadd serves), over the same window.
+	// others: bytes/s of the device's other readers whose share is protected
+	// (protectedStream), over the same window.
 	others float64
 	// streams: the device's other non-random readers, one by one
 	// (lossBase leaves out those that ended).
 	streams []otherStream
-	// othersMustNotLose: judge the step also by those other readers, not
-	// only by the device's total.
+	// othersMustNotLose: judge the step by those readers too, not only the total.
 	othersMustNotLose bool
-	// young: tput is the busy throughput of a stream that began inside
-	// the measure's span (its start is in it).
+	// young: tput is that of a stream that began inside the measure's span.
 	young bool
-	// ended: the stream stopped reading inside the span (rate is over
-	// the part it read).
+	// ended: the stream stopped inside the span (rate covers the part it read).
 	ended bool
-	// rand: what the random readers beside the stream get against their
-	// budgets (random.go).
+	// rand: what the random readers beside it get against budgets (random.go).
 	rand randCost
 }
 

@@ -17,8 +17,7 @@ import (
 
 // Config bounds what the tuner may do. Zero fields take the defaults below.
 type Config struct {
-	// Devices the tuner may act on, by name in /sys/block; empty: any
-	// device the detector reports.
+	// Devices the tuner may act on, by name in /sys/block; empty: any.
 	Devices []string
 	// AllowPaths are directories whose files may get per-file actions (the
 	// DataNode's data directories, say). Each covers only the filesystem
@@ -28,18 +27,11 @@ type Config struct {
 	MaxKB int
 	// Growth multiplies the window at each escalation step (default 2).
 	Growth int
-	// FirstStepFactor: the first step of a stream found bound by its
-	// window, with no regime to size it, is at least this many times the
-	// device's window (default 8). Its Little's-law hint (latency x
-	// capacity) undershoots where the capacity is not known (a device slow
-	// from the start, or idle until the stream opened, has learned the
-	// stream's slow rate as its capacity), and a window that only just
-	// covers the latency leaves the stream short of the bandwidth: its own
-	// requests queue at the larger window, and the readahead pipeline has
-	// gaps. On the lab at +3 ms, 512 KB (4x) read 0.95 of the best static
-	// window and 1024 KB 0.985; the step from 512 to 1024 gains under 4%,
-	// below any keep margin, so a ladder that starts at 4x stops there. At
-	// the device's bandwidth no first step pays, at either size.
+	// FirstStepFactor: the first step of a stream found bound by its window,
+	// with no regime to size it, is at least this many times the device's
+	// window (default 8). Its Little's-law hint undershoots where the capacity
+	// is not known, and a window that only just covers the latency leaves the
+	// stream short (from 4x the next step gains less than a keep margin).
 	FirstStepFactor int
 	// Margin is the relative busy-throughput gain an action must bring to
 	// be kept (default 0.10).
@@ -78,35 +70,27 @@ type Config struct {
 	// sequential reader, and costs a random one.
 	MinSequentiality float64
 	// CapacityFrac: once a file's busy throughput is at least this share of
-	// its device's capacity (fitted on its latencies or learned by a step,
-	// else the detector's peak rate: capacity.go), no
-	// further window step or prefetch is tried for it (default 0.9). A
-	// stream with no random reader beside it is tried up to 1/(1+Margin/2)
-	// of the capacity if that is more: a step that takes it to the
-	// capacity pays at half the margin.
+	// its device's capacity (capacity.go), no further window step or prefetch
+	// is tried for it (default 0.9). A stream with no random reader beside it
+	// is tried up to 1/(1+Margin/2) if more: such a step pays at half the margin.
 	CapacityFrac float64
 	// ReprobeAfter: a file window kept this long is dropped back to the
 	// device's window for ReprobeHold to learn whether its regime is over
-	// (default 1m; doubled after each re-probe that found the regime still
-	// there, up to BackoffMax). A window that keeps the device
-	// bandwidth-saturated hides whether the file is still slow: the
-	// detector then holds the regime, and only backing off tells.
+	// (default 1m, doubled after each that found it still there, up to
+	// BackoffMax): a window that saturates the device hides whether it is.
 	ReprobeAfter time.Duration
 	// ReprobeHold is how long a re-probe holds the device's window before
-	// restoring the kept one if the regime persists (default 5 x Settle:
-	// the detector clears a regime after two evaluations below its exit
-	// threshold, the first evaluation after the drop may still hold the
-	// large window's queued requests, and the two clocks are not in phase;
-	// at 3 x Settle a slowdown that had ended was seen as persisting).
+	// restoring the kept one if the regime persists (default 5 x Settle: the
+	// detector needs two evaluations below its exit threshold, the first may
+	// still hold the large window's queue, and the clocks are not in phase).
 	ReprobeHold time.Duration
 	// DryRun logs and reports what would be done without writing anything.
 	DryRun bool
 	// DisablePrefetch turns the prefetch actuator off.
 	DisablePrefetch bool
-	// TrimKB is the window given to the open files of a random reader
-	// whose reads are read-around sized (an mmap reader's faults) while
-	// the tuner has a window raised on its device (default 16). See
-	// trim.go. DisableTrim turns this off.
+	// TrimKB is the window given to the open files of a random reader whose
+	// reads are read-around sized while the tuner has a window raised on its
+	// device (default 16; trim.go). DisableTrim turns this off.
 	TrimKB      int
 	DisableTrim bool
 	// RecentActions is how many actions Status keeps (default 64).
@@ -183,10 +167,9 @@ type Deps struct {
 	Sysfs Sysfs
 	Files actuate.FileOps // actuate.NewProcFileOps() or fileras.NewFileOps in production
 	// States is the kernel's per-file readahead state (fileras.States in
-	// production). Every per-file window change goes through a Lowerer;
-	// with States it gives a break where needed, so a lowering reaches a
-	// reader streaming on a larger window; without, a lowering only sets
-	// ra_pages, which such a reader ignores (actuate/lower.go).
+	// production). With it the Lowerer gives a break where needed, so a
+	// lowering reaches a reader streaming on a larger window; without, it only
+	// sets ra_pages, which such a reader ignores.
 	States actuate.RAStates
 	// Around reports read-arounds of trimmed files by descriptors opened
 	// since the trim (the probe in production); nil: those are found by
@@ -213,8 +196,7 @@ const (
 	KindTrimUndo ActionKind = "file_trim_undo"
 )
 
-// undoOf is the kind of the action that takes back one of kind k: each
-// undo kind above is named after its kind, with "_undo".
+// undoOf is the kind of the action that takes back one of kind k.
 func undoOf(k ActionKind) ActionKind { return k + "_undo" }
 
 // Result is what became of an action.
@@ -306,8 +288,7 @@ type ReadAroundWatch interface {
 	UnwatchReadAround(file probe.FileKey) error
 }
 
-// openedMark is what the event path did for one process on a trimmed
-// file.
+// openedMark is what the event path did for one process on a trimmed file.
 type openedMark struct {
 	at    time.Duration // its descriptors were trimmed (reports emitted before are stale)
 	until time.Duration // not looked for again before
@@ -316,9 +297,8 @@ type openedMark struct {
 // Labels of decisions that no detector regime started. They are evidence in
 // actions and status, not regimes: the detector reports none for them.
 const (
-	// WindowBound: a sequential stream whose bytes in flight fill its
-	// window (Little's law: its throughput is its window over its
-	// latency), whatever its history. A larger window is tried, and kept
+	// WindowBound: a sequential stream whose bytes in flight fill its window
+	// (Little's law), whatever its history. A larger window is tried, kept
 	// only if the stream's throughput pays.
 	WindowBound detector.RegimeKind = "window_bound"
 	// FromPrior: a fresh open given the window that paid for recent
