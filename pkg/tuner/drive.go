@@ -38,10 +38,9 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 	}
 	hint := t.windowHint(fd.key)
 	if fd.byRate && t.knownCapacity(fd.dev.dev) == 0 {
-		// Without a fitted or learned capacity the hint rests on the
-		// detector's best rate, a slow device's slow rate, and undershoots:
-		// start at FirstStepFactor times the base (one trial; at bandwidth
-		// it is undone and teaches the capacity).
+		// Without a known capacity the hint rests on the detector's best rate,
+		// a slow device's slow rate, and undershoots: start at FirstStepFactor
+		// x base (one trial; at bandwidth it is undone and teaches the capacity).
 		hint = max(hint, t.cfg.FirstStepFactor*fd.win.base)
 	}
 	if m.ok {
@@ -56,9 +55,8 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		fd.win.clearBack()
 	}
 	if beside {
-		// Each window queued for the stream is waiting time for the random
-		// readers' faults: grow in small steps within their budget, each
-		// paying its margin (random.go).
+		// Each window queued for the stream delays the random readers' faults:
+		// small steps within their budget, each paying its margin (random.go).
 		hint = 0
 		if escalate && fd.win.cur == fd.win.base && fd.win.trial.to == 0 {
 			// A first step: the random readers' reference is what they get
@@ -170,19 +168,17 @@ func (t judgeCtx) driveDevice(d *devState, why string, escalate bool) {
 	})
 }
 
-// ownWindow reports whether a file's decision holds a window of its own (a
-// step kept or under trial): an outcome decision that holds none (backing
-// off after trials that did not pay) leaves the file to the device's window.
+// ownWindow: a file's decision holds a window of its own (kept or under
+// trial); an outcome decision backing off at base leaves it the device's.
 func (t *Tuner) ownWindow(k probe.FileKey) bool {
 	fd := t.files[k]
 	return fd != nil && !(fd.byRate && fd.win.cur == fd.win.base && fd.win.trial.to == 0 && fd.win.reprobe.until == 0)
 }
 
-// reachOpenFiles gives the device's window to the files being read on it
-// now: read_ahead_kb reaches only files opened after the write, and a
-// device-wide regime slows readers already open too. Files with a decision
-// keep their window; with the device back at its original, reached files
-// get it back.
+// reachOpenFiles gives the device's window to the files read on it now but
+// the files with a decision: read_ahead_kb reaches only later opens, and a
+// device-wide regime slows the open ones too. With the device back at its
+// original, the files reached get it back.
 func (t judgeCtx) reachOpenFiles(d *devState) {
 	if t.cfg.DryRun || t.scope.Empty() {
 		return

@@ -1,10 +1,9 @@
 package tuner
 
 // The verdict on a step under trial as data: the evidence, gathered once
-// (evidenceFor), and one ordered table of rules (typed reason, predicate,
-// outcome). The first rule that holds decides; a waiver only lets a step short
-// of its margin on to the rules after it. docs/tuner-rules.md lists the table
-// (TestRulesDocumented).
+// (evidenceFor), and one ordered table of rules. The first rule that holds
+// decides; a waiver only lets a step short of its margin on to the rules
+// after it. docs/tuner-rules.md lists the table (TestRulesDocumented).
 
 import (
 	"fmt"
@@ -22,8 +21,7 @@ type facts struct {
 	since, settle          time.Duration
 	keepsEarly, ended      bool // an early keep that pays (keepsEarly); the stream stopped (endedVerdict)
 	// The stream's tail (tail.go): the window a stalled span grows the step
-	// to (tailResize, 0 for none); the tail in the span judged, in the
-	// before-measure's; verdicts put off so far.
+	// to (0: none); the tail in the span judged, in the before's; put-offs.
 	resizeTo            int
 	tailNow, beforeTail bool
 	later               int
@@ -98,9 +96,8 @@ const othersMin = 0.1
 // evNone: a rule that counts no event.
 const evNone = numEvents
 
-// verdictRule is one entry of the table: its reason's name and doc, when it
-// holds, what it gives, the event it counts, and the clause it adds to the
-// action's evidence text (nil for none).
+// verdictRule is one entry of the table: reason, name and doc, when it holds,
+// what it gives, the event it counts, the evidence clause it adds (nil: none).
 type verdictRule struct {
 	reason    ruleReason
 	name, doc string
@@ -187,8 +184,7 @@ func (r ruleReason) String() string { return verdictRules[r].name }
 // Doc is what the rule decides, in one line.
 func (r ruleReason) Doc() string { return verdictRules[r].doc }
 
-// trialVerdict is the rule that decided and the waiver that let the step past
-// its margin, if any.
+// trialVerdict: the rule that decided and the waiver that let the step past, if any.
 type trialVerdict struct {
 	rule, waiver *verdictRule
 }

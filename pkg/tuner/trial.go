@@ -1,9 +1,8 @@
 package tuner
 
-// Trials: one knob's bounded experiment. A step is measured one Settle later
-// against the measure before it and kept if it paid its margin (and the
-// device's total did not fall), otherwise undone (back-off, or the knee). The
-// rules are judge.go's table; a kept file window is re-probed now and then.
+// Trials: a step is measured one Settle later against the measure before it,
+// kept if it paid its margin (judge.go's rules), else undone (back-off, or
+// the knee). A kept file window is re-probed now and then.
 
 import (
 	"errors"
@@ -21,9 +20,8 @@ func (l *ladder) next(growth, max int) (int, bool) {
 	if l.cur == 0 {
 		n = l.first
 	}
-	// From base (or a window kept before a regime began), skip steps too
-	// small to hide the reader's latency. Not from a window kept under the
-	// same conditions: its latency holds the queue of its own window.
+	// From base, or a window kept before a regime began, skip steps too small
+	// to hide the reader's latency (elsewhere it holds its own window's queue).
 	for (l.cur == l.base || l.rejump) && l.cur > 0 && n < l.hint && n < max {
 		n *= growth
 	}
@@ -172,8 +170,7 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 	return true
 }
 
-// evidenceFor gathers what the verdict on l's step under trial depends on
-// (judge.go). It changes nothing: what the verdict does is drive's.
+// evidenceFor gathers the facts the verdict on l's step depends on; it changes nothing.
 func (t judgeCtx) evidenceFor(l *ladder, d *devState, file probe.FileKey, m measure, now time.Duration, max int) facts {
 	e := facts{kind: l.kind, m: m, before: l.trial.before, since: now - l.trial.at, settle: t.cfg.Settle, ended: t.mode == judgeEnded,
 		tailNow: t.tailNow(file), beforeTail: l.trial.beforeTail, later: l.trial.later, youngBefore: l.trial.young, atBase: l.cur == l.base, randLater: l.trial.randLater}
@@ -196,20 +193,18 @@ func (t judgeCtx) evidenceFor(l *ladder, d *devState, file probe.FileKey, m meas
 	return e
 }
 
-// youngMargin is the keep margin of a step whose before-measure took in the
-// stream's start, which reads 5-23% below its steady rate: a smaller margin
-// kept steps that gained only that start.
+// youngMargin: the keep margin of a step whose before-measure took in the
+// stream's start (5-23% below its steady rate), lest the start alone pay.
 const youngMargin = 0.4
 
 // capacityReach: a stream reading at least this share of its device's
 // learned capacity reads at the device's bandwidth.
 const capacityReach = 0.97
 
-// marginFor is the gain a step must bring and whether it was halved. A file
-// window step that took a stream with no random reader beside it to the
-// device's capacity (over the better of its before-intervals) pays at half the
-// margin: noise cannot lift a reading past that ceiling, and the slowdown it
-// masks can be below the margin. Beside a random reader every step pays in full.
+// marginFor is the gain a step must bring and whether it was halved: a file
+// window step taking a lone stream to its device's capacity (over the better
+// of its before-intervals) pays at half: noise cannot read past that ceiling,
+// and the slowdown it masks can be smaller. Beside a random reader: in full.
 func (t judgeCtx) marginFor(l *ladder, d *devState, file probe.FileKey, m measure) (float64, bool) {
 	if l.kind == KindDeviceWindow {
 		return t.cfg.DeviceMargin, false
@@ -221,8 +216,7 @@ func (t judgeCtx) marginFor(l *ladder, d *devState, file probe.FileKey, m measur
 	return t.cfg.Margin, false
 }
 
-// loneAtCapacity reports whether a stream with no random reader beside it
-// reads (m) at its device's capacity.
+// loneAtCapacity: a stream with no random reader beside it reads m at capacity.
 func (t judgeCtx) loneAtCapacity(d *devState, file probe.FileKey, m measure) bool {
 	capBPS, _ := t.capacity(d.dev)
 	fd := t.files[file]
@@ -249,9 +243,8 @@ func (t *Tuner) undoStep(l *ladder, now time.Duration, ev string, apply func(int
 	return true
 }
 
-// takeBack puts the value in force before the step under trial back and
-// ends the trial; it returns the step's value and whether it could (the
-// step stays in force until an undo succeeds, reported as failed).
+// takeBack puts back the value before the step and ends the trial; it returns
+// the step's value and whether it could (else the step stays, reported failed).
 func takeBack(l *ladder, now time.Duration, ev string, apply func(int) error, act func(ActionKind, int, int, Result, string)) (int, bool) {
 	from := l.endStep(now)
 	if err := apply(l.cur); err != nil && !errors.Is(err, errNoReaders) {
@@ -374,24 +367,20 @@ func (t *Tuner) undoFile(fd *fileDec, why string) {
 	t.emit(fd.action(now, KindFileWindowUndo, w, fd.win.base, res, why))
 }
 
-// A step is judged by the first Step at least most of a Settle after it. One
-// that clearly pays need not wait: from half a Settle on, every Settle/4 Tick
-// (fastVerdict) keeps a step whose recent span, all at its window, reads
-// earlyKeepGain above its before-measure, and takes the next. Only keeps come
-// early: a quarter interval says too little about a loss. Beside random
-// readers only if each was measured over the span, their trims unchanged, their
-// mean well within its budget and their p99 not far off.
+// A step that clearly pays need not wait for its Step: from half a Settle on,
+// every Settle/4 fastVerdict keeps a step whose recent span, all at its
+// window, reads earlyKeepGain above its before-measure. Only keeps come early
+// (a quarter interval says too little of a loss); beside random readers only
+// if each was measured, their trims unchanged, their mean and p99 in budget.
 const (
 	// earlyKeepGain: three keep margins at the default Margin.
 	earlyKeepGain = 0.3
-	// earlyRandMean: the random readers' mean, as a share of its budget,
-	// under which a step beside them may be kept early.
+	// earlyRandMean: the random readers' mean/budget under which to keep early.
 	earlyRandMean = 0.9
 )
 
-// keepsEarly reports whether a file window step may be kept now, before its
-// Settle (fastVerdict): it has run half a Settle, the span holds only its
-// window, and it pays earlyKeepGain with nothing lost elsewhere.
+// keepsEarly reports whether a file window step may be kept before its Settle:
+// half a Settle run, a span of its window only, earlyKeepGain, nothing lost.
 func (t judgeCtx) keepsEarly(d *devState, l *ladder, m measure, now time.Duration) bool {
 	// A verdict put off (randLater) waits for a whole interval.
 	if t.mode != judgeEarly || l.kind != KindFileWindow || l.trial.randLater || now-l.trial.at < t.cfg.Settle/2 || now-l.movedAt < t.span {
@@ -414,8 +403,7 @@ func (t judgeCtx) keepsEarly(d *devState, l *ladder, m measure, now time.Duratio
 	return true
 }
 
-// randomWithinEarly reports whether the random readers beside a step, as
-// measured on the recent span, allow keeping it early (see above).
+// randomWithinEarly: the random readers beside a step allow keeping it early.
 func (t judgeCtx) randomWithinEarly(d *devState, m measure, now time.Duration) bool {
 	if d == nil || d.trimAt > now-t.span || m.rand.n == 0 || m.rand.n < len(t.randomsBeside(d.dev, probe.FileKey{})) {
 		return false
@@ -423,20 +411,18 @@ func (t judgeCtx) randomWithinEarly(d *devState, m measure, now time.Duration) b
 	return m.rand.mean <= earlyRandMean && m.rand.tail < randTailSevere
 }
 
-// A knee is what the next window step did not win when tried. A stream that
-// reads well below its rate of that moment, at the same window, reads under
-// other conditions (the host stalls its reader, or latency moved short of a
-// regime): the held-back step may pay now and is tried at once.
+// A knee is what the next step did not win when tried. A stream reading well
+// below its rate of then at the same window reads under other conditions (host
+// stalls, latency short of a regime): the held-back step may pay now.
 const (
 	// kneeStaleDrop: the share of its rate at the knee the stream must fall
 	// below (one interval of a steady stream varies less).
 	kneeStaleDrop = 0.85
 )
 
-// kneeStale ends a file window's knee when the stream, at the knee's window,
-// reads below kneeStaleDrop of its rate when the knee was found. Not a knee
-// set by the random readers' loss: that does not depend on the stream's rate.
-// These re-probes back off like trials; a kept step resets it.
+// kneeStale ends a file window's knee when the stream, at its window, reads
+// below kneeStaleDrop of its rate then; not a random readers' knee (that does
+// not depend on the stream's rate). These back off like trials.
 func (t *Tuner) kneeStale(fd *fileDec, m measure) {
 	l := &fd.win
 	now := t.deps.Clock.Now()
@@ -463,20 +449,17 @@ func (t *Tuner) kneeStale(fd *fileDec, m measure) {
 // the device's window, with bandwidth to spare, is slowed by its file.
 const slowedFrac = 0.8
 
-// shiftKeep says why a file window step that missed its margin is kept
-// anyway, "" if not. A stream slowed by its file needs a window larger in
-// proportion (bytes in flight = rate x latency), and the last steps toward it
-// gain less than one interval's noise. Such a step is kept if it cost the
-// stream nothing and its bytes in flight (rate x p50) exceed the window it
-// left. Slowed: the detector reports FileLatencyShift, or at its base window
-// the stream read below slowedFrac of capacity with bandwidth to spare. Never
-// beside a random reader; the device's losses are judged after this.
+// shiftKeep says why a file window step short of its margin is kept anyway,
+// "" if not: a stream slowed by its file needs a window larger in proportion
+// (in flight = rate x latency), and its last steps gain less than noise. Kept
+// if it cost nothing and rate x p50 exceeds the window it left. Slowed: the
+// FileLatencyShift regime, or at base below slowedFrac of capacity with
+// bandwidth to spare. Never beside a random reader; losses are judged after.
 func (t judgeCtx) shiftKeep(file probe.FileKey, l *ladder, m measure) string {
 	fd := t.files[file]
 	if fd == nil || !m.ok || l.kind != KindFileWindow || t.randomReaderBeside(fd) {
-		// Beside a random reader every step pays its margin: its faults wait
-		// behind every byte the stream queues, and a step across a trim change
-		// has no reference for what it cost them.
+		// Beside a random reader every step pays in full: its faults wait behind
+		// the stream's queue, and a step across a trim change has no reference.
 		return ""
 	}
 	if l.trial.before.tput <= 0 || m.tput < l.trial.before.tput || m.p50 <= 0 {

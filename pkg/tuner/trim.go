@@ -12,12 +12,10 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// Read-around trim. A random mmap reader's faults each read the file's whole
-// window around the page: beside a slowed reader given a larger window, those
-// reads take the device's time for pages nobody touches. Such a reader's open
-// files get a small window (TrimKB, raise-pin-restore, lowered): no single
-// device-wide value serves both readers. A trim is kept only if the file's
-// requests shrank and stay random, else undone with back-off; it ends after
+// Read-around trim: a random mmap reader's faults each read the whole window
+// around the page, so beside a slowed reader given a larger window they cost
+// the device pages nobody touches. Its open files get a small window (TrimKB,
+// lowered). Kept only if its requests shrank and stay random; ended after
 // Grace with no window raised, when the file gets a decision, or at shutdown.
 
 // trimAll starts, judges and ends read-around trims.
@@ -68,11 +66,10 @@ func (t judgeCtx) trimAll() {
 	}
 }
 
-// startTrims trims the read-around random readers on d not trimmed yet: when
-// a window is raised there (each Step), and at once when a stream's step is
-// taken beside them between Steps, so both are in force together (the random
-// readers' budget counts on it). withStep: such a step was just taken, so the
-// descriptors are searched for whenever the last search was.
+// startTrims trims the read-around random readers on d not trimmed yet: each
+// Step a window is raised there, and at once with a stream's step between
+// Steps, so both are in force together (the readers' budget counts on it).
+// withStep: that step was just taken; search whenever the last search was.
 func (t judgeCtx) startTrims(d *devState, withStep bool) {
 	if t.cfg.DisableTrim || t.scope.Empty() || d == nil || !d.known {
 		return
@@ -127,10 +124,9 @@ func (t judgeCtx) startTrims(d *devState, withStep bool) {
 	}
 }
 
-// retrim trims again the descriptors opened on a kept trim's file since (they
-// get the device's window): every one open now, as a reader that re-opens its
-// file mostly gets the same number back. The trim's refs become those open
-// now, else they would grow at each search.
+// retrim trims again every descriptor open on a kept trim's file (re-opens
+// get the device's window, often under the same number); the trim's refs
+// become those open now, else they would grow at each search.
 func (t judgeCtx) retrim(td *trimDec) {
 	now := t.deps.Clock.Now()
 	fs, ok := t.fstats[td.key]
@@ -159,8 +155,7 @@ func (t judgeCtx) retrim(td *trimDec) {
 	t.emit(a)
 }
 
-// scanDue reports whether a file's readers may be searched for now (once
-// per trimScanEvery), and records the search.
+// scanDue reports whether a file's readers may be searched for now, and records it.
 func (t *Tuner) scanDue(k probe.FileKey, now time.Duration) bool {
 	if at, ok := t.trimScanAt[k]; ok && now-at < trimScanEvery {
 		return false
@@ -200,8 +195,7 @@ func (t *Tuner) trimRefs(k probe.FileKey, d *devState) []actuate.FileRef {
 	return found
 }
 
-// judgeTrim keeps a trim whose file's requests shrank and stay random,
-// and undoes it otherwise.
+// judgeTrim keeps a trim whose file's requests shrank and stay random, else undoes it.
 func (t judgeCtx) judgeTrim(td *trimDec) {
 	now := t.deps.Clock.Now()
 	td.trialAt = 0
@@ -210,9 +204,8 @@ func (t judgeCtx) judgeTrim(td *trimDec) {
 		t.endTrim(td, "the file is no longer read: nothing to measure the trim by")
 		return
 	}
-	// Its latency is no verdict: the stream's step lands in the same interval.
-	// The trim changes the file's own requests: smaller, and still scattered
-	// unless the read-around was being used.
+	// Its latency is no verdict (the stream's step lands in the same interval):
+	// judge its requests, smaller and still scattered unless read-around was used.
 	notReadAround := fs.MeanSize > float64(trimSizeFactor*td.kb*1024)/2
 	if notReadAround || fs.Sequentiality > trimMaxSequentiality {
 		why := fmt.Sprintf("its reads turned sequential (%.0f%%): the read-around was being used", 100*fs.Sequentiality)
@@ -242,8 +235,7 @@ func (t judgeCtx) judgeTrim(td *trimDec) {
 			100*fs.Sequentiality, fs.MeanSize/1024, td.beforeP.Round(10*time.Microsecond), fs.P50.Round(10*time.Microsecond))})
 }
 
-// trimmedClosed reports whether every descriptor td trimmed is closed (or
-// its process gone).
+// trimmedClosed: every descriptor td trimmed is closed (or its process gone).
 func (t *Tuner) trimmedClosed(td *trimDec) bool {
 	if td.dry || len(td.refs) == 0 {
 		return false
@@ -291,10 +283,9 @@ func (t *Tuner) takeScan() bool {
 	return t.scans.take(t.deps.Clock.Now(), scansPerSec, scansPerSec)
 }
 
-// Read-around trims between Steps. A window raised before the device's random
-// readers are known is paid by their every fault until the next Step trims
-// them. Every Settle/4 the recent requests of devices with a window raised are
-// searched for readers reading around, trimmed at once and judged at a Step.
+// Trims between Steps: a window raised before the device's random readers
+// are known costs their every fault until a Step; every Settle/4 the recent
+// requests are searched and readers reading around are trimmed at once.
 
 // trimStreams returns, at most every Settle/onsetEvery, the files with a
 // window raised and one file read on each device raised device-wide, and the
@@ -334,9 +325,8 @@ func (t *Tuner) trimStreams() ([]probe.FileKey, time.Duration) {
 	return slices.Compact(keys), t.cfg.Settle / freshSpanDiv
 }
 
-// fastTrim trims the random readers reading around their faults in the
-// recent requests (snap, over span; detector.Recent) of devices with a
-// window raised, as the next Step would.
+// fastTrim trims the random readers reading around in the recent requests
+// (snap over span) of devices with a window raised, as the next Step would.
 func (t *Tuner) fastTrim(snap detector.Snapshot, span time.Duration) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -353,11 +343,10 @@ func (t *Tuner) fastTrim(snap detector.Snapshot, span time.Duration) []Action {
 	return t.out
 }
 
-// Trimming descriptors opened on a trimmed file. A reader that re-opens its
-// file often gets the device's window on each new descriptor, faster than the
-// trimScanEvery search can follow. So while a trim is in force the probe
-// watches its file (ReadAroundWatch): a read-around above the trim is reported
-// with its process, whose descriptors get the trim from the event path.
+// Descriptors opened on a trimmed file get the device's window, faster than
+// the trimScanEvery search follows. So the probe watches a trimmed file
+// (ReadAroundWatch): a read-around above the trim is reported with its
+// process, whose descriptors get the trim from the event path.
 
 const (
 	// openedQuiet: a reader whose report found no descriptor to trim (closed,
@@ -373,8 +362,7 @@ const (
 	openedBurst  = 4
 )
 
-// watchAround asks the probe to report read-arounds of a trim's file that
-// the trim has not reached.
+// watchAround asks the probe to report read-arounds the trim has not reached.
 func (t *Tuner) watchAround(td *trimDec) {
 	if t.deps.Around == nil || td.dry || td.watched {
 		return
@@ -448,8 +436,7 @@ func (t *Tuner) trimOpened(ev probe.ReadaheadEvent, now time.Duration) {
 	}
 	t.events[EvTrimOpened] += uint64(n)
 	td.opened[ev.Tgid] = openedMark{at: now, until: now}
-	// Not a change of the trim (trimAt): the reader's requests keep the
-	// trimmed size.
+	// Not a change of the trim (trimAt): the requests keep the trimmed size.
 	t.keepRefs(td, refs)
 }
 
@@ -493,8 +480,7 @@ func pruneOpened(td *trimDec, now time.Duration) {
 	}
 }
 
-// trimScanEvery bounds how often one file's readers are searched for
-// in every process's descriptors.
+// trimScanEvery bounds how often one file's readers are searched for.
 const trimScanEvery = 30 * time.Second
 
 // closed reports whether ref is known closed (or its process gone).

@@ -1,10 +1,8 @@
 // Package tuner turns the detector's regimes into readahead actions, least
-// invasive first: a larger window on a slowed file's open descriptors
-// (pidfd_getfd + posix_fadvise), prefetch when the window is not enough, and
-// a device-wide read_ahead_kb only when many files or the device need it.
-// Every step is measured and kept only if it paid, else undone with back-off;
-// all is undone when its regime ends, and the devices' original settings are
-// recorded durably before the first write.
+// invasive first: a slowed file's window (pidfd_getfd + posix_fadvise), then
+// prefetch, then a device-wide read_ahead_kb. Each step is kept only if it
+// paid, else undone with back-off; all is undone when its regime ends, and
+// the devices' original settings are recorded durably before the first write.
 package tuner
 
 import (
@@ -31,8 +29,7 @@ type readerInfo struct {
 	pending   bool
 	priorAt   time.Duration // when freshOpen last looked at this reader
 	firstSeen time.Duration
-	// pausedAt, resumedAt: its last pause over endedGap; a rate over a span
-	// holding it counts only the time it read (pauseIn).
+	// pausedAt, resumedAt: its last pause over endedGap (pauseIn skips it).
 	pausedAt, resumedAt time.Duration
 	// evGap: its usual (smoothed) time between events: sparser events are no pause.
 	evGap time.Duration
@@ -66,8 +63,7 @@ type devState struct {
 	outcomeRetryAt time.Duration
 	outcomeFailP50 time.Duration // the stream's median latency at the last trial that did not pay
 	outcomeFailKB  int           // the window that trial tried
-	// outcomeFailTail: that trial's stream showed a tail (tail.go) before
-	// or at its verdict; a tail seen since, where it showed none, is new.
+	// outcomeFailTail: that stream had a tail by its verdict (else one since is new).
 	outcomeFailTail bool
 	// outcomeFailTput: that stream's throughput at the device's window;
 	// outcomeSlow: per file, first and last interval it read well below it since.
@@ -101,22 +97,19 @@ type fileDec struct {
 	lastNeeded time.Duration
 	outOfScope bool
 	scopeAt    time.Duration
-	// scopeWarned: a regime's action was refused by the allow-paths (logged
-	// once; outcome-only trials are refused silently).
+	// scopeWarned: a regime's action was refused by the allow-paths (logged once).
 	scopeWarned bool
 	// notSeqLogged: the file was found not sequential (logged once).
 	notSeqLogged bool
 	// atCapLogged: the file was found at the device's capacity (logged once).
 	atCapLogged bool
-	// byRate: judged by the stream's rate, not busy throughput (no regime
-	// says the file is slow: only what the reader gets counts).
+	// byRate: judged by the reader's rate, not busy throughput: no regime says it is slow.
 	byRate bool
 	// prior: the directory prior this decision started from (decayed if
 	// it does not pay); learnedKB: window last taught to the memory.
 	prior     *prior.Dir
 	learnedKB int
-	// climbFrom: the prior's window when this fresh open was given the
-	// step above it instead (prior.Memory.Climb); 0 otherwise.
+	// climbFrom: the prior's window when this open got the step above it; else 0.
 	climbFrom int
 }
 
@@ -134,8 +127,7 @@ type Tuner struct {
 
 	mu   sync.Mutex
 	devs map[probe.Dev]*devState
-	// watchedAt: the first Step whose snapshot held each device (its
-	// readers, random ones among them, are known a Settle after it).
+	// watchedAt: each device's first Step (its readers are known a Settle later).
 	watchedAt map[probe.Dev]time.Duration
 	// capFits: each watched device's capacity fitted on its latencies.
 	capFits map[probe.Dev]*capFit
@@ -161,8 +153,7 @@ type Tuner struct {
 	randRefs   map[probe.FileKey]*randRef
 	trimOffs   map[probe.FileKey]*trimOff
 	trimScanAt map[probe.FileKey]time.Duration
-	// lower changes per-file windows; its States is nil when the kernel's
-	// per-file state is not readable (no Deps.States, or dry run).
+	// lower changes per-file windows; States nil: kernel state unreadable, or dry run.
 	lower *actuate.Lowerer
 	// Global budget of whole-system descriptor scans (trim.go).
 	scans bucket
@@ -172,8 +163,7 @@ type Tuner struct {
 	// nReaders bounds the readers table (file x process).
 	nReaders int
 	evOut    []Action // actions taken from the event path, not yet returned
-	// fresh: files with no decision whose first reader was seen within the
-	// last Settle, by when (freshStreams, fastOutcome).
+	// fresh: files with no decision whose first reader came within a Settle, by when.
 	fresh map[probe.FileKey]time.Duration
 	// onsetAt: when onsetStreams last asked for recent requests (onset.go).
 	onsetAt time.Duration
@@ -195,8 +185,7 @@ type Tuner struct {
 	left     []actuate.Unconfirmed // files the shutdown's lowerings could not confirm
 }
 
-// logOnce logs msg once per device and topic until the topic's condition
-// is logged again after a gap (it is cheap to call every interval).
+// logOnce logs msg once per device and topic, again only after a gap.
 func (t *Tuner) logOnce(dev probe.Dev, topic, msg string, args ...any) {
 	k := dev.String() + "/" + topic
 	now := t.deps.Clock.Now()
@@ -208,8 +197,7 @@ func (t *Tuner) logOnce(dev probe.Dev, topic, msg string, args ...any) {
 	t.log.Info(msg, args...)
 }
 
-// device returns the state of the whole disk dev, nil if the tuner may not
-// act on it.
+// device returns the state of disk dev, nil if the tuner may not act on it.
 func (t *Tuner) device(dev probe.Dev) *devState {
 	if d, ok := t.devs[dev]; ok {
 		if !d.known {
@@ -287,9 +275,8 @@ func (t *Tuner) backoff(failures int) time.Duration {
 	return b
 }
 
-// view is what steps are measured and judged on: a detector snapshot, its
-// files and devices by key, and the span its stats cover (0: a Step's
-// Settle; else the recent span of a check between Steps).
+// view is what steps are judged on: a detector snapshot, its files and
+// devices by key, and its stats' span (0: a Step's Settle; else a recent one).
 type view struct {
 	snap   detector.Snapshot
 	fstats map[probe.FileKey]detector.FileStats
@@ -397,8 +384,7 @@ func (b *bucket) takeN(now time.Duration, n, rate, burst float64) bool {
 	return true
 }
 
-// fill refills the bucket at rate per second up to burst, and returns
-// the tokens it holds.
+// fill refills at rate per second up to burst and returns the tokens held.
 func (b *bucket) fill(now time.Duration, rate, burst float64) float64 {
 	if !b.used {
 		b.tokens, b.used = burst, true
@@ -442,8 +428,7 @@ func (t judgeCtx) viewSpan() time.Duration { return cmp.Or(t.span, t.cfg.Settle)
 const (
 	// freshSpanDiv: the recent requests judged are the last Settle / 4.
 	freshSpanDiv = 4
-	// onsetEvery: Settle / onsetEvery between two checks of the same kind
-	// between Steps (onsets, early verdicts, trims).
+	// onsetEvery: Settle / onsetEvery between two checks of a kind between Steps.
 	onsetEvery = 4
 )
 
@@ -461,8 +446,7 @@ func (t *Tuner) helping(d *devState) bool {
 	return false
 }
 
-// raisedWide reports whether the device's own window is raised (in dry-run
-// mode: would be).
+// raisedWide reports whether the device's own window is raised (dry run: would be).
 func (d *devState) raisedWide() bool {
 	return d.cur != d.orig || d.winActive && d.win.dryAt > d.orig
 }

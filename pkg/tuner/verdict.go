@@ -1,9 +1,8 @@
 package tuner
 
-// Verdicts between Steps: a step under trial that clearly pays on its
-// recent requests is kept early (trialStreams, fastVerdict; the rule is
-// keepsEarly, trial.go), and a step whose stream ended is judged at once
-// (endedTrials, endedVerdict).
+// Verdicts between Steps: a step that clearly pays on recent requests is kept
+// early (trialStreams, fastVerdict, keepsEarly), and a step whose stream ended
+// is judged at once (endedTrials, endedVerdict).
 
 import (
 	"errors"
@@ -15,9 +14,8 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// trialStreams returns the files with a window step under trial that
-// fastVerdict may judge now, and the span of recent requests to judge them
-// on; nothing when the last call was less than Settle/4 ago.
+// trialStreams returns the files whose window step fastVerdict may judge now,
+// and the recent span to judge on; nothing within Settle/4 of the last call.
 func (t *Tuner) trialStreams() ([]probe.FileKey, time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -38,9 +36,8 @@ func (t *Tuner) trialStreams() ([]probe.FileKey, time.Duration) {
 	return keys, span
 }
 
-// fastVerdict keeps the steps of trialStreams that clearly pay on the
-// recent requests (snap, over span; detector.Recent) and takes their next
-// step; the others wait for their Step.
+// fastVerdict keeps the steps of trialStreams that clearly pay on the recent
+// requests (snap over span) and takes their next; the others wait for a Step.
 func (t *Tuner) fastVerdict(snap detector.Snapshot, span time.Duration) []Action {
 	return t.judgeOn(snap, span, judgeEarly, EvKeptEarly, func(f detector.FileStats, fd *fileDec) bool {
 		return f.Requests >= onsetMinRequests
@@ -89,8 +86,7 @@ type trialSpan struct {
 	Span time.Duration
 }
 
-// lastRead is when a reader of the file last had a readahead event (0 if
-// none is known).
+// lastRead is when a reader of the file last had a readahead event (0: none).
 func (t *Tuner) lastRead(k probe.FileKey) time.Duration {
 	var last time.Duration
 	for _, r := range t.readers[k] {
@@ -110,10 +106,9 @@ func (t *Tuner) readaheadGap(l *ladder) time.Duration {
 	return gap
 }
 
-// endedTrials returns the file window steps under trial whose stream stopped
-// reading (readaheadGap) after reading long enough to judge, each with the
-// span since its step, for endedVerdict; steps whose stream stopped sooner
-// end here unjudged.
+// endedTrials returns the file window steps whose stream stopped reading
+// (readaheadGap) after reading long enough to judge, with the span since the
+// step, for endedVerdict; steps whose stream stopped sooner end unjudged here.
 func (t *Tuner) endedTrials() []trialSpan {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -148,8 +143,7 @@ func (t *Tuner) endedTrials() []trialSpan {
 }
 
 // endUnjudged takes back a step whose stream read too little after it to
-// judge it: the window in force before it stays, with no knee and no
-// back-off (the next reader of the file, or of its directory, steps again).
+// judge: no knee, no back-off (the file's or directory's next reader steps).
 func (t *Tuner) endUnjudged(fd *fileDec, read time.Duration) {
 	now := t.deps.Clock.Now()
 	l := &fd.win
