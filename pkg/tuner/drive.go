@@ -175,10 +175,9 @@ func (t *Tuner) ownWindow(k probe.FileKey) bool {
 	return fd != nil && !(fd.byRate && fd.win.cur == fd.win.base && fd.win.trial.to == 0 && fd.win.reprobe.until == 0)
 }
 
-// reachOpenFiles gives the device's window to the files read on it now but
-// the files with a decision: read_ahead_kb reaches only later opens, and a
-// device-wide regime slows the open ones too. With the device back at its
-// original, the files reached get it back.
+// reachOpenFiles gives the device's window to the files read on it now, but
+// those with a decision (read_ahead_kb reaches only later opens, and a
+// device-wide regime slows open ones too); back at its original, they get it back.
 func (t judgeCtx) reachOpenFiles(d *devState) {
 	if t.cfg.DryRun || t.scope.Empty() {
 		return

@@ -174,7 +174,8 @@ type randCost struct {
 // base measures the base too (s.before); begin takes a prior's step; putOff
 // with rand defers on the random readers' p99; keepStep resets the back-off
 // (atCap: kept on half the margin); keepAt's prev is the watch's fallback;
-// resume puts a step back when taking it back failed.
+// backToBase also clears the knee; endStep returns the step's value, and
+// resume puts it back when taking it back failed.
 func (l *ladder) startStep(s trialStep, now time.Duration) {
 	baseM := l.baseM
 	if s.from == l.base {

@@ -21,7 +21,8 @@ func (l *ladder) next(growth, max int) (int, bool) {
 		n = l.first
 	}
 	// From base, or a window kept before a regime began, skip steps too small
-	// to hide the reader's latency (elsewhere it holds its own window's queue).
+	// to hide the reader's latency. Not from a window kept under the same
+	// conditions: its latency holds the queue of its own window.
 	for (l.cur == l.base || l.rejump) && l.cur > 0 && n < l.hint && n < max {
 		n *= growth
 	}
@@ -194,7 +195,8 @@ func (t judgeCtx) evidenceFor(l *ladder, d *devState, file probe.FileKey, m meas
 }
 
 // youngMargin: the keep margin of a step whose before-measure took in the
-// stream's start (5-23% below its steady rate), lest the start alone pay.
+// stream's start (5-23% below its steady rate): a smaller one kept steps that
+// gained only that start.
 const youngMargin = 0.4
 
 // capacityReach: a stream reading at least this share of its device's
@@ -202,9 +204,9 @@ const youngMargin = 0.4
 const capacityReach = 0.97
 
 // marginFor is the gain a step must bring and whether it was halved: a file
-// window step taking a lone stream to its device's capacity (over the better
-// of its before-intervals) pays at half: noise cannot read past that ceiling,
-// and the slowdown it masks can be smaller. Beside a random reader: in full.
+// window step taking a lone stream to capacity (over the better of its
+// before-intervals) pays at half, as noise cannot lift a reading past that
+// ceiling and the slowdown it masks can be smaller. Beside random readers: full.
 func (t judgeCtx) marginFor(l *ladder, d *devState, file probe.FileKey, m measure) (float64, bool) {
 	if l.kind == KindDeviceWindow {
 		return t.cfg.DeviceMargin, false
@@ -422,7 +424,7 @@ const (
 
 // kneeStale ends a file window's knee when the stream, at its window, reads
 // below kneeStaleDrop of its rate then; not a random readers' knee (that does
-// not depend on the stream's rate). These back off like trials.
+// not depend on the stream's rate). Its re-probes back off like trials.
 func (t *Tuner) kneeStale(fd *fileDec, m measure) {
 	l := &fd.win
 	now := t.deps.Clock.Now()

@@ -15,8 +15,10 @@ import (
 // Read-around trim: a random mmap reader's faults each read the whole window
 // around the page, so beside a slowed reader given a larger window they cost
 // the device pages nobody touches. Its open files get a small window (TrimKB,
-// lowered). Kept only if its requests shrank and stay random; ended after
-// Grace with no window raised, when the file gets a decision, or at shutdown.
+// raise-pin-restore, lowered) while the stream keeps its large one: no single
+// device-wide value does both. Kept only if its requests shrank and stay
+// random; ended after Grace with no window raised, when the file gets a
+// decision, or at shutdown.
 
 // trimAll starts, judges and ends read-around trims.
 func (t judgeCtx) trimAll() {
@@ -69,7 +71,7 @@ func (t judgeCtx) trimAll() {
 // startTrims trims the read-around random readers on d not trimmed yet: each
 // Step a window is raised there, and at once with a stream's step between
 // Steps, so both are in force together (the readers' budget counts on it).
-// withStep: that step was just taken; search whenever the last search was.
+// withStep: such a step was just taken and counts on the trim: search now.
 func (t judgeCtx) startTrims(d *devState, withStep bool) {
 	if t.cfg.DisableTrim || t.scope.Empty() || d == nil || !d.known {
 		return
@@ -421,7 +423,7 @@ func (t *Tuner) trimOpened(ev probe.ReadaheadEvent, now time.Duration) {
 		return
 	}
 	if !td.dev.opened.take(now, openedPerSec, openedBurst) {
-		// The kernel reports again every 10 ms while it reads around.
+		// The next report (every 10 ms while it reads around) takes the next token.
 		t.count(EvTrimOpenedMissed)
 		t.limited++
 		td.opened[ev.Tgid] = openedMark{at: m.at, until: now + time.Second/openedPerSec}

@@ -31,7 +31,7 @@ type readerInfo struct {
 	firstSeen time.Duration
 	// pausedAt, resumedAt: its last pause over endedGap (pauseIn skips it).
 	pausedAt, resumedAt time.Duration
-	// evGap: its usual (smoothed) time between events: sparser events are no pause.
+	// evGap: its usual (smoothed) time between events: gaps that long are no pause.
 	evGap time.Duration
 	// lastIndex: the page index of its last event (indexed: there was one);
 	// follows: the current event is a stream's next window (followsStream).
@@ -163,7 +163,7 @@ type Tuner struct {
 	// nReaders bounds the readers table (file x process).
 	nReaders int
 	evOut    []Action // actions taken from the event path, not yet returned
-	// fresh: files with no decision whose first reader came within a Settle, by when.
+	// fresh: files with no decision whose first reader came in the last Settle, and when.
 	fresh map[probe.FileKey]time.Duration
 	// onsetAt: when onsetStreams last asked for recent requests (onset.go).
 	onsetAt time.Duration
@@ -230,7 +230,7 @@ func (t *Tuner) device(dev probe.Dev) *devState {
 func (t *Tuner) emit(a Action) {
 	t.out = append(t.out, a)
 	// A kept decision re-applied to a new descriptor (HDFS opens a block file
-	// per read) is counted, not listed: it would flood the recent list.
+	// per read) is counted, not listed: it would push decisions out of recent.
 	if a.Result != ResultApplied {
 		t.recent = append(t.recent, a)
 		if over := len(t.recent) - t.cfg.RecentActions; over > 0 {

@@ -36,23 +36,23 @@ type Config struct {
 	// DeviceMargin is the gain that keeps a device-wide step (default 0.20):
 	// it reaches every later reader of the device, not only the one measured.
 	DeviceMargin float64
-	// Settle is how long after an action its effect is measured (default 1s);
-	// at least the detector's window, so the measure covers only the new value.
+	// Settle is how long after an action its effect is measured (default 1s).
+	// Set it to at least the detector's window so the measure sees only the new value.
 	Settle time.Duration
 	// BackoffBase, BackoffMax: exponential back-off after an action that did
 	// not pay (defaults 2s, 5m); a knee waits BackoffMax before probing again.
 	BackoffBase, BackoffMax time.Duration
-	// Grace: how long with no regime before a target's actions are undone (10s).
+	// Grace: how long with no regime before a target's actions are undone (default 10s).
 	Grace time.Duration
 	// DeviceMinFiles, DeviceFileFraction: a device-wide window is tried when
-	// this many files, and this share of the device's, need more (4, 0.5).
+	// this many files, and this share of the device's, need more (defaults 4, 0.5).
 	DeviceMinFiles     int
 	DeviceFileFraction float64
 	// SysfsWritesPerSec and SysfsBurst rate-limit read_ahead_kb writes per
 	// device (defaults 10/s, burst 4). A raise-pin-restore takes two.
 	SysfsWritesPerSec float64
 	SysfsBurst        int
-	// PrefetchStartKB, PrefetchMaxKB bound the prefetch depth (2048, 16384).
+	// PrefetchStartKB, PrefetchMaxKB bound the prefetch depth (defaults 2048, 16384).
 	PrefetchStartKB, PrefetchMaxKB int
 	// PrefetchBytesPerSec is each device's prefetch budget (default 64 MiB/s).
 	PrefetchBytesPerSec float64
@@ -84,7 +84,7 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	// Order matters where a default derives from another (ReprobeHold, Settle).
+	// Order matters where a default derives from another (ReprobeHold from Settle).
 	c.MaxKB = cmp.Or(c.MaxKB, 4096)
 	c.Growth = cmp.Or(c.Growth, 2)
 	c.FirstStepFactor = cmp.Or(c.FirstStepFactor, 8)
@@ -173,7 +173,7 @@ const (
 	KindDeviceWindowUndo ActionKind = "device_window_undo"
 	KindFileWindowUndo   ActionKind = "file_window_undo"
 	KindPrefetchUndo     ActionKind = "prefetch_undo"
-	// KindTrim: a random mmap reader's files given a smaller window (trim.go).
+	// KindTrim: a random mmap reader's open files given a smaller window (trim.go).
 	KindTrim     ActionKind = "file_trim"
 	KindTrimUndo ActionKind = "file_trim_undo"
 )
@@ -245,7 +245,7 @@ type Status struct {
 	Counts map[string]uint64
 	// Events counts the control core's own events (Events()).
 	Events map[Event]uint64
-	// FileOpFailures counts failed per-file operations (process or fd gone...).
+	// FileOpFailures counts failed per-file operations (process or fd gone, fadvise).
 	FileOpFailures uint64
 	// OutOfScope counts descriptors refused by the allow-path rules.
 	OutOfScope uint64
