@@ -1,10 +1,7 @@
-// Package actuate changes readahead windows on the system and carries no
-// decision: it reaches other processes' open files (pidfd_getfd), sets
-// their windows with posix_fadvise, through the device's read_ahead_kb when
-// only the device reaches a value, lowers a window a reader is already
-// streaming on (lower.go, rearm.go), and resets the per-file windows an
-// earlier run left behind (restore.go). What to change, and when, is the
-// tuner's (package tuner).
+// Package actuate changes readahead windows and carries no decision: it
+// reaches other processes' open files (pidfd_getfd), sets their windows
+// with posix_fadvise (through read_ahead_kb when needed), lowers a window
+// in use (lower.go, rearm.go) and resets a crashed run's pins (restore.go).
 package actuate
 
 import (
@@ -95,8 +92,7 @@ var (
 )
 
 // ProcFileOps implements FileOps with /proc, pidfd_open and pidfd_getfd
-// (Linux 5.6 or later; needs ptrace-attach rights over the reader, which
-// root has).
+// (Linux 5.6+; needs ptrace-attach rights over the reader).
 type ProcFileOps struct {
 	Proc string // procfs mount, normally /proc
 }

@@ -2,9 +2,7 @@ package tuner
 
 // The tuner's side of the actuator: device windows through sysfs
 // (rate-limited, originals recorded first), per-file windows through
-// package actuate (raise, pin, restore), and the record of those pins for
-// a crash. Policy and trials decide what to change; only this file has it
-// changed.
+// package actuate, and the crash record of pins. Only this file writes.
 
 import (
 	"errors"
@@ -91,8 +89,7 @@ func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []actuate.FileRef {
 	var out []actuate.FileRef
 	tg := make([]uint32, 0, len(t.readers[fd.key]))
 	for tgid, r := range t.readers[fd.key] {
-		// Readers the tuner pinned stay reachable for the undo however
-		// long ago they were seen.
+		// Readers the tuner pinned stay reachable for the undo.
 		if (now-r.lastSeen > t.cfg.Grace && r.appliedKB == 0) || (tgids != nil && !tgids[tgid]) {
 			continue
 		}
@@ -109,10 +106,8 @@ func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []actuate.FileRef {
 		for _, ref := range found {
 			real, err := t.scope.Check(ref.Tgid, ref.FD, ref.Path, fd.key)
 			if err != nil {
-				// A stream tried only because it is bound by its window
-				// (no regime) is any sequential reader on the device: one
-				// outside the allow-paths (logs, the OS) is expected, not
-				// an error.
+				// An outcome-only stream is any sequential reader on the
+				// device: one outside the allow-paths is expected, not an error.
 				if onlyOutcome(fd.regimes) {
 					if !fd.outOfScope {
 						t.log.Debug("tuner: stream outside the allow-paths left alone", "pid", tgid, "fd", ref.FD, "path", ref.Path, "reason", err)
@@ -136,45 +131,37 @@ func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []actuate.FileRef {
 	return out
 }
 
-// pin gives each ref's open file the window kb: with fadvise alone when kb
-// is the device's window (NORMAL) or twice it (SEQUENTIAL), otherwise by
-// raise, pin, restore. Descriptors are taken before the raise so the device
-// holds kb for as short a time as possible.
+// pin gives each ref's open file the window kb: fadvise alone at the
+// device's window (NORMAL) or twice it (SEQUENTIAL), else raise, pin,
+// restore, with descriptors taken first to keep the raise short.
 func (t *Tuner) pin(d *devState, kb int, refs []actuate.FileRef, limit bool) (int, error) {
 	return t.raiseFiles(d, t.clamp(d, kb), refs, limit)
 }
 
-// raiseFiles gives the refs' open files the window kb, at least the one
-// they have, without the clamp to the device's original: a read-around
-// trim pins below it.
+// raiseFiles pins kb, at least the file's current window, unclamped to the
+// device's original (a read-around trim pins below it).
 func (t *Tuner) raiseFiles(d *devState, kb int, refs []actuate.FileRef, limit bool) (int, error) {
 	return t.pinWith(d, kb, refs, limit, false)
 }
 
-// lowerFiles is the one way a per-file window comes down (an undo, a step
-// that did not pay, a re-probe, a read-around trim, a device window taken
-// back from the open files it reached). With the kernel's per-file state
-// readable, the Lowerer gives a break to a stream whose window is above
-// the new one: on this kernel a plain pin of the lower value does not
-// lower a stream already on asynchronous readahead (actuate/lower.go).
+// lowerFiles is the one way a per-file window comes down. With the kernel's
+// per-file state readable a stream above the new window gets a break: a
+// plain pin does not lower one already on async readahead (actuate/lower.go).
 func (t *Tuner) lowerFiles(d *devState, kb int, refs []actuate.FileRef, limit bool) (int, error) {
 	t.count(EvActuatorLower)
 	return t.pinWith(d, kb, refs, limit, false)
 }
 
-// trimOpenedFiles is lowerFiles for descriptors just opened by a random
-// reader on a trimmed file (trim.go): without a break (LowerReq.NoBreak),
-// so the tuner's lock is held throughout.
+// trimOpenedFiles is lowerFiles for a random reader's new descriptors on a
+// trimmed file (trim.go): no break, so the lock is held throughout.
 func (t *Tuner) trimOpenedFiles(d *devState, kb int, refs []actuate.FileRef) (int, error) {
 	t.count(EvActuatorLower)
 	return t.pinWith(d, kb, refs, false, true)
 }
 
-// pinWith sets the window through the Lowerer: a file whose kernel window
-// is above kb gets a break first, so the change reaches a stream on
-// asynchronous readahead (actuate/lower.go); without the kernel's per-file
-// state (no progress to wait for) no file gets one. noBreak: see
-// LowerReq.NoBreak.
+// pinWith sets the window through the Lowerer; files whose kernel window is
+// above kb get a break first (none without the kernel's per-file state).
+// noBreak: see LowerReq.NoBreak.
 func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBreak bool) (int, error) {
 	if len(refs) == 0 {
 		return 0, errNoReaders
@@ -215,10 +202,8 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBr
 			return 0, fmt.Errorf("record original of %s before writing it: %w", d.name, err)
 		}
 	}
-	// A break waits for its readers with the tuner's lock released: the
-	// event path (fresh opens, new descriptors of other files) is not
-	// held up by a reader that takes its time to leave its window. The
-	// files being set are marked so that the event path leaves them alone.
+	// A break waits with the lock released so the event path is not
+	// held up; the files being set are marked for it to leave alone.
 	for _, f := range fs {
 		t.lowering[f.Ref.Key]++
 	}
@@ -255,10 +240,8 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBr
 	if st.Set == 0 {
 		return 0, fmt.Errorf("set window: %w", errors.Join(append(errs, err)...))
 	}
-	// Per-file failures are not told apart here: all are recorded as set
-	// or all as cleared; the record is best effort (RestorePins). What
-	// outlives a crash of the daemon is a window other than the device's
-	// original (the device is put back first).
+	// Failures are not told apart: all recorded as set or all as cleared;
+	// best effort (RestorePins). Only a non-original window outlives a crash.
 	for _, f := range fs {
 		if kb != d.orig {
 			set = append(set, pinOf(d, f.Ref, kb))
@@ -269,9 +252,8 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBr
 	return st.Set, nil
 }
 
-// pinsLowerer is the Lowerer RestorePins resets recorded pins with: none
-// without the kernel's per-file state (POSIX_FADV_NORMAL alone: a break
-// could not be checked against the readers' progress).
+// pinsLowerer is the Lowerer RestorePins uses: none without the kernel's
+// per-file state (a break could not be checked against progress).
 func (t *Tuner) pinsLowerer() *actuate.Lowerer {
 	if t.lower.States == nil {
 		return nil
@@ -283,9 +265,8 @@ func pinOf(d *devState, r actuate.FileRef, kb int) state.Pin {
 	return state.Pin{PID: r.Tgid, FD: r.FD, Dev: uint32(r.Key.Dev), Ino: r.Key.Ino, Device: d.name, WindowKB: kb, Path: r.Path}
 }
 
-// recordPins writes what pin changed into the state directory's record of
-// per-file windows (best effort: a window left behind ends when its reader
-// closes the file).
+// recordPins records pin's changes for a crash (best effort: a window left
+// behind ends when its reader closes the file).
 func (t *Tuner) recordPins(set, clear *[]state.Pin) {
 	if t.deps.Store == nil || len(*set)+len(*clear) == 0 {
 		return
@@ -300,8 +281,7 @@ func (t *Tuner) pinFile(fd *fileDec, kb int, tgids map[uint32]bool, limit bool) 
 	if len(refs) == 0 && fd.outOfScope {
 		return errOutOfScope
 	}
-	// Lowering or raising: against the largest window the tuner pinned on
-	// these readers, or their events showed.
+	// Against the largest window pinned on these readers or seen in their events.
 	kb = t.clamp(fd.dev, kb)
 	have := 0
 	for _, r := range refs {

@@ -53,18 +53,15 @@ type failSeen struct {
 	retryAt time.Duration
 }
 
-// failMemo remembers failed per-file actions, so that a failure repeated
-// for the same file, kind and cause is logged once, counted afterwards,
-// and retried with exponential back-off instead of at every readahead
-// event of its reader (every 100 ms for a streaming reader).
+// failMemo logs a failure repeated for a file, kind and cause once, counts
+// the rest and retries with exponential back-off, not on every event.
 type failMemo struct {
 	seen     map[failKey]*failSeen
 	repeated map[string]uint64 // by cause
 }
 
-// due reports whether an action of kind on file may be tried at now. A
-// reader that exited or closed its descriptor says nothing about the
-// next reader of the file: those causes are logged once but hold nothing.
+// due reports whether kind on file may be tried at now. A reader gone or
+// its descriptor closed says nothing of the next: logged once, hold nothing.
 func (m *failMemo) due(file probe.FileKey, kind ActionKind, now time.Duration) bool {
 	for _, c := range FailureCauses {
 		if c == CauseProcessGone || c == CauseFDGone {

@@ -1,10 +1,7 @@
-// Package prior is the tuner's memory of windows that paid: per
-// filesystem and directory (a prior for files opened there next), per slow
-// file, and per device (its learned capacity), saved as priors.json
-// (pkg/state). It lets a fresh open (HDFS opens a block file per read) get
-// the window that paid for its neighbours on its first readahead event, and
-// a restarted daemon serve a file that is still slow at once. It knows
-// nothing of descriptors or measures: the tuner asks it and tells it.
+// Package prior is the tuner's memory of windows that paid: per directory,
+// per slow file, and per device (learned capacity), saved as priors.json
+// (pkg/state). A fresh open (HDFS opens per read) gets its neighbours'
+// window on its first event; a restart serves slow files at once.
 package prior
 
 import (
@@ -19,10 +16,8 @@ import (
 )
 
 // Recheck is how soon a directory's prior is first re-checked: the next
-// fresh open after it is left at the device's window for one Settle, and
-// the prior is dropped if that stream reads about as fast as the prior
-// window's streams did (the device recovered). Each re-check that finds the
-// prior still paying doubles the wait, up to the tuner's BackoffMax.
+// fresh open stays at the device's window for a Settle and the prior drops
+// if it reads as fast; each confirmation doubles the wait, to BackoffMax.
 const Recheck = 30 * time.Second
 
 // saveEvery bounds how often the priors file is rewritten.
@@ -61,9 +56,8 @@ type Dir struct {
 	checkAt, checkEvery time.Duration
 	checking            probe.FileKey // file measured at base, zero if none
 	checkStart          time.Duration
-	// The prior's own ladder (Climb): the fresh open trying the step above
-	// Window and since when; no step above Window before KneeUntil (a
-	// climb's knee, or one a file's own steps found at Window).
+	// The prior's own ladder (Climb): the climber and since when; no
+	// step above Window before KneeUntil.
 	climber   probe.FileKey
 	climbAt   time.Duration
 	KneeUntil time.Duration
@@ -100,10 +94,9 @@ func (m *Memory) Dirs() iter.Seq[*Dir] { return maps.Values(m.dirs) }
 // Len counts the directory priors, slow files and learned capacities.
 func (m *Memory) Len() (dirs, files, caps int) { return len(m.dirs), len(m.files), len(m.caps) }
 
-// Lookup returns the window for a file about to be read: its own memory
-// first, then its directory's prior, then the nearest ancestor directory's
-// (HDFS spreads block files over subdirectories of one data directory).
-// The prior is nil when the directory has none.
+// Lookup returns the window for a file about to be read: its own memory,
+// else its directory's or nearest ancestor's prior (HDFS spreads blocks
+// over subdirectories); nil prior if none.
 func (m *Memory) Lookup(key probe.FileKey, path string) (kb int, p *Dir) {
 	if p = m.Dir(key.Dev, path); p != nil {
 		kb = p.Window
@@ -146,9 +139,8 @@ func (m *Memory) Learn(key probe.FileKey, device, path string, window, base int,
 	if baseBPS > 0 {
 		p.BaseBPS = baseBPS
 	}
-	// A stream that kept less than the prior holds started from an older
-	// prior (its open came before the prior climbed): it confirms the
-	// prior, it does not lower it (a prior comes down by decay).
+	// A stream kept below the prior began under an older one: it confirms,
+	// never lowers, the prior (priors come down by decay).
 	if window >= p.Window || p.Streams == 0 {
 		if window > p.Window {
 			p.KneeUntil, p.kneeN = 0, 0 // a new window: its own climb
@@ -179,9 +171,8 @@ func (m *Memory) ForgetFile(key probe.FileKey) {
 	}
 }
 
-// Decay halves a directory's prior after a stream it was given did not pay
-// (or the re-check found the device recovered: gone), and drops it once it
-// is back at its base window.
+// Decay halves a directory's prior after a given stream did not pay (gone
+// if the re-check found the device recovered), dropping it at its base.
 func (m *Memory) Decay(p *Dir, gone bool) {
 	if p == nil {
 		return
@@ -286,11 +277,9 @@ func (m *Memory) export() state.Priors {
 	return p
 }
 
-// Load fills the memory from saved priors, keeping only admitted entries,
-// windows clamped to maxKB. An entry's device must be one the tuner may act
-// on (device), and a prior's or slow file's directory must lie under an
-// allow-path on that allow-path's filesystem (dir): nothing in the file can
-// make the tuner act elsewhere. It returns how many entries were refused.
+// Load fills the memory from saved priors, windows clamped to maxKB. Only
+// entries on devices the tuner may act on (device) and directories under an
+// allow-path on its filesystem (dir) are admitted; returns the refused count.
 func (m *Memory) Load(p state.Priors, device func(name string) bool, dir func(dir string, dev probe.Dev) bool, maxKB int, now time.Duration) (refused int) {
 	for _, d := range p.Dirs {
 		dev := probe.Dev(d.Dev)
@@ -302,9 +291,7 @@ func (m *Memory) Load(p state.Priors, device func(name string) bool, dir func(di
 		if m.dirs[k] == nil {
 			m.perDev[dev]++
 		}
-		// A saved prior is re-checked by the first fresh open after a
-		// short while: the device may have recovered while the daemon
-		// was down.
+		// Re-checked soon: the device may have recovered while down.
 		m.dirs[k] = &Dir{Device: d.Device, Window: min(d.WindowKB, maxKB), base: d.BaseKB, BaseBPS: d.BaseBPS, KeptBPS: d.KeptBPS,
 			Streams: d.Streams, updated: now, wall: d.Updated, checkEvery: Recheck, checkAt: now + Recheck}
 	}
@@ -370,14 +357,10 @@ func (p *Dir) EndCheck(confirmed bool, now, max time.Duration) {
 	}
 }
 
-// Climb returns the window a fresh open of key should try above the
-// prior's (0 for none) and records key as the prior's climber. Files of a
-// directory that are each read in less than a second (a 128 MB block at
-// 300 MB/s) end before any step above the prior's window can be judged on
-// them: the prior itself climbs, one file at a time, each judged against
-// the rate the prior's window gave its streams. One climber at a time (a
-// climber not heard of for stale is replaced); none while the last climb
-// that did not pay holds its knee.
+// Climb returns the window above the prior a fresh open of key should try
+// (0 for none) and records key as the climber. Files read in under a second
+// end before a step on them can be judged, so the prior climbs one file at
+// a time; one climber at a time (replaced after stale), none under a knee.
 func (m *Memory) Climb(p *Dir, key probe.FileKey, now time.Duration, growth, maxKB int, stale time.Duration) int {
 	if p == nil || p.KeptBPS <= 0 || p.Window >= maxKB || now < p.KneeUntil {
 		return 0
@@ -389,10 +372,8 @@ func (m *Memory) Climb(p *Dir, key probe.FileKey, now time.Duration, growth, max
 	return min(p.Window*growth, maxKB)
 }
 
-// Climbed ends key's climb of p: a step that did not pay holds the prior
-// at its window, for first the first time (one stream's measure may have
-// been noise: the knee is confirmed once), then for again (one that paid
-// was learned as the new window).
+// Climbed ends key's climb of p: one that did not pay holds the prior for
+// first the first time (the knee is confirmed once), then for again.
 func (m *Memory) Climbed(p *Dir, key probe.FileKey, paid bool, first, again time.Duration) {
 	if p == nil || p.climber != key {
 		return
