@@ -3,21 +3,17 @@ package actuate
 // Lowering a window that a stream is already using.
 //
 // POSIX_FADV_NORMAL copies read_ahead_kb into the file's ra_pages, but the
-// async path (mm/readahead.c, page_cache_async_ra) sizes the next window as
-// max(previous, next under ra_pages): a window only grows. FMODE_RANDOM is
-// checked only on the sync path, and dropping pages ahead misses the marker.
-// What resets it: with ra_pages 0 the async path returns at once, and a
-// cache miss takes the sync path, which starts a fresh window from ra_pages.
-// So a break holds ra_pages at 0 until the reader is past the end of its
-// latest window (f_ra: prev_pos beyond start+size), then sets the wanted
-// window. Passing just the marker is not enough: with large folios the
-// marker folio spans much of the window and is hit again. Files not above
-// the wanted window need no break; readers that do not move are restarted
-// where they stand (rearm.go).
+// async path (page_cache_async_ra) sizes the next window as max(previous,
+// next under ra_pages): a window only grows (FMODE_RANDOM and dropping
+// pages ahead do not reach it). With ra_pages 0 the async path returns at
+// once, and a cache miss starts a fresh window from ra_pages on the sync
+// path. So a break holds ra_pages at 0 until the reader is past its latest
+// window (f_ra: prev_pos beyond start+size; just past the marker is not
+// enough, a large marker folio is hit again), then sets the wanted window.
+// Idle readers are restarted where they stand (rearm.go).
 //
-// ra_pages is set only through the device (write read_ahead_kb, NORMAL,
-// write back); files opened in between copy the transient value and are
-// found with the kernel's per-file state and given the device's own.
+// ra_pages is set only through the device (write, NORMAL, write back):
+// files opened in between are found and given the device's own value.
 
 import (
 	"cmp"
@@ -32,8 +28,7 @@ import (
 // pageKB is the size of a page in KB (file_ra_state counts pages).
 const pageKB = probe.PageSize / 1024
 
-// RAState is the kernel's readahead state of one open file (struct
-// file_ra_state inside its struct file), in pages.
+// RAState is an open file's struct file_ra_state, in pages.
 type RAState struct {
 	ID        uint64 // the open file description, while it is open
 	RAPages   uint32
@@ -43,9 +38,8 @@ type RAState struct {
 	PrevPos   int64 // byte offset of the last read, -1 before any
 }
 
-// passedWindow: the reader read beyond its latest window (or has none), so
-// with ra_pages 0 it took a cache miss and no marker is left to trigger
-// async readahead.
+// passedWindow: the reader read beyond its latest window (or has none):
+// with ra_pages 0 it took a cache miss and no marker is left.
 func (s RAState) passedWindow() bool {
 	if s.Size == 0 {
 		return true
@@ -59,8 +53,7 @@ type OpenFile struct {
 	RA  RAState
 }
 
-// RAStates reads the kernel's per-file readahead state (fileras.Iter in
-// production).
+// RAStates reads the kernel's per-file readahead state (fileras.Iter).
 type RAStates interface {
 	// Own returns the state of our descriptors fds (pidfd_getfd: the
 	// readers' open files); missing fds are left out.
@@ -80,53 +73,48 @@ type DeviceRW interface {
 type fdHandle interface{ FD() int }
 
 // readerCheckAfter: a reader still this long is asked whether it holds the
-// file at all; one that closed it (HDFS, per read) or exited ends its break.
+// file; one that closed it or exited ends its break.
 const readerCheckAfter = 5 * time.Millisecond
 
-// Lowerer sets open files' windows so the change reaches a reader already
-// streaming on a larger one. Sysfs and Files are required; without States
-// every file gets a break of Hold and files opened meanwhile are not found.
+// Lowerer sets open files' windows so the change reaches a streaming
+// reader. Sysfs and Files are required; without States every file gets a
+// break of Hold and files opened meanwhile are not looked for.
 type Lowerer struct {
 	Sysfs  DeviceRW
 	Files  FileOps
 	States RAStates
-	// Poll: progress read interval in a break (1ms). A break lasts until
-	// the reader passes its window, at most MaxHold (2s); a reader still for
-	// IdleHold (200ms), or still in its window at MaxHold, is restarted
-	// (rearm.go). Hold is the break without States (250ms).
+	// Poll: progress read interval (1ms). A break lasts until the reader
+	// passes its window, at most MaxHold (2s); a reader idle for IdleHold
+	// (200ms) or still in at MaxHold is restarted (rearm.go). Hold: the
+	// break without States (250ms).
 	Poll, MaxHold, IdleHold, Hold time.Duration
 	Sleep                         func(time.Duration) // default time.Sleep
 	Now                           func() time.Duration
 }
 
-// DefaultMaxHold and DefaultHold are Lowerer.MaxHold's and Hold's
-// defaults.
+// DefaultMaxHold and DefaultHold are Lowerer.MaxHold's and Hold's defaults.
 const (
 	DefaultMaxHold = 2 * time.Second
 	DefaultHold    = 250 * time.Millisecond
 )
 
-// LowerFile is one open file to set: the reader's descriptor and ours on
-// the same open file.
+// LowerFile is the reader's descriptor and ours on the same open file.
 type LowerFile struct {
 	Ref FileRef
 	H   Handle
 }
 
-// LowerReq sets the window KB on Files, all on disk Device whose own
-// read_ahead_kb is DeviceKB (it holds it before and after).
+// LowerReq sets the window KB on Files of disk Device, whose read_ahead_kb
+// is DeviceKB before and after.
 type LowerReq struct {
 	Device   string
 	DeviceKB int
 	KB       int
 	Files    []LowerFile
-	// During, if set, runs each wait of a break (the tuner releases its
-	// lock around it).
+	// During, if set, runs each wait of a break (the tuner unlocks).
 	During func(wait func())
-	// NoBreak sets the window without a break: for random readers just
-	// opened, whose next fault reads around from ra_pages afresh and who
-	// never read past a window (mmap leaves prev_pos), so a break would
-	// only wait out IdleHold.
+	// NoBreak skips the break: for random readers just opened, whose next
+	// fault reads around from ra_pages afresh and who never pass a window.
 	NoBreak bool
 }
 
@@ -140,8 +128,8 @@ type LowerStats struct {
 	Hold        time.Duration // longest break (ra_pages 0) of a file
 	// Reread: bytes ahead of the readers that Rearmed dropped from cache.
 	Reread int64
-	// DeviceOff is the longest instant read_ahead_kb held a value other
-	// than DeviceKB (0 for a break, KB for a raise-pin-restore).
+	// DeviceOff: longest time read_ahead_kb was not DeviceKB (0 in a break,
+	// KB in a raise-pin-restore).
 	DeviceOff time.Duration
 	Strays    int           // files opened during such an instant, given the device's value
 	Left      []Unconfirmed // the files Unconfirmed counts
@@ -169,9 +157,8 @@ func (u Unconfirmed) String() string {
 		u.Ref.Tgid, u.Ref.FD, u.Ref.Path, int(u.RA.RAPages)*pageKB, int(u.RA.Size)*pageKB, u.Why)
 }
 
-// Lower gives each file the window req.KB. Files whose kernel window is
-// above it get a break first (see the top of this file). It returns the
-// first error of each kind; files that failed are counted out of Set.
+// Lower gives each file the window req.KB, breaking those above it first.
+// It returns the first error of each kind; failed files are not in Set.
 func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 	l.defaults()
 	var st LowerStats
@@ -201,8 +188,8 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 		// A failed break leaves no file at 0 (set puts the device back).
 		return st, errors.Join(append(errs, fmt.Errorf("break the readahead windows: %w", err))...)
 	}
-	// Each broken file waits until its reader is past its window while it
-	// makes progress; an idle one would hold the break for nothing.
+	// Each broken file waits until its reader passes its window, while it
+	// makes progress.
 	type wait struct {
 		f         LowerFile
 		pos       int64
@@ -303,8 +290,7 @@ func (l *Lowerer) defaults() {
 	}
 }
 
-// own reads the kernel state of each file's handle (by index); known is
-// false when it cannot be read at all.
+// own reads each file's kernel state (by index); known: readable at all.
 func (l *Lowerer) own(fs []LowerFile) (map[int]RAState, bool) {
 	if l.States == nil {
 		return nil, false
@@ -330,9 +316,8 @@ func (l *Lowerer) own(fs []LowerFile) (map[int]RAState, bool) {
 	return out, true
 }
 
-// set gives fs the window req.KB: POSIX_FADV_NORMAL when it is the
-// device's value, SEQUENTIAL for twice it, otherwise through the device
-// (write, NORMAL, write back), then repairs files opened meanwhile.
+// set gives fs the window req.KB (AdviceFor; through the device when
+// needed), then repairs files opened meanwhile.
 func (l *Lowerer) set(req LowerReq, fs []LowerFile, st *LowerStats) (n int, err error) {
 	if len(fs) == 0 {
 		return 0, nil
@@ -370,8 +355,7 @@ func (l *Lowerer) set(req LowerReq, fs []LowerFile, st *LowerStats) (n int, err 
 // raise-pin-restore or a break; the caller retries.
 var ErrDeviceNotBack = errors.New("read_ahead_kb not put back")
 
-// watchOpens notes the files opened on fs's filesystems from now on (nil
-// when the kernel state cannot be read).
+// watchOpens notes files opened on fs's filesystems (nil: no state).
 func (l *Lowerer) watchOpens(fs []LowerFile) func() []OpenFile {
 	if l.States == nil {
 		return nil
@@ -389,8 +373,7 @@ func (l *Lowerer) watchOpens(fs []LowerFile) func() []OpenFile {
 	return opened
 }
 
-// repair gives the device's window back to the files opened with kb while
-// the device held it.
+// repair gives the device's window back to files opened with kb meanwhile.
 func (l *Lowerer) repair(opened []OpenFile, kb int) int {
 	n := 0
 	for _, f := range opened {

@@ -1,8 +1,7 @@
 package tuner
 
-// The tuner's side of the actuator: device windows through sysfs
-// (rate-limited, originals recorded first), per-file windows through
-// package actuate, and the crash record of pins. Only this file writes.
+// The tuner's side of the actuator: sysfs device windows (rate-limited,
+// originals recorded first), per-file windows, the crash record of pins.
 
 import (
 	"errors"
@@ -82,8 +81,7 @@ func (t *Tuner) repairDevices() {
 	}
 }
 
-// refs finds the in-scope descriptors of the file's readers (only those in
-// tgids when given).
+// refs finds the in-scope descriptors of the file's readers (of tgids if given).
 func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []actuate.FileRef {
 	now := t.deps.Clock.Now()
 	var out []actuate.FileRef
@@ -106,8 +104,8 @@ func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []actuate.FileRef {
 		for _, ref := range found {
 			real, err := t.scope.Check(ref.Tgid, ref.FD, ref.Path, fd.key)
 			if err != nil {
-				// An outcome-only stream is any sequential reader on the
-				// device: one outside the allow-paths is expected, not an error.
+				// An outcome-only stream is any sequential reader: out of
+				// scope is expected, not an error.
 				if onlyOutcome(fd.regimes) {
 					if !fd.outOfScope {
 						t.log.Debug("tuner: stream outside the allow-paths left alone", "pid", tgid, "fd", ref.FD, "path", ref.Path, "reason", err)
@@ -131,36 +129,33 @@ func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []actuate.FileRef {
 	return out
 }
 
-// pin gives each ref's open file the window kb: fadvise alone at the
-// device's window (NORMAL) or twice it (SEQUENTIAL), else raise, pin,
-// restore, with descriptors taken first to keep the raise short.
+// pin gives refs the window kb: fadvise alone at the device's window or
+// twice it, else raise-pin-restore with descriptors taken first.
 func (t *Tuner) pin(d *devState, kb int, refs []actuate.FileRef, limit bool) (int, error) {
 	return t.raiseFiles(d, t.clamp(d, kb), refs, limit)
 }
 
-// raiseFiles pins kb, at least the file's current window, unclamped to the
-// device's original (a read-around trim pins below it).
+// raiseFiles pins kb unclamped to the device's original (trims pin below).
 func (t *Tuner) raiseFiles(d *devState, kb int, refs []actuate.FileRef, limit bool) (int, error) {
 	return t.pinWith(d, kb, refs, limit, false)
 }
 
-// lowerFiles is the one way a per-file window comes down. With the kernel's
-// per-file state readable a stream above the new window gets a break: a
-// plain pin does not lower one already on async readahead (actuate/lower.go).
+// lowerFiles is the one way a per-file window comes down: with per-file
+// state a stream above it gets a break (a plain pin does not reach async
+// readahead; actuate/lower.go).
 func (t *Tuner) lowerFiles(d *devState, kb int, refs []actuate.FileRef, limit bool) (int, error) {
 	t.count(EvActuatorLower)
 	return t.pinWith(d, kb, refs, limit, false)
 }
 
-// trimOpenedFiles is lowerFiles for a random reader's new descriptors on a
-// trimmed file (trim.go): no break, so the lock is held throughout.
+// trimOpenedFiles is lowerFiles for a random reader's new descriptors
+// (trim.go): no break, so the lock is held throughout.
 func (t *Tuner) trimOpenedFiles(d *devState, kb int, refs []actuate.FileRef) (int, error) {
 	t.count(EvActuatorLower)
 	return t.pinWith(d, kb, refs, false, true)
 }
 
-// pinWith sets the window through the Lowerer; files whose kernel window is
-// above kb get a break first (none without the kernel's per-file state).
+// pinWith sets the window through the Lowerer (breaks as in lower.go).
 // noBreak: see LowerReq.NoBreak.
 func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBreak bool) (int, error) {
 	if len(refs) == 0 {
@@ -202,8 +197,8 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBr
 			return 0, fmt.Errorf("record original of %s before writing it: %w", d.name, err)
 		}
 	}
-	// A break waits with the lock released so the event path is not
-	// held up; the files being set are marked for it to leave alone.
+	// A break waits with the lock released; the event path leaves the
+	// marked files alone.
 	for _, f := range fs {
 		t.lowering[f.Ref.Key]++
 	}
@@ -240,8 +235,8 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBr
 	if st.Set == 0 {
 		return 0, fmt.Errorf("set window: %w", errors.Join(append(errs, err)...))
 	}
-	// Failures are not told apart: all recorded as set or all as cleared;
-	// best effort (RestorePins). Only a non-original window outlives a crash.
+	// Failures are not told apart: all recorded set, or all cleared
+	// (best effort; RestorePins resets what a crash leaves).
 	for _, f := range fs {
 		if kb != d.orig {
 			set = append(set, pinOf(d, f.Ref, kb))
@@ -252,8 +247,7 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBr
 	return st.Set, nil
 }
 
-// pinsLowerer is the Lowerer RestorePins uses: none without the kernel's
-// per-file state (a break could not be checked against progress).
+// pinsLowerer is RestorePins' Lowerer: none without per-file state.
 func (t *Tuner) pinsLowerer() *actuate.Lowerer {
 	if t.lower.States == nil {
 		return nil
@@ -265,8 +259,7 @@ func pinOf(d *devState, r actuate.FileRef, kb int) state.Pin {
 	return state.Pin{PID: r.Tgid, FD: r.FD, Dev: uint32(r.Key.Dev), Ino: r.Key.Ino, Device: d.name, WindowKB: kb, Path: r.Path}
 }
 
-// recordPins records pin's changes for a crash (best effort: a window left
-// behind ends when its reader closes the file).
+// recordPins records pin's changes for a crash (best effort).
 func (t *Tuner) recordPins(set, clear *[]state.Pin) {
 	if t.deps.Store == nil || len(*set)+len(*clear) == 0 {
 		return
@@ -304,8 +297,7 @@ func (t *Tuner) pinFile(fd *fileDec, kb int, tgids map[uint32]bool, limit bool) 
 	return nil
 }
 
-// prefetchAll issues WILLNEED ahead of each prefetched reader, within each
-// device's byte budget.
+// prefetchAll issues WILLNEED ahead of prefetched readers, within budget.
 func (t *Tuner) prefetchAll() {
 	if t.cfg.DryRun {
 		return
@@ -359,8 +351,7 @@ func (t *Tuner) prefetchAll() {
 	}
 }
 
-// onlyOutcome reports whether a decision rests on its stream's outcome
-// alone (window_bound), with no regime of the detector behind it.
+// onlyOutcome: the decision rests on its stream's outcome alone.
 func onlyOutcome(regimes []detector.RegimeKind) bool {
 	for _, r := range regimes {
 		if r != WindowBound {

@@ -23,8 +23,7 @@ const (
 // FailureCauses lists every cause, for series that exist at zero.
 var FailureCauses = []string{CauseOutOfScope, CauseProcessGone, CauseFDGone, CausePermission, CauseOther}
 
-// maxFailMemo bounds the memo; past it, entries whose back-off is over go
-// first, then everything (a burst of distinct failures is logged again).
+// maxFailMemo bounds the memo; past it, expired entries go, then all.
 const maxFailMemo = 4096
 
 // failCause classifies an error of a per-file action.
@@ -74,8 +73,7 @@ func (m *failMemo) due(file probe.FileKey, kind ActionKind, now time.Duration) b
 	return true
 }
 
-// failed records a failure; it reports whether it is the first for its
-// cause (to be logged) rather than a repeat (counted only).
+// failed records a failure; true if first for its cause (log it).
 func (m *failMemo) failed(file probe.FileKey, kind ActionKind, cause string, now time.Duration, backoff func(int) time.Duration) bool {
 	if m.seen == nil {
 		m.seen, m.repeated = map[failKey]*failSeen{}, map[string]uint64{}
@@ -97,8 +95,7 @@ func (m *failMemo) failed(file probe.FileKey, kind ActionKind, cause string, now
 	return !ok
 }
 
-// ok forgets the failures of kind on file after a success: a later
-// failure is news again.
+// ok forgets kind's failures on file after a success.
 func (m *failMemo) ok(file probe.FileKey, kind ActionKind) {
 	for _, c := range FailureCauses {
 		delete(m.seen, failKey{file, kind, c})

@@ -12,18 +12,16 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/state"
 )
 
-// freshOpen pins the memory's window for a file with no decision on the
-// reader's open file, from the event path, as a trial judged one Settle
-// later against the prior's base rate. t.mu held.
+// freshOpen pins the memory's window on a new reader of a file with no
+// decision, as a trial judged a Settle later. t.mu held.
 func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Duration) {
 	key, disk, tgid, evAt := ev.File, ev.Device, ev.Tgid, ev.Time
 	if disk == 0 || t.cfg.DryRun || t.scope.Empty() || !t.mem.Has(key.Dev) || now-r.priorAt < t.cfg.Grace && r.priorAt != 0 {
 		return
 	}
-	// Only a stream: a read from the head, or async readahead following the
-	// reader's previous window. A random mmap reader's fault landing on a
-	// read-around marker also raises an async event mid-file; a larger window
-	// there amplifies every fault. Files seen read randomly or trimmed too.
+	// Only a stream: a head read, or async readahead following the reader's
+	// previous window. A random mmap fault on a read-around marker raises an
+	// async event mid-file, where a larger window amplifies every fault.
 	if ev.Index != 0 && (!ev.Async || !r.follows) {
 		return
 	}
@@ -63,8 +61,8 @@ func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Dur
 		}
 		kb = min(kb, lim)
 	} else if w, ok := t.watchedAt[d.dev]; ok && now-w >= t.cfg.Settle && kb == p.Window {
-		// The prior's own ladder: try the step above, once the device's
-		// random readers are known.
+		// The prior's own ladder: try the step above, once the
+		// device's random readers are known.
 		if next := t.clamp(d, t.mem.Climb(p, key, now, t.cfg.Growth, t.cfg.MaxKB, 4*t.cfg.Settle)); next > kb {
 			climbFrom, kb = kb, next
 		}
@@ -94,8 +92,7 @@ func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Dur
 	why := fmt.Sprintf("prior: %d KB paid for %d recent stream(s) in this directory (%.1f -> %.1f MB/s); given to %d descriptor(s) %v after the file's first readahead event",
 		p.Window, p.Streams, p.BaseBPS/1e6, p.KeptBPS/1e6, n, lag.Round(100*time.Microsecond))
 	if climbFrom > 0 {
-		// Judged against the prior's kept rate; if not paying it falls
-		// back to the prior's window.
+		// Judged against the prior's kept rate; falls back to it.
 		fd.climbFrom, s.from = climbFrom, climbFrom
 		fd.win.keepAt(climbFrom, 0, now)
 		s.before = measure{ok: true, tput: p.KeptBPS, rate: p.KeptBPS}
@@ -118,9 +115,8 @@ func followsStream(prev uint64, ev probe.ReadaheadEvent) bool {
 }
 
 // judgePriorChecks ends re-checks whose stream read a Settle at the
-// device's window: as fast as the prior's kept rate (less the margin)
-// drops the prior; else it stands and the next re-check waits twice as
-// long. t.mu held.
+// device's window: as fast as the prior's kept rate (less the margin) drops
+// it; else the next re-check waits twice as long. t.mu held.
 func (t judgeCtx) judgePriorChecks(now time.Duration) {
 	for p := range t.mem.Dirs() {
 		key, age := p.Checked(now)
@@ -148,8 +144,7 @@ func (t judgeCtx) judgePriorChecks(now time.Duration) {
 	}
 }
 
-// loadPriors reads the state directory's priors file; any fault is one
-// warning and no priors; entries outside the configuration are refused.
+// loadPriors reads the priors file; a fault is one warning and no priors.
 func (t *Tuner) loadPriors() {
 	if t.priorsPath == "" || t.scope.Empty() {
 		return
@@ -186,8 +181,8 @@ func (t *Tuner) savePriors(force bool) {
 }
 
 // catchUp raises a kept window to its directory's prior when a new stream
-// starts on the file (HDFS reopens per read) and the prior climbed since.
-// Not over the file's knee, beside random readers, or during a step.
+// starts (HDFS reopens per read); not over a knee, beside random readers,
+// or during a step.
 func (t judgeCtx) catchUp(fd *fileDec, now time.Duration) {
 	l := &fd.win
 	if t.cfg.DryRun || l.trial.to != 0 || l.reprobe.until != 0 || l.back.knee || fd.pf.trial.to != 0 || l.cur <= l.base || t.randomReaderBeside(fd) {
@@ -208,11 +203,9 @@ func (t judgeCtx) catchUp(fd *fileDec, now time.Duration) {
 		"from_kb", from, "to_kb", kb)
 }
 
-// Fresh streams are judged on the recent requests (a fraction of a Settle):
-// Little's law needs only bytes in flight, window and latency, and waiting
-// a whole Settle costs a slowed stream a good share of its read. Same
-// bounded outcome step, judged one Settle later, under the device's
-// back-off.
+// Fresh streams are judged on the recent requests: Little's law needs only
+// bytes in flight, window and latency, and waiting a whole Settle costs a
+// slowed stream much of its read. Judged one Settle later as any step.
 const (
 	// freshMinAge: a younger reader has not ramped its window yet.
 	freshMinAgeDiv = 10 // Settle / 10: 100 ms at 1 s
@@ -222,8 +215,7 @@ const (
 	maxFresh = 4096
 )
 
-// noteFresh records a file with no decision first read at firstSeen.
-// t.mu held.
+// noteFresh records a decision-less file first read at firstSeen. t.mu held.
 func (t *Tuner) noteFresh(k probe.FileKey, firstSeen, now time.Duration) {
 	if t.scope.Empty() || now-firstSeen > t.cfg.Settle {
 		return
@@ -240,8 +232,7 @@ func (t *Tuner) noteFresh(k probe.FileKey, firstSeen, now time.Duration) {
 	t.fresh[k] = firstSeen
 }
 
-// freshStreams returns the fresh files old enough to judge and the span to
-// judge them on (Tick asks detector.Recent); empty if none.
+// freshStreams returns the fresh files old enough to judge and the span.
 func (t *Tuner) freshStreams() ([]probe.FileKey, time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -257,8 +248,7 @@ func (t *Tuner) freshStreams() ([]probe.FileKey, time.Duration) {
 		}
 	}
 	slices.SortFunc(keys, compareKeys)
-	// A slow stream has too few requests in Settle/4: use up to 3/4
-	// Settle of its life.
+	// Slow streams need up to 3/4 Settle of their life.
 	span := t.cfg.Settle / freshSpanDiv
 	for _, k := range keys {
 		span = max(span, min(now-t.fresh[k], 3*t.cfg.Settle/4))
@@ -266,8 +256,7 @@ func (t *Tuner) freshStreams() ([]probe.FileKey, time.Duration) {
 	return keys, span
 }
 
-// newDec records a decision on k, at the device's window, needed now;
-// byRate with WindowBound for a stream bound by its window with no regime.
+// newDec records a decision on k at the device's window (byRate: outcome).
 func (t *Tuner) newDec(k probe.FileKey, d *devState, byRate bool, now time.Duration, regimes ...detector.RegimeKind) *fileDec {
 	fd := &fileDec{key: k, dev: d, byRate: byRate, regimes: regimes, lastNeeded: now,
 		win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
@@ -277,8 +266,7 @@ func (t *Tuner) newDec(k probe.FileKey, d *devState, byRate bool, now time.Durat
 }
 
 // fastOutcome takes the first outcome step on fresh window-bound streams,
-// on the recent requests (snap, over span), with Step's bounds, judged by
-// the Step one Settle later.
+// on the recent requests (snap, over span), judged a Settle later.
 func (t *Tuner) fastOutcome(snap detector.Snapshot, span time.Duration) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -312,8 +300,7 @@ func (t *Tuner) fastOutcome(snap detector.Snapshot, span time.Duration) []Action
 		if created {
 			fd = t.newDec(f.Key, d, true, now, WindowBound)
 		} else {
-			// A new stream on a file whose earlier trials did not pay: their
-			// back-off and knee no longer hold; outcomeDue still does.
+			// Earlier trials' back-off and knee no longer hold; outcomeDue does.
 			fd.win.retryNow(true)
 			fd.lastNeeded = now
 		}
@@ -321,8 +308,7 @@ func (t *Tuner) fastOutcome(snap detector.Snapshot, span time.Duration) []Action
 		n := len(t.out)
 		j.driveFile(fd, true)
 		if len(t.out) == n {
-			// Nothing done (no descriptor yet, sysfs budget spent): the
-			// Step decides.
+			// Nothing done (no descriptor yet, budget spent): the Step decides.
 			if created && !fd.outOfScope {
 				delete(t.files, f.Key)
 			}

@@ -1,7 +1,7 @@
 package tuner
 
-// The loop's entry points: New, ObserveReadahead (per event), Step (per
-// interval) and Tick (between Steps). Each takes the tuner's lock.
+// The loop's entry points: New, ObserveReadahead, Step and Tick. Each takes
+// the tuner's lock; the state is in tuner.go.
 
 import (
 	"errors"
@@ -17,12 +17,10 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/tuner/prior"
 )
 
-// pauseGaps: a reader paused when no event came for this many of its
-// usual gaps between events (and at least endedGap).
+// pauseGaps: no event for this many usual gaps (at least endedGap): paused.
 const pauseGaps = 8
 
-// evTime is the kernel's timestamp of ev (delivery may lag by tens of ms),
-// else now.
+// evTime is ev's kernel timestamp (delivery may lag tens of ms), else now.
 func evTime(ev probe.ReadaheadEvent, now time.Duration) time.Duration {
 	if ev.Time > 0 && ev.Time < now {
 		return ev.Time
@@ -97,8 +95,8 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 	return t, nil
 }
 
-// ObserveReadahead notes which process reads which file and pins a
-// decision's window on new descriptors. Called per event: keep it cheap.
+// ObserveReadahead tracks readers and pins decisions on new descriptors
+// (per event: keep it cheap).
 func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 	if ev.File.IsZero() || ev.Tgid == 0 {
 		return
@@ -122,8 +120,7 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 	r := rs[ev.Tgid]
 	if r == nil {
 		if t.nReaders >= MaxReaders {
-			// Bounded against floods of short-lived readers; known ones are
-			// still served.
+			// Bounded against floods of short-lived readers.
 			t.count(EvReadersDropped)
 			if len(rs) == 0 {
 				delete(t.readers, ev.File)
@@ -159,8 +156,8 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 		return
 	}
 	if ev.Index == 0 && !ev.Async && !t.ownWindow(ev.File) {
-		// A read from the head on a file holding no window of its own: a new
-		// stream (HDFS reopens the block file per read), judged as fresh.
+		// A head read on a file with no window of its own: a new stream
+		// (HDFS reopens per read), judged as fresh.
 		t.noteFresh(ev.File, now, now)
 	}
 	if ev.Index == 0 && !ev.Async {
@@ -169,7 +166,7 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 	// Events queued before the last pin show the old window.
 	stale := ev.Time != 0 && ev.Time < r.appliedAt
 	if w := fd.win.inForce(); w > fd.win.base && r.raKB < w && !stale && t.lowering[ev.File] == 0 {
-		// A descriptor opened after the decision: pin it now, not at the next tick.
+		// Opened after the decision: pin now, not at the next tick.
 		r.pending = true
 		t.applyPendingFile(fd, now)
 	}
@@ -181,8 +178,7 @@ const maxWatched = 4096
 // MaxReaders bounds the tuner's table of readers (file x process).
 const MaxReaders = 65536
 
-// Step runs one interval of the closed loop on the detector's snapshot and
-// returns what was done.
+// Step runs one interval of the closed loop and returns what was done.
 func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -233,16 +229,15 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 		fd := t.files[k]
 		_, needed := fileNeeds[k]
 		if fd.byRate && !needed && fd.win.cur > fd.win.base {
-			// A kept window nobody asked for stays while its stream reads; the
-			// re-probe tells whether it still pays.
+			// A kept window stays while its stream reads; the re-probe judges it.
 			if fs, ok := t.fstats[k]; ok && now-fs.LastSeen <= t.cfg.Settle {
 				needed = true
 				fd.lastNeeded = now
 			}
 		}
 		if fd.win.reprobe.until != 0 {
-			// A stream at the device's window is bound by it even when healthy:
-			// if that alone asks for the window, its rate judges.
+			// At the device's window even a healthy stream is bound by it:
+			// when that alone asks, its rate judges.
 			var why string
 			if fd.byRate || needed && onlyOutcome(fileNeeds[k]) {
 				needed, why = j.stillPays(fd)
@@ -260,8 +255,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 		if needed {
 			if !t.reprobeStart(fd) {
 				j.driveFile(fd, true)
-				// A regime begun during an outcome trial takes over once it is judged,
-				// in this Step.
+				// A regime begun during an outcome trial takes over now.
 				if len(fileNeeds[k]) > 0 && !onlyOutcome(fileNeeds[k]) && fd.win.trial.to == 0 && fd.pf.trial.to == 0 && t.regimeTakesOver(fd) {
 					j.driveFile(fd, true)
 				}
@@ -281,8 +275,8 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 		}
 	}
 
-	// Device-wide decisions, never beside a random reader: every file opened
-	// later takes the window and short mmap readers escape trims.
+	// Device-wide: never beside a random reader (every later open takes the
+	// window, and short mmap readers escape trims).
 	for dev, why := range devWide {
 		d := t.device(dev)
 		if d == nil {
@@ -328,18 +322,16 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	return t.out
 }
 
-// RecentFunc returns the detector's recent requests of keys (and of the
-// other files read on their devices) over the last span: detector.Recent.
+// RecentFunc is detector.Recent: keys' and their devices' recent requests.
 type RecentFunc func(span time.Duration, keys []probe.FileKey) detector.Snapshot
 
-// Tick runs between Steps (~100 ms), in order: first steps on the fast
-// path's regimes, outcome steps on fresh streams, steps on streams slowed
-// since Step, early keeps, read-around trims, verdicts of ended trials,
-// kept decisions on new descriptors. recent is called outside the lock.
+// Tick runs between Steps (~100 ms): fast-path first steps, fresh streams,
+// onsets, early keeps, trims, ended trials, then new descriptors. recent
+// is called outside the lock.
 func (t *Tuner) Tick(fast detector.Snapshot, recent RecentFunc) []Action {
 	var out []Action
 	if len(fast.Regimes) > 0 {
-		// Measured on the requests since about the onset, not the whole interval.
+		// Measured since about the onset, not over the whole interval.
 		span := t.cfg.Settle / freshSpanDiv
 		keys := make([]probe.FileKey, 0, len(fast.Files))
 		for _, f := range fast.Files {
@@ -361,11 +353,9 @@ func (t *Tuner) Tick(fast detector.Snapshot, recent RecentFunc) []Action {
 	return append(out, t.applyPending()...)
 }
 
-// fastOn takes the first step on regimes the fast path just entered
-// (snap: detector.FastPath), sized by Little's law, judged at a Step one
-// Settle later. A file that already has a decision is measured on recent
-// (over span): the snapshot reaches back a whole Settle, before the onset,
-// where its free rate makes any step look unpaid.
+// fastOn takes the first step on regimes the fast path just entered,
+// judged at a Step one Settle later. A file with a decision is measured on
+// recent (over span): the snapshot's Settle reaches back before the onset.
 func (t *Tuner) fastOn(snap, recent detector.Snapshot, span time.Duration) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -384,10 +374,10 @@ func (t *Tuner) fastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 		}
 		t.dstats[d.Device] = d
 	}
-	// On the last Step's view joined by the fast path's files, regime just in.
+	// The last Step's view joined by the fast path's files.
 	j := judgeCtx{Tuner: t, view: &t.view, justIn: true}
-	// Random readers in the recent requests: before the first Step the view
-	// holds none, and a step sized for a lone stream would be paid by them.
+	// Before the first Step the view holds no random readers, and a lone
+	// stream's step would be paid by them.
 	randomNow := map[probe.Dev]bool{}
 	for _, f := range recent.Files {
 		if j.readRandomly(f) {
@@ -403,9 +393,8 @@ func (t *Tuner) fastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 				fd.regimes = append(fd.regimes, kind)
 				fd.lastNeeded = now
 				if l := &fd.win; l.trial.to == 0 && l.movedAt != 0 && now-l.movedAt < t.cfg.Settle/freshSpanDiv {
-					// Its window moved a moment ago: the recent requests hold the
-					// old one's and any step looks unpaid. retryYoung or the next
-					// Step takes it.
+					// Its window just moved: the recent requests hold the old
+					// one's. retryYoung or the next Step takes it.
 					return
 				}
 				if !deferStep(fd, dev) {
@@ -428,8 +417,7 @@ func (t *Tuner) fastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 		case !r.File.IsZero():
 			start(r.File, r.Device, r.Kind)
 		case r.Kind == detector.Contention:
-			// As Step: each sequential file on the device, unless the
-			// contention is among them.
+			// As Step: each sequential file, unless contention is among them.
 			if _, zeroSum := t.contentionAmongStreams(t.snap, r.Device); zeroSum {
 				continue
 			}
@@ -443,8 +431,7 @@ func (t *Tuner) fastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 	return t.out
 }
 
-// onRecent is j on the recent requests (over span) if they hold enough of
-// key's to measure it by.
+// onRecent is j on recent (over span) if it holds enough of key's.
 func (t *Tuner) onRecent(j judgeCtx, key probe.FileKey, recent detector.Snapshot, span time.Duration) judgeCtx {
 	i := slices.IndexFunc(recent.Files, func(fs detector.FileStats) bool { return fs.Key == key })
 	if span <= 0 || i < 0 || recent.Files[i].Requests < freshMinRequests || recent.Files[i].BusyThroughput <= 0 {
@@ -454,8 +441,8 @@ func (t *Tuner) onRecent(j judgeCtx, key probe.FileKey, recent detector.Snapshot
 	return j
 }
 
-// applyPending pins decisions on descriptors opened since (HDFS opens per
-// read) and returns the event path's actions.
+// applyPending pins decisions on descriptors opened since and returns the
+// event path's actions.
 func (t *Tuner) applyPending() []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -471,8 +458,7 @@ func (t *Tuner) applyPendingLocked() {
 	}
 }
 
-// applyPendingFile pins the window in force on the descriptors of the
-// file's readers marked pending.
+// applyPendingFile pins the window in force on pending readers.
 func (t *Tuner) applyPendingFile(fd *fileDec, now time.Duration) {
 	w := fd.win.inForce()
 	if t.cfg.DryRun || w <= fd.win.base {

@@ -16,10 +16,10 @@ func (t judgeCtx) fileMeasure(k probe.FileKey) measure {
 	if !ok || fs.BusyThroughput <= 0 || t.snap.Now-fs.LastSeen > t.cfg.Settle {
 		return measure{}
 	}
-	// A Settle (the daemon sets both to its interval), or a recent span.
+	// The detector's window: the Settle, or a fresh stream's recent span.
 	span := t.viewSpan().Seconds()
-	// A stream that stopped inside the span read only part of it; the whole
-	// span would understate its rate. In endedVerdict the span is the step's.
+	// A stream that stopped inside the span: only its active part counts
+	// (in endedVerdict the span is the step's).
 	active, ended := span, false
 	if gap := (t.snap.Now - fs.LastSeen).Seconds(); gap > endedGap.Seconds() || t.mode == judgeEnded {
 		active, ended = span-gap, true
@@ -42,9 +42,8 @@ func (t judgeCtx) fileMeasure(k probe.FileKey) measure {
 		// Its own share at its active rate, as the before-measure counted it.
 		m.dev = float64(ds.Bytes)/span - float64(fs.Bytes)/span + m.rate
 		m.devBusy = ds.BusyThroughput
-		// Random readers' bytes say nothing of their service (a trimmed
-		// reader reads less by design): left out before and after alike;
-		// their budget protects them (random.go).
+		// Random readers' bytes say nothing of their service: left out
+		// before and after alike; their budget protects them.
 		for ok2, ofs := range t.fstats {
 			if ok2 == k || ofs.Device != fs.Device {
 				continue
@@ -65,10 +64,9 @@ func (t judgeCtx) fileMeasure(k probe.FileKey) measure {
 	return m
 }
 
-// protectedStream: another file's reader whose share a step no regime
-// asked for must not take: a sequential stream in scope. O_DIRECT reads and
-// out-of-scope files are contenders a larger window may win back from;
-// random and mmap readers are protected by trims and no device window.
+// protectedStream: a sequential in-scope stream whose share an outcome step
+// must not take. O_DIRECT and out-of-scope readers are contenders; random
+// readers are protected by trims and no device window.
 func (t judgeCtx) protectedStream(k probe.FileKey, fs detector.FileStats) bool {
 	if fs.Sequentiality < t.cfg.MinSequentiality || t.snap.Now-fs.LastSeen > t.cfg.Settle {
 		return false
@@ -125,8 +123,8 @@ func (t judgeCtx) measureFor(fd *fileDec) measure {
 	m := t.fileMeasure(fd.key)
 	m.othersMustNotLose = fd.byRate
 	if fd.byRate {
-		// A stream begun inside the window has an understated rate and
-		// any step would look paid: use its busy throughput until whole.
+		// A stream begun inside the window looks paid by any step:
+		// busy throughput until measured whole.
 		if _, whole := t.windowKB(fd.key); whole || fd.win.trial.to != 0 {
 			m.tput = m.rate
 		} else {
@@ -144,13 +142,11 @@ func (t judgeCtx) devMeasure(dev probe.Dev) measure {
 	return measure{ok: true, tput: ds.BusyThroughput, p50: ds.P50}
 }
 
-// endedGap: no request completed for this long means the stream is not
-// reading now. A window-bound stream completes one every few ms, even
-// slowed or queued behind a larger window elsewhere.
+// endedGap: no request completed for this long: not reading now (a
+// window-bound stream completes one every few ms, even slowed).
 const endedGap = 250 * time.Millisecond
 
-// firstRead is when the file's earliest current reader had its first
-// readahead event (0 if none is known).
+// firstRead is the earliest current reader's first event (0: none).
 func (t *Tuner) firstRead(k probe.FileKey) time.Duration {
 	var first time.Duration
 	for _, r := range t.readers[k] {
@@ -161,8 +157,7 @@ func (t *Tuner) firstRead(k probe.FileKey) time.Duration {
 	return first
 }
 
-// pauseIn is how long the stream paused in the span from start: the
-// shortest pause of the readers that read in it.
+// pauseIn is the shortest pause in the span from start among its readers.
 func (t *Tuner) pauseIn(k probe.FileKey, start time.Duration) time.Duration {
 	var least time.Duration = -1
 	for _, r := range t.readers[k] {
@@ -180,13 +175,11 @@ func (t *Tuner) pauseIn(k probe.FileKey, start time.Duration) time.Duration {
 	return max(least, 0)
 }
 
-// endedMinActive: a stream that read for less of the span than this before
-// it ended says too little of a step to judge it by.
+// endedMinActive: a stream that read less than this before ending is not judged.
 const endedMinActive = 100 * time.Millisecond
 
-// lossBase is the before-measure's device total and protected share, less
-// the streams that stopped since: a larger window slows others, it does not
-// stop them, so an ended stream is no loss of the step.
+// lossBase is before's device total and protected share less the streams
+// that stopped since: a larger window slows others, it does not stop them.
 func lossBase(b, m measure) (dev, others float64) {
 	dev, others = b.dev, b.others
 	for _, o := range b.streams {
@@ -201,13 +194,11 @@ func lossBase(b, m measure) (dev, others float64) {
 	return max(dev, 0), max(others, 0)
 }
 
-// devLossMax: a file window step whose device total falls by more than this
-// share is not kept.
+// devLossMax: a file window step losing more of the device total is not kept.
 const devLossMax = 0.05
 
-// windowKB is the largest window (from ra_pages in events) a reader had in
-// the last two Settles, and whether one read for a whole measurement (a
-// stream begun within the window reads at a fraction of its rate there).
+// windowKB is the largest window (ra_pages in events) seen in two Settles,
+// and whether a reader read for a whole measurement.
 func (t judgeCtx) windowKB(k probe.FileKey) (int, bool) {
 	now := t.deps.Clock.Now()
 	w, whole := 0, false

@@ -9,24 +9,20 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// A stream can slow a moment after a Step (contention, latency rising);
-// the next Step sees it an interval later. Between Steps, fastOnset checks
-// the streams the last Step saw (onsetStreams, every Settle/4): one whose
-// recent rate fell well below its Step rate with slower requests (or fell
-// less, on two checks running) and that is bound by its window takes its
-// step at once, past earlier back-offs and knees, within the Step's bounds,
-// judged by the Step one Settle later.
+// A stream can slow just after a Step; the next Step sees it an interval
+// later. So every Settle/4 fastOnset checks the last Step's streams: one
+// whose recent rate fell well below its Step rate with slower requests (or
+// fell less, on two checks running) and is window-bound takes its step at
+// once, within the Step's bounds, judged by the Step one Settle later.
 const (
 	// onsetDrop: the recent rate must be below this share of the Step's
 	// (a 250 ms span of a healthy stream varies less).
 	onsetDrop = 0.7
 	// onsetMinRequests: the fewest recent requests a slowed stream is judged
-	// on; below freshMinRequests since the slowdown itself thins them out
-	// (128 KB two deep at 16 ms gives 32 in 250 ms) and the evidence is strong.
+	// on; below freshMinRequests as a slowdown thins them out.
 	onsetMinRequests = 16
-	// onsetMildDrop, onsetMildSlower: a milder slowdown (rate below
-	// onsetMildDrop, median onsetMildSlower times as long) is taken on the
-	// second check running: one quarter interval strays that far, two don't.
+	// onsetMildDrop, onsetMildSlower: a milder slowdown, taken on the second
+	// check running (one quarter interval strays that far, two don't).
 	onsetMildDrop   = 0.85
 	onsetMildSlower = 1.2
 )
@@ -43,8 +39,7 @@ func slowerNow(last, recent detector.FileStats) bool {
 	return recent.P99 >= 2*recent.P50 && last.P99 < 2*last.P50
 }
 
-// onsetStreams returns the candidates and the span to check them on;
-// nothing if the last check was under Settle/4 ago.
+// onsetStreams returns the candidates and span, at most every Settle/4.
 func (t *Tuner) onsetStreams() ([]probe.FileKey, time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -83,8 +78,8 @@ func (t *Tuner) onsetCandidate(k probe.FileKey, fs detector.FileStats) bool {
 		return false
 	}
 	if first, fresh := t.fresh[k]; fresh && t.deps.Clock.Now()-first <= t.cfg.Settle {
-		// fastOutcome's, unless the Step saw it read a quarter interval with no
-		// step since: fastOutcome averages over the whole life, hiding an onset.
+		// fastOutcome's, unless read a quarter interval with no step since
+		// (fastOutcome averages the whole life, hiding an onset).
 		fd := t.files[k]
 		if t.snap.Now-first < t.cfg.Settle/onsetEvery || fd != nil && (fd.win.trial.to != 0 || fd.win.movedAt > first) {
 			return false
@@ -97,8 +92,8 @@ func (t *Tuner) onsetCandidate(k probe.FileKey, fs detector.FileStats) bool {
 	return true
 }
 
-// readSince is when the stream began reading without a break: its open
-// (HDFS reopens per read), or its readers' first read or last resumption.
+// readSince is when the stream began reading unbroken (open, first read
+// or last resumption).
 func (t *Tuner) readSince(k probe.FileKey) time.Duration {
 	since := max(t.fresh[k], t.firstRead(k))
 	for _, r := range t.readers[k] {
@@ -107,9 +102,8 @@ func (t *Tuner) readSince(k probe.FileKey) time.Duration {
 	return since
 }
 
-// abandonTrial ends unjudged a trial an onset fell in: its span mixes both
-// conditions. The kept value returns with no back-off or knee; the caller
-// puts it in force unless the onset's step replaces it.
+// abandonTrial ends unjudged a trial an onset fell in (its span mixes both
+// conditions); the kept value returns with no back-off or knee.
 func (t *Tuner) abandonTrial(fd *fileDec, l *ladder, now time.Duration) {
 	from := l.endStep(now)
 	t.emit(fd.action(now, undoOf(l.kind), from, l.cur, ResultUndone,
@@ -117,8 +111,7 @@ func (t *Tuner) abandonTrial(fd *fileDec, l *ladder, now time.Duration) {
 	t.count(EvOnsetInTrial)
 }
 
-// fastOnset steps the onsetStreams whose recent rate (snap, over span)
-// fell below their Step rate while bound by their window.
+// fastOnset steps onsetStreams whose recent rate fell while window-bound.
 func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -152,9 +145,8 @@ func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		slower := slowerNow(last, f)
 		refP50 := last.P50
 		if fd := t.files[f.Key]; fd != nil && (fd.win.trial.to != 0 || fd.win.movedAt != 0 && now-fd.win.movedAt < t.cfg.Settle) {
-			// The Step's requests were at another window: use the measure
-			// taken before the trial; it has no p99, so only a tail standing
-			// out at any window counts (tailStrongBase).
+			// Measured at another window: use the trial's before-measure;
+			// lacking a p99, only a strong tail counts.
 			b := fd.win.trial.before
 			if !b.ok || b.rate <= 0 || fd.win.trial.to == 0 && fd.win.inForce() != fd.win.trial.from {
 				continue
@@ -195,8 +187,7 @@ func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		}
 		fd := t.files[c.key]
 		created := fd == nil
-		// At the device's window its outcome back-off holds unless the
-		// latency changed (outcomeDue).
+		// At the device's window its outcome back-off holds (outcomeDue).
 		if (created || fd.win.cur == fd.win.base) && !j.outcomeDue(d, c.key) {
 			t.log.Debug("tuner: stream slowed, device's outcome trials backed off", "file", c.key.String(),
 				"retry_in", d.outcomeRetryAt-now, "fail_p50", d.outcomeFailP50, "p50", f.P50)
@@ -209,8 +200,8 @@ func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 			// prefetchAll issues the value in force each interval.
 			t.abandonTrial(fd, &fd.pf, now)
 		}
-		// The trial's window stays until the step replaces it (lowering
-		// first would stall the stream); put back if no step follows.
+		// The trial's window stays until replaced (lowering first would
+		// stall the stream); put back if no step follows.
 		winAbandoned := fd.win.trial.to != 0
 		if winAbandoned {
 			t.abandonTrial(fd, &fd.win, now)
@@ -245,9 +236,8 @@ func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 	return t.out
 }
 
-// retryYoung retakes, on the recent requests, first steps undone for being
-// judged against a stream's start (trial.go), once a quarter interval
-// measured it whole, rather than waiting for the next Step.
+// retryYoung retakes first steps undone for being judged against a
+// stream's start (trial.go), once a quarter interval measured it whole.
 func (t judgeCtx) retryYoung(now time.Duration) {
 	var due []*fileDec
 	for _, k := range sortedKeys(t.files) {
@@ -284,8 +274,8 @@ func (t judgeCtx) retryYoung(now time.Duration) {
 	}
 }
 
-// stepDeferred takes the due first steps put off beside random readers
-// (deferBesideRandom), after lowering those readers' references.
+// stepDeferred takes due first steps put off beside random readers
+// (deferBesideRandom), refreshing those readers' references.
 func (t judgeCtx) stepDeferred(now time.Duration) {
 	var due []*fileDec
 	for _, k := range sortedKeys(t.files) {

@@ -8,16 +8,13 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// A stream whose latency comes and goes (device housekeeping, bursts of
-// contention) has a rate that depends on the phase an interval fell in.
-// It shows as a tail (p99 several times the median); then the window is
-// sized by the p99 (Little's law: the reader waits on its window's slowest
-// request), and a step that cost nothing is kept while the window it left
-// could not cover the tail; the re-probe takes it back later.
+// A stream whose latency comes and goes has a rate that depends on the
+// phase an interval fell in. It shows as a tail (p99 several times the
+// median): the window is then sized by the p99 (Little's law), and a step
+// that cost nothing is kept while the window it left could not cover it.
 
-// tailRatio: a p99 this many times the median is a tail. A steady stream
-// stays within 1.1-1.2x; a larger window's queue shrinks a stall's ratio
-// (+10 ms on 10% of reads: 6.7x at 128 KB, ~2x at 512 KB).
+// tailRatio: a p99 this many times the median is a tail (a steady stream
+// stays within 1.1-1.2x; a larger window's queue shrinks a stall's ratio).
 const tailRatio = 1.5
 
 // tailRatioBase is tailRatio at the device's window, where a healthy
@@ -27,13 +24,12 @@ const tailRatioBase = 2.5
 // tailMinRequests: fewer requests make the p99 one request's latency.
 const tailMinRequests = 64
 
-// tailFresh: a tail is evidence for this many Settles (a larger window
-// hides it; the stalls remain).
+// tailFresh: a tail is evidence for this many Settles (hidden, not gone).
 const tailFresh = 4
 
 // tailStrong: a p99 this many times the median is a tail in one span above
-// the device's window; tailStrongBase at it, where a healthy stream strays
-// to 2.3x and a stall stands at 4-7x. Below these a second span is needed.
+// the device's window; tailStrongBase at it (healthy up to 2.3x, stalls
+// 4-7x). Below these a second span is needed.
 const (
 	tailStrong     = 2.0
 	tailStrongBase = 3.0
@@ -105,8 +101,7 @@ func (t *Tuner) tailOf(k probe.FileKey) (tailSeen, bool) {
 	return s, ok && s.seen >= 2 && t.deps.Clock.Now()-s.at <= tailFresh*t.cfg.Settle
 }
 
-// tailNeedKB is the window (KB) that keeps a stream reading at rateBPS
-// through its tail, 0 without one.
+// tailNeedKB is the window (KB) keeping rateBPS through the tail (0: none).
 func (t *Tuner) tailNeedKB(k probe.FileKey, rateBPS float64) int {
 	s, ok := t.tailOf(k)
 	if !ok || rateBPS <= 0 {
@@ -115,18 +110,17 @@ func (t *Tuner) tailNeedKB(k probe.FileKey, rateBPS float64) int {
 	return int(rateBPS * s.p99.Seconds() / 1024)
 }
 
-// tailKeep says why a file window step short of its margin is kept, "" if
-// not: prior, its directory's prior confirmed; tail, a tail the former
-// window could not cover and the step cost nothing. Never beside a random
-// reader, whose faults wait behind the stream's queue: there steps must pay.
+// tailKeep says why a step short of its margin is kept ("" if not): prior,
+// its directory's prior confirmed; tail, the former window could not cover
+// the tail and the step cost nothing. Never beside a random reader (its
+// faults wait behind the stream's queue: there every step must pay).
 func (t judgeCtx) tailKeep(file probe.FileKey, l *ladder, m measure) (prior, tail string) {
 	fd := t.files[file]
 	if fd == nil || !m.ok || l.kind != KindFileWindow || t.randomReaderBeside(fd) {
 		return "", ""
 	}
 	if p := fd.prior; p != nil && l.trial.from == l.base && p.KeptBPS > 0 && m.tput*(1+t.cfg.Margin) >= p.KeptBPS {
-		// Confirmed when the fresh stream reads as its neighbours did:
-		// their gain need not be shown again over their base.
+		// Confirmed when it reads as its neighbours did with it.
 		prior = fmt.Sprintf("the prior's window is confirmed: %.1f MB/s, its streams read %.1f MB/s with it", m.tput/1e6, p.KeptBPS/1e6)
 	}
 	s, ok := t.tailOf(file)
@@ -134,8 +128,7 @@ func (t judgeCtx) tailKeep(file probe.FileKey, l *ladder, m measure) (prior, tai
 		return prior, ""
 	}
 	if l.trial.young && s.at <= l.trial.beforeAt {
-		// A tail seen only in the stream's start (open, synchronous first
-		// reads) says nothing of its steady reads.
+		// A tail seen only in the stream's start says nothing.
 		return prior, ""
 	}
 	need := t.tailNeedKB(file, max(m.tput, l.trial.before.tput))
@@ -152,11 +145,9 @@ func (t judgeCtx) tailKeep(file probe.FileKey, l *ladder, m measure) (prior, tai
 		s.p99.Round(100*time.Microsecond), s.p50.Round(100*time.Microsecond), need, l.trial.from)
 }
 
-// windowMoved reports whether the view's span (a Settle, or a shorter
-// recent view) mixes two windows' latencies: the file's or device's window
-// changed in it, a reader was pinned, or a reader opened beside a decision
-// (at the device's window until pinned). A change about one span ago
-// leaves the span clean.
+// windowMoved reports whether the view's span mixes two windows' latencies:
+// the file's or device's window changed, a reader was pinned, or one opened
+// beside a decision (unpinned yet). A change one span ago leaves it clean.
 func (t judgeCtx) windowMoved(k probe.FileKey, dev probe.Dev, now time.Duration) bool {
 	span := t.viewSpan()
 	span -= span / 10
@@ -179,16 +170,15 @@ func (t judgeCtx) windowMoved(k probe.FileKey, dev probe.Dev, now time.Duration)
 // tailMaxLater bounds how many intervals a step's verdict is put off.
 const tailMaxLater = 2
 
-// tailNow: the span just reported showed the tail (by span, not clock:
-// the clock moves on during a Step).
+// tailNow: the span just reported showed the tail (by span: the clock
+// moves on during a Step).
 func (t *Tuner) tailNow(k probe.FileKey) bool {
 	s, ok := t.tailOf(k)
 	return ok && !k.IsZero() && s.span == t.tailSpan
 }
 
-// tailResize is the window a step grows to (rule tail_resized, judge.go) if
-// its judged span stalled and its before-measure's did not, 0 if none: a
-// window too small for the stall cannot match a stall-free rate.
+// tailResize is the window a step grows to (rule tail_resized, judge.go)
+// when its judged span stalled and its before-measure's did not; 0 if none.
 func (t judgeCtx) tailResize(file probe.FileKey, l *ladder, m measure, maxKB int) int {
 	if fd := t.files[file]; fd == nil || l.trial.to >= maxKB || t.randomReaderBeside(fd) {
 		return 0

@@ -1,7 +1,6 @@
-// Package prior is the tuner's memory of windows that paid: per directory,
-// per slow file, and per device (learned capacity), saved as priors.json
-// (pkg/state). A fresh open (HDFS opens per read) gets its neighbours'
-// window on its first event; a restart serves slow files at once.
+// Package prior is the tuner's memory of windows that paid (per directory,
+// slow file, and device capacity), saved as priors.json (pkg/state), so a
+// fresh open gets its neighbours' window at once and a restart remembers.
 package prior
 
 import (
@@ -15,9 +14,8 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/state"
 )
 
-// Recheck is how soon a directory's prior is first re-checked: the next
-// fresh open stays at the device's window for a Settle and the prior drops
-// if it reads as fast; each confirmation doubles the wait, to BackoffMax.
+// Recheck is how soon a directory's prior is first re-checked (a fresh open
+// left at base for a Settle); each confirmation doubles it, to BackoffMax.
 const Recheck = 30 * time.Second
 
 // saveEvery bounds how often the priors file is rewritten.
@@ -27,8 +25,7 @@ const saveEvery = 5 * time.Second
 type Memory struct {
 	dirs  map[dirKey]*Dir
 	files map[probe.FileKey]*slowFile
-	// perDev counts priors and slow files per filesystem: the event path
-	// asks it first, so a device with nothing learned costs one map lookup.
+	// perDev counts entries per filesystem: the event path's one lookup.
 	perDev  map[probe.Dev]int
 	dirty   bool
 	savedAt time.Duration
@@ -51,8 +48,8 @@ type Dir struct {
 	Streams int
 	updated time.Duration // monotonic, for eviction and decay
 	wall    time.Time     // for the file
-	// Re-check of the prior itself (has the device recovered?): the next
-	// fresh open after checkAt is left at base for one measurement.
+	// Re-check (has the device recovered?): the next fresh open after
+	// checkAt is left at base for one measurement.
 	checkAt, checkEvery time.Duration
 	checking            probe.FileKey // file measured at base, zero if none
 	checkStart          time.Duration
@@ -72,8 +69,7 @@ type slowFile struct {
 	wall    time.Time
 }
 
-// capacity is a learned capacity (bytes/s) and when it was learned, and
-// the transfer capacity fitted on the device's unqueued reads (0: none).
+// capacity: learned capacity (bytes/s), when, and fitted capacity (0: none).
 type capacity struct {
 	bps  float64
 	wall time.Time
@@ -94,9 +90,8 @@ func (m *Memory) Dirs() iter.Seq[*Dir] { return maps.Values(m.dirs) }
 // Len counts the directory priors, slow files and learned capacities.
 func (m *Memory) Len() (dirs, files, caps int) { return len(m.dirs), len(m.files), len(m.caps) }
 
-// Lookup returns the window for a file about to be read: its own memory,
-// else its directory's or nearest ancestor's prior (HDFS spreads blocks
-// over subdirectories); nil prior if none.
+// Lookup returns the window for a file about to be read: its own, else its
+// directory's or nearest ancestor's prior (nil if none).
 func (m *Memory) Lookup(key probe.FileKey, path string) (kb int, p *Dir) {
 	if p = m.Dir(key.Dev, path); p != nil {
 		kb = p.Window
@@ -122,8 +117,8 @@ func (m *Memory) Dir(dev probe.Dev, path string) *Dir {
 	}
 }
 
-// Learn records that window paid for a stream of key in path's directory
-// (throughput baseBPS at base, keptBPS at window).
+// Learn records that window paid for key's stream in path's directory
+// (baseBPS at base, keptBPS at window).
 func (m *Memory) Learn(key probe.FileKey, device, path string, window, base int, baseBPS, keptBPS float64, now time.Duration, wall time.Time) {
 	if path == "" {
 		return
@@ -226,8 +221,7 @@ func (m *Memory) SetCapacity(device string, bps float64, wall time.Time) {
 	m.setCap(device, c)
 }
 
-// Fitted is the transfer capacity (bytes/s) fitted on a disk's latencies,
-// 0 if none.
+// Fitted is a disk's fitted transfer capacity (bytes/s), 0 if none.
 func (m *Memory) Fitted(device string) float64 { return m.caps[device].fit }
 
 // SetFitted records a disk's fitted transfer capacity; 0 forgets it.
@@ -245,8 +239,7 @@ func (m *Memory) setCap(device string, c capacity) {
 	m.dirty = true
 }
 
-// Save writes the memory to the priors file at path when it changed, at
-// most every saveEvery unless forced.
+// Save writes a changed memory to path, at most every saveEvery unless forced.
 func (m *Memory) Save(path string, now time.Duration, force bool) error {
 	if !m.dirty || !force && now-m.savedAt < saveEvery {
 		return nil
@@ -318,8 +311,7 @@ func (m *Memory) Load(p state.Priors, device func(name string) bool, dir func(di
 	return refused
 }
 
-// Checking reports whether a file is the stream a prior's re-check measures
-// at the device's window (no trial may disturb it).
+// Checking: file is a re-check's stream (no trial may disturb it).
 func (m *Memory) Checking(key probe.FileKey) bool {
 	if !m.Has(key.Dev) {
 		return false
@@ -332,8 +324,7 @@ func (m *Memory) Checking(key probe.FileKey) bool {
 	return false
 }
 
-// Check starts a re-check of p on key when one is due: key reads at the
-// device's window for one Settle, to be compared with p's streams.
+// Check starts a re-check of p on key when one is due.
 func (p *Dir) Check(key probe.FileKey, now time.Duration) bool {
 	if !p.checking.IsZero() || now < p.checkAt {
 		return false
@@ -347,8 +338,7 @@ func (p *Dir) Checked(now time.Duration) (probe.FileKey, time.Duration) {
 	return p.checking, now - p.checkStart
 }
 
-// EndCheck ends p's re-check; a prior confirmed (still paying) waits twice
-// as long for the next, at most max.
+// EndCheck ends p's re-check; a confirmed prior waits twice as long (to max).
 func (p *Dir) EndCheck(confirmed bool, now, max time.Duration) {
 	p.checking = probe.FileKey{}
 	if confirmed {
@@ -357,10 +347,10 @@ func (p *Dir) EndCheck(confirmed bool, now, max time.Duration) {
 	}
 }
 
-// Climb returns the window above the prior a fresh open of key should try
-// (0 for none) and records key as the climber. Files read in under a second
-// end before a step on them can be judged, so the prior climbs one file at
-// a time; one climber at a time (replaced after stale), none under a knee.
+// Climb returns the window above the prior key's fresh open should try (0:
+// none) and records key as the one climber (replaced after stale); none
+// under a knee. Files read in under a second end before their own step is
+// judged, so the prior climbs instead.
 func (m *Memory) Climb(p *Dir, key probe.FileKey, now time.Duration, growth, maxKB int, stale time.Duration) int {
 	if p == nil || p.KeptBPS <= 0 || p.Window >= maxKB || now < p.KneeUntil {
 		return 0
@@ -390,8 +380,7 @@ func (m *Memory) Climbed(p *Dir, key probe.FileKey, paid bool, first, again time
 	}
 }
 
-// Unclimb ends key's climb of p with no verdict (the stream read too
-// little): no knee, the next open climbs again.
+// Unclimb ends key's climb with no verdict: no knee.
 func (m *Memory) Unclimb(p *Dir, key probe.FileKey) {
 	if p != nil && p.climber == key {
 		p.climber = probe.FileKey{}
