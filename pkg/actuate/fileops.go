@@ -1,10 +1,7 @@
-// Package actuate changes readahead windows on the system and carries no
-// decision: it reaches other processes' open files (pidfd_getfd), sets
-// their windows with posix_fadvise, through the device's read_ahead_kb when
-// only the device reaches a value, lowers a window a reader is already
-// streaming on (lower.go, rearm.go), and resets the per-file windows an
-// earlier run left behind (restore.go). What to change, and when, is the
-// tuner's (package tuner).
+// Package actuate changes readahead windows and carries no decision: it
+// reaches other processes' open files (pidfd_getfd), sets their windows
+// with posix_fadvise (through read_ahead_kb when needed), lowers a window
+// in use (lower.go, rearm.go) and resets a crashed run's pins (restore.go).
 package actuate
 
 import (
@@ -43,10 +40,9 @@ func (a Advice) String() string {
 	return strconv.Itoa(int(a))
 }
 
-// AdviceFor is how an open file gets the window kb on a device whose
-// read_ahead_kb is deviceKB: POSIX_FADV_NORMAL copies the device's value
-// into the file's ra_pages, SEQUENTIAL twice it; any other value needs the
-// device to hold kb while NORMAL is given (through).
+// AdviceFor is how a file gets window kb on a device at deviceKB: NORMAL
+// copies the device's value, SEQUENTIAL twice it; others need the device to
+// hold kb while NORMAL is given (through).
 func AdviceFor(kb, deviceKB int) (a Advice, through bool) {
 	switch {
 	case kb == deviceKB:
@@ -78,9 +74,8 @@ type FileOps interface {
 	// Dup takes a descriptor on the same open file description as ref
 	// (pidfd_open + pidfd_getfd) and checks it still is ref.Key.
 	Dup(ref FileRef) (Handle, error)
-	// FindAll lists the descriptors any process holds on file: for
-	// readers no readahead event names (an mmap reader's faults read
-	// around the faulting page without one).
+	// FindAll lists the descriptors any process holds on file, for
+	// readers no event names (mmap faults).
 	FindAll(file probe.FileKey) ([]FileRef, error)
 	// Holds reports whether process ref.Tgid still has descriptor ref.FD
 	// open on ref.Key; true when that cannot be told.
@@ -95,8 +90,7 @@ var (
 )
 
 // ProcFileOps implements FileOps with /proc, pidfd_open and pidfd_getfd
-// (Linux 5.6 or later; needs ptrace-attach rights over the reader, which
-// root has).
+// (Linux 5.6+; needs ptrace-attach rights over the reader).
 type ProcFileOps struct {
 	Proc string // procfs mount, normally /proc
 }
@@ -122,8 +116,7 @@ func (p *ProcFileOps) Find(tgid uint32, file probe.FileKey) ([]FileRef, error) {
 		}
 		link := filepath.Join(dir, e.Name())
 		var st unix.Stat_t
-		// stat follows the magic link to the open file itself, whatever
-		// mount namespace the process lives in.
+		// stat follows the magic link whatever the mount namespace.
 		if unix.Stat(link, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
 			continue
 		}
@@ -139,8 +132,7 @@ func (p *ProcFileOps) Find(tgid uint32, file probe.FileKey) ([]FileRef, error) {
 	return refs, nil
 }
 
-// FindAll implements FileOps: it walks every process's descriptors, so
-// the tuner calls it rarely (once per candidate file and period).
+// FindAll implements FileOps by walking every process: call it rarely.
 func (p *ProcFileOps) FindAll(file probe.FileKey) ([]FileRef, error) {
 	ents, err := os.ReadDir(p.Proc)
 	if err != nil {
@@ -162,8 +154,7 @@ func (p *ProcFileOps) FindAll(file probe.FileKey) ([]FileRef, error) {
 	return refs, nil
 }
 
-// Holds implements FileOps with one stat of the magic link, which follows
-// it to the open file whatever mount namespace the process lives in.
+// Holds implements FileOps with one stat of the magic link.
 func (p *ProcFileOps) Holds(ref FileRef) bool {
 	var st unix.Stat_t
 	link := filepath.Join(p.Proc, strconv.FormatUint(uint64(ref.Tgid), 10), "fd", strconv.Itoa(ref.FD))
@@ -229,9 +220,8 @@ func (h procHandle) CachedBytes(off, length int64) (int64, error) {
 	return int64(cs.Cache) * int64(os.Getpagesize()), nil
 }
 
-// ReadPage implements pageCache: one page read through the reader's own
-// open file (the descriptor shares it), so its readahead state moves as if
-// the reader had read it.
+// ReadPage implements pageCache: one page read through the shared open
+// file, moving the reader's readahead state.
 func (h procHandle) ReadPage(off int64) (int, error) {
 	buf := make([]byte, os.Getpagesize())
 	n, err := unix.Pread(int(h), buf, off)

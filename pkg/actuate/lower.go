@@ -2,33 +2,18 @@ package actuate
 
 // Lowering a window that a stream is already using.
 //
-// POSIX_FADV_NORMAL copies the device's read_ahead_kb into the open file's
-// ra_pages, but a stream running on asynchronous readahead does not look at
-// ra_pages alone (mm/readahead.c, page_cache_async_ra): when the reader
-// reaches the marker page of its latest window, the next window is
-// max(previous size, next size under ra_pages), so a window only grows.
-// FMODE_RANDOM (POSIX_FADV_RANDOM) is checked only on the synchronous path;
-// dropping cached pages ahead does not reach the marker, which is under
-// read. Two things reset the window: with ra_pages 0 the asynchronous path
-// returns at once, leaving the window state untouched; and a cache miss
-// takes the synchronous path, which for a sequential reader starts a fresh
-// window sized from ra_pages. So a lowering holds ra_pages at 0 until the
-// reader has read past the end of its latest window (seen in the kernel's
-// own f_ra: the last read position beyond start+size), then sets the
-// wanted window: the next miss starts the stream afresh at it. Ending the
-// break as soon as the reader passes the marker page is not enough: with
-// large folios the marker folio spans much of the window, the next read
-// hits it again, and the window is back at its old size (measured).
-// A file whose current window is not above the wanted one needs no break.
-// A reader that does not move during the break (paused) would resume on
-// its old window: its stream is restarted where it stands (rearm.go).
+// POSIX_FADV_NORMAL copies read_ahead_kb into the file's ra_pages, but the
+// async path (page_cache_async_ra) sizes the next window as max(previous,
+// next under ra_pages): a window only grows (FMODE_RANDOM and dropping
+// pages ahead do not reach it). With ra_pages 0 the async path returns at
+// once, and a cache miss starts a fresh window from ra_pages on the sync
+// path. So a break holds ra_pages at 0 until the reader is past its latest
+// window (f_ra: prev_pos beyond start+size; just past the marker is not
+// enough, a large marker folio is hit again), then sets the wanted window.
+// Idle readers are restarted where they stand (rearm.go).
 //
-// ra_pages can only be set through the device: write 0 to read_ahead_kb,
-// POSIX_FADV_NORMAL, write the device's value back. Any file opened in
-// between copies 0 (and during a raise-pin-restore, the raised value): after
-// each such instant, files on the device that took the value while it was
-// in force are found with the kernel's per-file state and given the
-// device's own value.
+// ra_pages is set only through the device (write, NORMAL, write back):
+// files opened in between are found and given the device's own value.
 
 import (
 	"cmp"
@@ -43,8 +28,7 @@ import (
 // pageKB is the size of a page in KB (file_ra_state counts pages).
 const pageKB = probe.PageSize / 1024
 
-// RAState is the kernel's readahead state of one open file (struct
-// file_ra_state inside its struct file), in pages.
+// RAState is an open file's struct file_ra_state, in pages.
 type RAState struct {
 	ID        uint64 // the open file description, while it is open
 	RAPages   uint32
@@ -54,11 +38,8 @@ type RAState struct {
 	PrevPos   int64 // byte offset of the last read, -1 before any
 }
 
-// passedWindow reports whether the reader has read beyond the end of its
-// latest window (or never built one): with ra_pages 0 nothing beyond it was
-// read ahead, so it has taken a cache miss, and nothing of the window (its
-// marker included: with large folios the marker folio can span most of the
-// window) is left to trigger an asynchronous readahead.
+// passedWindow: the reader read beyond its latest window (or has none):
+// with ra_pages 0 it took a cache miss and no marker is left.
 func (s RAState) passedWindow() bool {
 	if s.Size == 0 {
 		return true
@@ -72,16 +53,13 @@ type OpenFile struct {
 	RA  RAState
 }
 
-// RAStates reads the kernel's per-file readahead state (fileras.Iter in
-// production).
+// RAStates reads the kernel's per-file readahead state (fileras.Iter).
 type RAStates interface {
-	// Own returns the state of this process's descriptors fds (taken with
-	// pidfd_getfd: the same open files as the readers'); a missing fd is
-	// left out.
+	// Own returns the state of our descriptors fds (pidfd_getfd: the
+	// readers' open files); missing fds are left out.
 	Own(fds []int) (map[int]RAState, error)
-	// WatchOpens notes the files opened on the filesystems devs from now
-	// on; opened stops and lists those still open, one descriptor per open
-	// file (not ours: pidfd_getfd opens nothing).
+	// WatchOpens notes files opened on devs from now on; opened stops and
+	// lists those still open, one descriptor per open file.
 	WatchOpens(devs []probe.Dev) (opened func() []OpenFile, err error)
 }
 
@@ -94,61 +72,49 @@ type DeviceRW interface {
 // fdHandle is a Handle that is a descriptor of this process.
 type fdHandle interface{ FD() int }
 
-// readerCheckAfter: a reader that has not moved for this long is asked
-// whether it still holds the file at all. One that closed it (HDFS closes a
-// block file after each read) or exited will never read past its window,
-// and the break ends now rather than after IdleHold.
+// readerCheckAfter: a reader still this long is asked whether it holds the
+// file; one that closed it or exited ends its break.
 const readerCheckAfter = 5 * time.Millisecond
 
-// Lowerer sets open files' windows so that the change reaches a reader
-// already streaming on a larger one. Sysfs and Files are required; States
-// may be nil, and then every file is given a break of Hold (its reader's
-// progress cannot be seen) and files opened meanwhile are not looked for.
+// Lowerer sets open files' windows so the change reaches a streaming
+// reader. Sysfs and Files are required; without States every file gets a
+// break of Hold and files opened meanwhile are not looked for.
 type Lowerer struct {
 	Sysfs  DeviceRW
 	Files  FileOps
 	States RAStates
-	// Poll is how often the readers' progress is read during a break
-	// (default 1ms). A break lasts until the reader is past its window,
-	// at most MaxHold (default 2s: a reader at 4 MB/s two 4 MB windows
-	// behind); a reader that has not moved for IdleHold (default 200ms),
-	// or is still in its window at MaxHold, is restarted where it stands
-	// (rearm.go). Hold is the break without States (default 250ms).
+	// Poll: progress read interval (1ms). A break lasts until the reader
+	// passes its window, at most MaxHold (2s); a reader idle for IdleHold
+	// (200ms) or still in at MaxHold is restarted (rearm.go). Hold: the
+	// break without States (250ms).
 	Poll, MaxHold, IdleHold, Hold time.Duration
 	Sleep                         func(time.Duration) // default time.Sleep
 	Now                           func() time.Duration
 }
 
-// DefaultMaxHold and DefaultHold are Lowerer.MaxHold's and Hold's
-// defaults.
+// DefaultMaxHold and DefaultHold are Lowerer.MaxHold's and Hold's defaults.
 const (
 	DefaultMaxHold = 2 * time.Second
 	DefaultHold    = 250 * time.Millisecond
 )
 
-// LowerFile is one open file to set: the reader's descriptor and ours on
-// the same open file.
+// LowerFile is the reader's descriptor and ours on the same open file.
 type LowerFile struct {
 	Ref FileRef
 	H   Handle
 }
 
-// LowerReq sets the window KB on Files, all on disk Device whose own
-// read_ahead_kb is DeviceKB (it holds it before and after).
+// LowerReq sets the window KB on Files of disk Device, whose read_ahead_kb
+// is DeviceKB before and after.
 type LowerReq struct {
 	Device   string
 	DeviceKB int
 	KB       int
 	Files    []LowerFile
-	// During, if set, runs each wait between two polls of a break (the
-	// tuner releases its lock around it, so that its event path serves
-	// fresh opens while a reader leaves its window).
+	// During, if set, runs each wait of a break (the tuner unlocks).
 	During func(wait func())
-	// NoBreak sets the window without a break whatever the files' state:
-	// for random readers just opened, whose next fault reads around from
-	// ra_pages afresh, and whose reader never reads past a window (mmap
-	// faults leave prev_pos alone), so a break would last IdleHold, a poll
-	// every Poll, for nothing.
+	// NoBreak skips the break: for random readers just opened, whose next
+	// fault reads around from ra_pages afresh and who never pass a window.
 	NoBreak bool
 }
 
@@ -160,11 +126,10 @@ type LowerStats struct {
 	Unconfirmed int           // files whose kernel window could not be confirmed at most KB (listed in Left)
 	Released    int           // broken files whose reader closed them or exited during the break
 	Hold        time.Duration // longest break (ra_pages 0) of a file
-	// Reread is what the readers will read again: the bytes ahead of
-	// them that Rearmed dropped from the page cache.
+	// Reread: bytes ahead of the readers that Rearmed dropped from cache.
 	Reread int64
-	// DeviceOff is the longest instant read_ahead_kb held a value other
-	// than DeviceKB (0 for a break, KB for a raise-pin-restore).
+	// DeviceOff: longest time read_ahead_kb was not DeviceKB (0 in a break,
+	// KB in a raise-pin-restore).
 	DeviceOff time.Duration
 	Strays    int           // files opened during such an instant, given the device's value
 	Left      []Unconfirmed // the files Unconfirmed counts
@@ -192,9 +157,8 @@ func (u Unconfirmed) String() string {
 		u.Ref.Tgid, u.Ref.FD, u.Ref.Path, int(u.RA.RAPages)*pageKB, int(u.RA.Size)*pageKB, u.Why)
 }
 
-// Lower gives each file the window req.KB. Files whose kernel window is
-// above it get a break first (see the top of this file). It returns the
-// first error of each kind; files that failed are counted out of Set.
+// Lower gives each file the window req.KB, breaking those above it first.
+// It returns the first error of each kind; failed files are not in Set.
 func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 	l.defaults()
 	var st LowerStats
@@ -221,14 +185,11 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 	zero := req
 	zero.KB = 0
 	if _, err := l.set(zero, brk, &st); err != nil {
-		// The files are at the window they had or at the device's; a
-		// failed break leaves none at 0 (set puts the device back).
+		// A failed break leaves no file at 0 (set puts the device back).
 		return st, errors.Join(append(errs, fmt.Errorf("break the readahead windows: %w", err))...)
 	}
-	// Each broken file waits until its reader is past its window, while
-	// the reader makes progress: one reading slowly needs longer (a reader
-	// at 20 MB/s two 4 MB windows behind needs 0.4 s), an idle one would
-	// hold the break for nothing.
+	// Each broken file waits until its reader passes its window, while it
+	// makes progress.
 	type wait struct {
 		f         LowerFile
 		pos       int64
@@ -264,17 +225,14 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 				continue
 			}
 			s, ok := states[i]
-			// Whether the reader has been still long enough, and not
-			// checked since, to ask whether it still holds the file.
+			// Still long enough, and not checked since: does it hold the file?
 			due := now-w.movedAt >= readerCheckAfter && now-w.checkedAt >= readerCheckAfter
 			switch {
-			// Gone from the iterator: the descriptor was closed, nothing
-			// to wait for. ra_pages no longer 0: someone else reset it.
+			// Closed (gone from the iterator), or ra_pages reset by another.
 			case !ok || s.RAPages != 0 || s.passedWindow():
 				done = append(done, w.f)
 			case now-start >= l.MaxHold || now-w.movedAt >= l.IdleHold:
-				// Idle, or too slow to leave its window: restarted from
-				// where it is instead (rearm.go).
+				// Idle or too slow: restarted where it is (rearm.go).
 				idle = append(idle, idleFile{w.f, s})
 			case due && !l.Files.Holds(w.f.Ref):
 				st.Released++
@@ -332,8 +290,7 @@ func (l *Lowerer) defaults() {
 	}
 }
 
-// own reads the kernel state of each file's handle (by index); known is
-// false when it cannot be read at all.
+// own reads each file's kernel state (by index); known: readable at all.
 func (l *Lowerer) own(fs []LowerFile) (map[int]RAState, bool) {
 	if l.States == nil {
 		return nil, false
@@ -359,9 +316,8 @@ func (l *Lowerer) own(fs []LowerFile) (map[int]RAState, bool) {
 	return out, true
 }
 
-// set gives fs the window req.KB: POSIX_FADV_NORMAL when it is the
-// device's value, SEQUENTIAL for twice it, otherwise through the device
-// (write, NORMAL, write back), then repairs files opened meanwhile.
+// set gives fs the window req.KB (AdviceFor; through the device when
+// needed), then repairs files opened meanwhile.
 func (l *Lowerer) set(req LowerReq, fs []LowerFile, st *LowerStats) (n int, err error) {
 	if len(fs) == 0 {
 		return 0, nil
@@ -399,8 +355,7 @@ func (l *Lowerer) set(req LowerReq, fs []LowerFile, st *LowerStats) (n int, err 
 // raise-pin-restore or a break; the caller retries.
 var ErrDeviceNotBack = errors.New("read_ahead_kb not put back")
 
-// watchOpens notes the files opened on fs's filesystems from now on (nil
-// when the kernel state cannot be read).
+// watchOpens notes files opened on fs's filesystems (nil: no state).
 func (l *Lowerer) watchOpens(fs []LowerFile) func() []OpenFile {
 	if l.States == nil {
 		return nil
@@ -418,8 +373,7 @@ func (l *Lowerer) watchOpens(fs []LowerFile) func() []OpenFile {
 	return opened
 }
 
-// repair gives the device's window back to the files opened with kb while
-// the device held it.
+// repair gives the device's window back to files opened with kb meanwhile.
 func (l *Lowerer) repair(opened []OpenFile, kb int) int {
 	n := 0
 	for _, f := range opened {

@@ -2,33 +2,22 @@ package actuate
 
 // Restarting the stream of a reader that does not move during a break.
 //
-// A break ends when the reader has read past its latest window (lower.go).
-// A reader that pauses (a DataNode waiting on a slow client) does not, and
-// when it resumes after the break, with ra_pages set back, it reaches the
-// marker of that window and the asynchronous path keeps the old size
-// (page_cache_async_ra: max of the previous size and the next one). So an
-// idle reader's stream is restarted where it stands instead:
+// A paused reader (a DataNode waiting on a slow client) never passes its
+// window; resuming after the break it hits the marker and the async path
+// keeps the old size. So its stream is restarted where it stands, in order:
 //
-//  1. While ra_pages is still 0, POSIX_FADV_DONTNEED drops the pages from
-//     the reader's position (f_ra.prev_pos, kept by read(2) and sendfile
-//     alike) to the end of its latest window (f_ra.start+size), marker
-//     included. Nothing reads ahead for an idle reader, so none of them is
-//     locked under I/O. DONTNEED drops only folios wholly inside the range:
-//     if the page at the position is still cached (a large folio begins
-//     before it), the range is widened down to a 2 MB boundary, the largest
-//     page-cache folio on x86-64; that takes pages behind the reader only.
-//  2. ra_pages is set to the wanted window (as for any other file).
-//  3. The page at the reader's position is read through our descriptor,
-//     which shares the reader's open file and so its f_ra: a miss at a
-//     sequential position takes the synchronous path, which starts a fresh
-//     window from ra_pages (page_cache_sync_ra, get_init_ra_size).
-//  4. The kernel's f_ra is read back: the window must be at most the
-//     wanted one. Otherwise (pages mapped or locked, or the read failed)
-//     the file is Unconfirmed.
+//  1. While ra_pages is still 0, DONTNEED drops the pages from f_ra.prev_pos
+//     to the end of the latest window, marker included (nothing reads ahead
+//     for an idle reader, so none is locked under I/O). DONTNEED drops only
+//     whole folios: if the position's page stays cached, the range widens
+//     down to a 2 MB boundary, which takes only pages behind the reader.
+//  2. ra_pages is set to the wanted window.
+//  3. The position's page is read through our descriptor (sharing f_ra): a
+//     miss at a sequential position starts a fresh window from ra_pages
+//     (page_cache_sync_ra, get_init_ra_size).
+//  4. f_ra is read back; a window above the wanted one is Unconfirmed.
 //
-// The reader resumes on the fresh window and reads again what was dropped
-// ahead of it: at most the rest of its previous window and its latest one
-// (LowerStats.Reread, measured with cachestat before and after the drop).
+// The reader re-reads what was dropped ahead (LowerStats.Reread, cachestat).
 
 import (
 	"errors"
@@ -66,8 +55,7 @@ func (l *Lowerer) rearm(req LowerReq, idle []idleFile, st *LowerStats) error {
 			st.unconfirmed(f.f, f.s, "its reader did not move during the break and its page cache cannot be reached")
 			continue
 		}
-		// From its position, at most a window before the latest (a
-		// reader that went back elsewhere is not followed there).
+		// From its position, at most a window before the latest.
 		pos := int64(f.s.Start) * pageBytes
 		if f.s.PrevPos >= 0 {
 			pos = max(min(pos, f.s.PrevPos&^(pageBytes-1)), int64(f.s.Start-min(f.s.Start, uint64(f.s.Size)))*pageBytes)
@@ -113,8 +101,7 @@ func (l *Lowerer) rearm(req LowerReq, idle []idleFile, st *LowerStats) error {
 		case !known:
 			st.unconfirmed(a.f, a.s, "the kernel's state could not be read back")
 		case !ok || atEOF[i] || s.Size <= uint32(req.KB/pageKB):
-			// Closed meanwhile, at its end (nothing to read ahead), or
-			// restarted.
+			// Closed meanwhile, at EOF, or restarted.
 			st.Rearmed++
 		default:
 			st.unconfirmed(a.f, s, fmt.Sprintf("window still above %d KB after dropping it ahead of the idle reader", req.KB))

@@ -21,18 +21,13 @@ type PinsRestored struct {
 	Unconfirmed []Unconfirmed
 }
 
-// RestorePins gives every open file that an earlier run recorded as pinned
-// (state.Store.Pins) its device's window again, with POSIX_FADV_NORMAL: the
-// device is expected at its original value by then. The record is
-// untrusted: a pin is acted on only if its descriptor still names the
-// recorded file, that file's path passes scope like any per-file action,
-// and its device is one of devices (when given). Refused pins are dropped
-// untouched. Descriptors whose process exited, or that were closed or now
-// name another file, need nothing. Entries that could not be reached for
-// another reason stay recorded.
-//
-// With a Lowerer, a reader still streaming on the window an earlier run
-// gave it comes down to its device's window too (lower.go).
+// RestorePins resets every open file an earlier run recorded as pinned
+// (state.Store.Pins) to its device's window (POSIX_FADV_NORMAL; devices are
+// back at their originals by then). The record is untrusted: a pin is acted
+// on only if its descriptor still names the recorded file, in scope, on one
+// of devices; refused pins are dropped untouched. Gone readers need
+// nothing; other unreachable entries stay recorded. With a Lowerer, a
+// reader still streaming on the old window comes down too (lower.go).
 func RestorePins(st *state.Store, files FileOps, sc *scope.Scope, devices []string, low *Lowerer) (PinsRestored, error) {
 	var res PinsRestored
 	var done []state.Pin
@@ -78,8 +73,7 @@ func RestorePins(st *state.Store, files FileOps, sc *scope.Scope, devices []stri
 		byDev[p.Device] = append(byDev[p.Device], LowerFile{Ref: ref, H: h})
 		pinOfFile[h] = p
 	}
-	// Through the Lowerer, a reader still streaming on the window an
-	// earlier run gave it comes down to its device's window too.
+	// Readers still streaming on the old window come down too.
 	for _, dev := range slices.Sorted(maps.Keys(byDev)) {
 		fs := byDev[dev]
 		kb, rerr := low.Sysfs.ReadAheadKB(dev)

@@ -1,10 +1,7 @@
 package tuner
 
-// The tuner's side of the actuator: device windows through sysfs
-// (rate-limited, originals recorded first), per-file windows through
-// package actuate (raise, pin, restore), and the record of those pins for
-// a crash. Policy and trials decide what to change; only this file has it
-// changed.
+// The tuner's side of the actuator: sysfs device windows (rate-limited,
+// originals recorded first), per-file windows, the crash record of pins.
 
 import (
 	"errors"
@@ -84,15 +81,13 @@ func (t *Tuner) repairDevices() {
 	}
 }
 
-// refs finds the in-scope descriptors of the file's readers (only those in
-// tgids when given).
+// refs finds the in-scope descriptors of the file's readers (of tgids if given).
 func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []actuate.FileRef {
 	now := t.deps.Clock.Now()
 	var out []actuate.FileRef
 	tg := make([]uint32, 0, len(t.readers[fd.key]))
 	for tgid, r := range t.readers[fd.key] {
-		// Readers the tuner pinned stay reachable for the undo however
-		// long ago they were seen.
+		// Readers the tuner pinned stay reachable for the undo.
 		if (now-r.lastSeen > t.cfg.Grace && r.appliedKB == 0) || (tgids != nil && !tgids[tgid]) {
 			continue
 		}
@@ -109,10 +104,8 @@ func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []actuate.FileRef {
 		for _, ref := range found {
 			real, err := t.scope.Check(ref.Tgid, ref.FD, ref.Path, fd.key)
 			if err != nil {
-				// A stream tried only because it is bound by its window
-				// (no regime) is any sequential reader on the device: one
-				// outside the allow-paths (logs, the OS) is expected, not
-				// an error.
+				// An outcome-only stream is any sequential reader: out of
+				// scope is expected, not an error.
 				if onlyOutcome(fd.regimes) {
 					if !fd.outOfScope {
 						t.log.Debug("tuner: stream outside the allow-paths left alone", "pid", tgid, "fd", ref.FD, "path", ref.Path, "reason", err)
@@ -136,45 +129,34 @@ func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []actuate.FileRef {
 	return out
 }
 
-// pin gives each ref's open file the window kb: with fadvise alone when kb
-// is the device's window (NORMAL) or twice it (SEQUENTIAL), otherwise by
-// raise, pin, restore. Descriptors are taken before the raise so the device
-// holds kb for as short a time as possible.
+// pin gives refs the window kb: fadvise alone at the device's window or
+// twice it, else raise-pin-restore with descriptors taken first.
 func (t *Tuner) pin(d *devState, kb int, refs []actuate.FileRef, limit bool) (int, error) {
 	return t.raiseFiles(d, t.clamp(d, kb), refs, limit)
 }
 
-// raiseFiles gives the refs' open files the window kb, at least the one
-// they have, without the clamp to the device's original: a read-around
-// trim pins below it.
+// raiseFiles pins kb unclamped to the device's original (trims pin below).
 func (t *Tuner) raiseFiles(d *devState, kb int, refs []actuate.FileRef, limit bool) (int, error) {
 	return t.pinWith(d, kb, refs, limit, false)
 }
 
-// lowerFiles is the one way a per-file window comes down (an undo, a step
-// that did not pay, a re-probe, a read-around trim, a device window taken
-// back from the open files it reached). With the kernel's per-file state
-// readable, the Lowerer gives a break to a stream whose window is above
-// the new one: on this kernel a plain pin of the lower value does not
-// lower a stream already on asynchronous readahead (actuate/lower.go).
+// lowerFiles is the one way a per-file window comes down: with per-file
+// state a stream above it gets a break (a plain pin does not reach async
+// readahead; actuate/lower.go).
 func (t *Tuner) lowerFiles(d *devState, kb int, refs []actuate.FileRef, limit bool) (int, error) {
 	t.count(EvActuatorLower)
 	return t.pinWith(d, kb, refs, limit, false)
 }
 
-// trimOpenedFiles is lowerFiles for descriptors just opened by a random
-// reader on a trimmed file (trim.go): without a break (LowerReq.NoBreak),
-// so the tuner's lock is held throughout.
+// trimOpenedFiles is lowerFiles for a random reader's new descriptors
+// (trim.go): no break, so the lock is held throughout.
 func (t *Tuner) trimOpenedFiles(d *devState, kb int, refs []actuate.FileRef) (int, error) {
 	t.count(EvActuatorLower)
 	return t.pinWith(d, kb, refs, false, true)
 }
 
-// pinWith sets the window through the Lowerer: a file whose kernel window
-// is above kb gets a break first, so the change reaches a stream on
-// asynchronous readahead (actuate/lower.go); without the kernel's per-file
-// state (no progress to wait for) no file gets one. noBreak: see
-// LowerReq.NoBreak.
+// pinWith sets the window through the Lowerer (breaks as in lower.go).
+// noBreak: see LowerReq.NoBreak.
 func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBreak bool) (int, error) {
 	if len(refs) == 0 {
 		return 0, errNoReaders
@@ -215,10 +197,8 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBr
 			return 0, fmt.Errorf("record original of %s before writing it: %w", d.name, err)
 		}
 	}
-	// A break waits for its readers with the tuner's lock released: the
-	// event path (fresh opens, new descriptors of other files) is not
-	// held up by a reader that takes its time to leave its window. The
-	// files being set are marked so that the event path leaves them alone.
+	// A break waits with the lock released; the event path leaves the
+	// marked files alone.
 	for _, f := range fs {
 		t.lowering[f.Ref.Key]++
 	}
@@ -255,10 +235,8 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBr
 	if st.Set == 0 {
 		return 0, fmt.Errorf("set window: %w", errors.Join(append(errs, err)...))
 	}
-	// Per-file failures are not told apart here: all are recorded as set
-	// or all as cleared; the record is best effort (RestorePins). What
-	// outlives a crash of the daemon is a window other than the device's
-	// original (the device is put back first).
+	// Failures are not told apart: all recorded set, or all cleared
+	// (best effort; RestorePins resets what a crash leaves).
 	for _, f := range fs {
 		if kb != d.orig {
 			set = append(set, pinOf(d, f.Ref, kb))
@@ -269,9 +247,7 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBr
 	return st.Set, nil
 }
 
-// pinsLowerer is the Lowerer RestorePins resets recorded pins with: none
-// without the kernel's per-file state (POSIX_FADV_NORMAL alone: a break
-// could not be checked against the readers' progress).
+// pinsLowerer is RestorePins' Lowerer: none without per-file state.
 func (t *Tuner) pinsLowerer() *actuate.Lowerer {
 	if t.lower.States == nil {
 		return nil
@@ -283,9 +259,7 @@ func pinOf(d *devState, r actuate.FileRef, kb int) state.Pin {
 	return state.Pin{PID: r.Tgid, FD: r.FD, Dev: uint32(r.Key.Dev), Ino: r.Key.Ino, Device: d.name, WindowKB: kb, Path: r.Path}
 }
 
-// recordPins writes what pin changed into the state directory's record of
-// per-file windows (best effort: a window left behind ends when its reader
-// closes the file).
+// recordPins records pin's changes for a crash (best effort).
 func (t *Tuner) recordPins(set, clear *[]state.Pin) {
 	if t.deps.Store == nil || len(*set)+len(*clear) == 0 {
 		return
@@ -300,8 +274,7 @@ func (t *Tuner) pinFile(fd *fileDec, kb int, tgids map[uint32]bool, limit bool) 
 	if len(refs) == 0 && fd.outOfScope {
 		return errOutOfScope
 	}
-	// Lowering or raising: against the largest window the tuner pinned on
-	// these readers, or their events showed.
+	// Against the largest window pinned on these readers or seen in their events.
 	kb = t.clamp(fd.dev, kb)
 	have := 0
 	for _, r := range refs {
@@ -324,8 +297,7 @@ func (t *Tuner) pinFile(fd *fileDec, kb int, tgids map[uint32]bool, limit bool) 
 	return nil
 }
 
-// prefetchAll issues WILLNEED ahead of each prefetched reader, within each
-// device's byte budget.
+// prefetchAll issues WILLNEED ahead of prefetched readers, within budget.
 func (t *Tuner) prefetchAll() {
 	if t.cfg.DryRun {
 		return
@@ -379,8 +351,7 @@ func (t *Tuner) prefetchAll() {
 	}
 }
 
-// onlyOutcome reports whether a decision rests on its stream's outcome
-// alone (window_bound), with no regime of the detector behind it.
+// onlyOutcome: the decision rests on its stream's outcome alone.
 func onlyOutcome(regimes []detector.RegimeKind) bool {
 	for _, r := range regimes {
 		if r != WindowBound {

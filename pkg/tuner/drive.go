@@ -14,18 +14,16 @@ import (
 // driveFile advances the file's knobs; with escalate false it only judges
 // a step under trial (the regime ended: no new step).
 func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
-	// A file refused by the allow-paths is not retried for BackoffMax;
-	// but one refused silently while it was tried on its outcome alone is
-	// tried once more when a regime asks for it, so the refusal of a
-	// regime's action is logged and counted.
+	// A file refused by the allow-paths waits BackoffMax; one refused
+	// silently on its outcome alone is tried once more when a regime asks,
+	// so that refusal is logged and counted.
 	if fd.outOfScope && (fd.scopeWarned || onlyOutcome(fd.regimes)) && t.deps.Clock.Now()-fd.scopeAt < t.cfg.BackoffMax {
 		return
 	}
 	why := fmt.Sprintf("regimes %v", fd.regimes)
-	// A larger window only helps a sequential reader. On a random (mmap)
-	// reader every fault reads the whole window: its busy throughput
-	// rises while the reads it needs become slower, so the closed loop
-	// would keep the step. No new step for such a file.
+	// A larger window only helps a sequential reader: on a random (mmap)
+	// reader every fault reads the whole window, its busy throughput rises
+	// while its reads slow down, and the loop would keep the step.
 	if fs, ok := t.fstats[fd.key]; ok && fs.Sequentiality < t.cfg.MinSequentiality && fd.win.trial.to == 0 && fd.pf.trial.to == 0 {
 		if !fd.notSeqLogged {
 			fd.notSeqLogged = true
@@ -40,12 +38,9 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 	}
 	hint := t.windowHint(fd.key)
 	if fd.byRate && t.knownCapacity(fd.dev.dev) == 0 {
-		// Without a capacity fitted or learned the hint's is the
-		// detector's best rate seen, which on a device slow from the start
-		// is its slow rate, so the Little's-law hint undershoots: a stream bound by its
-		// window starts at FirstStepFactor times it (one trial, judged like
-		// any other; at bandwidth it does not pay, is undone, and teaches
-		// the capacity).
+		// Without a known capacity the hint rests on the detector's best rate,
+		// a slow device's slow rate, and undershoots: start at FirstStepFactor
+		// x base (one trial; at bandwidth it is undone and teaches the capacity).
 		hint = max(hint, t.cfg.FirstStepFactor*fd.win.base)
 	}
 	if m.ok {
@@ -60,15 +55,12 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		fd.win.clearBack()
 	}
 	if beside {
-		// Each window of transfers queued for the stream is waiting time
-		// for the random reader's faults: grow in small steps, each within
-		// their budget and paying its margin, rather than straight to the
-		// window that fills the device (random.go).
+		// Each window queued for the stream delays the random readers' faults:
+		// small steps within their budget, each paying its margin (random.go).
 		hint = 0
 		if escalate && fd.win.cur == fd.win.base && fd.win.trial.to == 0 {
-			// A first step: the random readers' reference is what they
-			// get now, at the device's window, in the conditions of the
-			// moment (a stream that just slowed or opened changed them).
+			// A first step: the random readers' reference is what they get
+			// now, at the device's window, in the conditions of the moment.
 			t.refreshRandom(fd.dev)
 		}
 		fd.win.limit.setFn(func() int {
@@ -88,13 +80,9 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		})
 	}
 	// A decision no regime started skips this unless the capacity was
-	// learned (capacity.go, atCapacity): the detector's, its best rate
-	// seen, is a device slow from the start's slow rate, and only the
-	// trial tells. So does a regime the fast path entered a moment
-	// ago: its last requests are slow, and a measure over a span mostly
-	// before them reads the rate the file had (real HDFS at +3 ms: "at the
-	// device's capacity" 60 ms after the onset, and the block waited 1.3 s
-	// for its Step at the default window).
+	// learned (atCapacity): the detector's best rate may be a slow device's
+	// slow rate. So does a regime the fast path just entered (justIn): a
+	// measure mostly from before its slow requests reads the old rate.
 	capFrac := t.cfg.CapacityFrac
 	if !beside {
 		// A step that takes a lone stream to the capacity pays at half the
@@ -107,9 +95,8 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		learnedAt, _ = t.atCapacity(t.fstats[fd.key])
 	}
 	if escalate && m.ok && (capBPS > 0 && m.tput >= capFrac*capBPS && (!fd.byRate || fd.win.capKept) || learnedAt) && !t.justIn {
-		// The file already reads at (nearly) the device's capacity: a
-		// further window step or prefetch has nothing left to gain and
-		// costs a trial interval to learn that. Judge a trial, take none.
+		// The file already reads at (nearly) the device's capacity: no
+		// further step can gain. Judge a trial, take none.
 		escalate = false
 		if !fd.atCapLogged {
 			fd.atCapLogged = true
@@ -122,9 +109,7 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 	if escalate && fd.byRate && fd.win.trial.to == 0 && fd.pf.trial.to == 0 {
 		if other, ok := t.outcomeTrialOn(fd.dev, fd.key); ok {
 			// The device has one capacity: two outcome steps on it at once
-			// read each other's effect (three streams on a saturated lab
-			// device stepped together, and each "gained" +56-61%, the
-			// share the others' steps took from their peers). One at a time.
+			// read each other's effect as gain. One at a time.
 			escalate = false
 			t.log.Debug("tuner: an outcome step is under trial on the device; this one waits", "file", fd.key.String(), "trial_file", other.String())
 		}
@@ -158,11 +143,8 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		}
 	}
 	// Prefetch when the window alone is not enough. Not beside a random
-	// reader: the prefetched ranges queue ahead of its faults as a larger
-	// window would, where the window's knee already says how much the
-	// device can take (measured: its trials cost the stream 10-15% a
-	// second each on a busy host, and kept, they are unjudged by the
-	// random readers' rule).
+	// reader: prefetched ranges queue ahead of its faults as a larger window
+	// would, and the window's knee already says what the device can take.
 	pfEscalate := escalate && !t.randomReaderBeside(fd)
 	if fd.win.exhausted(t.cfg.MaxKB) && !t.cfg.DisablePrefetch && (pfEscalate || fd.pf.trial.to != 0) {
 		if fs, ok := t.fstats[fd.key]; ok && fs.Sequentiality >= t.cfg.MinSequentiality || fd.pf.trial.to != 0 {
@@ -186,20 +168,16 @@ func (t judgeCtx) driveDevice(d *devState, why string, escalate bool) {
 	})
 }
 
-// ownWindow reports whether a file's decision holds a window of its own (a
-// step kept or under trial): an outcome decision that holds none (backing
-// off after trials that did not pay) leaves the file to the device's window.
+// ownWindow: a file's decision holds a window of its own (kept or under
+// trial); an outcome decision backing off at base leaves it the device's.
 func (t *Tuner) ownWindow(k probe.FileKey) bool {
 	fd := t.files[k]
 	return fd != nil && !(fd.byRate && fd.win.cur == fd.win.base && fd.win.trial.to == 0 && fd.win.reprobe.until == 0)
 }
 
-// reachOpenFiles gives the device's window to the files being read on it
-// now: a device's read_ahead_kb reaches only files opened after the write
-// (the kernel copies it into each open file), and a device-wide regime
-// (tail inflation) slows the readers that already hold their files open
-// too. Files with a decision of their own keep their window. With the
-// device back at its original, the files reached earlier get it back.
+// reachOpenFiles gives the device's window to the files read on it now, but
+// those with a decision (read_ahead_kb reaches only later opens, and a
+// device-wide regime slows open ones too); back at its original, they get it back.
 func (t judgeCtx) reachOpenFiles(d *devState) {
 	if t.cfg.DryRun || t.scope.Empty() {
 		return

@@ -1,9 +1,8 @@
 package tuner
 
 // Event is one of the control core's own events. The list below is the one
-// source of readaheadd_tuner_control_total's labels, of their help text, of
-// the /debug/status counts and of the table in docs/metrics.md (a test fails
-// when any of them disagrees with it).
+// source of readaheadd_tuner_control_total's labels and help, the
+// /debug/status counts and docs/metrics.md's table (a test checks them).
 type Event uint8
 
 const (

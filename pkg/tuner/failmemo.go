@@ -23,8 +23,7 @@ const (
 // FailureCauses lists every cause, for series that exist at zero.
 var FailureCauses = []string{CauseOutOfScope, CauseProcessGone, CauseFDGone, CausePermission, CauseOther}
 
-// maxFailMemo bounds the memo; past it, entries whose back-off is over go
-// first, then everything (a burst of distinct failures is logged again).
+// maxFailMemo bounds the memo; past it, expired entries go, then all.
 const maxFailMemo = 4096
 
 // failCause classifies an error of a per-file action.
@@ -53,18 +52,15 @@ type failSeen struct {
 	retryAt time.Duration
 }
 
-// failMemo remembers failed per-file actions, so that a failure repeated
-// for the same file, kind and cause is logged once, counted afterwards,
-// and retried with exponential back-off instead of at every readahead
-// event of its reader (every 100 ms for a streaming reader).
+// failMemo logs a failure repeated for a file, kind and cause once, counts
+// the rest and retries with exponential back-off, not on every event.
 type failMemo struct {
 	seen     map[failKey]*failSeen
 	repeated map[string]uint64 // by cause
 }
 
-// due reports whether an action of kind on file may be tried at now. A
-// reader that exited or closed its descriptor says nothing about the
-// next reader of the file: those causes are logged once but hold nothing.
+// due reports whether kind on file may be tried at now. A reader gone or
+// its descriptor closed says nothing of the next: logged once, hold nothing.
 func (m *failMemo) due(file probe.FileKey, kind ActionKind, now time.Duration) bool {
 	for _, c := range FailureCauses {
 		if c == CauseProcessGone || c == CauseFDGone {
@@ -77,8 +73,7 @@ func (m *failMemo) due(file probe.FileKey, kind ActionKind, now time.Duration) b
 	return true
 }
 
-// failed records a failure; it reports whether it is the first for its
-// cause (to be logged) rather than a repeat (counted only).
+// failed records a failure; true if first for its cause (log it).
 func (m *failMemo) failed(file probe.FileKey, kind ActionKind, cause string, now time.Duration, backoff func(int) time.Duration) bool {
 	if m.seen == nil {
 		m.seen, m.repeated = map[failKey]*failSeen{}, map[string]uint64{}
@@ -100,8 +95,7 @@ func (m *failMemo) failed(file probe.FileKey, kind ActionKind, cause string, now
 	return !ok
 }
 
-// ok forgets the failures of kind on file after a success: a later
-// failure is news again.
+// ok forgets kind's failures on file after a success.
 func (m *failMemo) ok(file probe.FileKey, kind ActionKind) {
 	for _, c := range FailureCauses {
 		delete(m.seen, failKey{file, kind, c})

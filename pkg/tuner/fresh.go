@@ -12,25 +12,16 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/state"
 )
 
-// freshOpen is called on a readahead event of a reader of a file with no
-// decision: if the memory holds a window for the file or its directory, it
-// is pinned on the reader's open file now, from the event path, as a trial
-// judged like any other one Settle later against the throughput the prior's
-// streams had at the device's window. Called with t.mu held.
+// freshOpen pins the memory's window on a new reader of a file with no
+// decision, as a trial judged a Settle later. t.mu held.
 func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Duration) {
 	key, disk, tgid, evAt := ev.File, ev.Device, ev.Tgid, ev.Time
 	if disk == 0 || t.cfg.DryRun || t.scope.Empty() || !t.mem.Has(key.Dev) || now-r.priorAt < t.cfg.Grace && r.priorAt != 0 {
 		return
 	}
-	// Only a stream: a read from the head of the file, or asynchronous
-	// readahead that follows the reader's previous window (a stream the
-	// daemon meets mid-file, begun before it started). A page fault of a
-	// random mmap reader reads around its page, mid-file, with no event;
-	// when it lands on the marker a read-around left, the fault's
-	// asynchronous readahead is an event at a random place, after no window
-	// of its own: a larger window there is read amplification on every
-	// fault. A file the detector sees read randomly, or trimmed, is left
-	// alone too (before the first Step the detector has seen nothing).
+	// Only a stream: a head read, or async readahead following the reader's
+	// previous window. A random mmap fault on a read-around marker raises an
+	// async event mid-file, where a larger window amplifies every fault.
 	if ev.Index != 0 && (!ev.Async || !r.follows) {
 		return
 	}
@@ -50,22 +41,19 @@ func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Dur
 		return
 	}
 	kb, p := t.mem.Lookup(key, fd.path)
-	// A prior names its disk: one learned (or loaded) for another disk
-	// than the one holding the file now is not used.
+	// A prior learned for another disk is not used.
 	if p == nil || p.Device != d.name || p.BaseBPS <= 0 || kb <= d.orig || r.raKB >= kb {
 		return
 	}
 	if p.Check(key, now) {
-		// Re-check: this stream reads at the device's window for one
-		// Settle; judgePriorChecks compares it with the prior's streams.
+		// Re-check: this stream reads at the device's window for a Settle.
 		t.count(EvPriorRecheck)
 		return
 	}
 	kb = t.clamp(d, kb)
 	climbFrom := 0
 	if lim, why := t.randomLimitKB(fd); lim >= 0 {
-		// Random readers beside it: the prior's window only as far as
-		// their budget allows (random.go); the Step takes it from there.
+		// Beside random readers: only as far as their budget allows.
 		if lim = lim / randStepKB * randStepKB; float64(lim) < randMinStep*float64(d.orig) {
 			t.log.Debug("tuner: prior not applied beside random readers", "file", key.String(), "why", why)
 			r.priorAt = 0
@@ -73,9 +61,8 @@ func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Dur
 		}
 		kb = min(kb, lim)
 	} else if w, ok := t.watchedAt[d.dev]; ok && now-w >= t.cfg.Settle && kb == p.Window {
-		// The prior's own ladder: this open tries the step above it, once
-		// the device's readers are known (a daemon that has just started
-		// does not know the random readers a climb would cost).
+		// The prior's own ladder: try the step above, once the
+		// device's random readers are known.
 		if next := t.clamp(d, t.mem.Climb(p, key, now, t.cfg.Growth, t.cfg.MaxKB, 4*t.cfg.Settle)); next > kb {
 			climbFrom, kb = kb, next
 		}
@@ -92,8 +79,7 @@ func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Dur
 		return
 	}
 	r.appliedKB, r.appliedAt, r.pending = kb, now, false
-	// From the kernel's timestamp of the event to the pin: ring buffer
-	// polling, decoding and the pin itself.
+	// Event timestamp to pin: polling, decoding and the pin.
 	lag := time.Duration(0)
 	if evAt > 0 && t.deps.Clock.Now() > evAt {
 		lag = t.deps.Clock.Now() - evAt
@@ -106,8 +92,7 @@ func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Dur
 	why := fmt.Sprintf("prior: %d KB paid for %d recent stream(s) in this directory (%.1f -> %.1f MB/s); given to %d descriptor(s) %v after the file's first readahead event",
 		p.Window, p.Streams, p.BaseBPS/1e6, p.KeptBPS/1e6, n, lag.Round(100*time.Microsecond))
 	if climbFrom > 0 {
-		// Judged against what the prior's window gave its streams; not
-		// paying, it falls back to that window (and the prior holds it).
+		// Judged against the prior's kept rate; falls back to it.
 		fd.climbFrom, s.from = climbFrom, climbFrom
 		fd.win.keepAt(climbFrom, 0, now)
 		s.before = measure{ok: true, tput: p.KeptBPS, rate: p.KeptBPS}
@@ -122,22 +107,16 @@ func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Dur
 		Result: ResultTrial, Evidence: why})
 }
 
-// followsStream reports whether ev, a reader's readahead event, is a
-// stream's next window after its event at page prev: ahead of it by no
-// more than two of the largest windows the event shows. A stream's
-// asynchronous readahead comes at the marker of the window before, a
-// window ahead; a random reader's lands anywhere in the file.
+// followsStream: ev is a stream's next window after page prev (ahead by at
+// most two of the largest windows shown); a random reader's lands anywhere.
 func followsStream(prev uint64, ev probe.ReadaheadEvent) bool {
 	span := 2 * uint64(max(ev.Size, ev.RaPages, 32))
 	return ev.Index > prev && ev.Index-prev <= span
 }
 
-// judgePriorChecks ends the re-checks of priors whose stream has read at
-// the device's window for a Settle: a stream at least as fast as the
-// prior's streams were at their kept window, less the margin, means the
-// window no longer pays there (the device recovered): the prior is
-// dropped. Otherwise the prior stands and the next re-check waits twice as
-// long. Called from Step with t.mu held.
+// judgePriorChecks ends re-checks whose stream read a Settle at the
+// device's window: as fast as the prior's kept rate (less the margin) drops
+// it; else the next re-check waits twice as long. t.mu held.
 func (t judgeCtx) judgePriorChecks(now time.Duration) {
 	for p := range t.mem.Dirs() {
 		key, age := p.Checked(now)
@@ -165,9 +144,7 @@ func (t judgeCtx) judgePriorChecks(now time.Duration) {
 	}
 }
 
-// loadPriors reads the priors file of the state directory. Anything wrong
-// with it is one warning and no priors; entries outside the configuration
-// are refused.
+// loadPriors reads the priors file; a fault is one warning and no priors.
 func (t *Tuner) loadPriors() {
 	if t.priorsPath == "" || t.scope.Empty() {
 		return
@@ -181,8 +158,7 @@ func (t *Tuner) loadPriors() {
 		if blockdev.ValidName(device) != nil || len(t.cfg.Devices) > 0 && !slices.Contains(t.cfg.Devices, device) {
 			return false
 		}
-		// The disk must exist; a fresh open uses the prior only if its
-		// file is on that very disk (freshOpen).
+		// The disk must exist.
 		_, err := t.deps.Sysfs.ReadAheadKB(device)
 		return err == nil
 	}, t.scope.Covers, t.cfg.MaxKB, t.deps.Clock.Now())
@@ -204,12 +180,9 @@ func (t *Tuner) savePriors(force bool) {
 	}
 }
 
-// catchUp raises the window a file's decision keeps to its directory's
-// prior when a new stream starts on the file (a read from its head) and the
-// prior has climbed above it since (HDFS reads a block file again with a
-// fresh open; its decision is from an earlier stream). Not over a knee the
-// file's own steps found, nor beside random readers (their budget sizes
-// every step there), nor while a step or re-probe is under way.
+// catchUp raises a kept window to its directory's prior when a new stream
+// starts (HDFS reopens per read); not over a knee, beside random readers,
+// or during a step.
 func (t judgeCtx) catchUp(fd *fileDec, now time.Duration) {
 	l := &fd.win
 	if t.cfg.DryRun || l.trial.to != 0 || l.reprobe.until != 0 || l.back.knee || fd.pf.trial.to != 0 || l.cur <= l.base || t.randomReaderBeside(fd) {
@@ -230,26 +203,19 @@ func (t judgeCtx) catchUp(fd *fileDec, now time.Duration) {
 		"from_kb", from, "to_kb", kb)
 }
 
-// Fresh streams: a stream slow from its first read is judged on the
-// detector's recent requests (a fraction of a Settle), not after a whole
-// measurement: Little's law needs only its bytes in flight, its window
-// (from its readahead events) and its latency, and a whole Settle at the
-// default's rate costs a stream slowed 3 ms per request about 5% of an 8 s
-// read. The step is the same bounded outcome step, judged one Settle later
-// by rate like any other, and held back by the device's outcome back-off.
+// Fresh streams are judged on the recent requests: Little's law needs only
+// bytes in flight, window and latency, and waiting a whole Settle costs a
+// slowed stream much of its read. Judged one Settle later as any step.
 const (
-	// freshMinAge: a reader seen for less than this has not yet ramped its
-	// window (the first reads of an open file are synchronous).
+	// freshMinAge: a younger reader has not ramped its window yet.
 	freshMinAgeDiv = 10 // Settle / 10: 100 ms at 1 s
-	// freshMinRequests: fewer requests in the recent span say too little
-	// about a stream's bytes in flight.
+	// freshMinRequests: fewer say too little about bytes in flight.
 	freshMinRequests = 32
 	// maxFresh bounds the fresh streams waiting for their first judgement.
 	maxFresh = 4096
 )
 
-// noteFresh records a file with no decision whose reader was first seen at
-// firstSeen (called on its readahead events, t.mu held).
+// noteFresh records a decision-less file first read at firstSeen. t.mu held.
 func (t *Tuner) noteFresh(k probe.FileKey, firstSeen, now time.Duration) {
 	if t.scope.Empty() || now-firstSeen > t.cfg.Settle {
 		return
@@ -266,11 +232,7 @@ func (t *Tuner) noteFresh(k probe.FileKey, firstSeen, now time.Duration) {
 	t.fresh[k] = firstSeen
 }
 
-// freshStreams returns the files first read within the last Settle that
-// have no decision and have been read for long enough to judge, and the
-// span of recent requests to judge them on: Tick asks the detector
-// for those (detector.Recent) and hands them to fastOutcome. Empty when
-// there is nothing to judge (the detector is then not asked).
+// freshStreams returns the fresh files old enough to judge and the span.
 func (t *Tuner) freshStreams() ([]probe.FileKey, time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -286,9 +248,7 @@ func (t *Tuner) freshStreams() ([]probe.FileKey, time.Duration) {
 		}
 	}
 	slices.SortFunc(keys, compareKeys)
-	// A slow stream (a few hundred requests a second, as under
-	// contention) has too few requests in the last Settle/4 to judge: it
-	// is judged on as much of its life as it has had, up to 3/4 Settle.
+	// Slow streams need up to 3/4 Settle of their life.
 	span := t.cfg.Settle / freshSpanDiv
 	for _, k := range keys {
 		span = max(span, min(now-t.fresh[k], 3*t.cfg.Settle/4))
@@ -296,8 +256,7 @@ func (t *Tuner) freshStreams() ([]probe.FileKey, time.Duration) {
 	return keys, span
 }
 
-// newDec records a decision on k, at the device's window, needed now;
-// byRate with WindowBound for a stream bound by its window with no regime.
+// newDec records a decision on k at the device's window (byRate: outcome).
 func (t *Tuner) newDec(k probe.FileKey, d *devState, byRate bool, now time.Duration, regimes ...detector.RegimeKind) *fileDec {
 	fd := &fileDec{key: k, dev: d, byRate: byRate, regimes: regimes, lastNeeded: now,
 		win: ladder{kind: KindFileWindow, base: d.orig, cur: d.orig},
@@ -306,11 +265,8 @@ func (t *Tuner) newDec(k probe.FileKey, d *devState, byRate bool, now time.Durat
 	return fd
 }
 
-// fastOutcome takes the first outcome step on fresh streams bound by their
-// window, judged on the detector's recent requests (snap, over span; from
-// detector.Recent): the same step Step would take a whole Settle later,
-// with the same bounds (allow-paths, device back-off, no trim, no prior
-// re-check), judged by the next Step one Settle after it.
+// fastOutcome takes the first outcome step on fresh window-bound streams,
+// on the recent requests (snap, over span), judged a Settle later.
 func (t *Tuner) fastOutcome(snap detector.Snapshot, span time.Duration) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -319,7 +275,7 @@ func (t *Tuner) fastOutcome(snap detector.Snapshot, span time.Duration) []Action
 		return nil
 	}
 	now := t.deps.Clock.Now()
-	// The first step is measured on the recent span.
+	// Measured on the recent span.
 	j := t.on(snap, span, judgeStep)
 	j.noteTails(snap.Files, now)
 	for _, f := range snap.Files {
@@ -344,10 +300,7 @@ func (t *Tuner) fastOutcome(snap detector.Snapshot, span time.Duration) []Action
 		if created {
 			fd = t.newDec(f.Key, d, true, now, WindowBound)
 		} else {
-			// A new stream on a file whose earlier reads' trials did not
-			// pay: their back-off and knee were learned in other
-			// conditions; the device's outcome back-off (outcomeDue,
-			// above) still holds a stream whose latency did not change.
+			// Earlier trials' back-off and knee no longer hold; outcomeDue does.
 			fd.win.retryNow(true)
 			fd.lastNeeded = now
 		}
@@ -355,9 +308,7 @@ func (t *Tuner) fastOutcome(snap detector.Snapshot, span time.Duration) []Action
 		n := len(t.out)
 		j.driveFile(fd, true)
 		if len(t.out) == n {
-			// No step and nothing to report (no reader's descriptor found
-			// yet, the sysfs budget spent): the next Step decides, as it
-			// would have without this path.
+			// Nothing done (no descriptor yet, budget spent): the Step decides.
 			if created && !fd.outOfScope {
 				delete(t.files, f.Key)
 			}

@@ -1,11 +1,9 @@
 package tuner
 
-// The verdict on a step under trial (drive, trial.go) as data: the
-// evidence, gathered once (evidenceFor), and one ordered table of rules,
-// each a typed reason, a predicate over the evidence and the outcome it
-// gives. The first rule that holds decides; a waiver (a keep without the
-// margin) only lets a step short of its margin on to the rules after it.
-// The table is the list of docs/tuner-rules.md (TestRulesDocumented).
+// The verdict on a step under trial as data: the evidence, gathered once
+// (evidenceFor), and one ordered table of rules. The first rule that holds
+// decides; a waiver only lets a step short of its margin on to the rules
+// after it. docs/tuner-rules.md lists the table (TestRulesDocumented).
 
 import (
 	"fmt"
@@ -23,14 +21,12 @@ type facts struct {
 	since, settle          time.Duration
 	keepsEarly, ended      bool // an early keep that pays (keepsEarly); the stream stopped (endedVerdict)
 	// The stream's tail (tail.go): the window a stalled span grows the step
-	// to (tailResize, 0 for none); the tail in the span judged, in the
-	// before-measure's; verdicts put off so far.
+	// to (0: none); the tail in the span judged, in the before's; put-offs.
 	resizeTo            int
 	tailNow, beforeTail bool
 	later               int
-	// Why the step is kept without its margin, "" if not: its directory's
-	// prior confirmed, the stream's tail (tailKeep), a file slower than its
-	// device (shiftKeep).
+	// Why the step is kept without its margin, "" if not: prior confirmed,
+	// the stream's tail (tailKeep), a file slower than its device (shiftKeep).
 	prior, tail, shift  string
 	youngBefore, atBase bool // before-measure young (ladder.trial.young); the step left base
 	// lossDev, lossOthers: the device's total and its protected readers'
@@ -100,9 +96,8 @@ const othersMin = 0.1
 // evNone: a rule that counts no event.
 const evNone = numEvents
 
-// verdictRule is one entry of the table: its reason's name and doc, when it
-// holds, what it gives, the event it counts, and the clause it adds to the
-// action's evidence text (nil for none).
+// verdictRule is one entry of the table: reason, name and doc, when it holds,
+// what it gives, the event it counts, the evidence clause it adds (nil: none).
 type verdictRule struct {
 	reason    ruleReason
 	name, doc string
@@ -113,20 +108,15 @@ type verdictRule struct {
 }
 
 var verdictRules = [numReasons]verdictRule{
-	// Steps are taken on interval ticks: the tick one Settle after the
-	// step may read the clock a little early, and must still judge it
-	// (otherwise every step would take two intervals).
+	// The tick one Settle after a step may read the clock a little early and
+	// must still judge it (beforeSettle allows a tenth).
 	{rNotYet, "not_yet", "under most of a Settle since the step, not kept early (keepsEarly), its stream still reading: judged later", outWait, evNone,
 		func(e *facts) bool { return e.beforeSettle() && !e.keepsEarly && !(e.ended && e.m.ok) }, nil},
 	{rNoReads, "no_reads", "no reads to judge by, under 4 Settles since the step: judged later", outWait, evNone,
 		func(e *facts) bool { return !e.m.ok && e.since < 4*e.settle }, nil},
-	// The span judged stalled (the stream's tail is in it), the span of the
-	// before-measure did not: that compares a stall with its absence, not
-	// one window with another. If the stall needs more than the step, the
-	// larger step is judged against the same before-measure next
-	// interval; otherwise the step stays one more interval (a stall-free
-	// span at the larger window is then compared with a stall-free span
-	// at the smaller one). A stream that ended reads no more to wait for.
+	// A stalled span against a stall-free before-measure compares a stall
+	// with its absence, not two windows: the step is grown to what the stall
+	// needs, or judged next interval. An ended stream has no more to wait for.
 	{rTailResized, "tail_resized", "short of its margin on a span with the stream's tail, the before-measure's without: grown to the window the tail needs", outResize, EvJudgedLater,
 		func(e *facts) bool { return e.stalledSpan() && e.resizeTo > 0 }, nil},
 	{rJudgedLater, "judged_later", "short of its margin on a span with the stream's tail, the before-measure's without: judged next interval (twice at most)", outLater, EvJudgedLater,
@@ -137,55 +127,42 @@ var verdictRules = [numReasons]verdictRule{
 		func(e *facts) bool { return e.shortOfMargin() && e.tail != "" }, func(e *facts) string { return e.tail }},
 	{rShiftKept, "shift_kept", "short of its margin on a file slower than its device, the window still limiting it, the step cost nothing: the margin waived", outWaive, EvShiftKept,
 		func(e *facts) bool { return e.shortOfMargin() && e.shift != "" }, func(e *facts) string { return e.shift }},
-	// The ordinary margin paid, the start's did not: the step is taken
-	// again after one whole interval at the device's window, not after a
-	// back-off (+1 ms on the lab: +30% against the start's 40%, and 2 s
-	// more at the default window cost the stream 5% of its read).
+	// The ordinary margin paid, the start's did not: taken again after one
+	// whole interval at the device's window, not after a back-off.
 	{rYoungRetry, "young_retry", "short of the margin of a stream's start, paid the ordinary one: undone, taken again once the stream is measured whole (outcome_young_retry counts that)", outRetry, evNone,
 		func(e *facts) bool {
 			return e.shortOfMargin() && !e.marginWaived() && e.youngBefore && e.m.ok && e.atBase && e.gain >= e.ordinary && e.kind != KindDeviceWindow
 		}, func(*facts) string { return "judged on the stream's start: tried again once it is measured whole" }},
 	{rNotPaid, "not_paid", "short of its margin: undone, with back-off, or the knee if an earlier step paid", outUndo, evNone,
 		func(e *facts) bool { return e.shortOfMargin() && !e.marginWaived() }, nil},
-	// The device's other readers must not pay for the gain: its total must
-	// not fall (a larger window that only queues ahead of others wins a
-	// stream nothing the device did not lose elsewhere).
+	// The other readers must not pay for the gain: a window that only queues
+	// ahead of others wins nothing the device did not lose elsewhere.
 	{rDeviceFell, "device_total_fell", "a file window step under which the device's total fell by more than devLossMax: undone", outUndo, evNone,
 		func(e *facts) bool {
 			return e.onFileWindow() && e.lossDev > 0 && e.m.dev > 0 && e.m.dev < (1-devLossMax)*e.lossDev
 		}, func(e *facts) string {
 			return fmt.Sprintf("the device's total fell %.1f -> %.1f MB/s: its other readers lost more", e.lossDev/1e6, e.m.dev/1e6)
 		}},
-	// A step no regime asked for must not be paid for by the device's
-	// other streams (several streams sharing a saturated device: one's
-	// gain is the others' loss). Readers that are not streams readaheadd
-	// serves (O_DIRECT, files outside the allow-paths) are contenders:
-	// their share is what a larger window wins back.
+	// A step no regime asked for must not be paid for by the device's other
+	// streams. Readers readaheadd does not serve (O_DIRECT, outside the
+	// allow-paths) are contenders: their share is what a larger window wins.
 	{rOthersLost, "others_lost", "a step no regime asked for under which the device's protected readers (othersMin of its bytes) lost more than devLossMax: undone", outUndo, evNone,
 		func(e *facts) bool {
 			return e.m.othersMustNotLose && e.lossDev > 0 && e.lossOthers > othersMin*e.lossDev && e.m.others < (1-devLossMax)*e.lossOthers
 		}, func(e *facts) string {
 			return fmt.Sprintf("the device's other readers lost %.1f -> %.1f MB/s", e.lossOthers/1e6, e.m.others/1e6)
 		}},
-	// Their p99 alone, in one interval: on this host one interval's p99
-	// strays 20-30% with no step at all, and a trim applied within the
-	// span mixes two sizes of their requests (a 192 KB step that paid +27%
-	// was undone on a p99 1.7x while their mean was within budget). Or
-	// their mean at its budget (which sits inside the goal) by a hair: a
-	// +23% step was undone on "mean 1.7ms against 0.90 x 1.89ms", and the
-	// stream settled 3.5 s after its onset. The next interval judges it.
+	// Their p99 alone in one interval strays 20-30% with no step (and a trim
+	// within the span mixes two request sizes); nor is their mean over its
+	// budget by a hair a verdict. The next interval judges it.
 	{rRandomLater, "random_judged_later", "the random readers beside it over their budget by one interval's p99, or their mean by a hair, for the first time: judged next interval", outRandLater, EvRandomJudgedLater,
 		func(e *facts) bool {
 			r := e.m.rand
 			return e.onFileWindow() && (r.over() || e.randP99Over()) && !e.randLater && (r.mean <= 1 || r.mean <= randMeanNear && r.tail < randTailSevere)
 		}, nil},
-	// Over their budget: undone whatever the stream gained. So is a p99
-	// over its budget two intervals running: a stray interval is one, and
-	// the watch of a kept window needs three or four (on the lab at
-	// +2.5 ms a 272 KB step kept with the reader's p99 at 1.2x its
-	// reference held to the end of the run, its p99 1.10x the default
-	// window's, where 192 KB gives the stream 0.94 of the best static
-	// window).
+	// Over their budget: undone whatever the stream gained. So is a p99 over
+	// budget two intervals running: a stray interval is one, and a kept
+	// window's watch needs three or four to undo it.
 	{rRandomOver, "random_over_budget", "the random readers beside it over their budget, or their p99 over it two intervals running: undone, the knee held at once", outUndoRandom, evNone,
 		func(e *facts) bool { return e.onFileWindow() && (e.m.rand.over() || e.randP99Over() && e.randLater) }, func(e *facts) string { return "over budget: " + e.m.rand.why }},
 	// Beside random readers the watch starts afresh. (A p99 over budget
@@ -207,8 +184,7 @@ func (r ruleReason) String() string { return verdictRules[r].name }
 // Doc is what the rule decides, in one line.
 func (r ruleReason) Doc() string { return verdictRules[r].doc }
 
-// trialVerdict is the rule that decided and the waiver that let the step past
-// its margin, if any.
+// trialVerdict: the rule that decided and the waiver that let the step past, if any.
 type trialVerdict struct {
 	rule, waiver *verdictRule
 }

@@ -1,7 +1,6 @@
 package tuner
 
-// One knob's closed-loop state (ladder), its transitions, and the measure
-// its steps are judged by; what to do when is decided by the parts above.
+// One knob's closed-loop state (ladder), its transitions, and its measure.
 
 import (
 	"fmt"
@@ -19,44 +18,32 @@ type ladder struct {
 	first     int // first step when cur is 0 (prefetch)
 	dryAt     int // value last reported in dry-run mode
 	tried     int // the value of the last step taken
-	// hint is the window Little's law says the reader needs (KB, 0 if
-	// unknown): the first step from base skips steps smaller than it, as
-	// does one from the window in force when rejump (a regime began after
-	// it was kept).
+	// hint: the window Little's law says the reader needs (KB, 0: unknown); a
+	// step from base, or from the value in force when rejump, skips smaller ones.
 	hint   int
 	rejump bool
-	// keptAt: when cur last changed (a re-probe waits a period from it);
-	// movedAt: when the value in force last changed (a span of requests
-	// across it mixes two windows' latencies). baseM: the measure when the
-	// first step left base; keptM: when the value in force was kept (what a
-	// re-probe and the memory compare with); judged: the measure the last
-	// verdict was taken on.
+	// keptAt: when cur last changed; movedAt: when the value in force did
+	// (spans across it mix two windows); baseM, keptM: the measures when the
+	// first step left base and when the value in force was kept; judged: the
+	// last verdict's.
 	keptAt, movedAt      time.Duration
 	baseM, keptM, judged measure
-	// steadyBefore: a step's gain is judged against the mean of the last
-	// two intervals' throughput at the window in force (trial.steady), not
-	// the last one alone (set for decisions that rest on the stream's
-	// outcome alone: with no regime to confirm it, one interval's dip on a
-	// busy host made a step that gained nothing look like +14%).
+	// steadyBefore: judge a gain against the mean of the last two intervals
+	// (trial.steady): an outcome-only decision's one-interval dip fakes gains.
 	steadyBefore bool
-	// capKept: the last step was kept on half the margin (marginFor): it
-	// took the stream to the device's capacity, so the capacity holds
-	// further steps even for a decision judged by rate.
+	// capKept: the last step was kept on half the margin (marginFor): the
+	// capacity holds further steps, even for a decision judged by rate.
 	capKept bool
 
 	trial trialStep
 	back  backOff
-	// reprobe: when the current re-probe of a kept file window (window back
-	// at base) ends, and the period between re-probes.
+	// reprobe: when the current re-probe ends, and the period between them.
 	reprobe struct{ until, every time.Duration }
 	limit   randLimit
 	watch   randWatch
-	// young: retry, the step just undone paid the ordinary margin against a
-	// before-measure that took in the stream's start: tried again once the
-	// stream is measured whole, with no back-off (policy.go counts it as no
-	// unpaid trial); undoneAt: when, until it is taken again (onset.go
-	// takes it between Steps once a quarter interval has measured the
-	// stream whole at the device's window).
+	// young: retry, the step just undone paid the ordinary margin but not the
+	// start's: retried once the stream is measured whole, with no back-off;
+	// undoneAt: when, until taken again (onset.go may take it between Steps).
 	young struct {
 		retry    bool
 		undoneAt time.Duration
@@ -64,16 +51,12 @@ type ladder struct {
 	last lastMeasure
 }
 
-// trialStep is the step under trial (to, 0 if none, from from since at)
-// and what its verdict reads: before, the measure it is judged against,
-// taken at beforeAt, whose span showed the stream's tail (beforeTail) or
-// took in its start (young: youngMargin); later: the intervals the
-// verdict was put off (tail.go), randLater: put off once on the random
-// readers' p99 alone; steady: the mean of the last two intervals'
-// throughput at the value left (0 for none, see steadyBefore), high: the
-// higher of the two (the before-measure's alone otherwise): a gain over it
-// is no dip's. A step ends with to alone zeroed: a knee keeps the
-// before-measure of the step undone, and the next step sets every field.
+// trialStep is the step under trial (to, 0 if none, from from since at) and
+// what its verdict reads: before (at beforeAt; its span held the tail or the
+// stream's start: beforeTail, young), put-offs (later, randLater), steady and
+// high (the mean and the higher of the last two intervals at the value left,
+// 0: none). A step ends with to alone zeroed (a knee keeps before); the next
+// step sets every field.
 type trialStep struct {
 	to, from, later   int
 	at, beforeAt      time.Duration
@@ -83,10 +66,9 @@ type trialStep struct {
 	steady, high      float64
 }
 
-// backOff: the knee, and the failures that hold the next step until
-// retryAt; the knee's own record (kneeStale, trial.go): the measure at the
-// knee's window when it was found, whether the random readers' loss set
-// it, and the re-probes that found it stale.
+// backOff: the knee, and the failures holding the next step until retryAt;
+// for kneeStale: the measure at the knee, whether the random readers' loss
+// set it, and the re-probes that found it stale.
 type backOff struct {
 	knee, kneeRandom bool
 	failures, staleN int
@@ -94,28 +76,25 @@ type backOff struct {
 	kneeM            measure
 }
 
-// randLimit bounds a step beside random readers (random.go): kb, the
-// largest window a step may take now (0 for no limit), computed by fn when
-// the next step is taken (a verdict just before may have taught what a
-// step costs them); no step to ceil or more before ceilUntil.
+// randLimit bounds a step beside random readers (random.go): kb, the largest
+// window a step may take now (0: no limit), from fn at each next step; no
+// step to ceil or more before ceilUntil.
 type randLimit struct {
 	kb, ceil  int
 	fn        func() int
 	ceilUntil time.Duration
 }
 
-// randWatch is the watch of what the value in force costs the random
-// readers (random.go): the smoothed p99, and which of the last watchSpan
-// intervals had the mean over budget, the mean far over it, the p99 over
-// budget (a bit each, the latest lowest); at: the interval last watched.
+// randWatch watches what the value in force costs the random readers
+// (random.go): the smoothed p99, and bits (latest lowest) of the last
+// watchSpan intervals with the mean over, far over, the p99 over budget.
 type randWatch struct {
 	tail                        float64
 	meanOver, meanFar, tailOver uint8
 	at                          time.Duration
 }
 
-// lastMeasure: the measure of the previous interval with no step under
-// trial, when, and at which value.
+// lastMeasure: the last measure with no step under trial, when, at which value.
 type lastMeasure struct {
 	m   measure
 	at  time.Duration
@@ -141,32 +120,24 @@ type measure struct {
 	ok   bool
 	tput float64 // bytes/s judged: busy throughput, or rate for decisions judged by rate
 	p50  time.Duration
-	// rate: the file's bytes per second over the detector's window (what
-	// the stream's reader gets, unlike busy throughput, which a larger
-	// window raises even for a reader limited by its application).
+	// rate: the file's bytes/s over the detector's window: what its reader
+	// gets (busy throughput rises with the window even for an app-bound reader).
 	rate float64
-	// dev: the device's bytes per second over the same window, 0 if unknown;
-	// devBusy: its busy throughput (a rate however far back the detector
-	// extended its window).
+	// dev: the device's bytes/s over the same window, 0 if unknown; devBusy:
+	// its busy throughput (a rate however far back the detector's window goes).
 	dev, devBusy float64
-	// others: bytes per second of the device's other readers whose share
-	// is protected (protectedStream: the other sequential streams
-	// readaheadd serves), over the same window.
+	// others: bytes/s of the device's other readers whose share is protected
+	// (protectedStream), over the same window.
 	others float64
-	// streams: the device's other non-random readers, one by one
-	// (lossBase leaves out those that ended).
+	// streams: the device's other non-random readers (lossBase drops ended ones).
 	streams []otherStream
-	// othersMustNotLose: judge the step also by those other readers, not
-	// only by the device's total.
+	// othersMustNotLose: judge the step by those readers too, not only the total.
 	othersMustNotLose bool
-	// young: tput is the busy throughput of a stream that began inside
-	// the measure's span (its start is in it).
+	// young: tput is that of a stream that began inside the measure's span.
 	young bool
-	// ended: the stream stopped reading inside the span (rate is over
-	// the part it read).
+	// ended: the stream stopped inside the span (rate covers the part it read).
 	ended bool
-	// rand: what the random readers beside the stream get against their
-	// budgets (random.go).
+	// rand: what the random readers beside it get against budgets (random.go).
 	rand randCost
 }
 
@@ -177,8 +148,7 @@ func (m measure) String() string {
 	return fmt.Sprintf("%.1f MB/s p50 %v", m.tput/1e6, m.p50)
 }
 
-// raised reports whether a file's window is raised (in dry-run mode:
-// would be).
+// raised reports whether a file's window is raised (dry run: would be).
 func (l *ladder) raised() bool { return l.inForce() > l.base || l.dryAt > l.base }
 
 // otherStream is one of the device's other (not random) readers in a
@@ -191,8 +161,7 @@ type otherStream struct {
 	ended bool
 }
 
-// randCost is what the random readers beside a stream get now against
-// their budgets.
+// randCost is what the random readers beside a stream get against budgets.
 type randCost struct {
 	n    int           // random readers measured
 	mean float64       // the largest share of a mean budget used (above 1: over it)
@@ -201,15 +170,12 @@ type randCost struct {
 	why  string        // which reader and how, for the evidence
 }
 
-// The ladder's transitions (when to take each is the callers'). startStep
-// puts its next step s under trial from now (from base, s.before measures
-// the base too); begin, a prior's step, baseM the measure at base; resize
-// moves the step to kb; putOff puts its verdict off an interval (rand: on
-// the random readers' p99 alone). keepStep keeps it (atCap: on half the
-// margin), the back-off afresh; keepAt puts kb in force as the value kept,
-// prev the one a watch falls back to; backToBase puts base back, no knee.
-// endStep ends a step unjudged or undone and returns its value; resume puts
-// it back when taking it back failed.
+// The ladder's transitions; when to take each is the callers'. startStep from
+// base measures the base too (s.before); begin takes a prior's step; putOff
+// with rand defers on the random readers' p99; keepStep resets the back-off
+// (atCap: kept on half the margin); keepAt's prev is the watch's fallback;
+// backToBase also clears the knee; endStep returns the step's value, and
+// resume puts it back when taking it back failed.
 func (l *ladder) startStep(s trialStep, now time.Duration) {
 	baseM := l.baseM
 	if s.from == l.base {
@@ -245,16 +211,11 @@ func (l *ladder) endStep(now time.Duration) (to int) {
 }
 func (l *ladder) resume(to int) { l.trial.to = to }
 
-// The knee and the back-off. failedStep counts a step that did not pay
-// (or could not be taken): the next waits wait(failures). atKnee: the step
-// undone did not pay above a kept one, whose measure the knee keeps; a
-// first failure is confirmed after first, a confirmed knee holds for hold
-// (the wait returned). randomKnee: the random readers' loss undid it, the
-// knee holds at once; untaught: a verdict taught what a step costs them,
-// the knee is no longer theirs alone. retryNow ends the wait (with knee,
-// the knee); clearBack, both; staleKnee, a knee found stale (counted: the
-// next such re-probe waits longer); kneeWaited, a knee whose wait is over.
-// regimeBegan after the value was kept.
+// The knee and the back-off: failedStep waits wait(failures); atKnee confirms
+// a first knee after first, then holds it for hold (the wait returned);
+// randomKnee holds at once (the random readers' loss undid it); untaught: the
+// knee is no longer theirs alone; retryNow ends the wait (with knee, the
+// knee); staleKnee counts (the next such re-probe waits longer).
 func (l *ladder) failedStep(now time.Duration, wait func(int) time.Duration) {
 	l.back.failures, l.back.retryAt = l.back.failures+1, now+wait(l.back.failures+1)
 }
@@ -286,9 +247,8 @@ func (l *ladder) staleKnee(now time.Duration) {
 func (l *ladder) regimeBegan() { l.rejump = true }
 func (l *ladder) kneeWaited()  { l.back.knee = false }
 
-// The young retry: the step undone now is tried again at retryAt, or
-// sooner between Steps, until taken; youngRetried reports whether the step
-// just judged was such a retry, and ends it.
+// The young retry: the step undone is tried again at retryAt, or sooner
+// between Steps; youngRetried reports whether the step just judged was one.
 func (l *ladder) youngUndone(now, retryAt time.Duration) {
 	l.young.retry, l.back.retryAt, l.young.undoneAt = true, retryAt, now
 }
@@ -298,11 +258,10 @@ func (l *ladder) youngRetried() (r bool) {
 	return r
 }
 
-// The re-probe: due once a window was kept a period (first, until one
-// ran); later, a period from now. It holds the base until until (holdTill:
-// a prefetch off with it, 0 no longer); at its end the regime persisted
-// (needed): the kept window is back, the next waits twice as long, up to
-// most; or the base stays.
+// The re-probe: due a period after the window was kept (first, until one
+// ran). It holds the base until until (holdTill: the prefetch off with it);
+// at its end, if needed, the kept window is back and the next waits twice as
+// long, up to most; else the base stays.
 func (l *ladder) reprobeDue(now, first time.Duration) bool {
 	if l.reprobe.every == 0 {
 		l.reprobe.every = first
@@ -321,11 +280,8 @@ func (l *ladder) endReprobe(now time.Duration, needed bool, most time.Duration) 
 	l.keptAt, l.reprobe.every = now, min(2*l.reprobe.every, most)
 }
 
-// aim sets what the next step skips to (hint) and whether its gain is
-// judged against two intervals (steadyBefore); noteLast records m as the
-// last measure with no step under trial (a reference for the next step
-// until forgotten); judgedOn, the measure of a verdict; dryStep records kb
-// as the value dry-run mode reports, and whether it is new.
+// aim sets hint and steadyBefore; noteLast records the next step's reference
+// (the last measure with no step under trial); dryStep reports whether kb is new.
 func (l *ladder) aim(hint int, steady bool) { l.hint, l.steadyBefore = hint, steady }
 func (l *ladder) judgedOn(m measure)        { l.judged = m }
 func (l *ladder) noteLast(m measure, now time.Duration) {

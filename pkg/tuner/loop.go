@@ -1,10 +1,7 @@
 package tuner
 
-// The loop's entry points: New, the event path (ObserveReadahead), the
-// interval's Step and the Tick between Steps, and the two checks that are
-// Tick's own: the detector's fast path (regimes entered a moment ago) and
-// kept decisions reaching the descriptors opened since. Each entry point
-// takes the tuner's lock; the state they act on is in tuner.go.
+// The loop's entry points: New, ObserveReadahead, Step and Tick. Each takes
+// the tuner's lock; the state is in tuner.go.
 
 import (
 	"errors"
@@ -20,12 +17,10 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/tuner/prior"
 )
 
-// pauseGaps: a reader paused when no event came for this many of its
-// usual gaps between events (and at least endedGap).
+// pauseGaps: no event for this many usual gaps (at least endedGap): paused.
 const pauseGaps = 8
 
-// evTime is when a readahead event happened: the kernel's timestamp (its
-// delivery can come tens of milliseconds later), else now.
+// evTime is ev's kernel timestamp (delivery may lag tens of ms), else now.
 func evTime(ev probe.ReadaheadEvent, now time.Duration) time.Duration {
 	if ev.Time > 0 && ev.Time < now {
 		return ev.Time
@@ -33,8 +28,7 @@ func evTime(ev probe.ReadaheadEvent, now time.Duration) time.Duration {
 	return now
 }
 
-// New builds a tuner. If the store holds originals from an earlier run that
-// did not restore them (a crash), they are restored first.
+// New builds a tuner, first restoring originals a crashed run left.
 func New(cfg Config, deps Deps) (*Tuner, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -101,8 +95,8 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 	return t, nil
 }
 
-// ObserveReadahead notes which process reads which file, and whether its
-// open file has the window a decision wants. Cheap: called per event.
+// ObserveReadahead tracks readers and pins decisions on new descriptors
+// (per event: keep it cheap).
 func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 	if ev.File.IsZero() || ev.Tgid == 0 {
 		return
@@ -114,8 +108,7 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 		return // shutting down: everything is being put back
 	}
 	if ev.ReadAround {
-		// An mmap fault on a trimmed file, not a stream's readahead: its
-		// reader is no stream reader, and its file no fresh open.
+		// An mmap fault on a trimmed file: neither a stream nor a fresh open.
 		t.trimOpened(ev, now)
 		return
 	}
@@ -127,18 +120,14 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 	r := rs[ev.Tgid]
 	if r == nil {
 		if t.nReaders >= MaxReaders {
-			// Bounded: a flood of short-lived readers must not grow the
-			// table without end. Counted; the readers already known
-			// are still served.
+			// Bounded against floods of short-lived readers.
 			t.count(EvReadersDropped)
 			if len(rs) == 0 {
 				delete(t.readers, ev.File)
 			}
 			return
 		}
-		// When the reader began: the kernel's timestamp of its first
-		// event (a stream's rate is measured from it, and its delivery
-		// can come tens of milliseconds later), else now.
+		// A stream's rate is measured from its first event's timestamp.
 		r = &readerInfo{firstSeen: evTime(ev, now)}
 		rs[ev.Tgid] = r
 		t.nReaders++
@@ -153,15 +142,13 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 	r.raKB = int(ev.RaPages) * probe.PageSize / 1024
 	r.follows = r.indexed && followsStream(r.lastIndex, ev)
 	r.lastIndex, r.indexed = ev.Index, true
-	// Actions taken from the event path are returned by the next
-	// Tick or Step.
+	// Actions from the event path are returned by the next Tick or Step.
 	saved := t.out
 	t.out = t.evOut
 	defer func() { t.evOut, t.out = t.out, saved }()
 	fd := t.files[ev.File]
 	if fd == nil {
-		// A fresh open (or a file the memory knows): the window that paid
-		// for its neighbours, now, from the event path.
+		// A fresh open (or a file the memory knows): its neighbours' window.
 		t.atStep().freshOpen(ev, r, now)
 		if t.files[ev.File] == nil {
 			t.noteFresh(ev.File, r.firstSeen, now)
@@ -169,21 +156,17 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 		return
 	}
 	if ev.Index == 0 && !ev.Async && !t.ownWindow(ev.File) {
-		// A read from the file's head: a new stream (HDFS opens the block
-		// file for every read, in the same process) on a file whose
-		// decision holds no window of its own (its trials did not pay, in
-		// the conditions of an earlier read). It is judged as a fresh one.
+		// A head read on a file with no window of its own: a new stream
+		// (HDFS reopens per read), judged as fresh.
 		t.noteFresh(ev.File, now, now)
 	}
 	if ev.Index == 0 && !ev.Async {
 		t.atStep().catchUp(fd, now)
 	}
-	// Events emitted before the last pin (still queued in the ring
-	// buffer) show the old window of a descriptor already pinned.
+	// Events queued before the last pin show the old window.
 	stale := ev.Time != 0 && ev.Time < r.appliedAt
 	if w := fd.win.inForce(); w > fd.win.base && r.raKB < w && !stale && t.lowering[ev.File] == 0 {
-		// A descriptor opened after the decision (HDFS opens the block
-		// file per read): apply now rather than at the next tick.
+		// Opened after the decision: pin now, not at the next tick.
 		r.pending = true
 		t.applyPendingFile(fd, now)
 	}
@@ -195,8 +178,7 @@ const maxWatched = 4096
 // MaxReaders bounds the tuner's table of readers (file x process).
 const MaxReaders = 65536
 
-// Step runs one interval of the closed loop on the detector's snapshot and
-// returns what was done.
+// Step runs one interval of the closed loop and returns what was done.
 func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -219,8 +201,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 
 	t.repairDevices()
 
-	// Control by outcome: streams bound by their window, whatever the
-	// detector saw (policy.go). Not counted towards a device-wide need.
+	// Control by outcome (policy.go); not counted towards a device-wide need.
 	byRate := j.outcomeNeeds(snap, fileNeeds, fileDev)
 
 	// Per-file decisions, only under allow-paths.
@@ -248,17 +229,15 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 		fd := t.files[k]
 		_, needed := fileNeeds[k]
 		if fd.byRate && !needed && fd.win.cur > fd.win.base {
-			// A kept window no regime asked for stays while its stream
-			// reads; the re-probe tells whether it still pays.
+			// A kept window stays while its stream reads; the re-probe judges it.
 			if fs, ok := t.fstats[k]; ok && now-fs.LastSeen <= t.cfg.Settle {
 				needed = true
 				fd.lastNeeded = now
 			}
 		}
 		if fd.win.reprobe.until != 0 {
-			// A stream at the device's window is bound by it whatever
-			// its speed (a healthy one too): when that is all that
-			// asks for the window now, the stream's rate judges.
+			// At the device's window even a healthy stream is bound by it:
+			// when that alone asks, its rate judges.
 			var why string
 			if fd.byRate || needed && onlyOutcome(fileNeeds[k]) {
 				needed, why = j.stillPays(fd)
@@ -276,17 +255,14 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 		if needed {
 			if !t.reprobeStart(fd) {
 				j.driveFile(fd, true)
-				// A regime that began while an outcome step was under
-				// trial takes over once that step is judged: in the
-				// same Step, not an interval later.
+				// A regime begun during an outcome trial takes over now.
 				if len(fileNeeds[k]) > 0 && !onlyOutcome(fileNeeds[k]) && fd.win.trial.to == 0 && fd.pf.trial.to == 0 && t.regimeTakesOver(fd) {
 					j.driveFile(fd, true)
 				}
 			}
 			continue
 		}
-		// StarvedStream clearing while the file is still read with the
-		// larger window is success; otherwise wait out the grace period.
+		// StarvedStream clearing while the larger window is read is success.
 		if fs, ok := t.fstats[k]; ok && fd.win.cur > fd.win.base && now-fs.LastSeen < t.cfg.Grace &&
 			slices.Contains(fd.regimes, detector.StarvedStream) {
 			fd.lastNeeded = now
@@ -299,10 +275,8 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 		}
 	}
 
-	// Device-wide decisions. Not where a random reader is active: every
-	// file opened on the device after the write takes the larger window,
-	// and a reader that opens, faults a few pages and closes is reached by
-	// no trim. One that appears takes the device's window back.
+	// Device-wide: never beside a random reader (every later open takes the
+	// window, and short mmap readers escape trims).
 	for dev, why := range devWide {
 		d := t.device(dev)
 		if d == nil {
@@ -348,24 +322,16 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	return t.out
 }
 
-// RecentFunc returns the detector's recent requests of keys (and of the
-// other files read on their devices) over the last span: detector.Recent.
+// RecentFunc is detector.Recent: keys' and their devices' recent requests.
 type RecentFunc func(span time.Duration, keys []probe.FileKey) detector.Snapshot
 
-// Tick runs between Steps (the daemon calls it every ~100 ms): the first
-// step on the regimes the detector's fast path entered (fast:
-// detector.FastPath, may be empty), the first outcome step on fresh
-// streams bound by their window, a step on streams that slowed since the
-// last Step, the early keep of steps that clearly pay, read-around trims
-// of random readers beside a raised window, the verdict on steps whose
-// stream ended, and kept decisions on newly opened descriptors, in that
-// order. Each check that needs recent requests asks recent for them,
-// outside the tuner's lock (the detector has its own).
+// Tick runs between Steps (~100 ms): fast-path first steps, fresh streams,
+// onsets, early keeps, trims, ended trials, then new descriptors. recent
+// is called outside the lock.
 func (t *Tuner) Tick(fast detector.Snapshot, recent RecentFunc) []Action {
 	var out []Action
 	if len(fast.Regimes) > 0 {
-		// The step is measured on the requests since about the onset,
-		// not on a whole interval that is mostly before it.
+		// Measured since about the onset, not over the whole interval.
 		span := t.cfg.Settle / freshSpanDiv
 		keys := make([]probe.FileKey, 0, len(fast.Files))
 		for _, f := range fast.Files {
@@ -387,20 +353,9 @@ func (t *Tuner) Tick(fast detector.Snapshot, recent RecentFunc) []Action {
 	return append(out, t.applyPending()...)
 }
 
-// fastOn acts at once on the regimes the detector's fast path entered
-// (snap: detector.FastPath, between Steps): each file that has no decision
-// yet (for contention, each sequential file read on the device) gets one
-// and its first step, sized by Little's law from the snapshot's file p95
-// and device capacity, without waiting for the next Step. The step is
-// judged at the first Step one Settle later, as any other. The snapshot
-// holds only the fast path's files and devices; the rest of the tuner's
-// view is left as the last Step saw it. recent (over span;
-// detector.Recent, or empty) holds the regimes' files' recent requests: a
-// regime entered between Steps on a stream that already has a decision
-// takes its step measured on them. The snapshot's window reaches back a
-// whole Settle, mostly before the onset, and a step measured against the
-// stream's rate from before it (a contended stream against its free self)
-// looks as if it did not pay.
+// fastOn takes the first step on regimes the fast path just entered,
+// judged at a Step one Settle later. A file with a decision is measured on
+// recent (over span): the snapshot's Settle reaches back before the onset.
 func (t *Tuner) fastOn(snap, recent detector.Snapshot, span time.Duration) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -419,12 +374,10 @@ func (t *Tuner) fastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 		}
 		t.dstats[d.Device] = d
 	}
-	// Measured on the last Step's view that the fast path's files joined,
-	// or on the recent requests (onRecent), with the regime just in.
+	// The last Step's view joined by the fast path's files.
 	j := judgeCtx{Tuner: t, view: &t.view, justIn: true}
-	// Random readers in the recent requests: before the first Step (a
-	// daemon that has just started) the tuner's view holds none, and a
-	// step sized for a stream alone would be paid by them.
+	// Before the first Step the view holds no random readers, and a lone
+	// stream's step would be paid by them.
 	randomNow := map[probe.Dev]bool{}
 	for _, f := range recent.Files {
 		if j.readRandomly(f) {
@@ -440,14 +393,8 @@ func (t *Tuner) fastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 				fd.regimes = append(fd.regimes, kind)
 				fd.lastNeeded = now
 				if l := &fd.win; l.trial.to == 0 && l.movedAt != 0 && now-l.movedAt < t.cfg.Settle/freshSpanDiv {
-					// Its window moved a moment ago (a step undone): the
-					// recent requests hold the old one's, and a step
-					// measured against them looks as if it did not pay (on
-					// the lab a 176 KB step taken 90 ms after the undo of
-					// 192 read +7% against a rate of 82.9 MB/s, where the
-					// stream reads 68 at 128 KB, and was backed off). The
-					// check a quarter interval on (retryYoung) or the next
-					// Step takes it.
+					// Its window just moved: the recent requests hold the old
+					// one's. retryYoung or the next Step takes it.
 					return
 				}
 				if !deferStep(fd, dev) {
@@ -470,8 +417,7 @@ func (t *Tuner) fastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 		case !r.File.IsZero():
 			start(r.File, r.Device, r.Kind)
 		case r.Kind == detector.Contention:
-			// As Step does: each sequential file read on the device gets
-			// the closed loop, unless the contention is among them.
+			// As Step: each sequential file, unless contention is among them.
 			if _, zeroSum := t.contentionAmongStreams(t.snap, r.Device); zeroSum {
 				continue
 			}
@@ -485,8 +431,7 @@ func (t *Tuner) fastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 	return t.out
 }
 
-// onRecent is j on the recent requests (over span) if they hold enough of
-// key's to measure it by.
+// onRecent is j on recent (over span) if it holds enough of key's.
 func (t *Tuner) onRecent(j judgeCtx, key probe.FileKey, recent detector.Snapshot, span time.Duration) judgeCtx {
 	i := slices.IndexFunc(recent.Files, func(fs detector.FileStats) bool { return fs.Key == key })
 	if span <= 0 || i < 0 || recent.Files[i].Requests < freshMinRequests || recent.Files[i].BusyThroughput <= 0 {
@@ -496,9 +441,8 @@ func (t *Tuner) onRecent(j judgeCtx, key probe.FileKey, recent detector.Snapshot
 	return j
 }
 
-// applyPending gives readers that opened a file after its decision the
-// decision's window, at every Tick, so HDFS's per-read opens are reached
-// fast; it also returns the actions the event path took since.
+// applyPending pins decisions on descriptors opened since and returns the
+// event path's actions.
 func (t *Tuner) applyPending() []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -514,8 +458,7 @@ func (t *Tuner) applyPendingLocked() {
 	}
 }
 
-// applyPendingFile pins the window in force on the descriptors of the
-// file's readers marked pending.
+// applyPendingFile pins the window in force on pending readers.
 func (t *Tuner) applyPendingFile(fd *fileDec, now time.Duration) {
 	w := fd.win.inForce()
 	if t.cfg.DryRun || w <= fd.win.base {

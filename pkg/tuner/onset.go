@@ -9,46 +9,26 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// A stream that was reading well at the last Step can slow down a moment
-// after it (contention begins, the device's latency rises): the next Step
-// sees it up to a whole interval later, and unless the detector's fast
-// path enters a regime on it, every step waits for that Step. Between
-// Steps Tick asks for the recent requests of the streams the last
-// Step saw (onsetStreams, every Settle/4) and hands them to fastOnset: a
-// stream whose recent rate fell well below its rate at the last Step while
-// its requests got slower (or fell less, with its requests slower, on two
-// checks running), and that is bound by its window there, takes
-// its step at once (a back-off or knee learned before does not hold it), measured on
-// the recent requests, with the Step's bounds (allow-paths, the device's
-// back-off, no step under trial or re-probe), and judged by the first
-// Step one Settle later.
+// A stream can slow just after a Step; the next Step sees it an interval
+// later. So every Settle/4 fastOnset checks the last Step's streams: one
+// whose recent rate fell well below its Step rate with slower requests (or
+// fell less, on two checks running) and is window-bound takes its step at
+// once, within the Step's bounds, judged by the Step one Settle later.
 const (
-	// onsetDrop: the recent rate must be below this share of the rate
-	// at the last Step (a 250 ms span of a healthy stream varies less).
+	// onsetDrop: the recent rate must be below this share of the Step's
+	// (a 250 ms span of a healthy stream varies less).
 	onsetDrop = 0.7
 	// onsetMinRequests: the fewest recent requests a slowed stream is judged
-	// on. Fewer than a fresh stream needs (freshMinRequests): the slowdown
-	// itself thins them out (a 128 KB window two requests deep at 16 ms
-	// gives 32 in a 250 ms span, and one fewer would put the step off to
-	// the next Step), and the evidence asked here is strong (a rate below
-	// onsetDrop of the last Step's with a median half again as long).
+	// on; below freshMinRequests as a slowdown thins them out.
 	onsetMinRequests = 16
-	// onsetMildDrop, onsetMildSlower: a milder slowdown, a rate below
-	// onsetMildDrop of the Step's with the median onsetMildSlower times
-	// as long (Little's law: the window binds, and its requests take
-	// longer), is taken on the second check running: on the lab at +1 ms
-	// a stream at 149 MB/s read 115 with its median 1.29x, under the
-	// strong rule, and a block read by HDFS waited 1.4 s for its Step.
-	// One quarter interval's rate strays that far on this host; two in a
-	// row, with the latency risen in both, do not.
+	// onsetMildDrop, onsetMildSlower: a milder slowdown, taken on the second
+	// check running (one quarter interval strays that far, two don't).
 	onsetMildDrop   = 0.85
 	onsetMildSlower = 1.2
 )
 
-// slowerNow reports whether a stream's recent requests are slower than at
-// the last Step: their median half again as long, or a tail (p99 at least
-// twice the median) the last Step did not show. A rate that fell with its
-// latency unchanged is the reader's, not the device's.
+// slowerNow: recent requests slower than at the last Step (median 1.5x, or
+// a new tail). A rate that fell at unchanged latency is the reader's.
 func slowerNow(last, recent detector.FileStats) bool {
 	if last.P50 <= 0 || recent.P50 <= 0 {
 		return false
@@ -59,10 +39,7 @@ func slowerNow(last, recent detector.FileStats) bool {
 	return recent.P99 >= 2*recent.P50 && last.P99 < 2*last.P50
 }
 
-// onsetStreams returns the streams the last Step saw read sequentially
-// under the allow-paths with no step under trial, and the span of recent
-// requests to check them on; nothing when the last check was less than
-// Settle/4 ago.
+// onsetStreams returns the candidates and span, at most every Settle/4.
 func (t *Tuner) onsetStreams() ([]probe.FileKey, time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -84,8 +61,7 @@ func (t *Tuner) onsetStreams() ([]probe.FileKey, time.Duration) {
 	}
 	for k, fd := range t.files {
 		if (fd.deferUntil != 0 || fd.win.young.undoneAt != 0) && !slices.Contains(keys, k) {
-			// A first step put off beside random readers, or undone to
-			// be measured whole (retryYoung).
+			// Put off beside random readers, or undone to be measured whole.
 			keys = append(keys, k)
 		}
 	}
@@ -93,8 +69,7 @@ func (t *Tuner) onsetStreams() ([]probe.FileKey, time.Duration) {
 	return keys, t.cfg.Settle / freshSpanDiv
 }
 
-// onsetCandidate: a stream read at the last Step that a step may be taken
-// for now.
+// onsetCandidate: a stream read at the last Step that may be stepped now.
 func (t *Tuner) onsetCandidate(k probe.FileKey, fs detector.FileStats) bool {
 	if fs.Sequentiality < t.cfg.MinSequentiality || fs.Bytes == 0 || t.snap.Now-fs.LastSeen > t.cfg.Settle {
 		return false
@@ -103,28 +78,22 @@ func (t *Tuner) onsetCandidate(k probe.FileKey, fs detector.FileStats) bool {
 		return false
 	}
 	if first, fresh := t.fresh[k]; fresh && t.deps.Clock.Now()-first <= t.cfg.Settle {
-		// fastOutcome's, unless the last Step saw it read at least a
-		// quarter interval with no step of its own since: a slowdown that
-		// began after that is this check's (fastOutcome judges a fresh
-		// stream on as much of its life as it has had, which averages the
-		// onset away; HDFS reads a block in two seconds).
+		// fastOutcome's, unless read a quarter interval with no step since
+		// (fastOutcome averages the whole life, hiding an onset).
 		fd := t.files[k]
 		if t.snap.Now-first < t.cfg.Settle/onsetEvery || fd != nil && (fd.win.trial.to != 0 || fd.win.movedAt > first) {
 			return false
 		}
 	}
-	// A step under trial is no bar: an onset in its span spoils its
-	// verdict (fastOnset ends it unjudged). On a stream at its knee a
-	// prefetch trial runs one interval in three or four.
+	// A step under trial is no bar: fastOnset ends it unjudged.
 	if fd := t.files[k]; fd != nil && (fd.win.reprobe.until != 0 || fd.outOfScope) {
 		return false
 	}
 	return true
 }
 
-// readSince is when the file's stream began reading without a break: its
-// open (HDFS opens a block file afresh for each read, in the same
-// process), or its readers' first read or last resumption.
+// readSince is when the stream began reading unbroken (open, first read
+// or last resumption).
 func (t *Tuner) readSince(k probe.FileKey) time.Duration {
 	since := max(t.fresh[k], t.firstRead(k))
 	for _, r := range t.readers[k] {
@@ -133,12 +102,8 @@ func (t *Tuner) readSince(k probe.FileKey) time.Duration {
 	return since
 }
 
-// abandonTrial ends a step under trial that an onset fell in, unjudged:
-// its span mixes the conditions before and after the onset, so its verdict
-// would say nothing about either (a trial that paid before the onset would
-// be undone by it, and backed off). The value kept is back in the ladder
-// with no back-off and no knee; the caller puts it in force unless the
-// onset's own step, taken at once, replaces it.
+// abandonTrial ends unjudged a trial an onset fell in (its span mixes both
+// conditions); the kept value returns with no back-off or knee.
 func (t *Tuner) abandonTrial(fd *fileDec, l *ladder, now time.Duration) {
 	from := l.endStep(now)
 	t.emit(fd.action(now, undoOf(l.kind), from, l.cur, ResultUndone,
@@ -146,9 +111,7 @@ func (t *Tuner) abandonTrial(fd *fileDec, l *ladder, now time.Duration) {
 	t.count(EvOnsetInTrial)
 }
 
-// fastOnset takes a step for the streams of onsetStreams whose recent rate
-// (snap, over span; detector.Recent) fell below onsetDrop of their rate at
-// the last Step while they are bound by their window.
+// fastOnset steps onsetStreams whose recent rate fell while window-bound.
 func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -176,20 +139,14 @@ func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		}
 		stepRate := float64(last.Bytes) / t.cfg.Settle.Seconds()
 		if first := t.readSince(f.Key); first > t.snap.Now-t.cfg.Settle && last.BusyThroughput > 0 {
-			// Read for part of the Step's interval only: its rate while
-			// it read (a window-bound stream is busy all along).
+			// Read for part of the interval: its busy rate.
 			stepRate = last.BusyThroughput
 		}
 		slower := slowerNow(last, f)
 		refP50 := last.P50
 		if fd := t.files[f.Key]; fd != nil && (fd.win.trial.to != 0 || fd.win.movedAt != 0 && now-fd.win.movedAt < t.cfg.Settle) {
-			// The last Step's requests were read at another window (the
-			// step it judged was undone, or the one under trial began):
-			// its rate and latency are no reference for this one. The
-			// measure taken at the window in force before that step is (a
-			// larger window under trial reads no slower than it unless
-			// the conditions changed); it has no p99, so a tail counts
-			// only if it stands out at any window (tailStrongBase).
+			// Measured at another window: use the trial's before-measure;
+			// lacking a p99, only a strong tail counts.
 			b := fd.win.trial.before
 			if !b.ok || b.rate <= 0 || fd.win.trial.to == 0 && fd.win.inForce() != fd.win.trial.from {
 				continue
@@ -230,8 +187,7 @@ func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		}
 		fd := t.files[c.key]
 		created := fd == nil
-		// At the device's window the device's outcome back-off holds, unless
-		// the latency says the conditions changed (outcomeDue).
+		// At the device's window its outcome back-off holds (outcomeDue).
 		if (created || fd.win.cur == fd.win.base) && !j.outcomeDue(d, c.key) {
 			t.log.Debug("tuner: stream slowed, device's outcome trials backed off", "file", c.key.String(),
 				"retry_in", d.outcomeRetryAt-now, "fail_p50", d.outcomeFailP50, "p50", f.P50)
@@ -244,17 +200,15 @@ func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 			// prefetchAll issues the value in force each interval.
 			t.abandonTrial(fd, &fd.pf, now)
 		}
-		// The window under trial stays in force until the step below
-		// replaces it: lowering it first would hold the stream in a break
-		// for nothing. Put back only if no step follows.
+		// The trial's window stays until replaced (lowering first would
+		// stall the stream); put back if no step follows.
 		winAbandoned := fd.win.trial.to != 0
 		if winAbandoned {
 			t.abandonTrial(fd, &fd.win, now)
 		}
 		t.log.Debug("tuner: stream slowed since the last interval", "file", c.key.String(), "span", span,
 			"step_mbps", c.step/1e6, "recent_mbps", float64(f.Bytes)/span.Seconds()/1e6)
-		// New conditions: a back-off or knee learned before them does
-		// not hold the step up (as when a regime takes a decision over).
+		// New conditions: earlier back-offs and knees do not hold the step.
 		if !fd.win.back.kneeRandom { // what a step costs random readers did not change
 			fd.win.retryNow(true)
 		}
@@ -282,12 +236,8 @@ func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 	return t.out
 }
 
-// retryYoung takes again, on the recent requests (t's view), the
-// first steps undone because they were judged against a stream's start
-// (trial.go): once a quarter interval has measured the stream whole at the
-// device's window, not at the next Step. A block HDFS reads in two seconds
-// at +1 ms spent one of them at the default window waiting for that Step
-// (0.87 of the best static window).
+// retryYoung retakes first steps undone for being judged against a
+// stream's start (trial.go), once a quarter interval measured it whole.
 func (t judgeCtx) retryYoung(now time.Duration) {
 	var due []*fileDec
 	for _, k := range sortedKeys(t.files) {
@@ -324,10 +274,8 @@ func (t judgeCtx) retryYoung(now time.Duration) {
 	}
 }
 
-// stepDeferred takes the first steps put off beside random readers
-// (deferBesideRandom) that are due, on the recent requests (t's view):
-// the random readers' references are first lowered to what they
-// get since the slowdown began.
+// stepDeferred takes due first steps put off beside random readers
+// (deferBesideRandom), refreshing those readers' references.
 func (t judgeCtx) stepDeferred(now time.Duration) {
 	var due []*fileDec
 	for _, k := range sortedKeys(t.files) {

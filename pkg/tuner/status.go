@@ -76,9 +76,8 @@ func (t *Tuner) Status() Status {
 	return st
 }
 
-// RestoreAll undoes everything: each touched device back to its original,
-// each adjusted open file back to the device's window, prefetch stopped,
-// and the durable record cleared. Used on SIGTERM/SIGINT.
+// RestoreAll undoes everything (devices, open files, prefetch, the durable
+// record); used on SIGTERM/SIGINT.
 func (t *Tuner) RestoreAll() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -87,8 +86,7 @@ func (t *Tuner) RestoreAll() error {
 	if t.cfg.DryRun {
 		return nil
 	}
-	// What was learned outlives the run: a restart during a slowdown
-	// serves the first open at once.
+	// Priors outlive the run: a restart mid-slowdown serves the first open.
 	t.savePriors(true)
 	var errs []error
 	for _, d := range t.devs {
@@ -116,9 +114,8 @@ func (t *Tuner) RestoreAll() error {
 		t.endTrim(t.trims[k], "shutting down")
 	}
 	if t.deps.Store != nil {
-		// An original recorded before a write that failed (sysfs read-only)
-		// is still in force: writing it back would only fail again and
-		// make a clean shutdown look like a failed restore.
+		// An original whose write failed (read-only sysfs) is still in
+		// force: writing it back would only fail again.
 		for _, e := range t.deps.Store.Entries() {
 			if kb, err := t.deps.Sysfs.ReadAheadKB(e.Device); err == nil && kb == e.ReadAheadKB {
 				if err := t.deps.Store.Forget(e.Device); err != nil {
@@ -129,8 +126,7 @@ func (t *Tuner) RestoreAll() error {
 		if err := t.deps.Store.Restore(t.deps.Sysfs); err != nil {
 			errs = append(errs, err)
 		}
-		// Windows the undos above did not reach (a reader not found
-		// this time) are reset from the record.
+		// Windows the undos did not reach are reset from the record.
 		if len(t.deps.Store.Pins()) > 0 {
 			res, err := actuate.RestorePins(t.deps.Store, t.deps.Files, t.scope, t.cfg.Devices, t.pinsLowerer())
 			if err != nil {

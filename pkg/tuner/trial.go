@@ -1,11 +1,8 @@
 package tuner
 
-// Trials: one knob's bounded experiment and its verdict. A step is applied,
-// measured one Settle later against the measure before it, kept if it paid
-// its margin (and the device's total did not fall), otherwise undone with
-// exponential back-off, or the knee: the rules are judge.go's table, applied
-// here (drive). A kept file window is re-probed at the device's window now
-// and then to learn whether it still pays.
+// Trials: a step is measured one Settle later against the measure before it,
+// kept if it paid its margin (judge.go's rules), else undone (back-off, or
+// the knee). A kept file window is re-probed now and then.
 
 import (
 	"errors"
@@ -23,10 +20,9 @@ func (l *ladder) next(growth, max int) (int, bool) {
 	if l.cur == 0 {
 		n = l.first
 	}
-	// From base (or from a window kept before a regime began), skip steps
-	// that cannot hide the reader's latency: each would cost an interval
-	// of slow reading to learn only that. Not from a window kept under the
-	// same conditions: its latency holds the queue of its own window.
+	// From base, or a window kept before a regime began, skip steps too small
+	// to hide the reader's latency. Not from a window kept under the same
+	// conditions: its latency holds the queue of its own window.
 	for (l.cur == l.base || l.rejump) && l.cur > 0 && n < l.hint && n < max {
 		n *= growth
 	}
@@ -81,8 +77,7 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 				l.resize(e.resizeTo, now)
 				return true
 			}
-			// Not resized: the put-off counted above stands, and the rules
-			// below the resize judge the step as it is.
+			// Not resized: the put-off stands; the rules below judge the step as is.
 			e.resizeTo, e.later = 0, l.trial.later
 			v = judgeTrial(e)
 		}
@@ -98,8 +93,7 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 			t.count(v.rule.event)
 		}
 		if v.rule.reason > rOthersLost {
-			// A step past the device's loss rules teaches what a step
-			// costs the random readers beside it, whatever their verdict.
+			// Past the loss rules: learn what a step costs the random readers beside it.
 			l.untaught()
 			if l.kind == KindFileWindow && l.limit.kb > 0 {
 				t.learnRandomSlope(d, l, m)
@@ -121,9 +115,8 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 			}
 			return true
 		case outUndoRandom:
-			// The knee holds for BackoffMax at once: its steps were sized
-			// to fit their budget, so one that did not is no noise, and
-			// its confirmation would cost them another second.
+			// The knee holds for BackoffMax at once: the step was sized to the
+			// random readers' budget, so missing it is no noise.
 			l.randomKnee()
 			return t.undoStep(l, now, ev+clause, apply, act)
 		case outUndo:
@@ -133,18 +126,14 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 			l.watch.reset() // beside random readers the watch starts afresh
 		}
 		act(l.kind, l.trial.from, l.trial.to, ResultKept, ev+clause)
-		// A step kept on half the margin took the stream to the device's
-		// capacity: no next step is left to gain (each undone one is a
-		// break in the stream's readahead; on the lab the stream tried
-		// 2048 KB twice and a prefetch after such a 1024 KB step).
+		// A step kept on half the margin reached the device's capacity: no step
+		// is left to gain, and each undone one breaks the stream's readahead.
 		l.keepStep(m, e.atCap && e.gain < t.cfg.Margin, now)
 		did = true
 		if l.capKept {
 			return did
 		}
-		// The next step follows at once, measured against this one: a
-		// slowed reader regains its throughput one interval per step,
-		// not two.
+		// The next step follows at once, measured against this one.
 	}
 	if !escalate || now < l.back.retryAt {
 		return did
@@ -172,8 +161,7 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 	}
 	s := trialStep{to: next, from: l.cur, at: now, before: m, beforeAt: now, beforeTail: t.tailNow(file), high: m.tput}
 	if l.steadyBefore && prev.m.ok && !prev.m.young && prev.val == l.cur && now-prev.at <= 2*t.cfg.Settle {
-		// (Not a measure of the stream's start: its start-up is no part
-		// of its steady rate.)
+		// Not a measure of the stream's start: that is no part of its steady rate.
 		s.steady, s.high = (prev.m.tput+m.tput)/2, math.Max(prev.m.tput, m.tput)
 		ev = fmt.Sprintf("%s; judged against %.1f MB/s (this and the last interval's mean)", ev, s.steady/1e6)
 	}
@@ -183,8 +171,7 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 	return true
 }
 
-// evidenceFor gathers what the verdict on l's step under trial depends on
-// (judge.go). It changes nothing: what the verdict does is drive's.
+// evidenceFor gathers the facts the verdict on l's step depends on; it changes nothing.
 func (t judgeCtx) evidenceFor(l *ladder, d *devState, file probe.FileKey, m measure, now time.Duration, max int) facts {
 	e := facts{kind: l.kind, m: m, before: l.trial.before, since: now - l.trial.at, settle: t.cfg.Settle, ended: t.mode == judgeEnded,
 		tailNow: t.tailNow(file), beforeTail: l.trial.beforeTail, later: l.trial.later, youngBefore: l.trial.young, atBase: l.cur == l.base, randLater: l.trial.randLater}
@@ -207,31 +194,19 @@ func (t judgeCtx) evidenceFor(l *ladder, d *devState, file probe.FileKey, m meas
 	return e
 }
 
-// youngMargin is the keep margin of a step whose before-measure took in the
-// stream's start: a healthy lab stream's first quarter second read 5-23%
-// below its steady rate (114-141 against 148-150 MB/s; the open, the first
-// synchronous reads, a cold cache under the device), and a smaller margin
-// kept a step on a healthy device that gained nothing but the stream's
-// start (+30% at 25%, in CI). A stream slowed from its open gains far more
-// (+80% at +1.5 ms, +450% at +8 ms); a milder one is stepped again once it
-// is measured whole.
+// youngMargin: the keep margin of a step whose before-measure took in the
+// stream's start (5-23% below its steady rate): a smaller one kept steps that
+// gained only that start.
 const youngMargin = 0.4
 
 // capacityReach: a stream reading at least this share of its device's
-// learned capacity reads at the device's bandwidth (a healthy lab stream
-// reads 149.5-149.9 MB/s of 149.9).
+// learned capacity reads at the device's bandwidth.
 const capacityReach = 0.97
 
-// marginFor is the gain a step must bring, measured on a whole stream,
-// and whether it was halved: a file window step that took a stream with no
-// random reader beside it to the device's capacity pays at half the margin,
-// over the better of the intervals it was judged against (a dip in one is
-// no slowdown). Such a gain is no stray: the stream reads what the device
-// gives, and a phase of noise cannot lift a reading past that ceiling. And
-// the slowdown it masks can be that small: extent starts on the lab cost a
-// stream at the device's window 8-9% (137 MB/s against 150 at any window
-// from 512 KB), under a 10% margin for ever. Beside a random reader every step must pay
-// in full: the reader pays for it.
+// marginFor is the gain a step must bring and whether it was halved: a file
+// window step taking a lone stream to capacity (over the better of its
+// before-intervals) pays at half, as noise cannot lift a reading past that
+// ceiling and the slowdown it masks can be smaller. Beside random readers: full.
 func (t judgeCtx) marginFor(l *ladder, d *devState, file probe.FileKey, m measure) (float64, bool) {
 	if l.kind == KindDeviceWindow {
 		return t.cfg.DeviceMargin, false
@@ -243,8 +218,7 @@ func (t judgeCtx) marginFor(l *ladder, d *devState, file probe.FileKey, m measur
 	return t.cfg.Margin, false
 }
 
-// loneAtCapacity reports whether a stream with no random reader beside it
-// reads (m) at its device's capacity.
+// loneAtCapacity: a stream with no random reader beside it reads m at capacity.
 func (t judgeCtx) loneAtCapacity(d *devState, file probe.FileKey, m measure) bool {
 	capBPS, _ := t.capacity(d.dev)
 	fd := t.files[file]
@@ -271,9 +245,8 @@ func (t *Tuner) undoStep(l *ladder, now time.Duration, ev string, apply func(int
 	return true
 }
 
-// takeBack puts the value in force before the step under trial back and
-// ends the trial; it returns the step's value and whether it could (the
-// step stays in force until an undo succeeds, reported as failed).
+// takeBack puts back the value before the step and ends the trial; it returns
+// the step's value and whether it could (else the step stays, reported failed).
 func takeBack(l *ladder, now time.Duration, ev string, apply func(int) error, act func(ActionKind, int, int, Result, string)) (int, bool) {
 	from := l.endStep(now)
 	if err := apply(l.cur); err != nil && !errors.Is(err, errNoReaders) {
@@ -284,16 +257,14 @@ func takeBack(l *ladder, now time.Duration, ev string, apply func(int) error, ac
 	return from, true
 }
 
-// reprobeStart drops a file window kept for long enough back to the
-// device's window, to learn whether its regime is over: under a window
-// that keeps the device bandwidth-saturated the detector cannot tell and
-// holds the regime. It reports whether it started a probe.
+// reprobeStart drops a file window kept long enough back to the device's
+// window: under a window that keeps the device saturated the detector cannot
+// tell whether the regime is over. It reports whether it started a probe.
 func (t *Tuner) reprobeStart(fd *fileDec) bool {
 	now := t.deps.Clock.Now()
 	l := &fd.win
-	// A kept prefetch is part of what the re-probe takes back: held, it
-	// keeps the stream ahead of the device whatever the window, so the
-	// regime would never be seen to end.
+	// A kept prefetch is taken back too: held, it keeps the stream ahead of
+	// the device and the regime would never be seen to end.
 	if t.cfg.DryRun || l.trial.to != 0 || fd.pf.trial.to != 0 || (l.cur <= l.base && fd.pf.cur == 0) ||
 		slices.Contains(fd.regimes, detector.StarvedStream) { // starved: the window is visibly needed
 		return false
@@ -398,36 +369,20 @@ func (t *Tuner) undoFile(fd *fileDec, why string) {
 	t.emit(fd.action(now, KindFileWindowUndo, w, fd.win.base, res, why))
 }
 
-// A step is judged by the first Step at least most of a Settle after it.
-// One taken between Steps (a fresh stream, an onset) is then judged up to
-// two intervals later, and a stream that needs several steps gains one
-// window every one or two seconds: an HDFS block (2 s of reading) is read
-// almost whole at its first step. A step that clearly pays need not wait:
-// from half a Settle on, every Settle/4 Tick asks for the recent
-// requests of the steps under trial (trialStreams) and fastVerdict keeps
-// those whose recent span, all of it at the step's window, reads at least
-// earlyKeepGain above the step's before-measure, and takes the next step.
-// Only a keep comes early, never an undo (a quarter interval says less
-// than a whole one about a loss). Beside random readers only when each of
-// them was measured over the span (enough requests), their trims unchanged
-// in it, their mean clearly within its budget and their p99 not far off:
-// a quarter interval's mean is a few hundred of their faults, its p99 a
-// handful, which the watch of the kept window then follows interval by
-// interval. (At +3 ms beside an mmap reader, each step judged a whole
-// Settle after it took the stream 3.5-4 s to reach 288 KB, and it read
-// 0.84-0.87 of the best static window over 8 s.)
+// A step that clearly pays need not wait for its Step: from half a Settle on,
+// every Settle/4 fastVerdict keeps a step whose recent span, all at its
+// window, reads earlyKeepGain above its before-measure. Only keeps come early
+// (a quarter interval says too little of a loss); beside random readers only
+// if each was measured, their trims unchanged, their mean and p99 in budget.
 const (
 	// earlyKeepGain: three keep margins at the default Margin.
 	earlyKeepGain = 0.3
-	// earlyRandMean: the random readers' mean, as a share of its budget,
-	// under which a step beside them may be kept early.
+	// earlyRandMean: the random readers' mean/budget under which to keep early.
 	earlyRandMean = 0.9
 )
 
-// keepsEarly reports whether a file window step under trial may be judged
-// now, before its Settle: it is judged early (fastVerdict), has run half a
-// Settle, the measure's span holds only its window, and the measure says it
-// pays by earlyKeepGain with nothing lost elsewhere.
+// keepsEarly reports whether a file window step may be kept before its Settle:
+// half a Settle run, a span of its window only, earlyKeepGain, nothing lost.
 func (t judgeCtx) keepsEarly(d *devState, l *ladder, m measure, now time.Duration) bool {
 	// A verdict put off (randLater) waits for a whole interval.
 	if t.mode != judgeEarly || l.kind != KindFileWindow || l.trial.randLater || now-l.trial.at < t.cfg.Settle/2 || now-l.movedAt < t.span {
@@ -450,8 +405,7 @@ func (t judgeCtx) keepsEarly(d *devState, l *ladder, m measure, now time.Duratio
 	return true
 }
 
-// randomWithinEarly reports whether the random readers beside a step, as
-// measured on the recent span, allow keeping it early (see above).
+// randomWithinEarly: the random readers beside a step allow keeping it early.
 func (t judgeCtx) randomWithinEarly(d *devState, m measure, now time.Duration) bool {
 	if d == nil || d.trimAt > now-t.span || m.rand.n == 0 || m.rand.n < len(t.randomsBeside(d.dev, probe.FileKey{})) {
 		return false
@@ -459,32 +413,18 @@ func (t judgeCtx) randomWithinEarly(d *devState, m measure, now time.Duration) b
 	return m.rand.mean <= earlyRandMean && m.rand.tail < randTailSevere
 }
 
-// A knee is what the next window step did not win at the moment it was
-// tried. A stream that reads well below its rate of that moment, at the
-// same window, reads under other conditions: the host stalls its reader
-// between requests (page reclaim on a full page cache, CPU contention), so
-// fewer bytes stay in flight than the window allows, or the device's
-// latency moved less than a regime needs. The step the knee held back may
-// pay now: it is tried again, at once, rather than after BackoffMax.
-//
-// Measured on the lab with the page cache full (the steady state of a
-// DataNode): a stream held at a knee found while it read at the device's
-// bandwidth fell to 0.8 of it for a second of every two, while the best
-// static window read flat.
+// A knee is what the next step did not win when tried. A stream reading well
+// below its rate of then at the same window reads under other conditions (host
+// stalls, latency short of a regime): the held-back step may pay now.
 const (
-	// kneeStaleDrop: the stream's rate must be below this share of its
-	// rate when the knee was found (one interval of a steady stream varies
-	// less).
+	// kneeStaleDrop: the share of its rate at the knee the stream must fall
+	// below (one interval of a steady stream varies less).
 	kneeStaleDrop = 0.85
 )
 
-// kneeStale ends a file window's knee when the stream, at the knee's window
-// and bound by it, reads below kneeStaleDrop of its rate when the knee was
-// found. Not a knee the random readers' loss set: what a larger window costs
-// them does not change with the stream's rate. A stream whose rate merely
-// varies costs a trial now and then: the re-probes that find nothing to
-// keep are spaced by the same exponential back-off as trials (BackoffBase,
-// doubling, up to BackoffMax), and a kept step resets it.
+// kneeStale ends a file window's knee when the stream, at its window, reads
+// below kneeStaleDrop of its rate then; not a random readers' knee (that does
+// not depend on the stream's rate). Its re-probes back off like trials.
 func (t *Tuner) kneeStale(fd *fileDec, m measure) {
 	l := &fd.win
 	now := t.deps.Clock.Now()
@@ -511,30 +451,17 @@ func (t *Tuner) kneeStale(fd *fileDec, m measure) {
 // the device's window, with bandwidth to spare, is slowed by its file.
 const slowedFrac = 0.8
 
-// shiftKeep says why a file window step that did not pay its margin is
-// kept anyway, "" if not. A stream slowed by its file (an old file, a
-// slowed region) needs a window larger in proportion to read at the
-// device's bandwidth (Little's law: bytes in flight = rate x latency). Its
-// first steps pay their margin; the last ones toward the window that
-// covers the latency gain a few percent each, less than one interval's
-// noise on a busy host, and a ladder that asks each for its margin stops
-// short (slowed before the open at +1.5 ms: 0.97 of the best static window
-// before this, 0.99 with it). Such a step is kept if it cost the stream
-// nothing and the bytes it keeps in flight (rate x median latency) are more
-// than the window it left: the window still limits it. Slowed: the detector
-// reports the file's latency shift, or at its base window the stream read
-// below slowedFrac of the device's learned capacity while the device had
-// bandwidth to spare (a healthy stream alone reads at 0.93-1.0 of it;
-// several share it). Never beside a random reader. The device's total and
-// its other readers are judged after this, as for any step.
+// shiftKeep says why a file window step short of its margin is kept anyway,
+// "" if not: a stream slowed by its file needs a window larger in proportion
+// (in flight = rate x latency), and its last steps gain less than noise. Kept
+// if it cost nothing and rate x p50 exceeds the window it left. Slowed: the
+// FileLatencyShift regime, or at base below slowedFrac of capacity with
+// bandwidth to spare. Never beside a random reader; losses are judged after.
 func (t judgeCtx) shiftKeep(file probe.FileKey, l *ladder, m measure) string {
 	fd := t.files[file]
 	if fd == nil || !m.ok || l.kind != KindFileWindow || t.randomReaderBeside(fd) {
-		// Beside a random reader every step pays its margin, as for a
-		// tail: its faults wait behind every byte the stream keeps
-		// queued, and a step measured across a change of its trim has no
-		// reference for what it cost them (measured: kept at 512 KB on
-		// +3 ms, the random reader's p99 2.8x the default's).
+		// Beside a random reader every step pays in full: its faults wait behind
+		// the stream's queue, and a step across a trim change has no reference.
 		return ""
 	}
 	if l.trial.before.tput <= 0 || m.tput < l.trial.before.tput || m.p50 <= 0 {

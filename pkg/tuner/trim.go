@@ -12,21 +12,13 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// Read-around trim. A random mmap reader's page faults each read the
-// file's whole window around the faulting page (mmap read-around): on a
-// device where the tuner is giving a slowed reader a larger window, those
-// reads take the device's time for pages nobody touches, and every fault
-// waits for its own oversized transfer. Such a reader's open files get a
-// small window (TrimKB) with the same raise-pin-restore, lowered: the
-// sequential reader keeps its large window on its own open file and the
-// random one stops paying for it. No single device-wide value does both.
-//
-// A trim is judged like every other step: kept only if the file's
-// requests shrank and its reads stay random (a reader whose neighbouring
-// pages the read-around served turns sequential at a small window);
-// undone, with back-off, otherwise. It ends when the tuner
-// no longer acts on the device (Grace), when a decision of the file's own
-// takes over, or at shutdown.
+// Read-around trim: a random mmap reader's faults each read the whole window
+// around the page, so beside a slowed reader given a larger window they cost
+// the device pages nobody touches. Its open files get a small window (TrimKB,
+// raise-pin-restore, lowered) while the stream keeps its large one: no single
+// device-wide value does both. Kept only if its requests shrank and stay
+// random; ended after Grace with no window raised, when the file gets a
+// decision, or at shutdown.
 
 // trimAll starts, judges and ends read-around trims.
 func (t judgeCtx) trimAll() {
@@ -61,8 +53,7 @@ func (t judgeCtx) trimAll() {
 			delete(t.trims, k)
 			t.unwatchAround(td)
 		case td.trialAt != 0 && now-td.trialAt >= t.cfg.Settle:
-			// Judged on its own requests, whether or not a window is
-			// still raised beside it.
+			// Judged on its own requests, raised window beside it or not.
 			t.judgeTrim(td)
 		case now-td.lastNeed >= t.cfg.Grace:
 			t.endTrim(td, fmt.Sprintf("no window raised on the device for %v", t.cfg.Grace))
@@ -77,15 +68,10 @@ func (t judgeCtx) trimAll() {
 	}
 }
 
-// startTrims trims the read-around random readers on d that are not
-// trimmed yet: when the tuner raises a window there (trimAll, each Step),
-// and at once when a stream's step is taken beside them between Steps, so
-// that the step and the trim are in force together (the random readers'
-// budget counts on it, random.go). withStep: a step that counts on the trims
-// was just taken, and the descriptors are searched for whenever the last
-// search was (a trim ended when no window was raised for a while, and the
-// stream's next step came within trimScanEvery of its search: without the
-// trim, the reader paid for the step in full and every step was undone).
+// startTrims trims the read-around random readers on d not trimmed yet: each
+// Step a window is raised there, and at once with a stream's step between
+// Steps, so both are in force together (the readers' budget counts on it).
+// withStep: such a step was just taken and counts on the trim: search now.
 func (t judgeCtx) startTrims(d *devState, withStep bool) {
 	if t.cfg.DisableTrim || t.scope.Empty() || d == nil || !d.known {
 		return
@@ -140,14 +126,9 @@ func (t judgeCtx) startTrims(d *devState, withStep bool) {
 	}
 }
 
-// retrim reaches descriptors opened on a kept trim's file after the trim
-// (a reader that re-opens its file gets the device's window): its
-// requests grow back to read-around size. Every descriptor open on the
-// file now is trimmed again, not only those of a process and number not
-// seen before: a reader that closes its file and opens it again mostly
-// gets the same number back, on an open file with the device's window.
-// The trim's descriptors are those open now: a reader that re-opens its
-// file would otherwise add one to them at each search, for ever.
+// retrim trims again every descriptor open on a kept trim's file (re-opens
+// get the device's window, often under the same number); the trim's refs
+// become those open now, else they would grow at each search.
 func (t judgeCtx) retrim(td *trimDec) {
 	now := t.deps.Clock.Now()
 	fs, ok := t.fstats[td.key]
@@ -176,8 +157,7 @@ func (t judgeCtx) retrim(td *trimDec) {
 	t.emit(a)
 }
 
-// scanDue reports whether a file's readers may be searched for now (once
-// per trimScanEvery), and records the search.
+// scanDue reports whether a file's readers may be searched for now, and records it.
 func (t *Tuner) scanDue(k probe.FileKey, now time.Duration) bool {
 	if at, ok := t.trimScanAt[k]; ok && now-at < trimScanEvery {
 		return false
@@ -217,8 +197,7 @@ func (t *Tuner) trimRefs(k probe.FileKey, d *devState) []actuate.FileRef {
 	return found
 }
 
-// judgeTrim keeps a trim whose file's requests shrank and stay random,
-// and undoes it otherwise.
+// judgeTrim keeps a trim whose file's requests shrank and stay random, else undoes it.
 func (t judgeCtx) judgeTrim(td *trimDec) {
 	now := t.deps.Clock.Now()
 	td.trialAt = 0
@@ -227,19 +206,14 @@ func (t judgeCtx) judgeTrim(td *trimDec) {
 		t.endTrim(td, "the file is no longer read: nothing to measure the trim by")
 		return
 	}
-	// Its latency is no verdict: the step that raised the slowed reader's
-	// window lands in the same interval and queues everyone's requests.
-	// What the trim changes is the file's own requests: smaller, and still
-	// scattered unless the read-around was being used.
+	// Its latency is no verdict (the stream's step lands in the same interval):
+	// judge its requests, smaller and still scattered unless read-around was used.
 	notReadAround := fs.MeanSize > float64(trimSizeFactor*td.kb*1024)/2
 	if notReadAround || fs.Sequentiality > trimMaxSequentiality {
 		why := fmt.Sprintf("its reads turned sequential (%.0f%%): the read-around was being used", 100*fs.Sequentiality)
 		if notReadAround {
-			// Buffered random reads of that size: the window never
-			// shaped them. Or the trimmed descriptors are closed: a
-			// reader that opens the file again (a service opening its
-			// index per batch of lookups) reads around with the
-			// device's window on every new one.
+			// Buffered random reads of that size, never shaped by the window;
+			// or the trimmed descriptors are closed and the reader re-opens.
 			why = fmt.Sprintf("its requests still average %.0f KB: they are the reads it asks for, not read-around", fs.MeanSize/1024)
 			if t.trimmedClosed(td) {
 				why = fmt.Sprintf("its requests still average %.0f KB, and every descriptor it trimmed is closed: the reader opens the file again, and each new descriptor reads around with the device's window", fs.MeanSize/1024)
@@ -263,8 +237,7 @@ func (t judgeCtx) judgeTrim(td *trimDec) {
 			100*fs.Sequentiality, fs.MeanSize/1024, td.beforeP.Round(10*time.Microsecond), fs.P50.Round(10*time.Microsecond))})
 }
 
-// trimmedClosed reports whether every descriptor td trimmed is closed (or
-// its process gone).
+// trimmedClosed: every descriptor td trimmed is closed (or its process gone).
 func (t *Tuner) trimmedClosed(td *trimDec) bool {
 	if td.dry || len(td.refs) == 0 {
 		return false
@@ -303,32 +276,22 @@ func sortedKeys[V any](m map[probe.FileKey]V) []probe.FileKey {
 	return slices.SortedFunc(maps.Keys(m), compareKeys)
 }
 
-// scansPerSec bounds the walks of every process's descriptors (FindAll),
-// whatever the number of random files: each reads /proc/PID/fd of every
-// process on the machine.
+// scansPerSec bounds the walks of every process's descriptors (FindAll):
+// each reads /proc/PID/fd of every process.
 const scansPerSec = 2
 
-// takeScan takes one whole-system scan from the budget (burst
-// scansPerSec).
+// takeScan takes one whole-system scan from the budget.
 func (t *Tuner) takeScan() bool {
 	return t.scans.take(t.deps.Clock.Now(), scansPerSec, scansPerSec)
 }
 
-// Read-around trims between Steps. A window raised before the tuner has
-// seen the device's random readers (a saved prior given to a fresh open
-// just after start-up, a stream's first step on a device whose mmap reader
-// starts later) is paid by every fault of theirs until the next Step
-// trims them: up to a whole Settle of read-around beside the raised
-// window, which a random reader's p99 over a run shows. Every quarter
-// Settle the recent requests of the devices with a window raised are
-// searched for random readers reading around their faults, and those are
-// trimmed at once, judged at a Step like any other trim.
+// Trims between Steps: a window raised before the device's random readers
+// are known costs their every fault until a Step; every Settle/4 the recent
+// requests are searched and readers reading around are trimmed at once.
 
 // trimStreams returns, at most every Settle/onsetEvery, the files with a
-// window raised and one file read on each device raised device-wide
-// (detector.Recent then holds every file read on their devices), and the
-// span to look back over; nothing when no window is raised or trims are
-// off.
+// window raised and one file read on each device raised device-wide, and the
+// span to look back over; nothing when no window is raised or trims are off.
 func (t *Tuner) trimStreams() ([]probe.FileKey, time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -364,9 +327,8 @@ func (t *Tuner) trimStreams() ([]probe.FileKey, time.Duration) {
 	return slices.Compact(keys), t.cfg.Settle / freshSpanDiv
 }
 
-// fastTrim trims the random readers reading around their faults in the
-// recent requests (snap, over span; detector.Recent) of devices with a
-// window raised, as the next Step would.
+// fastTrim trims the random readers reading around in the recent requests
+// (snap over span) of devices with a window raised, as the next Step would.
 func (t *Tuner) fastTrim(snap detector.Snapshot, span time.Duration) []Action {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -383,39 +345,26 @@ func (t *Tuner) fastTrim(snap detector.Snapshot, span time.Duration) []Action {
 	return t.out
 }
 
-// Trimming descriptors opened on a trimmed file.
-//
-// A trim reaches the descriptors open when it is taken (above). A random
-// reader that opens its file again (a service that opens its index per
-// batch of lookups, several times a second) gets the device's window on
-// each new descriptor, and its read-arounds are as large as before: the
-// search for descriptors every trimScanEvery cannot keep up with opens
-// that live a fraction of a second. So while a trim is in force, the probe
-// watches its file (ReadAroundWatch): the first read-around of an open file
-// whose window is above the trim is reported at once, with the process
-// that faulted, and that process's descriptors on the file get the trim
-// from the event path, a few milliseconds after the open's first fault.
+// Descriptors opened on a trimmed file get the device's window, faster than
+// the trimScanEvery search follows. So the probe watches a trimmed file
+// (ReadAroundWatch): a read-around above the trim is reported with its
+// process, whose descriptors get the trim from the event path.
 
 const (
-	// openedQuiet: a reader whose read-around reports found no
-	// descriptor to trim (a mapping whose descriptor is closed, or one
-	// outside the allow-paths) is looked for again after this long.
+	// openedQuiet: a reader whose report found no descriptor to trim (closed,
+	// or outside the allow-paths) is looked for again after this long.
 	openedQuiet = time.Second
 	// openedMaxRefs bounds the descriptors a trim keeps to give back at
 	// its end: past it, those closed meanwhile are dropped.
 	openedMaxRefs = 64
-	// openedPerSec and openedBurst bound the trims of opened descriptors
-	// per device. They have a budget of their own, beside the sysfs
-	// writes of the other actions (SysfsWritesPerSec): a reader that
-	// re-opens its file four times a second would take most of that,
-	// and the stream beside it, whose window the trim makes room for,
-	// would wait for its steps. Each takes two writes of read_ahead_kb.
+	// openedPerSec and openedBurst bound the trims of opened descriptors per
+	// device, a budget apart from SysfsWritesPerSec so that a re-opening reader
+	// does not starve the stream's steps. Each takes two writes of read_ahead_kb.
 	openedPerSec = 10
 	openedBurst  = 4
 )
 
-// watchAround asks the probe to report read-arounds of a trim's file that
-// the trim has not reached.
+// watchAround asks the probe to report read-arounds the trim has not reached.
 func (t *Tuner) watchAround(td *trimDec) {
 	if t.deps.Around == nil || td.dry || td.watched {
 		return
@@ -474,8 +423,7 @@ func (t *Tuner) trimOpened(ev probe.ReadaheadEvent, now time.Duration) {
 		return
 	}
 	if !td.dev.opened.take(now, openedPerSec, openedBurst) {
-		// The next report (the kernel sends one per 10 ms while the
-		// descriptor reads around) can take the next token.
+		// The next report (every 10 ms while it reads around) takes the next token.
 		t.count(EvTrimOpenedMissed)
 		t.limited++
 		td.opened[ev.Tgid] = openedMark{at: m.at, until: now + time.Second/openedPerSec}
@@ -490,9 +438,7 @@ func (t *Tuner) trimOpened(ev probe.ReadaheadEvent, now time.Duration) {
 	}
 	t.events[EvTrimOpened] += uint64(n)
 	td.opened[ev.Tgid] = openedMark{at: now, until: now}
-	// Not a change of the trim (the device's trimAt): the reader's
-	// requests keep the size the trim gave them, its new open file
-	// trimmed within milliseconds of its first fault.
+	// Not a change of the trim (trimAt): the requests keep the trimmed size.
 	t.keepRefs(td, refs)
 }
 
@@ -527,8 +473,7 @@ func (t *Tuner) keepRefs(td *trimDec, refs []actuate.FileRef) {
 	}
 }
 
-// pruneOpened forgets processes the event path has not acted on for a
-// while.
+// pruneOpened forgets processes the event path has not acted on lately.
 func pruneOpened(td *trimDec, now time.Duration) {
 	for tgid, m := range td.opened {
 		if now-max(m.at, m.until) >= trimScanEvery {
@@ -537,8 +482,7 @@ func pruneOpened(td *trimDec, now time.Duration) {
 	}
 }
 
-// trimScanEvery bounds how often one file's readers are searched for
-// in every process's descriptors.
+// trimScanEvery bounds how often one file's readers are searched for.
 const trimScanEvery = 30 * time.Second
 
 // closed reports whether ref is known closed (or its process gone).

@@ -1,12 +1,8 @@
 // Package tuner turns the detector's regimes into readahead actions, least
-// invasive first: a larger window on the open files of the readers of a
-// slowed file (pidfd_getfd + posix_fadvise), prefetch ahead of a
-// sequential reader when the window alone is not enough, and a device-wide
-// read_ahead_kb only when many files on a device need it or the regime is
-// device-wide. Every step is measured (busy throughput over the next
-// interval), kept only if it paid, otherwise undone with exponential
-// back-off; everything is undone when its regime ends, and the devices'
-// original settings are recorded durably before the first write.
+// invasive first: a slowed file's window (pidfd_getfd + posix_fadvise), then
+// prefetch, then a device-wide read_ahead_kb. Each step is kept only if it
+// paid, else undone with back-off; all is undone when its regime ends, and
+// the devices' original settings are recorded durably before the first write.
 package tuner
 
 import (
@@ -33,18 +29,12 @@ type readerInfo struct {
 	pending   bool
 	priorAt   time.Duration // when freshOpen last looked at this reader
 	firstSeen time.Duration
-	// pausedAt, resumedAt: its last pause of more than endedGap (a
-	// reader that finished the file, dropped its cache and opened it
-	// again): a rate over a span that holds it counts only the time it
-	// read (pauseIn).
+	// pausedAt, resumedAt: its last pause over endedGap (pauseIn skips it).
 	pausedAt, resumedAt time.Duration
-	// evGap: the usual time between its events (smoothed), so that a
-	// reader whose events are that sparse anyway (one slow by its
-	// application) is not taken to pause between them.
+	// evGap: its usual (smoothed) time between events: gaps that long are no pause.
 	evGap time.Duration
-	// lastIndex: the page index of its last event (indexed: there was
-	// one); follows: the current event is a stream's next window after it
-	// (followsStream).
+	// lastIndex: the page index of its last event (indexed: there was one);
+	// follows: the current event is a stream's next window (followsStream).
 	lastIndex uint64
 	indexed   bool
 	follows   bool
@@ -58,11 +48,9 @@ type devState struct {
 	known  bool
 	dirty  bool   // the last write back failed: retry
 	writes bucket // sysfs writes (Tuner.take)
-	// opened: the budget of trims of descriptors opened on trimmed files
-	// (trim.go).
+	// opened: the budget of trims of descriptors opened on trimmed files (trim.go).
 	opened bucket
-	// prefetch: the prefetch budget in bytes, empty when the device is
-	// first seen.
+	// prefetch: the prefetch budget in bytes, empty when first seen.
 	prefetch bucket
 
 	win        ladder // device-wide window
@@ -70,26 +58,21 @@ type devState struct {
 	lastNeeded time.Duration
 	// reached: open files given the device-wide window (reachOpenFiles)
 	reached map[probe.FileKey]bool
-	// Back-off of outcome-driven trials on the device (policy.go): a
-	// healthy device whose streams are at its bandwidth sees them rarely.
+	// Back-off of outcome-driven trials on the device (policy.go).
 	outcomeFails   int
 	outcomeRetryAt time.Duration
 	outcomeFailP50 time.Duration // the stream's median latency at the last trial that did not pay
 	outcomeFailKB  int           // the window that trial tried
-	// outcomeFailTail: that trial's stream showed a tail (tail.go) before
-	// or at its verdict; a tail seen since, where it showed none, is new.
+	// outcomeFailTail: that stream had a tail by its verdict (else one since is new).
 	outcomeFailTail bool
-	// outcomeFailTput: that trial's stream's throughput at the device's
-	// window. outcomeSlow: per file, the first and the last interval in
-	// which it read well below that since (outcomeDue).
+	// outcomeFailTput: that stream's throughput at the device's window;
+	// outcomeSlow: per file, first and last interval it read well below it since.
 	outcomeFailTput float64
 	outcomeSlow     map[probe.FileKey][2]time.Duration
-	// movedAt: when a window on the device last changed (the device's, a
-	// file's, a trim): a random reader's measure since is not its
-	// reference (random.go). trimAt: when a trim there last changed.
+	// movedAt: when a window on the device last changed (random readers'
+	// measures since are no reference); trimAt: when a trim there did.
 	movedAt, trimAt time.Duration
-	// satAt: when a step last taught its saturation point (satSeen: one
-	// did in this run; capacity.go).
+	// satAt: when a step last taught its saturation point (satSeen: this run).
 	satAt   time.Duration
 	satSeen bool
 	// randSlope: seconds of delay each byte a stream keeps queued costs
@@ -103,8 +86,7 @@ func sortedDevs(m map[probe.Dev]*devState) []*devState {
 
 type fileDec struct {
 	key probe.FileKey
-	// deferUntil: a regime's first step beside random readers waits
-	// until then (random.go: their service in the new conditions).
+	// deferUntil: a regime's first step beside random readers waits till then.
 	deferUntil time.Duration
 	dev        *devState
 	path       string
@@ -115,24 +97,19 @@ type fileDec struct {
 	lastNeeded time.Duration
 	outOfScope bool
 	scopeAt    time.Duration
-	// scopeWarned: a regime's action on the file was refused by the
-	// allow-paths (logged once; a stream tried on its outcome alone is
-	// refused silently).
+	// scopeWarned: a regime's action was refused by the allow-paths (logged once).
 	scopeWarned bool
 	// notSeqLogged: the file was found not sequential (logged once).
 	notSeqLogged bool
 	// atCapLogged: the file was found at the device's capacity (logged once).
 	atCapLogged bool
-	// byRate: judged by the stream's rate, not its busy throughput (an
-	// outcome-driven or prior decision: no regime says the file is slow,
-	// so only what the reader gets counts).
+	// byRate: judged by the reader's rate, not busy throughput: no regime says it is slow.
 	byRate bool
 	// prior: the directory prior this decision started from (decayed if
 	// it does not pay); learnedKB: window last taught to the memory.
 	prior     *prior.Dir
 	learnedKB int
-	// climbFrom: the prior's window when this fresh open was given the
-	// step above it instead (prior.Memory.Climb); 0 otherwise.
+	// climbFrom: the prior's window when this open got the step above it; else 0.
 	climbFrom int
 }
 
@@ -150,11 +127,9 @@ type Tuner struct {
 
 	mu   sync.Mutex
 	devs map[probe.Dev]*devState
-	// watchedAt: the first Step whose snapshot held each device (its
-	// readers, random ones among them, are known a Settle after it).
+	// watchedAt: each device's first Step (its readers are known a Settle later).
 	watchedAt map[probe.Dev]time.Duration
-	// capFits: each watched device's capacity fitted on its latencies
-	// (capacity.go).
+	// capFits: each watched device's capacity fitted on its latencies.
 	capFits map[probe.Dev]*capFit
 	files   map[probe.FileKey]*fileDec
 	readers map[probe.FileKey]map[uint32]*readerInfo
@@ -178,8 +153,7 @@ type Tuner struct {
 	randRefs   map[probe.FileKey]*randRef
 	trimOffs   map[probe.FileKey]*trimOff
 	trimScanAt map[probe.FileKey]time.Duration
-	// lower changes per-file windows; its States is nil when the kernel's
-	// per-file state is not readable (no Deps.States, or dry run).
+	// lower changes per-file windows; States nil: kernel state unreadable, or dry run.
 	lower *actuate.Lowerer
 	// Global budget of whole-system descriptor scans (trim.go).
 	scans bucket
@@ -189,25 +163,19 @@ type Tuner struct {
 	// nReaders bounds the readers table (file x process).
 	nReaders int
 	evOut    []Action // actions taken from the event path, not yet returned
-	// fresh: files with no decision whose first reader was seen within the
-	// last Settle, by when (freshStreams, fastOutcome).
+	// fresh: files with no decision whose first reader came in the last Settle, and when.
 	fresh map[probe.FileKey]time.Duration
-	// onsetAt: when onsetStreams last asked for the streams' recent
-	// requests (onset.go).
+	// onsetAt: when onsetStreams last asked for recent requests (onset.go).
 	onsetAt time.Duration
-	// onsetMild: streams whose last check between Steps found them
-	// mildly slower, and when (onset.go).
+	// onsetMild: streams last found mildly slower between Steps, and when.
 	onsetMild map[probe.FileKey]time.Duration
-	// verdictAt: when trialStreams last asked for the recent requests of
-	// steps under trial (verdict.go).
+	// verdictAt: when trialStreams last asked for recent requests (verdict.go).
 	verdictAt time.Duration
-	// trimAskAt: when trimStreams last asked for the recent requests of
-	// devices with a window raised (trim.go).
+	// trimAskAt: when trimStreams last asked for recent requests (trim.go).
 	trimAskAt time.Duration
 	// scopeOf: cached scope verdicts of other readers' files (outsideScope).
 	scopeOf map[probe.FileKey]scopeVerdict
-	// capSeen: when a stream was last seen at its device's learned
-	// capacity (atCapacity).
+	// capSeen: when a stream was last seen at its device's capacity.
 	capSeen map[probe.FileKey]time.Duration
 	// lowering: files whose window a break is setting (the lock is
 	// released while it waits: actuator.go); closing: RestoreAll runs,
@@ -217,8 +185,7 @@ type Tuner struct {
 	left     []actuate.Unconfirmed // files the shutdown's lowerings could not confirm
 }
 
-// logOnce logs msg once per device and topic until the topic's condition
-// is logged again after a gap (it is cheap to call every interval).
+// logOnce logs msg once per device and topic, again only after a gap.
 func (t *Tuner) logOnce(dev probe.Dev, topic, msg string, args ...any) {
 	k := dev.String() + "/" + topic
 	now := t.deps.Clock.Now()
@@ -230,8 +197,7 @@ func (t *Tuner) logOnce(dev probe.Dev, topic, msg string, args ...any) {
 	t.log.Info(msg, args...)
 }
 
-// device returns the state of the whole disk dev, nil if the tuner may not
-// act on it.
+// device returns the state of disk dev, nil if the tuner may not act on it.
 func (t *Tuner) device(dev probe.Dev) *devState {
 	if d, ok := t.devs[dev]; ok {
 		if !d.known {
@@ -263,9 +229,8 @@ func (t *Tuner) device(dev probe.Dev) *devState {
 
 func (t *Tuner) emit(a Action) {
 	t.out = append(t.out, a)
-	// A kept decision re-applied to a newly opened descriptor (HDFS opens
-	// a block file per read) is counted, not listed: dozens of them would
-	// push the decisions out of the recent list.
+	// A kept decision re-applied to a new descriptor (HDFS opens a block file
+	// per read) is counted, not listed: it would push decisions out of recent.
 	if a.Result != ResultApplied {
 		t.recent = append(t.recent, a)
 		if over := len(t.recent) - t.cfg.RecentActions; over > 0 {
@@ -310,9 +275,8 @@ func (t *Tuner) backoff(failures int) time.Duration {
 	return b
 }
 
-// view is what steps are measured and judged on: a detector snapshot, its
-// files and devices by key, and the span its stats cover (0: a Step's
-// Settle; else the recent span of a check between Steps).
+// view is what steps are judged on: a detector snapshot, its files and
+// devices by key, and its stats' span (0: a Step's Settle; else a recent one).
 type view struct {
 	snap   detector.Snapshot
 	fstats map[probe.FileKey]detector.FileStats
@@ -320,9 +284,8 @@ type view struct {
 	span   time.Duration
 }
 
-// newView indexes snap, over span. A device's peak rate missing from snap
-// is the one in carry (the last Step's): the capacity's last resort
-// (capacity.go).
+// newView indexes snap, over span. A device's peak rate missing from snap is
+// carry's (the last Step's): the capacity's last resort (capacity.go).
 func newView(snap detector.Snapshot, span time.Duration, carry map[probe.Dev]detector.DeviceStats) *view {
 	v := &view{snap: snap, span: span, fstats: make(map[probe.FileKey]detector.FileStats, len(snap.Files)),
 		dstats: make(map[probe.Dev]detector.DeviceStats, len(snap.Devices))}
@@ -357,9 +320,8 @@ type randRef struct {
 	dev  probe.Dev
 	svc  randService
 	seen time.Duration
-	// clean: learned while nothing readaheadd does was in force on the
-	// device (a reader first seen beside a raised window is referred to
-	// what it got then, until the device is clean again).
+	// clean: learned with nothing of readaheadd's in force on the device (else
+	// referred to what it got beside the raised window, until clean again).
 	clean bool
 	// tailSure: its p99 is a measure the reader's p99 can be held to
 	// within 10% of: clean, and over enough requests (refTailMinRequests).
@@ -371,9 +333,8 @@ type tailSeen struct {
 	at       time.Duration
 	p50, p99 time.Duration
 	span     uint64 // the noteTails call that saw it (tailNow)
-	// seen: spans that showed it since it was last stale. One span with
-	// a p99 under tailStrong is not enough: a healthy stream's p99 strays
-	// that far now and then (a scheduling hiccup), a stall recurs.
+	// seen: spans that showed it since it was last stale: a healthy stream's
+	// p99 strays past tailStrong now and then, a stall recurs.
 	seen int
 }
 
@@ -386,15 +347,13 @@ type trimDec struct {
 	from    int           // the window they had (the device's at the time)
 	trialAt time.Duration // set while the trim is under trial
 	beforeP time.Duration // the file's median latency before
-	// beforeReq, beforeP95: its requests per second and p95 before the
-	// trim: what it got without it (random.go).
+	// beforeReq, beforeP95: its requests/s and p95 before the trim (random.go).
 	beforeReq float64
 	beforeP95 time.Duration
 	lastNeed  time.Duration
 	dry       bool
-	// watched: the probe reports read-arounds of descriptors opened on
-	// the file since (trim.go); opened is what the event path did
-	// per process.
+	// watched: the probe reports read-arounds of descriptors opened on the
+	// file since (trim.go); opened: what the event path did per process.
 	watched bool
 	opened  map[uint32]openedMark
 }
@@ -425,8 +384,7 @@ func (b *bucket) takeN(now time.Duration, n, rate, burst float64) bool {
 	return true
 }
 
-// fill refills the bucket at rate per second up to burst, and returns
-// the tokens it holds.
+// fill refills at rate per second up to burst and returns the tokens held.
 func (b *bucket) fill(now time.Duration, rate, burst float64) float64 {
 	if !b.used {
 		b.tokens, b.used = burst, true
@@ -446,11 +404,9 @@ const (
 	judgeEnded                  // at once, on the span since it: its stream stopped (endedVerdict)
 )
 
-// judgeCtx is what one call measures and judges by: a view, the judging
-// mode, and whether the detector's fast path entered the regime a moment
-// ago (justIn: drive.go does not hold the stream at capacity). Measuring
-// and judging are its methods, so a verdict is a function of these values,
-// whichever entry point called. Its view shadows the Tuner's (the last Step's).
+// judgeCtx is what one call measures and judges by: a view (shadowing the
+// Tuner's), the mode, and justIn (the fast path entered the regime a moment
+// ago). A verdict is a function of these, whichever entry point called.
 type judgeCtx struct {
 	*Tuner
 	*view
@@ -470,11 +426,9 @@ func (t *Tuner) atStep() judgeCtx { return judgeCtx{Tuner: t, view: &t.view} }
 func (t judgeCtx) viewSpan() time.Duration { return cmp.Or(t.span, t.cfg.Settle) }
 
 const (
-	// freshSpanDiv: the recent requests judged are those of the last
-	// Settle / 4 (250 ms at 1 s).
+	// freshSpanDiv: the recent requests judged are the last Settle / 4.
 	freshSpanDiv = 4
-	// onsetEvery: Settle / onsetEvery between two checks of the same kind
-	// between Steps (onsets, early verdicts, trims).
+	// onsetEvery: Settle / onsetEvery between two checks of a kind between Steps.
 	onsetEvery = 4
 )
 
@@ -492,8 +446,7 @@ func (t *Tuner) helping(d *devState) bool {
 	return false
 }
 
-// raisedWide reports whether the device's own window is raised (in dry-run
-// mode: would be).
+// raisedWide reports whether the device's own window is raised (dry run: would be).
 func (d *devState) raisedWide() bool {
 	return d.cur != d.orig || d.winActive && d.win.dryAt > d.orig
 }

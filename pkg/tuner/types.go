@@ -17,96 +17,66 @@ import (
 
 // Config bounds what the tuner may do. Zero fields take the defaults below.
 type Config struct {
-	// Devices the tuner may act on, by name in /sys/block; empty: any
-	// device the detector reports.
+	// Devices the tuner may act on, by name in /sys/block; empty: any.
 	Devices []string
-	// AllowPaths are directories whose files may get per-file actions (the
-	// DataNode's data directories, say). Each covers only the filesystem
-	// it is on. Empty: no per-file actions, device-wide ones only.
+	// AllowPaths: directories whose files may get per-file actions, each on
+	// its own filesystem only. Empty: device-wide actions only.
 	AllowPaths []string
 	// MaxKB caps every window, device or file (default 4096).
 	MaxKB int
 	// Growth multiplies the window at each escalation step (default 2).
 	Growth int
-	// FirstStepFactor: the first step of a stream found bound by its
-	// window, with no regime to size it, is at least this many times the
-	// device's window (default 8). Its Little's-law hint (latency x
-	// capacity) undershoots where the capacity is not known (a device slow
-	// from the start, or idle until the stream opened, has learned the
-	// stream's slow rate as its capacity), and a window that only just
-	// covers the latency leaves the stream short of the bandwidth: its own
-	// requests queue at the larger window, and the readahead pipeline has
-	// gaps. On the lab at +3 ms, 512 KB (4x) read 0.95 of the best static
-	// window and 1024 KB 0.985; the step from 512 to 1024 gains under 4%,
-	// below any keep margin, so a ladder that starts at 4x stops there. At
-	// the device's bandwidth no first step pays, at either size.
+	// FirstStepFactor: the least first step, in device windows, of a stream
+	// bound by its window with no regime to size it (default 8): its
+	// Little's-law hint undershoots an unknown capacity, and a window that
+	// just covers the latency leaves the stream short.
 	FirstStepFactor int
-	// Margin is the relative busy-throughput gain an action must bring to
-	// be kept (default 0.10).
+	// Margin is the busy-throughput gain that keeps an action (default 0.10).
 	Margin float64
-	// DeviceMargin is the gain a device-wide window step must bring to be
-	// kept (default 0.20): larger than Margin, since a device-wide change
-	// reaches every later reader of the device, not only the one measured.
+	// DeviceMargin is the gain that keeps a device-wide step (default 0.20):
+	// it reaches every later reader of the device, not only the one measured.
 	DeviceMargin float64
-	// Settle is how long after an action its effect is measured (default
-	// 1s). Set it to at least the detector's window so the measurement
-	// covers only the new setting.
+	// Settle is how long after an action its effect is measured (default 1s).
+	// Set it to at least the detector's window so the measure sees only the new value.
 	Settle time.Duration
-	// BackoffBase and BackoffMax bound the exponential back-off after an
-	// action that did not pay (defaults 2s and 5m). At a knee the tuner
-	// waits BackoffMax before probing one step further again.
+	// BackoffBase, BackoffMax: exponential back-off after an action that did
+	// not pay (defaults 2s, 5m); a knee waits BackoffMax before probing again.
 	BackoffBase, BackoffMax time.Duration
-	// Grace is how long no regime may apply to a target before its
-	// actions are undone (default 10s).
+	// Grace: how long with no regime before a target's actions are undone (default 10s).
 	Grace time.Duration
-	// DeviceMinFiles and DeviceFileFraction: a device-wide window is tried
-	// when at least this many files, and this share of the files read on
-	// the device, need a larger window (defaults 4 and 0.5).
+	// DeviceMinFiles, DeviceFileFraction: a device-wide window is tried when
+	// this many files, and this share of the device's, need more (defaults 4, 0.5).
 	DeviceMinFiles     int
 	DeviceFileFraction float64
 	// SysfsWritesPerSec and SysfsBurst rate-limit read_ahead_kb writes per
 	// device (defaults 10/s, burst 4). A raise-pin-restore takes two.
 	SysfsWritesPerSec float64
 	SysfsBurst        int
-	// PrefetchStartKB and PrefetchMaxKB bound how far ahead of a
-	// sequential reader prefetch runs (defaults 2048 and 16384).
+	// PrefetchStartKB, PrefetchMaxKB bound the prefetch depth (defaults 2048, 16384).
 	PrefetchStartKB, PrefetchMaxKB int
 	// PrefetchBytesPerSec is each device's prefetch budget (default 64 MiB/s).
 	PrefetchBytesPerSec float64
-	// MinSequentiality is the least FileStats.Sequentiality for a file
-	// window step or prefetch (default 0.6): more readahead only helps a
-	// sequential reader, and costs a random one.
+	// MinSequentiality: the least FileStats.Sequentiality for a window step or
+	// prefetch (default 0.6): more readahead costs a random reader.
 	MinSequentiality float64
-	// CapacityFrac: once a file's busy throughput is at least this share of
-	// its device's capacity (fitted on its latencies or learned by a step,
-	// else the detector's peak rate: capacity.go), no
-	// further window step or prefetch is tried for it (default 0.9). A
-	// stream with no random reader beside it is tried up to 1/(1+Margin/2)
-	// of the capacity if that is more: a step that takes it to the
-	// capacity pays at half the margin.
+	// CapacityFrac: no further window step or prefetch for a file at this share
+	// of its device's capacity (default 0.9); a lone stream up to 1/(1+Margin/2),
+	// as a step to the capacity pays at half the margin.
 	CapacityFrac float64
-	// ReprobeAfter: a file window kept this long is dropped back to the
-	// device's window for ReprobeHold to learn whether its regime is over
-	// (default 1m; doubled after each re-probe that found the regime still
-	// there, up to BackoffMax). A window that keeps the device
-	// bandwidth-saturated hides whether the file is still slow: the
-	// detector then holds the regime, and only backing off tells.
+	// ReprobeAfter: a file window kept this long goes back to the device's for
+	// ReprobeHold, to learn whether its regime is over, which a saturated device
+	// hides (default 1m, doubled while the regime persists, up to BackoffMax).
 	ReprobeAfter time.Duration
-	// ReprobeHold is how long a re-probe holds the device's window before
-	// restoring the kept one if the regime persists (default 5 x Settle:
-	// the detector clears a regime after two evaluations below its exit
-	// threshold, the first evaluation after the drop may still hold the
-	// large window's queued requests, and the two clocks are not in phase;
-	// at 3 x Settle a slowdown that had ended was seen as persisting).
+	// ReprobeHold: how long a re-probe holds the device's window (default 5 x
+	// Settle: the detector clears a regime after two evaluations, the first may
+	// hold the large window's queue, and the clocks are not in phase).
 	ReprobeHold time.Duration
 	// DryRun logs and reports what would be done without writing anything.
 	DryRun bool
 	// DisablePrefetch turns the prefetch actuator off.
 	DisablePrefetch bool
-	// TrimKB is the window given to the open files of a random reader
-	// whose reads are read-around sized (an mmap reader's faults) while
-	// the tuner has a window raised on its device (default 16). See
-	// trim.go. DisableTrim turns this off.
+	// TrimKB: the window of a read-around random reader's open files while a
+	// window is raised on its device (default 16; trim.go). DisableTrim: off.
 	TrimKB      int
 	DisableTrim bool
 	// RecentActions is how many actions Status keeps (default 64).
@@ -114,8 +84,7 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	// Zero means "the default"; order matters where one default derives
-	// from another (ReprobeHold from Settle).
+	// Order matters where a default derives from another (ReprobeHold from Settle).
 	c.MaxKB = cmp.Or(c.MaxKB, 4096)
 	c.Growth = cmp.Or(c.Growth, 2)
 	c.FirstStepFactor = cmp.Or(c.FirstStepFactor, 8)
@@ -182,15 +151,12 @@ var _ Sysfs = blockdev.SysFS{}
 type Deps struct {
 	Sysfs Sysfs
 	Files actuate.FileOps // actuate.NewProcFileOps() or fileras.NewFileOps in production
-	// States is the kernel's per-file readahead state (fileras.States in
-	// production). Every per-file window change goes through a Lowerer;
-	// with States it gives a break where needed, so a lowering reaches a
-	// reader streaming on a larger window; without, a lowering only sets
-	// ra_pages, which such a reader ignores (actuate/lower.go).
+	// States: the kernel's per-file readahead state (fileras.States). With it
+	// a lowering reaches a reader streaming on a larger window (a break);
+	// without, it only sets ra_pages, which such a reader ignores.
 	States actuate.RAStates
-	// Around reports read-arounds of trimmed files by descriptors opened
-	// since the trim (the probe in production); nil: those are found by
-	// the periodic search only (trim.go).
+	// Around reports read-arounds by descriptors opened since a trim (the
+	// probe); nil: only the periodic search finds them (trim.go).
 	Around ReadAroundWatch
 	Clock  clock.Clock
 	Store  *state.Store // may be nil only in dry-run mode
@@ -207,14 +173,12 @@ const (
 	KindDeviceWindowUndo ActionKind = "device_window_undo"
 	KindFileWindowUndo   ActionKind = "file_window_undo"
 	KindPrefetchUndo     ActionKind = "prefetch_undo"
-	// KindTrim: a random mmap reader's open files given a window below
-	// the device's (read-around trim, trim.go).
+	// KindTrim: a random mmap reader's open files given a smaller window (trim.go).
 	KindTrim     ActionKind = "file_trim"
 	KindTrimUndo ActionKind = "file_trim_undo"
 )
 
-// undoOf is the kind of the action that takes back one of kind k: each
-// undo kind above is named after its kind, with "_undo".
+// undoOf is the kind of the action that takes back one of kind k.
 func undoOf(k ActionKind) ActionKind { return k + "_undo" }
 
 // Result is what became of an action.
@@ -281,8 +245,7 @@ type Status struct {
 	Counts map[string]uint64
 	// Events counts the control core's own events (Events()).
 	Events map[Event]uint64
-	// FileOpFailures counts per-file operations that failed (the process
-	// or descriptor went away, fd reuse, fadvise error).
+	// FileOpFailures counts failed per-file operations (process or fd gone, fadvise).
 	FileOpFailures uint64
 	// OutOfScope counts descriptors refused by the allow-path rules.
 	OutOfScope uint64
@@ -298,16 +261,14 @@ func compareKeys(a, b probe.FileKey) int {
 	return cmp.Or(cmp.Compare(a.Dev, b.Dev), cmp.Compare(a.Ino, b.Ino))
 }
 
-// ReadAroundWatch reports the mmap read-arounds of a file by open files
-// whose window is above kb, as ReadaheadEvents with ReadAround set
-// (probe.Probe in production).
+// ReadAroundWatch reports mmap read-arounds of a file by open files whose
+// window is above kb, as ReadaheadEvents with ReadAround set (probe.Probe).
 type ReadAroundWatch interface {
 	WatchReadAround(file probe.FileKey, kb int) error
 	UnwatchReadAround(file probe.FileKey) error
 }
 
-// openedMark is what the event path did for one process on a trimmed
-// file.
+// openedMark is what the event path did for one process on a trimmed file.
 type openedMark struct {
 	at    time.Duration // its descriptors were trimmed (reports emitted before are stale)
 	until time.Duration // not looked for again before
@@ -316,13 +277,10 @@ type openedMark struct {
 // Labels of decisions that no detector regime started. They are evidence in
 // actions and status, not regimes: the detector reports none for them.
 const (
-	// WindowBound: a sequential stream whose bytes in flight fill its
-	// window (Little's law: its throughput is its window over its
-	// latency), whatever its history. A larger window is tried, and kept
-	// only if the stream's throughput pays.
+	// WindowBound: a sequential stream whose bytes in flight fill its window
+	// (Little's law); a larger window is tried, kept only if it pays.
 	WindowBound detector.RegimeKind = "window_bound"
-	// FromPrior: a fresh open given the window that paid for recent
-	// streams in its directory (or for the file itself) on its first
-	// readahead event.
+	// FromPrior: a fresh open given, at its first readahead event, the window
+	// that paid for recent streams in its directory (or the file itself).
 	FromPrior detector.RegimeKind = "prior"
 )

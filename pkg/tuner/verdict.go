@@ -1,9 +1,8 @@
 package tuner
 
-// Verdicts between Steps: a step under trial that clearly pays on its
-// recent requests is kept early (trialStreams, fastVerdict; the rule is
-// keepsEarly, trial.go), and a step whose stream ended is judged at once
-// (endedTrials, endedVerdict).
+// Verdicts between Steps: a step that clearly pays on recent requests is kept
+// early (trialStreams, fastVerdict, keepsEarly), and a step whose stream ended
+// is judged at once (endedTrials, endedVerdict).
 
 import (
 	"errors"
@@ -15,9 +14,8 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// trialStreams returns the files with a window step under trial that
-// fastVerdict may judge now, and the span of recent requests to judge them
-// on; nothing when the last call was less than Settle/4 ago.
+// trialStreams returns the files whose window step fastVerdict may judge now,
+// and the recent span to judge on; nothing within Settle/4 of the last call.
 func (t *Tuner) trialStreams() ([]probe.FileKey, time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -38,9 +36,8 @@ func (t *Tuner) trialStreams() ([]probe.FileKey, time.Duration) {
 	return keys, span
 }
 
-// fastVerdict keeps the steps of trialStreams that clearly pay on the
-// recent requests (snap, over span; detector.Recent) and takes their next
-// step; the others wait for their Step.
+// fastVerdict keeps the steps of trialStreams that clearly pay on the recent
+// requests (snap over span) and takes their next; the others wait for a Step.
 func (t *Tuner) fastVerdict(snap detector.Snapshot, span time.Duration) []Action {
 	return t.judgeOn(snap, span, judgeEarly, EvKeptEarly, func(f detector.FileStats, fd *fileDec) bool {
 		return f.Requests >= onsetMinRequests
@@ -74,18 +71,13 @@ func (t *Tuner) judgeOn(snap detector.Snapshot, span time.Duration, mode judgeMo
 	return t.out
 }
 
-// Steps whose stream ended under trial. A block file read at a few hundred
-// MB/s ends within a second of a step, often before the Step that would
-// judge it: that Step would then find nothing to judge by and, four
-// intervals later, undo the step and set a knee on no evidence, and the
-// directory's prior would never learn the step. Instead, as soon as a
-// stream under trial stops reading, the step is judged on everything the
-// stream read since it, or, if that is too little, ended unjudged with no
-// knee and no back-off.
+// Steps whose stream ended under trial. A block file often ends before the
+// Step that would judge it, which would find nothing to judge by and set a
+// knee on no evidence. So a stream that stops is judged at once on all it
+// read since the step, or, if too little, the step ends unjudged.
 
-// endedJudgeMin: a stream that read for less than this after its step (its
-// new window's first readahead takes a few milliseconds, its first
-// requests a latency more) says too little to keep or undo the step.
+// endedJudgeMin: a stream that read less than this after its step (its first
+// readahead and requests take a few ms) says too little to keep or undo it.
 const endedJudgeMin = 200 * time.Millisecond
 
 // trialSpan is a step under trial and the span since it.
@@ -94,8 +86,7 @@ type trialSpan struct {
 	Span time.Duration
 }
 
-// lastRead is when a reader of the file last had a readahead event (0 if
-// none is known).
+// lastRead is when a reader of the file last had a readahead event (0: none).
 func (t *Tuner) lastRead(k probe.FileKey) time.Duration {
 	var last time.Duration
 	for _, r := range t.readers[k] {
@@ -106,8 +97,7 @@ func (t *Tuner) lastRead(k probe.FileKey) time.Duration {
 
 // readaheadGap is how long a stream under trial may go without a readahead
 // event and still be reading: endedGap, or two of its windows at its rate
-// before the step, whichever is longer (a 4 MB window read at 10 MB/s has
-// an event every 400 ms).
+// before the step if longer.
 func (t *Tuner) readaheadGap(l *ladder) time.Duration {
 	gap := endedGap
 	if r := l.trial.before.rate; r > 0 {
@@ -116,11 +106,9 @@ func (t *Tuner) readaheadGap(l *ladder) time.Duration {
 	return gap
 }
 
-// endedTrials returns the file window steps under trial whose stream has
-// stopped reading (no readahead event for endedGap) after reading long
-// enough since its step to judge it, each with the span since its step;
-// endedVerdict judges them on the requests of that span. Steps whose
-// stream stopped sooner end here unjudged.
+// endedTrials returns the file window steps whose stream stopped reading
+// (readaheadGap) after reading long enough to judge, with the span since the
+// step, for endedVerdict; steps whose stream stopped sooner end unjudged here.
 func (t *Tuner) endedTrials() []trialSpan {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -130,8 +118,7 @@ func (t *Tuner) endedTrials() []trialSpan {
 	t.out = t.evOut
 	defer func() { t.evOut, t.out = t.out, saved }()
 	var out []trialSpan
-	// Every 100 ms: only the few decisions with a step under trial are
-	// looked at (and ordered), not every decision.
+	// Runs every 100 ms: look only at decisions with a step under trial.
 	var keys []probe.FileKey
 	for k, fd := range t.files {
 		if fd.win.trial.to != 0 && fd.pf.trial.to == 0 && fd.win.reprobe.until == 0 {
@@ -156,8 +143,7 @@ func (t *Tuner) endedTrials() []trialSpan {
 }
 
 // endUnjudged takes back a step whose stream read too little after it to
-// judge it: the window in force before it stays, with no knee and no
-// back-off (the next reader of the file, or of its directory, steps again).
+// judge: no knee, no back-off (the file's or directory's next reader steps).
 func (t *Tuner) endUnjudged(fd *fileDec, read time.Duration) {
 	now := t.deps.Clock.Now()
 	l := &fd.win
@@ -175,9 +161,8 @@ func (t *Tuner) endUnjudged(fd *fileDec, read time.Duration) {
 }
 
 // endedVerdict judges a step of endedTrials on its stream's requests since
-// the step (snap, over span; detector.Recent, which also holds the
-// device's other files: they are not judged here). No next step is taken:
-// the stream has stopped.
+// the step (snap over span; detector.Recent also holds the device's other
+// files, not judged here). No next step: the stream has stopped.
 func (t *Tuner) endedVerdict(ts trialSpan, snap detector.Snapshot) []Action {
 	return t.judgeOn(snap, ts.Span, judgeEnded, EvKeptEnded, func(f detector.FileStats, fd *fileDec) bool {
 		return f.Key == ts.Key && fd.pf.trial.to == 0

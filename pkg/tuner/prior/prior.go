@@ -1,10 +1,6 @@
-// Package prior is the tuner's memory of windows that paid: per
-// filesystem and directory (a prior for files opened there next), per slow
-// file, and per device (its learned capacity), saved as priors.json
-// (pkg/state). It lets a fresh open (HDFS opens a block file per read) get
-// the window that paid for its neighbours on its first readahead event, and
-// a restarted daemon serve a file that is still slow at once. It knows
-// nothing of descriptors or measures: the tuner asks it and tells it.
+// Package prior is the tuner's memory of windows that paid (per directory,
+// slow file, and device capacity), saved as priors.json (pkg/state), so a
+// fresh open gets its neighbours' window at once and a restart remembers.
 package prior
 
 import (
@@ -18,11 +14,8 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/state"
 )
 
-// Recheck is how soon a directory's prior is first re-checked: the next
-// fresh open after it is left at the device's window for one Settle, and
-// the prior is dropped if that stream reads about as fast as the prior
-// window's streams did (the device recovered). Each re-check that finds the
-// prior still paying doubles the wait, up to the tuner's BackoffMax.
+// Recheck is how soon a directory's prior is first re-checked (a fresh open
+// left at base for a Settle); each confirmation doubles it, to BackoffMax.
 const Recheck = 30 * time.Second
 
 // saveEvery bounds how often the priors file is rewritten.
@@ -32,8 +25,7 @@ const saveEvery = 5 * time.Second
 type Memory struct {
 	dirs  map[dirKey]*Dir
 	files map[probe.FileKey]*slowFile
-	// perDev counts priors and slow files per filesystem: the event path
-	// asks it first, so a device with nothing learned costs one map lookup.
+	// perDev counts entries per filesystem: the event path's one lookup.
 	perDev  map[probe.Dev]int
 	dirty   bool
 	savedAt time.Duration
@@ -56,14 +48,13 @@ type Dir struct {
 	Streams int
 	updated time.Duration // monotonic, for eviction and decay
 	wall    time.Time     // for the file
-	// Re-check of the prior itself (has the device recovered?): the next
-	// fresh open after checkAt is left at base for one measurement.
+	// Re-check (has the device recovered?): the next fresh open after
+	// checkAt is left at base for one measurement.
 	checkAt, checkEvery time.Duration
 	checking            probe.FileKey // file measured at base, zero if none
 	checkStart          time.Duration
-	// The prior's own ladder (Climb): the fresh open trying the step above
-	// Window and since when; no step above Window before KneeUntil (a
-	// climb's knee, or one a file's own steps found at Window).
+	// The prior's own ladder (Climb): the climber and since when; no
+	// step above Window before KneeUntil.
 	climber   probe.FileKey
 	climbAt   time.Duration
 	KneeUntil time.Duration
@@ -78,8 +69,7 @@ type slowFile struct {
 	wall    time.Time
 }
 
-// capacity is a learned capacity (bytes/s) and when it was learned, and
-// the transfer capacity fitted on the device's unqueued reads (0: none).
+// capacity: learned capacity (bytes/s), when, and fitted capacity (0: none).
 type capacity struct {
 	bps  float64
 	wall time.Time
@@ -100,10 +90,8 @@ func (m *Memory) Dirs() iter.Seq[*Dir] { return maps.Values(m.dirs) }
 // Len counts the directory priors, slow files and learned capacities.
 func (m *Memory) Len() (dirs, files, caps int) { return len(m.dirs), len(m.files), len(m.caps) }
 
-// Lookup returns the window for a file about to be read: its own memory
-// first, then its directory's prior, then the nearest ancestor directory's
-// (HDFS spreads block files over subdirectories of one data directory).
-// The prior is nil when the directory has none.
+// Lookup returns the window for a file about to be read: its own, else its
+// directory's or nearest ancestor's prior (nil if none).
 func (m *Memory) Lookup(key probe.FileKey, path string) (kb int, p *Dir) {
 	if p = m.Dir(key.Dev, path); p != nil {
 		kb = p.Window
@@ -129,8 +117,8 @@ func (m *Memory) Dir(dev probe.Dev, path string) *Dir {
 	}
 }
 
-// Learn records that window paid for a stream of key in path's directory
-// (throughput baseBPS at base, keptBPS at window).
+// Learn records that window paid for key's stream in path's directory
+// (baseBPS at base, keptBPS at window).
 func (m *Memory) Learn(key probe.FileKey, device, path string, window, base int, baseBPS, keptBPS float64, now time.Duration, wall time.Time) {
 	if path == "" {
 		return
@@ -146,9 +134,8 @@ func (m *Memory) Learn(key probe.FileKey, device, path string, window, base int,
 	if baseBPS > 0 {
 		p.BaseBPS = baseBPS
 	}
-	// A stream that kept less than the prior holds started from an older
-	// prior (its open came before the prior climbed): it confirms the
-	// prior, it does not lower it (a prior comes down by decay).
+	// A stream kept below the prior began under an older one: it confirms,
+	// never lowers, the prior (priors come down by decay).
 	if window >= p.Window || p.Streams == 0 {
 		if window > p.Window {
 			p.KneeUntil, p.kneeN = 0, 0 // a new window: its own climb
@@ -179,9 +166,8 @@ func (m *Memory) ForgetFile(key probe.FileKey) {
 	}
 }
 
-// Decay halves a directory's prior after a stream it was given did not pay
-// (or the re-check found the device recovered: gone), and drops it once it
-// is back at its base window.
+// Decay halves a directory's prior after a given stream did not pay (gone
+// if the re-check found the device recovered), dropping it at its base.
 func (m *Memory) Decay(p *Dir, gone bool) {
 	if p == nil {
 		return
@@ -235,8 +221,7 @@ func (m *Memory) SetCapacity(device string, bps float64, wall time.Time) {
 	m.setCap(device, c)
 }
 
-// Fitted is the transfer capacity (bytes/s) fitted on a disk's latencies,
-// 0 if none.
+// Fitted is a disk's fitted transfer capacity (bytes/s), 0 if none.
 func (m *Memory) Fitted(device string) float64 { return m.caps[device].fit }
 
 // SetFitted records a disk's fitted transfer capacity; 0 forgets it.
@@ -254,8 +239,7 @@ func (m *Memory) setCap(device string, c capacity) {
 	m.dirty = true
 }
 
-// Save writes the memory to the priors file at path when it changed, at
-// most every saveEvery unless forced.
+// Save writes a changed memory to path, at most every saveEvery unless forced.
 func (m *Memory) Save(path string, now time.Duration, force bool) error {
 	if !m.dirty || !force && now-m.savedAt < saveEvery {
 		return nil
@@ -286,11 +270,9 @@ func (m *Memory) export() state.Priors {
 	return p
 }
 
-// Load fills the memory from saved priors, keeping only admitted entries,
-// windows clamped to maxKB. An entry's device must be one the tuner may act
-// on (device), and a prior's or slow file's directory must lie under an
-// allow-path on that allow-path's filesystem (dir): nothing in the file can
-// make the tuner act elsewhere. It returns how many entries were refused.
+// Load fills the memory from saved priors, windows clamped to maxKB. Only
+// entries on devices the tuner may act on (device) and directories under an
+// allow-path on its filesystem (dir) are admitted; returns the refused count.
 func (m *Memory) Load(p state.Priors, device func(name string) bool, dir func(dir string, dev probe.Dev) bool, maxKB int, now time.Duration) (refused int) {
 	for _, d := range p.Dirs {
 		dev := probe.Dev(d.Dev)
@@ -302,9 +284,7 @@ func (m *Memory) Load(p state.Priors, device func(name string) bool, dir func(di
 		if m.dirs[k] == nil {
 			m.perDev[dev]++
 		}
-		// A saved prior is re-checked by the first fresh open after a
-		// short while: the device may have recovered while the daemon
-		// was down.
+		// Re-checked soon: the device may have recovered while down.
 		m.dirs[k] = &Dir{Device: d.Device, Window: min(d.WindowKB, maxKB), base: d.BaseKB, BaseBPS: d.BaseBPS, KeptBPS: d.KeptBPS,
 			Streams: d.Streams, updated: now, wall: d.Updated, checkEvery: Recheck, checkAt: now + Recheck}
 	}
@@ -331,8 +311,7 @@ func (m *Memory) Load(p state.Priors, device func(name string) bool, dir func(di
 	return refused
 }
 
-// Checking reports whether a file is the stream a prior's re-check measures
-// at the device's window (no trial may disturb it).
+// Checking: file is a re-check's stream (no trial may disturb it).
 func (m *Memory) Checking(key probe.FileKey) bool {
 	if !m.Has(key.Dev) {
 		return false
@@ -345,8 +324,7 @@ func (m *Memory) Checking(key probe.FileKey) bool {
 	return false
 }
 
-// Check starts a re-check of p on key when one is due: key reads at the
-// device's window for one Settle, to be compared with p's streams.
+// Check starts a re-check of p on key when one is due.
 func (p *Dir) Check(key probe.FileKey, now time.Duration) bool {
 	if !p.checking.IsZero() || now < p.checkAt {
 		return false
@@ -360,8 +338,7 @@ func (p *Dir) Checked(now time.Duration) (probe.FileKey, time.Duration) {
 	return p.checking, now - p.checkStart
 }
 
-// EndCheck ends p's re-check; a prior confirmed (still paying) waits twice
-// as long for the next, at most max.
+// EndCheck ends p's re-check; a confirmed prior waits twice as long (to max).
 func (p *Dir) EndCheck(confirmed bool, now, max time.Duration) {
 	p.checking = probe.FileKey{}
 	if confirmed {
@@ -370,14 +347,10 @@ func (p *Dir) EndCheck(confirmed bool, now, max time.Duration) {
 	}
 }
 
-// Climb returns the window a fresh open of key should try above the
-// prior's (0 for none) and records key as the prior's climber. Files of a
-// directory that are each read in less than a second (a 128 MB block at
-// 300 MB/s) end before any step above the prior's window can be judged on
-// them: the prior itself climbs, one file at a time, each judged against
-// the rate the prior's window gave its streams. One climber at a time (a
-// climber not heard of for stale is replaced); none while the last climb
-// that did not pay holds its knee.
+// Climb returns the window above the prior key's fresh open should try (0:
+// none) and records key as the one climber (replaced after stale); none
+// under a knee. Files read in under a second end before their own step is
+// judged, so the prior climbs instead.
 func (m *Memory) Climb(p *Dir, key probe.FileKey, now time.Duration, growth, maxKB int, stale time.Duration) int {
 	if p == nil || p.KeptBPS <= 0 || p.Window >= maxKB || now < p.KneeUntil {
 		return 0
@@ -389,10 +362,8 @@ func (m *Memory) Climb(p *Dir, key probe.FileKey, now time.Duration, growth, max
 	return min(p.Window*growth, maxKB)
 }
 
-// Climbed ends key's climb of p: a step that did not pay holds the prior
-// at its window, for first the first time (one stream's measure may have
-// been noise: the knee is confirmed once), then for again (one that paid
-// was learned as the new window).
+// Climbed ends key's climb of p: one that did not pay holds the prior for
+// first the first time (the knee is confirmed once), then for again.
 func (m *Memory) Climbed(p *Dir, key probe.FileKey, paid bool, first, again time.Duration) {
 	if p == nil || p.climber != key {
 		return
@@ -409,8 +380,7 @@ func (m *Memory) Climbed(p *Dir, key probe.FileKey, paid bool, first, again time
 	}
 }
 
-// Unclimb ends key's climb of p with no verdict (the stream read too
-// little): no knee, the next open climbs again.
+// Unclimb ends key's climb with no verdict: no knee.
 func (m *Memory) Unclimb(p *Dir, key probe.FileKey) {
 	if p != nil && p.climber == key {
 		p.climber = probe.FileKey{}
