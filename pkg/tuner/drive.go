@@ -105,6 +105,15 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 	} else if escalate {
 		fd.atCapLogged = false
 	}
+	if escalate && !beside && fd.win.cur == fd.win.base && fd.win.trial.to == 0 && t.randomUnmeasured(fd.dev.dev, fd.key) {
+		// Random reads on the device, too few yet to know what its random
+		// readers get at its window: their budget is unknown, and a first
+		// step now would be sized blind of them (a DataNode's preads spread
+		// over ten files showed 64 KB reads a file in the daemon's first
+		// quarter second; an 8x step then left their p99 3.6x).
+		escalate = false
+		t.log.Debug("tuner: random reads on the device not measured yet; the first step waits for their interval", "file", fd.key.String())
+	}
 	if escalate && fd.byRate && fd.win.trial.to == 0 && fd.pf.trial.to == 0 {
 		if other, ok := t.outcomeTrialOn(fd.dev, fd.key); ok {
 			// The device has one capacity: two outcome steps on it at once
@@ -272,4 +281,19 @@ func (t judgeCtx) outcomeTrialOn(d *devState, except probe.FileKey) (probe.FileK
 		}
 	}
 	return probe.FileKey{}, false
+}
+
+// randomUnmeasured reports whether dev, watched for less than a Settle,
+// shows random reads (another file read at random, with fewer requests
+// than a reference needs): its random readers' budget is not known yet.
+func (t judgeCtx) randomUnmeasured(dev probe.Dev, except probe.FileKey) bool {
+	if w, ok := t.watchedAt[dev]; ok && t.deps.Clock.Now()-w >= t.cfg.Settle {
+		return false
+	}
+	for k, fs := range t.fstats {
+		if k != except && fs.Device == dev && fs.Sequentiality <= trimMaxSequentiality && fs.Requests >= 2 && t.snap.Now-fs.LastSeen <= t.cfg.Settle {
+			return true
+		}
+	}
+	return false
 }

@@ -1198,3 +1198,28 @@ func unsureReferenceHeldByTheAccount(t *testing.T, fewP99 time.Duration) {
 		assert.Contains(t, a.Evidence, "by the account of the windows raised beside it", "an undo names the account as the reader's p99 reference")
 	}
 }
+
+// At the daemon's start a stream bound by its window shares the device
+// with random reads spread over files too thin yet for a reference (a
+// DataNode's preads over ten block files): the first step waits until the
+// device has been watched a Settle, then is taken.
+func TestFirstStepWaitsAnIntervalForRandomReadsNotYetMeasured(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = slowedModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	thin := probe.FileKey{Dev: key.Dev, Ino: key.Ino + 1}
+	step := func() []Action {
+		r.clk.Advance(time.Second)
+		s := r.outcomeSnap(st)
+		s.Files = append(s.Files, randomStats(thin, s.Now, 6, 3*time.Millisecond, 9*time.Millisecond, 64<<10))
+		return r.tn.Step(s)
+	}
+	acts := step()
+	logActs(t, acts)
+	assert.Empty(t, filter(acts, KindFileWindow, ResultTrial), "the device's first interval: no step blind of its random reads")
+	acts = step()
+	logActs(t, acts)
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial), "a Settle later the step is taken")
+}
