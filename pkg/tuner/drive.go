@@ -114,12 +114,15 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		escalate = false
 		t.log.Debug("tuner: random reads on the device not measured yet; the first step waits for their interval", "file", fd.key.String())
 	}
-	if escalate && fd.byRate && fd.win.trial.to == 0 && fd.pf.trial.to == 0 {
-		if other, ok := t.outcomeTrialOn(fd.dev, fd.key); ok {
-			// The device has one capacity: two outcome steps on it at once
-			// read each other's effect as gain. One at a time.
+	if escalate && (fd.byRate || beside) && fd.win.trial.to == 0 && fd.pf.trial.to == 0 {
+		if other, ok := t.trialOn(fd.dev, fd.key); ok {
+			// The device has one capacity and its random readers one budget:
+			// two steps on it at once read each other's effect, and each
+			// would spend the whole budget. One at a time; a regime's step
+			// waits only beside random readers (alone, the regime is its
+			// own evidence, and an onset should not queue).
 			escalate = false
-			t.log.Debug("tuner: an outcome step is under trial on the device; this one waits", "file", fd.key.String(), "trial_file", other.String())
+			t.log.Debug("tuner: a step is under trial on the device; this one waits", "file", fd.key.String(), "trial_file", other.String())
 		}
 	}
 	if escalate && fd.byRate && fd.win.cur == fd.win.base && fd.win.trial.to == 0 {
@@ -267,13 +270,13 @@ func (t judgeCtx) undoDevice(d *devState, why string) {
 	t.emit(Action{Time: now, Device: d.name, Dev: d.dev, Kind: KindDeviceWindowUndo, FromKB: from, ToKB: d.orig, Result: res, Evidence: why})
 }
 
-// outcomeTrialOn returns a file other than except on d, read now, whose
-// outcome decision (no regime asked for it) has a step under trial, if
-// any. A stream that stopped reading takes nothing from the others.
-func (t judgeCtx) outcomeTrialOn(d *devState, except probe.FileKey) (probe.FileKey, bool) {
+// trialOn returns a file other than except on d, read now, with a step
+// under trial, if any. A stream that stopped reading takes nothing from the
+// others.
+func (t judgeCtx) trialOn(d *devState, except probe.FileKey) (probe.FileKey, bool) {
 	now := t.deps.Clock.Now()
 	for k, o := range t.files {
-		if k == except || o.dev != d || !o.byRate || o.win.trial.to == 0 && o.pf.trial.to == 0 {
+		if k == except || o.dev != d || o.win.trial.to == 0 && o.pf.trial.to == 0 {
 			continue
 		}
 		if last := t.lastRead(k); last != 0 && now-last < t.readaheadGap(&o.win) {
