@@ -17,19 +17,33 @@ import (
 // doubled the window (smaller ones beside a random reader taught a fraction).
 const capQRise = 2.0
 
+// capDevRise, capDevShare: a step of capDevRise or more whose device busy
+// rate rose by less than capDevShare of the stream's expected gain also
+// shows the capacity (learnCapacity).
+const (
+	capDevRise  = 1.2
+	capDevShare = 0.25
+)
+
 // learnCapacity updates d's capacity from a file window step from w0 to w1
 // KB and its before and after measures: when the window at least doubled
 // and the window over the median latency gained less than the margin, the
 // extra bytes only queued and the device's busy throughput (the larger of
 // the two) is its capacity. By latency, not bytes: a CPU-starved reader
 // does not move it.
-func (t *Tuner) learnCapacity(d *devState, w0, w1 int, b, m measure) {
+func (t *Tuner) learnCapacity(d *devState, w0, w1 int, b, m measure, trimmed bool) {
 	if d.name == "" || !b.ok || !m.ok || m.young || m.ended || b.devBusy <= 0 || m.devBusy <= 0 || b.p50 <= 0 || m.p50 <= 0 || w0 <= 0 {
 		return
 	}
 	old := t.mem.Capacity(d.name)
 	grew := float64(w1) / float64(w0)
-	saturated := grew >= capQRise && grew*float64(b.p50)/float64(m.p50) < 1+t.cfg.Margin
+	queued := grew*float64(b.p50)/float64(m.p50) < 1+t.cfg.Margin
+	// A smaller step (beside random readers steps are small) shows it when
+	// the device's busy rate did not rise either: less than capDevShare of
+	// what the stream alone would have gained at its latency. Not across a
+	// trim, which frees device time of its own.
+	devFlat := grew >= capDevRise && !trimmed && b.tput > 0 && m.devBusy-b.devBusy < capDevShare*(grew-1)*b.tput
+	saturated := queued && (grew >= capQRise || devFlat)
 	switch {
 	case saturated:
 		c := max(b.devBusy, m.devBusy)

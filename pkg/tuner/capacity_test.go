@@ -162,3 +162,29 @@ func TestStreamBesideARandomReaderOnADeviceAtCapacityIsNotTried(t *testing.T) {
 	at, why = r.tn.atStep().atCapacity(fs)
 	assert.False(t, at, why)
 }
+
+// A healthy device at its capacity, shared by a stream and a pread reader
+// (150 MB/s in all, the stream's latency rising with its window, its rate
+// not): beside the reader the steps are small, yet the first shows the
+// capacity (the device's busy rate did not rise), and no trial follows.
+func TestSmallStepThatLeftTheDeviceFlatTeachesItsCapacity(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true, BackoffMax: time.Minute}, func(r *rig) { r.queue = true })
+	r.tput = func(int) float64 { return 100e6 }
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	rkey := probe.FileKey{Dev: key.Dev, Ino: key.Ino + 1}
+	var acts []Action
+	for i := 0; i < 40; i++ {
+		r.clk.Advance(time.Second)
+		s := r.outcomeSnap(st)
+		s.Devices[0].BusyThroughput, s.Devices[0].Bytes, s.Devices[0].CapacityBPS = 150e6, 150e6, 150e6
+		s.Files = append(s.Files, randomStats(rkey, s.Now, 3000, 2*time.Millisecond, 4*time.Millisecond, 16<<10))
+		acts = append(acts, r.tn.Step(s)...)
+	}
+	logActs(t, acts)
+	c, src := r.tn.atStep().capacity(sdb)
+	assert.Equal(t, capSaturation, src)
+	assert.InDelta(t, 150e6, c, 1)
+	assert.Len(t, filter(acts, KindFileWindow, ResultTrial), 1, "no trial once the capacity is known")
+}

@@ -61,7 +61,7 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 		}
 		l.judgedOn(m)
 		if l.kind == KindFileWindow {
-			t.learnCapacity(d, l.trial.from, l.trial.to, l.trial.before, m)
+			t.learnCapacity(d, l.trial.from, l.trial.to, l.trial.before, m, d.trimAt > l.trial.at-t.cfg.Settle)
 		}
 		ev := fmt.Sprintf("%s; before %s, after %s (%+.0f%%, keep margin %+.0f%%)", why, e.before, m, e.gain*100, e.margin*100)
 		if e.atCap && e.margin == e.ordinary {
