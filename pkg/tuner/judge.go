@@ -144,14 +144,16 @@ var verdictRules = [numReasons]verdictRule{
 			return fmt.Sprintf("the device's total fell %.1f -> %.1f MB/s: its other readers lost more", e.lossDev/1e6, e.m.dev/1e6)
 		}},
 	// A step no regime asked for must not be paid for by the device's other
-	// streams: unless the device's total rose by the margin, their loss is
-	// the stream's gain (zero-sum on a device at its capacity). Readers
+	// streams: unless the device's busy rate rose by the margin, their loss
+	// is the stream's gain (zero-sum on a device at its capacity). The busy
+	// rate, not the bytes: the detector's window may reach back further
+	// than the span. Readers
 	// readaheadd does not serve (O_DIRECT, outside the allow-paths) are
 	// contenders: their share is what a larger window wins.
-	{rOthersLost, "others_lost", "a step no regime asked for under which the device's protected readers (othersMin of its bytes) lost more than devLossMax and the device's total did not rise by the margin: undone", outUndo, evNone,
+	{rOthersLost, "others_lost", "a step no regime asked for under which the device's protected readers (othersMin of its bytes) lost more than devLossMax and the device's busy rate did not rise by the margin: undone", outUndo, evNone,
 		func(e *facts) bool {
 			return e.m.othersMustNotLose && e.lossDev > 0 && e.lossOthers > othersMin*e.lossDev && e.m.others < (1-devLossMax)*e.lossOthers &&
-				e.m.dev < (1+e.ordinary)*e.lossDev
+				!(e.before.devBusy > 0 && e.m.devBusy >= (1+e.ordinary)*e.before.devBusy)
 		}, func(e *facts) string {
 			return fmt.Sprintf("the device's other readers lost %.1f -> %.1f MB/s", e.lossOthers/1e6, e.m.others/1e6)
 		}},

@@ -62,9 +62,12 @@ func TestJudgeTrialRuleByRule(t *testing.T) {
 		{"the device's total fell, device window", func(e *facts) { e.kind, e.m.dev = KindDeviceWindow, 150e6 }, rKept, numReasons, ""},
 		{"other readers lost", func(e *facts) { e.m.othersMustNotLose, e.lossOthers, e.m.others = true, 100e6, 50e6 }, rOthersLost, numReasons,
 			"the device's other readers lost 100.0 -> 50.0 MB/s"},
-		{"other readers lost, the device's total up by the margin", func(e *facts) {
-			e.m.othersMustNotLose, e.lossOthers, e.m.others, e.m.dev = true, 100e6, 50e6, 230e6
+		{"other readers lost, the device's busy rate up by the margin", func(e *facts) {
+			e.m.othersMustNotLose, e.lossOthers, e.m.others, e.before.devBusy, e.m.devBusy = true, 100e6, 50e6, 90e6, 150e6
 		}, rKept, numReasons, ""},
+		{"other readers lost, the device's busy rate flat", func(e *facts) {
+			e.m.othersMustNotLose, e.lossOthers, e.m.others, e.before.devBusy, e.m.devBusy = true, 100e6, 50e6, 150e6, 150e6
+		}, rOthersLost, numReasons, "the device's other readers lost 100.0 -> 50.0 MB/s"},
 		{"other readers lost, not protected", func(e *facts) { e.lossOthers, e.m.others = 100e6, 50e6 }, rKept, numReasons, ""},
 		{"other readers lost, under othersMin", func(e *facts) { e.m.othersMustNotLose, e.lossOthers, e.m.others = true, 10e6, 5e6 }, rKept, numReasons, ""},
 		{"random readers' mean over by a hair", func(e *facts) { e.m.rand = rand(1.02, 1.0) }, rRandomLater, numReasons, ""},

@@ -486,7 +486,7 @@ func TestStepTakenFromAnotherStreamIsNotKept(t *testing.T) {
 		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 101, File: kb, Device: sdb, RaPages: 32})
 		s.Files = append(s.Files, detector.FileStats{Key: kb, Device: sdb, Requests: 500, Bytes: uint64(b), BusyThroughput: b,
 			Sequentiality: 1, LastSeen: s.Now, P50: 3 * time.Millisecond, MeanSize: 128 << 10, Inflight: 0.1})
-		s.Devices[0].Bytes, s.Devices[0].CapacityBPS = 150e6, 150e6
+		s.Devices[0].Bytes, s.Devices[0].BusyThroughput, s.Devices[0].CapacityBPS = 150e6, 150e6, 150e6
 		return s
 	}
 	var acts []Action
@@ -633,7 +633,7 @@ func (r *rig) contendedSnap(a stream, other probe.FileKey, otherTgid uint32) det
 		s.Files = append(s.Files, detector.FileStats{Key: other, Device: sdb, Requests: 500, Bytes: uint64(b), BusyThroughput: b,
 			Sequentiality: 1, LastSeen: s.Now, P50: 3 * time.Millisecond, MeanSize: 128 << 10, Inflight: 0.1})
 	}
-	s.Devices[0].Bytes, s.Devices[0].CapacityBPS = 150e6, 150e6
+	s.Devices[0].Bytes, s.Devices[0].BusyThroughput, s.Devices[0].CapacityBPS = 150e6, 150e6, 150e6
 	return s
 }
 
