@@ -135,6 +135,9 @@ func (t *Tuner) meanBudget(r randObs) float64 {
 func (t judgeCtx) randomLimitKB(fd *fileDec) (int, string) {
 	rs := t.randomsBeside(fd.dev.dev, fd.key)
 	if len(rs) == 0 {
+		if k, ok := t.knownRandomOn(fd.dev.dev, fd.key); ok {
+			return 0, fmt.Sprintf("the random reader %s beside it is not in this view: the Step sizes the step", k)
+		}
 		return -1, ""
 	}
 	capBPS := t.capacityOrBusy(fd.dev.dev)

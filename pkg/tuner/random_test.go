@@ -1260,3 +1260,35 @@ func TestStepsBesideRandomReadersAreTriedOneAtATime(t *testing.T) {
 	}
 	assert.GreaterOrEqual(t, trials, 2, "both streams are stepped, in turn")
 }
+
+// A random reader known from the last Step (its reference a moment old) is
+// beside a fresh stream even when the fresh stream's recent view holds too
+// few of its reads to show it: the fast path takes no step blind of its
+// budget, and the Step that sees both sizes one.
+func TestFreshStreamBesideAKnownRandomReaderIsNotSteppedBlind(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = slowedModel
+	rkey := probe.FileKey{Dev: 254, Ino: 99}
+	step := func(ss ...stream) []Action {
+		r.clk.Advance(time.Second)
+		s := r.outcomeSnap(ss...)
+		s.Files = append(s.Files, randomStats(rkey, s.Now, 300, 3*time.Millisecond, 4*time.Millisecond, 16<<10))
+		return r.tn.Step(s)
+	}
+	require.Empty(t, step(), "the random reader alone: its reference")
+	require.NotNil(t, r.tn.randRefs[rkey])
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	var acts []Action
+	for i := 0; i < 3; i++ {
+		acts = append(acts, r.fastTick(st)...)
+	}
+	logActs(t, acts)
+	assert.Empty(t, filter(acts, KindFileWindow, ResultTrial), "no step between Steps blind of the random reader")
+	acts = step(st)
+	logActs(t, acts)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.NotEmpty(t, trials, "the Step sizes a step within its budget")
+	assert.LessOrEqual(t, trials[0].ToKB, 256)
+}
