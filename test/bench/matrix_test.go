@@ -63,6 +63,10 @@ func TestMatrixVerdict(t *testing.T) {
 	kept := arm(128, true, 101)
 	kept.Kept = 2
 	assert.Equal(t, NotMet, Verdict(append(flat, kept)).Verdict)
+	// Unless it paid: a per-file window beats every static value.
+	paid := arm(128, true, 106)
+	paid.Kept = 1
+	assert.Equal(t, Met, Verdict(append(flat, paid)).Verdict)
 	assert.Equal(t, NotMet, Verdict(append(flat, arm(128, true, 96))).Verdict, "0.96 of the default")
 
 	// Two default runs: the mean is the reference, their spread reported.
