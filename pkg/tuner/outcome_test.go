@@ -348,11 +348,7 @@ func TestNoDeviceWindowWhileARandomReaderIsActive(t *testing.T) {
 		size uint64
 	}{{"mmap read-around", 128 << 10}, {"pread 4 KB", 4 << 10}} {
 		t.Run(c.name, func(t *testing.T) {
-			r := newRig(t, Config{DeviceMinFiles: 2}, nil)
-			var err error
-			r.tn, err = New(Config{AllowPaths: []string{}, DeviceMinFiles: 2}, Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: r.store, Logger: quiet()})
-			require.NoError(t, err)
-			r.tput = kneeModel
+			r := deviceOnlyRig(t)
 			_, k1 := realFile(t, r.dir, "a")
 			_, k2 := realFile(t, r.dir, "b")
 			_, kr := realFile(t, r.dir, "index")

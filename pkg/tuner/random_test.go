@@ -18,6 +18,16 @@ import (
 // window (60 MB/s at 128 KB) up to the device's 150 MB/s.
 func slowedModel(kb int) float64 { return min(float64(kb)*0.47e6, 150e6) }
 
+// slowedStream is a rig whose blk_1, open by process 100 on descriptor 7,
+// reads at slowedModel's rate for its window.
+func slowedStream(t *testing.T) (*rig, probe.FileKey) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = slowedModel
+	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
+	r.files.open(100, 7, p, key)
+	return r, key
+}
+
 // randomStats is a random reader's window on the detector: req requests a
 // second of size bytes, each waiting mean on average (the median too) and
 // p99 at worst, one at a time (an mmap reader faulting pages).
@@ -102,10 +112,7 @@ func (l *labRig) random(rkb, skb int) (req float64, mean, p99 time.Duration) {
 }
 
 func newLabRig(t *testing.T) *labRig {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = slowedModel
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
+	r, key := slowedStream(t)
 	rp, rkey := realFile(t, filepath.Join(r.dir, "data"), "index")
 	r.files.open(200, 9, rp, rkey)
 	return &labRig{rig: r, st: stream{key: key, tgid: 100, fill: 0.9}, rkey: rkey}
@@ -274,10 +281,7 @@ func severeAbove256(kb int) (float64, time.Duration) {
 // the stream gained, and the knee it leaves is not confirmed two seconds
 // later: every probe is a second over their budget.
 func TestStepOverTheRandomBudgetIsUndoneAndItsKneeHolds(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = slowedModel
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
+	r, key := slowedStream(t)
 	acts := r.runBeside(20, stream{key: key, tgid: 100, fill: 0.9}, severeAbove256)
 	logActs(t, acts)
 	undone := filter(acts, KindFileWindowUndo, ResultUndone)
@@ -332,10 +336,7 @@ func TestSmallRandomReaderCostsDoNotAddUp(t *testing.T) {
 // A random reader that costs nothing more at any window does not hold the
 // stream back: its steps are kept, one small step at a time.
 func TestStepARandomReaderBesideDoesNotPayForIsKept(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = slowedModel
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
+	r, key := slowedStream(t)
 	rnd := func(int) (float64, time.Duration) { return 600, 1500 * time.Microsecond }
 	acts := r.runBeside(6, stream{key: key, tgid: 100, fill: 0.9}, rnd)
 	logActs(t, acts)
@@ -375,10 +376,7 @@ func TestRandomReferenceIsFrozenWhileTheTunerActs(t *testing.T) {
 // A random reader's knee ends when the random reader goes: the stream may
 // grow again.
 func TestRandomKneeEndsWhenTheRandomReaderGoes(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = slowedModel
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
+	r, key := slowedStream(t)
 	st := stream{key: key, tgid: 100, fill: 0.9}
 	severe := func(kb int) (float64, time.Duration) {
 		if kb > 192 {
@@ -523,10 +521,7 @@ func TestRandomCostEvidenceNamesTheReader(t *testing.T) {
 // holds there; one noisy interval does not bring it down.
 func TestWatchBringsAKeptWindowDownWhenItsCostStaysOverBudget(t *testing.T) {
 	for _, persistent := range []bool{true, false} {
-		r := newRig(t, Config{DisablePrefetch: true}, nil)
-		r.tput = slowedModel
-		p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-		r.files.open(100, 7, p, key)
+		r, key := slowedStream(t)
 		st := stream{key: key, tgid: 100, fill: 0.9}
 		calm := func(int) (float64, time.Duration) { return 600, 1500 * time.Microsecond }
 		// Up to 288 KB with a calm random reader beside it (a knee there:
@@ -1204,10 +1199,7 @@ func unsureReferenceHeldByTheAccount(t *testing.T, fewP99 time.Duration) {
 // DataNode's preads over ten block files): the first step waits until the
 // device has been watched a Settle, then is taken.
 func TestFirstStepWaitsAnIntervalForRandomReadsNotYetMeasured(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = slowedModel
-	p, key := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.files.open(100, 7, p, key)
+	r, key := slowedStream(t)
 	st := stream{key: key, tgid: 100, fill: 0.9}
 	thin := probe.FileKey{Dev: key.Dev, Ino: key.Ino + 1}
 	step := func() []Action {

@@ -260,6 +260,17 @@ func (r *rig) run(n int, mk func() detector.Snapshot) []Action {
 	return all
 }
 
+// deviceOnlyRig is a rig with no allow-paths (device-wide actions only),
+// DeviceMinFiles 2, its files on kneeModel.
+func deviceOnlyRig(t *testing.T) *rig {
+	r := newRig(t, Config{DeviceMinFiles: 2}, nil)
+	var err error
+	r.tn, err = New(Config{AllowPaths: []string{}, DeviceMinFiles: 2}, Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: r.store, Logger: quiet()})
+	require.NoError(t, err)
+	r.tput = kneeModel
+	return r
+}
+
 func (r *rig) reader(tgid uint32, fd int, path string, key probe.FileKey) {
 	r.files.open(tgid, fd, path, key)
 	r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: tgid, File: key, Device: sdb, RaPages: uint32(r.files.window[key] / 4)})
@@ -520,12 +531,7 @@ func TestScopeRules(t *testing.T) {
 }
 
 func TestNoAllowPathsMeansDeviceLevelOnly(t *testing.T) {
-	r := newRig(t, Config{DeviceMinFiles: 2}, func(r *rig) {})
-	// Rebuild without allow paths.
-	var err error
-	r.tn, err = New(Config{AllowPaths: []string{}, DeviceMinFiles: 2}, Deps{Sysfs: r.sys, Files: r.files, Clock: r.clk, Store: r.store, Logger: quiet()})
-	require.NoError(t, err)
-	r.tput = kneeModel
+	r := deviceOnlyRig(t)
 	_, k1 := realFile(t, r.dir, "a")
 	_, k2 := realFile(t, r.dir, "b")
 	acts := r.run(1, func() detector.Snapshot { return r.snap(detector.FileLatencyShift, k1) })
