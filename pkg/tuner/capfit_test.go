@@ -214,25 +214,3 @@ func TestSaturatedDeviceCapacityIsItsSaturationPoint(t *testing.T) {
 	assert.InDelta(t, 40e6, c, 1)
 	assert.Len(t, filter(acts, KindFileWindow, ResultTrial), 1, "no trial once the saturation point is known")
 }
-
-// Two streams readaheadd serves share a device at its known capacity (40
-// MB/s, learned): a regime on one of them (the detector's starved stream,
-// judged on its peak) gets no step either, since a step there only takes
-// the other's share.
-func TestRegimeOnADeviceAtItsKnownCapacityGetsNoStep(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tn.mem.SetCapacity("sdb", 40e6, time.Now())
-	ka, kb := r.twoReaders(t)
-	a, b := stream{key: ka, tgid: 100, fill: 0.9}, stream{key: kb, tgid: 101, fill: 0.9}
-	r.tput = func(int) float64 { return 20e6 }
-	var acts []Action
-	for i := 0; i < 5; i++ {
-		r.clk.Advance(time.Second)
-		s := r.outcomeSnap(a, b)
-		s.Regimes = []detector.Regime{{Kind: detector.StarvedStream, Device: sdb, File: ka, Evidence: "test"}}
-		acts = append(acts, r.tn.Step(s)...)
-	}
-	logActs(t, acts)
-	assert.Empty(t, filter(acts, KindFileWindow, ResultTrial))
-	assert.Equal(t, 128, r.files.window[ka])
-}

@@ -90,9 +90,10 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		capFrac = max(capFrac, t.shortOfCapacity())
 	}
 	capBPS, _ := t.capacity(fd.dev.dev)
-	// The device at its capacity (known, not the peak) holds every decision,
-	// a regime's too: a step there only takes its peers' share.
-	learnedAt, _ := t.atCapacity(t.fstats[fd.key])
+	learnedAt := false
+	if fd.byRate {
+		learnedAt, _ = t.atCapacity(t.fstats[fd.key])
+	}
 	if escalate && m.ok && (capBPS > 0 && m.tput >= capFrac*capBPS && (!fd.byRate || fd.win.capKept) || learnedAt) && !t.justIn {
 		// The file already reads at (nearly) the device's capacity: no
 		// further step can gain. Judge a trial, take none.
