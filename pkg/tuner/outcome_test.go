@@ -346,7 +346,7 @@ func TestNoDeviceWindowWhileARandomReaderIsActive(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		size uint64
-	}{{"mmap read-around", 128 << 10}, {"pread 4 KB", 4 << 10}} {
+	}{{"mmap read-around", 128 << 10}} {
 		t.Run(c.name, func(t *testing.T) {
 			r := deviceOnlyRig(t)
 			_, k1 := realFile(t, r.dir, "a")

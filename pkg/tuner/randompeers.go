@@ -16,17 +16,23 @@ func (t judgeCtx) randomReaderBeside(fd *fileDec) bool {
 	return t.trimmedOn(fd.dev) || t.randomBesideDev(fd.dev.dev, fd.key)
 }
 
-// randomOnDevice returns a file read randomly now on dev, or trimmed there,
-// if any. Beside one, streams get windows of their own (randomLimitKB),
-// never a device-wide one: every byte queued delays the random reads.
+// randomOnDevice returns a file read randomly now on the device whose reads
+// are read-around sized (an mmap reader: each fault reads the window around
+// it, so a larger device window makes every fault larger), or one trimmed
+// there, if any. A buffered random reader reads what it asks for whatever
+// the window, and does not hold the device's window down.
 func (t judgeCtx) randomOnDevice(dev probe.Dev) (probe.FileKey, bool) {
 	for k, td := range t.trims {
 		if td.dev != nil && td.dev.dev == dev {
 			return k, true
 		}
 	}
+	kb := 0
+	if d := t.devs[dev]; d != nil {
+		kb = d.orig
+	}
 	for k, fs := range t.fstats {
-		if fs.Device == dev && t.readRandomly(fs) {
+		if fs.Device == dev && t.readRandomly(fs) && readAroundSized(fs, min(kb, t.cfg.TrimKB)) {
 			return k, true
 		}
 	}
