@@ -115,17 +115,6 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		escalate = false
 		t.log.Debug("tuner: random reads on the device not measured yet; the first step waits for their interval", "file", fd.key.String())
 	}
-	if escalate && (fd.byRate || beside) && fd.win.trial.to == 0 && fd.pf.trial.to == 0 {
-		if other, ok := t.trialOn(fd.dev, fd.key); ok {
-			// The device has one capacity and its random readers one budget:
-			// two steps on it at once read each other's effect, and each
-			// would spend the whole budget. One at a time; a regime's step
-			// waits only beside random readers (alone, the regime is its
-			// own evidence, and an onset should not queue).
-			escalate = false
-			t.log.Debug("tuner: a step is under trial on the device; this one waits", "file", fd.key.String(), "trial_file", other.String())
-		}
-	}
 	if escalate && fd.byRate && fd.win.cur == fd.win.base && fd.win.trial.to == 0 {
 		if !t.outcomeDue(fd.dev, fd.key) {
 			escalate = false // the device's outcome trials are backing off
@@ -269,22 +258,6 @@ func (t judgeCtx) undoDevice(d *devState, why string) {
 		t.reachOpenFiles(d)
 	}
 	t.emit(Action{Time: now, Device: d.name, Dev: d.dev, Kind: KindDeviceWindowUndo, FromKB: from, ToKB: d.orig, Result: res, Evidence: why})
-}
-
-// trialOn returns a file other than except on d, read now, with a step
-// under trial, if any. A stream that stopped reading takes nothing from the
-// others.
-func (t judgeCtx) trialOn(d *devState, except probe.FileKey) (probe.FileKey, bool) {
-	now := t.deps.Clock.Now()
-	for k, o := range t.files {
-		if k == except || o.dev != d || o.win.trial.to == 0 && o.pf.trial.to == 0 {
-			continue
-		}
-		if last := t.lastRead(k); last != 0 && now-last < t.readaheadGap(&o.win) {
-			return k, true
-		}
-	}
-	return probe.FileKey{}, false
 }
 
 // randomUnmeasured reports whether dev, watched for less than a Settle,

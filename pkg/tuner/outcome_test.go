@@ -1403,29 +1403,3 @@ func steadyStream(t *testing.T, rate float64) (*rig, stream) {
 	r.files.open(100, 7, p, key)
 	return r, stream{key: key, tgid: 100, fill: 0.9}
 }
-
-// Two streams bound by their windows on a device they saturate together
-// (each reads its window's share of 40 MB/s): the device has one capacity,
-// so their outcome steps are tried one at a time, never both at once, and
-// the one tried, which only takes the other's share, is undone.
-func TestOutcomeStepsOnOneDeviceAreTriedOneAtATime(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	ka, kb := r.twoReaders(t)
-	a, b := stream{key: ka, tgid: 100, fill: 0.9}, stream{key: kb, tgid: 101, fill: 0.9}
-	var acts []Action
-	for i := 0; i < 8; i++ {
-		r.clk.Advance(time.Second)
-		wa, wb := r.files.window[ka], r.files.window[kb]
-		r.tput = func(w int) float64 { return 40e6 * float64(w) / float64(wa+wb) }
-		s := r.outcomeSnap(a, b)
-		for _, k := range []probe.FileKey{ka, kb} {
-			r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: map[probe.FileKey]uint32{ka: 100, kb: 101}[k], File: k, Device: sdb, RaPages: uint32(r.files.window[k] / 4)})
-		}
-		step := r.tn.Step(s)
-		acts = append(acts, step...)
-		assert.False(t, r.files.window[ka] > 128 && r.files.window[kb] > 128, "both streams under trial at once at %v", r.clk.Now())
-	}
-	logActs(t, acts)
-	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial))
-	assert.Empty(t, filter(acts, KindFileWindow, ResultKept), "a step that only takes the other stream's share is not kept")
-}

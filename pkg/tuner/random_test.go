@@ -1216,43 +1216,6 @@ func TestFirstStepWaitsAnIntervalForRandomReadsNotYetMeasured(t *testing.T) {
 	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial), "a Settle later the step is taken")
 }
 
-// Beside a random reader two streams in a regime each: the device's
-// random readers have one budget, so their steps are tried one at a time
-// (each step sized to the whole budget would spend it twice).
-func TestStepsBesideRandomReadersAreTriedOneAtATime(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = slowedModel
-	ka, kb := r.twoReaders(t)
-	a, b := stream{key: ka, tgid: 100, fill: 0.9}, stream{key: kb, tgid: 101, fill: 0.9}
-	rkey := probe.FileKey{Dev: ka.Dev, Ino: ka.Ino + 100}
-	var acts []Action
-	for i := 0; i < 12; i++ {
-		r.clk.Advance(time.Second)
-		s := r.outcomeSnap(a, b)
-		s.Devices[0].CapacityBPS = 150e6
-		s.Files = append(s.Files, randomStats(rkey, s.Now, 400, 2*time.Millisecond, 4*time.Millisecond, 16<<10))
-		s.Regimes = []detector.Regime{{Kind: detector.StarvedStream, Device: sdb, File: ka, Evidence: "test"},
-			{Kind: detector.StarvedStream, Device: sdb, File: kb, Evidence: "test"}}
-		acts = append(acts, r.tn.Step(s)...)
-	}
-	logActs(t, acts)
-	open := map[probe.FileKey]bool{}
-	trials := 0
-	for _, x := range acts {
-		switch {
-		case x.Kind == KindFileWindow && x.Result == ResultTrial:
-			trials++
-			for k := range open {
-				assert.Equal(t, x.File, k, "a trial on %v while %v's is under way", x.File, k)
-			}
-			open[x.File] = true
-		case x.Kind == KindFileWindow && x.Result == ResultKept, x.Kind == KindFileWindowUndo:
-			delete(open, x.File)
-		}
-	}
-	assert.GreaterOrEqual(t, trials, 2, "both streams are stepped, in turn")
-}
-
 // A random reader known from the last Step (its reference a moment old) is
 // beside a fresh stream even when the fresh stream's recent view holds too
 // few of its reads to show it: the fast path takes no step blind of its
