@@ -1,9 +1,12 @@
-// Package state keeps, durably, the read_ahead_kb value each block device had
-// before readaheadd first changed it, so that a clean exit, a later start
-// after a crash, or `readaheadd restore` can put every device back.
+// Package state keeps the read_ahead_kb value each block device had before
+// readaheadd first changed it, so that a clean exit, a later start after a
+// crash, or `readaheadd restore` can put every device back.
 //
-// The record is one JSON file written atomically (temp file, fsync, rename,
-// fsync of the directory) with mode 0600. An exclusive flock on a lock file
+// The record is one JSON file written atomically (temp file, rename) with
+// mode 0600. It is not fsynced: it outlives a crash of the daemon in the
+// page cache, and after a reboot, when the kernel has reset every device,
+// it is discarded (boot id); an fsync would only put a journal commit on
+// the path of a file's first window. An exclusive flock on a lock file
 // in the same directory keeps two daemons (or a daemon and `readaheadd
 // restore`) from fighting over it.
 //
@@ -462,7 +465,7 @@ func isNoDevice(err error) bool {
 func (s *Store) persistLocked() error {
 	p := s.Path()
 	if len(s.entries) == 0 {
-		if err := RemoveFile(s.dir, FileName, true); err != nil {
+		if err := RemoveFile(s.dir, FileName, false); err != nil {
 			return fmt.Errorf("remove state file %s: %w", p, err)
 		}
 		return nil
@@ -477,7 +480,7 @@ func (s *Store) persistLocked() error {
 		return fmt.Errorf("encode state: %w", err)
 	}
 	b = append(b, '\n')
-	return WriteFileAtomic(s.dir, FileName, b, true)
+	return WriteFileAtomic(s.dir, FileName, b, false)
 }
 
 // DevOfSysfs reads a disk's current MAJOR:MINOR from sysfs, for
