@@ -32,7 +32,10 @@ type facts struct {
 	// lossDev, lossOthers: the device's total and its protected readers'
 	// share before the step, of the readers still reading (lossBase).
 	lossDev, lossOthers float64
-	randLater           bool // the verdict was put off once on the random readers (ladder.trial.randLater)
+	// capBPS: the device's known capacity (0: unknown); capFrac: the share
+	// of it at which the device reads at its capacity (Config.CapacityFrac).
+	capBPS, capFrac float64
+	randLater       bool // the verdict was put off once on the random readers (ladder.trial.randLater)
 }
 
 func (e *facts) beforeSettle() bool  { return e.since < e.settle-e.settle/10 }
@@ -82,6 +85,7 @@ const (
 	rYoungRetry
 	rNotPaid
 	rDeviceFell
+	rDeviceAtCapacity
 	rOthersLost
 	rRandomLater
 	rRandomOver
@@ -142,6 +146,18 @@ var verdictRules = [numReasons]verdictRule{
 			return e.onFileWindow() && e.lossDev > 0 && e.m.dev > 0 && e.m.dev < (1-devLossMax)*e.lossDev
 		}, func(e *facts) string {
 			return fmt.Sprintf("the device's total fell %.1f -> %.1f MB/s: its other readers lost more", e.lossDev/1e6, e.m.dev/1e6)
+		}},
+	// By Little's law a window bound stream reads its share of a device at
+	// capacity: more bytes in flight add latency for every reader and no
+	// bytes, so a gain with the device's busy rate flat is another reader's
+	// loss, whatever regime asked (three streams at 40 MB/s each kept 8x
+	// steps that summed to 61 MB/s). Not a waived step: it cost nothing.
+	{rDeviceAtCapacity, "device_at_capacity", "a file step on a device reading at its known capacity (CapacityFrac) before it, under which the device's busy rate did not rise by the margin: undone, its gain was other readers' share", outUndo, evNone,
+		func(e *facts) bool {
+			return e.kind != KindDeviceWindow && !e.marginWaived() && e.capBPS > 0 && e.before.devBusy >= e.capFrac*e.capBPS &&
+				e.m.devBusy < (1+e.ordinary)*e.before.devBusy
+		}, func(e *facts) string {
+			return fmt.Sprintf("the device read at its capacity (%.1f of %.1f MB/s) and its busy rate did not rise (%.1f MB/s)", e.before.devBusy/1e6, e.capBPS/1e6, e.m.devBusy/1e6)
 		}},
 	// A step no regime asked for must not be paid for by the device's other
 	// streams: unless the device's busy rate rose by the margin, their loss

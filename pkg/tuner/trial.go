@@ -191,6 +191,7 @@ func (t judgeCtx) evidenceFor(l *ladder, d *devState, file probe.FileKey, m meas
 	e.prior, e.tail = t.tailKeep(file, l, m)
 	e.shift = t.shiftKeep(file, l, m)
 	e.lossDev, e.lossOthers = lossBase(l.trial.before, m)
+	e.capBPS, e.capFrac = t.knownCapacity(d.dev), t.cfg.CapacityFrac
 	return e
 }
 
