@@ -109,15 +109,22 @@ func TestTrimGivesARandomMmapReaderASmallWindowBesideAHelpedFile(t *testing.T) {
 	assert.Equal(t, 16, st.WindowKB)
 
 	// The slowdown ends: the slowed file's window goes back after Grace,
-	// then the trim one Grace later.
+	// then the trim a Settle later (it paid for that window; alone it only
+	// trades the reader's faults for the stream's bytes).
 	m.slowed = false
 	var undone []Action
+	var winBack time.Duration
 	for _, a := range m.run(25) {
 		if a.File == m.rnd && a.Kind == KindTrimUndo {
 			undone = append(undone, a)
 		}
+		if a.File == m.seq && a.Kind == KindFileWindowUndo && a.Result == ResultUndone {
+			winBack = a.Time
+		}
 	}
 	require.Len(t, undone, 1)
+	require.NotZero(t, winBack, "the slowed file's window went back")
+	assert.LessOrEqual(t, undone[0].Time-winBack, 2*time.Second, "the trim ends a Settle after the window it paid for")
 	assert.Equal(t, ResultUndone, undone[0].Result)
 	assert.Equal(t, 128, undone[0].ToKB)
 	assert.Equal(t, 128, m.files.window[m.rnd])

@@ -439,7 +439,9 @@ func (t *Tuner) helping(d *devState) bool {
 		return true
 	}
 	for _, fd := range t.files {
-		if fd.dev == d && fd.win.raised() {
+		// A kept window in a re-probe still counts: it is back unless
+		// the regime ended, and its trims with it.
+		if fd.dev == d && (fd.win.raised() || fd.win.cur > fd.win.base) {
 			return true
 		}
 	}
