@@ -113,19 +113,16 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 		return
 	}
 	rs := t.readers[ev.File]
-	if rs == nil {
-		rs = map[uint32]*readerInfo{}
-		t.readers[ev.File] = rs
-	}
 	r := rs[ev.Tgid]
 	if r == nil {
 		if t.nReaders >= MaxReaders {
 			// Bounded against floods of short-lived readers.
 			t.count(EvReadersDropped)
-			if len(rs) == 0 {
-				delete(t.readers, ev.File)
-			}
 			return
+		}
+		if rs == nil {
+			rs = map[uint32]*readerInfo{}
+			t.readers[ev.File] = rs
 		}
 		// A stream's rate is measured from its first event's timestamp.
 		r = &readerInfo{firstSeen: evTime(ev, now)}

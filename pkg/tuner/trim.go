@@ -72,10 +72,8 @@ func (t judgeCtx) startTrims(d *devState, withStep bool) {
 	now := t.deps.Clock.Now()
 	for _, fs := range t.snap.Files {
 		k := fs.Key
-		if fs.Device != d.dev || t.files[k] != nil || t.trims[k] != nil {
-			continue
-		}
-		if !t.readRandomly(fs) || !readAroundSized(fs, t.cfg.TrimKB) || fs.P50 <= 0 {
+		if fs.Device != d.dev || t.files[k] != nil || t.trims[k] != nil ||
+			!t.readRandomly(fs) || !readAroundSized(fs, t.cfg.TrimKB) || fs.P50 <= 0 {
 			continue
 		}
 		if off := t.trimOffs[k]; off != nil && now < off.until {
@@ -95,10 +93,11 @@ func (t judgeCtx) startTrims(d *devState, withStep bool) {
 		td := &trimDec{key: k, dev: d, path: refs[0].Path, refs: refs, kb: t.cfg.TrimKB, from: d.cur, beforeP: fs.P50, lastNeed: now, opened: map[uint32]openedMark{}}
 		ev := fmt.Sprintf("read-around trim: random reads (sequential %.0f%%) averaging %.0f KB per request, median %v, while the device serves a raised window; the readers' open files get %d KB",
 			100*fs.Sequentiality, fs.MeanSize/1024, fs.P50.Round(10*time.Microsecond), t.cfg.TrimKB)
+		a := Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: td.path, Kind: KindTrim, FromKB: td.from, ToKB: td.kb, Result: ResultDryRun, Evidence: ev}
 		if t.cfg.DryRun {
 			td.dry = true
 			t.trims[k] = td
-			t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: td.path, Kind: KindTrim, FromKB: td.from, ToKB: td.kb, Result: ResultDryRun, Evidence: ev})
+			t.emit(a)
 			continue
 		}
 		n, err := t.lowerFiles(d, td.kb, refs, true)
@@ -114,8 +113,8 @@ func (t judgeCtx) startTrims(d *devState, withStep bool) {
 		t.trims[k] = td
 		d.trimAt = now
 		t.watchAround(td)
-		t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: td.path, Kind: KindTrim, FromKB: td.from, ToKB: td.kb, Result: ResultTrial,
-			Evidence: fmt.Sprintf("%s (%d descriptors)", ev, n)})
+		a.Result, a.Evidence = ResultTrial, fmt.Sprintf("%s (%d descriptors)", ev, n)
+		t.emit(a)
 	}
 }
 
@@ -213,7 +212,8 @@ func (t judgeCtx) judgeTrim(td *trimDec) {
 			// Buffered random reads of that size, never shaped by the window;
 			// or the trimmed descriptors are closed and the reader re-opens.
 			why = fmt.Sprintf("its requests still average %.0f KB: they are the reads it asks for, not read-around", fs.MeanSize/1024)
-			if t.trimmedClosed(td) {
+			// Every descriptor it trimmed is closed (or its process gone).
+			if !td.dry && len(td.refs) > 0 && !slices.ContainsFunc(td.refs, t.deps.Files.Holds) {
 				why = fmt.Sprintf("its requests still average %.0f KB, and every descriptor it trimmed is closed: the reader opens the file again, and each new descriptor reads around with the device's window", fs.MeanSize/1024)
 			}
 		}
@@ -233,11 +233,6 @@ func (t judgeCtx) judgeTrim(td *trimDec) {
 	t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindTrim, FromKB: td.from, ToKB: td.kb, Result: ResultKept,
 		Evidence: fmt.Sprintf("read-around trim: reads still random (sequential %.0f%%), %.0f KB per request, median %v -> %v",
 			100*fs.Sequentiality, fs.MeanSize/1024, td.beforeP.Round(10*time.Microsecond), fs.P50.Round(10*time.Microsecond))})
-}
-
-// trimmedClosed: every descriptor td trimmed is closed (or its process gone).
-func (t *Tuner) trimmedClosed(td *trimDec) bool {
-	return !td.dry && len(td.refs) > 0 && !slices.ContainsFunc(td.refs, t.deps.Files.Holds)
 }
 
 // endTrim gives the trimmed open files the device's window again.
@@ -326,7 +321,7 @@ func (t *Tuner) fastTrim(snap detector.Snapshot, span time.Duration) []Action {
 	}
 	j := t.on(snap, span, judgeStep)
 	for _, d := range sortedDevs(t.devs) {
-		if t.helping(d) && slices.ContainsFunc(snap.Devices, func(ds detector.DeviceStats) bool { return ds.Device == d.dev }) {
+		if _, seen := j.dstats[d.dev]; seen && t.helping(d) {
 			j.startTrims(d, false)
 		}
 	}
@@ -432,7 +427,7 @@ func (t *Tuner) keepRefs(td *trimDec, refs []actuate.FileRef) {
 	if len(td.refs) <= openedMaxRefs {
 		return
 	}
-	td.refs = slices.DeleteFunc(td.refs, t.closed)
+	td.refs = slices.DeleteFunc(td.refs, func(r actuate.FileRef) bool { return !t.deps.Files.Holds(r) })
 	if len(td.refs) > openedMaxRefs {
 		// Still open: the oldest are given back by their readers' close.
 		td.refs = td.refs[len(td.refs)-openedMaxRefs:]
@@ -441,6 +436,3 @@ func (t *Tuner) keepRefs(td *trimDec, refs []actuate.FileRef) {
 
 // trimScanEvery bounds how often one file's readers are searched for.
 const trimScanEvery = 30 * time.Second
-
-// closed reports whether ref is known closed (or its process gone).
-func (t *Tuner) closed(ref actuate.FileRef) bool { return !t.deps.Files.Holds(ref) }
