@@ -220,13 +220,8 @@ func (t *Tuner) noteFresh(k probe.FileKey, firstSeen, now time.Duration) {
 	if t.scope.Empty() || now-firstSeen > t.cfg.Settle {
 		return
 	}
-	if at, ok := t.fresh[k]; ok {
-		if firstSeen < at {
-			t.fresh[k] = firstSeen
-		}
-		return
-	}
-	if len(t.fresh) >= maxFresh {
+	// Kept: the earliest first read; a new file only within maxFresh.
+	if at, ok := t.fresh[k]; ok && at <= firstSeen || !ok && len(t.fresh) >= maxFresh {
 		return
 	}
 	t.fresh[k] = firstSeen
@@ -279,10 +274,7 @@ func (t *Tuner) fastOutcome(snap detector.Snapshot, span time.Duration) []Action
 	j := t.on(snap, span, judgeStep)
 	j.noteTails(snap.Files, now)
 	for _, f := range snap.Files {
-		if _, ok := t.fresh[f.Key]; !ok || t.ownWindow(f.Key) || t.trims[f.Key] != nil || t.mem.Checking(f.Key) {
-			continue
-		}
-		if f.Requests < freshMinRequests {
+		if _, ok := t.fresh[f.Key]; !ok || f.Requests < freshMinRequests || t.ownWindow(f.Key) || t.trims[f.Key] != nil || t.mem.Checking(f.Key) {
 			continue
 		}
 		ok, why := j.windowBound(f, snap.Now)
@@ -305,14 +297,7 @@ func (t *Tuner) fastOutcome(snap detector.Snapshot, span time.Duration) []Action
 			fd.lastNeeded = now
 		}
 		t.log.Debug("tuner: fresh stream bound by its window", "file", f.Key.String(), "span", span, "why", why, "reopened", !created)
-		n := len(t.out)
-		j.driveFile(fd, true)
-		if len(t.out) == n {
-			// Nothing done (no descriptor yet, budget spent): the Step decides.
-			if created && !fd.outOfScope {
-				delete(t.files, f.Key)
-			}
-		} else if fd.win.trial.to != 0 {
+		if j.firstStep(fd, created) && fd.win.trial.to != 0 {
 			t.count(EvFresh)
 		}
 	}

@@ -67,28 +67,28 @@ func New(cfg Config, deps Deps) (*Tuner, error) {
 		scopeOf:    map[probe.FileKey]scopeVerdict{},
 		capSeen:    map[probe.FileKey]time.Duration{},
 		lowering:   map[probe.FileKey]int{},
+		lower:      &actuate.Lowerer{Sysfs: deps.Sysfs, Files: deps.Files},
 	}
-	if deps.Store != nil {
-		t.priorsPath = deps.Store.PriorsPath()
-	}
-	t.lower = &actuate.Lowerer{Sysfs: deps.Sysfs, Files: deps.Files}
 	if !cfg.DryRun {
 		t.lower.States = deps.States
 	}
-	if deps.Store != nil && len(deps.Store.Entries()) > 0 {
-		t.log.Warn("tuner: originals of an earlier run were not restored (crash?); restoring them before anything else",
-			"file", deps.Store.Path(), "devices", len(deps.Store.Entries()))
-		if err := deps.Store.Restore(deps.Sysfs); err != nil {
-			return nil, fmt.Errorf("tuner: restore originals recorded in %s: %w", deps.Store.Path(), err)
+	if deps.Store != nil {
+		t.priorsPath = deps.Store.PriorsPath()
+		if len(deps.Store.Entries()) > 0 {
+			t.log.Warn("tuner: originals of an earlier run were not restored (crash?); restoring them before anything else",
+				"file", deps.Store.Path(), "devices", len(deps.Store.Entries()))
+			if err := deps.Store.Restore(deps.Sysfs); err != nil {
+				return nil, fmt.Errorf("tuner: restore originals recorded in %s: %w", deps.Store.Path(), err)
+			}
 		}
-	}
-	if deps.Store != nil && len(deps.Store.Pins()) > 0 {
-		// After the devices: a reset open file takes its device's window.
-		res, err := actuate.RestorePins(deps.Store, deps.Files, scope, cfg.Devices, t.pinsLowerer())
-		t.log.Warn("tuner: per-file windows of an earlier run were left (crash?); reset them to their devices' windows",
-			"file", deps.Store.PinsPath(), "reset", res.Reset, "not_confirmed", len(res.Unconfirmed), "readers_gone", res.Gone, "refused_out_of_scope", res.Refused, "err", err)
-		for _, u := range res.Unconfirmed {
-			t.log.Warn("tuner: open file not confirmed at its device's window; its record is kept", "file", u.String())
+		if len(deps.Store.Pins()) > 0 {
+			// After the devices: a reset open file takes its device's window.
+			res, err := actuate.RestorePins(deps.Store, deps.Files, scope, cfg.Devices, t.pinsLowerer())
+			t.log.Warn("tuner: per-file windows of an earlier run were left (crash?); reset them to their devices' windows",
+				"file", deps.Store.PinsPath(), "reset", res.Reset, "not_confirmed", len(res.Unconfirmed), "readers_gone", res.Gone, "refused_out_of_scope", res.Refused, "err", err)
+			for _, u := range res.Unconfirmed {
+				t.log.Warn("tuner: open file not confirmed at its device's window; its record is kept", "file", u.String())
+			}
 		}
 	}
 	t.loadPriors()
@@ -113,19 +113,16 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 		return
 	}
 	rs := t.readers[ev.File]
-	if rs == nil {
-		rs = map[uint32]*readerInfo{}
-		t.readers[ev.File] = rs
-	}
 	r := rs[ev.Tgid]
 	if r == nil {
 		if t.nReaders >= MaxReaders {
 			// Bounded against floods of short-lived readers.
 			t.count(EvReadersDropped)
-			if len(rs) == 0 {
-				delete(t.readers, ev.File)
-			}
 			return
+		}
+		if rs == nil {
+			rs = map[uint32]*readerInfo{}
+			t.readers[ev.File] = rs
 		}
 		// A stream's rate is measured from its first event's timestamp.
 		r = &readerInfo{firstSeen: evTime(ev, now)}
@@ -155,12 +152,12 @@ func (t *Tuner) ObserveReadahead(ev probe.ReadaheadEvent) {
 		}
 		return
 	}
-	if ev.Index == 0 && !ev.Async && !t.ownWindow(ev.File) {
-		// A head read on a file with no window of its own: a new stream
-		// (HDFS reopens per read), judged as fresh.
-		t.noteFresh(ev.File, now, now)
-	}
 	if ev.Index == 0 && !ev.Async {
+		if !t.ownWindow(ev.File) {
+			// A head read on a file with no window of its own: a new stream
+			// (HDFS reopens per read), judged as fresh.
+			t.noteFresh(ev.File, now, now)
+		}
 		t.atStep().catchUp(fd, now)
 	}
 	// Events queued before the last pin show the old window.
@@ -299,10 +296,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 		j.driveDevice(d, why, true)
 	}
 	for dev, d := range t.devs {
-		if !d.winActive {
-			continue
-		}
-		if _, ok := devWide[dev]; ok {
+		if _, wide := devWide[dev]; wide || !d.winActive {
 			continue
 		}
 		if d.win.trial.to != 0 {
@@ -384,9 +378,6 @@ func (t *Tuner) fastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 			randomNow[f.Device] = true
 		}
 	}
-	deferStep := func(fd *fileDec, dev probe.Dev) bool {
-		return j.deferBesideRandom(fd, dev, now, randomNow[dev])
-	}
 	start := func(key probe.FileKey, dev probe.Dev, kind detector.RegimeKind) {
 		if fd := t.files[key]; fd != nil {
 			if t.regimeTakesOver(fd) {
@@ -397,7 +388,7 @@ func (t *Tuner) fastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 					// one's. retryYoung or the next Step takes it.
 					return
 				}
-				if !deferStep(fd, dev) {
+				if !j.deferBesideRandom(fd, dev, now, randomNow[dev]) {
 					t.onRecent(j, key, recent, span).driveFile(fd, true)
 				}
 			}
@@ -408,7 +399,7 @@ func (t *Tuner) fastOn(snap, recent detector.Snapshot, span time.Duration) []Act
 			return
 		}
 		fd := t.newDec(key, d, false, now, kind)
-		if !deferStep(fd, dev) {
+		if !j.deferBesideRandom(fd, dev, now, randomNow[dev]) {
 			j.driveFile(fd, true)
 		}
 	}

@@ -2,6 +2,7 @@ package tuner
 
 import (
 	"errors"
+	"maps"
 	"slices"
 	"time"
 
@@ -48,11 +49,7 @@ func (t *Tuner) onsetStreams() ([]probe.FileKey, time.Duration) {
 		return nil, 0
 	}
 	t.onsetAt = now
-	for k, at := range t.onsetMild {
-		if now-at > t.cfg.Settle {
-			delete(t.onsetMild, k)
-		}
-	}
+	maps.DeleteFunc(t.onsetMild, func(_ probe.FileKey, at time.Duration) bool { return now-at > t.cfg.Settle })
 	var keys []probe.FileKey
 	for k, fs := range t.fstats {
 		if t.onsetCandidate(k, fs) {
@@ -92,16 +89,6 @@ func (t *Tuner) onsetCandidate(k probe.FileKey, fs detector.FileStats) bool {
 	return true
 }
 
-// readSince is when the stream began reading unbroken (open, first read
-// or last resumption).
-func (t *Tuner) readSince(k probe.FileKey) time.Duration {
-	since := max(t.fresh[k], t.firstRead(k))
-	for _, r := range t.readers[k] {
-		since = max(since, r.resumedAt)
-	}
-	return since
-}
-
 // abandonTrial ends unjudged a trial an onset fell in (its span mixes both
 // conditions); the kept value returns with no back-off or knee.
 func (t *Tuner) abandonTrial(fd *fileDec, l *ladder, now time.Duration) {
@@ -138,8 +125,13 @@ func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 			continue
 		}
 		stepRate := float64(last.Bytes) / t.cfg.Settle.Seconds()
-		if first := t.readSince(f.Key); first > t.snap.Now-t.cfg.Settle && last.BusyThroughput > 0 {
-			// Read for part of the interval: its busy rate.
+		// Read unbroken (since its open, first read or last resumption) for
+		// part of the interval: its busy rate.
+		since := max(t.fresh[f.Key], t.firstRead(f.Key))
+		for _, r := range t.readers[f.Key] {
+			since = max(since, r.resumedAt)
+		}
+		if since > t.snap.Now-t.cfg.Settle && last.BusyThroughput > 0 {
 			stepRate = last.BusyThroughput
 		}
 		slower := slowerNow(last, f)
@@ -155,21 +147,18 @@ func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 			slower = f.P50 > 0 && b.p50 > 0 && (f.P50 >= b.p50*3/2 || f.P99 >= time.Duration(tailStrongBase*float64(f.P50)))
 		}
 		rate := float64(f.Bytes) / span.Seconds()
-		if rate < onsetDrop*stepRate && slower {
-			delete(t.onsetMild, f.Key)
-			cands = append(cands, cand{f.Key, stepRate})
-			continue
-		}
-		if !(rate < onsetMildDrop*stepRate && refP50 > 0 && float64(f.P50) >= onsetMildSlower*float64(refP50)) {
-			delete(t.onsetMild, f.Key)
-			continue
-		}
-		if at, ok := t.onsetMild[f.Key]; !ok || now-at > 2*span {
-			t.onsetMild[f.Key] = now // the first check: the next one decides
-			continue
+		strong := rate < onsetDrop*stepRate && slower
+		mild := rate < onsetMildDrop*stepRate && refP50 > 0 && float64(f.P50) >= onsetMildSlower*float64(refP50)
+		if mild && !strong {
+			if at, ok := t.onsetMild[f.Key]; !ok || now-at > 2*span {
+				t.onsetMild[f.Key] = now // the first check: the next one decides
+				continue
+			}
 		}
 		delete(t.onsetMild, f.Key)
-		cands = append(cands, cand{f.Key, stepRate})
+		if strong || mild {
+			cands = append(cands, cand{f.Key, stepRate})
+		}
 	}
 	if len(cands) == 0 {
 		return t.out // the deferred steps'
@@ -217,23 +206,33 @@ func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 		}
 		// The interval before the slowdown is no reference for the step.
 		fd.win.forgetLast()
-		n := len(t.out)
-		j.driveFile(fd, true)
+		acted := j.firstStep(fd, created)
 		if winAbandoned && fd.win.trial.to == 0 {
 			if err := t.pinFile(fd, fd.win.cur, nil, true); err != nil && !errors.Is(err, errNoReaders) {
 				t.log.Warn("tuner: could not put back the window kept before a trial the stream slowed in",
 					"file", c.key.String(), "window_kb", fd.win.cur, "err", err)
 			}
 		}
-		if len(t.out) == n {
-			if created && !fd.outOfScope {
-				delete(t.files, c.key) // nothing done: the Step decides, as it would have
-			}
-		} else if fd.win.trial.to != 0 || fd.pf.trial.to != 0 {
+		if acted && (fd.win.trial.to != 0 || fd.pf.trial.to != 0) {
 			t.count(EvOnset)
 		}
 	}
 	return t.out
+}
+
+// firstStep drives fd's step between Steps and reports whether it acted. A
+// decision created for it that did nothing (no descriptor yet, budget
+// spent) is dropped: the Step decides, as it would have.
+func (t judgeCtx) firstStep(fd *fileDec, created bool) bool {
+	n := len(t.out)
+	t.driveFile(fd, true)
+	if len(t.out) > n {
+		return true
+	}
+	if created && !fd.outOfScope {
+		delete(t.files, fd.key)
+	}
+	return false
 }
 
 // retryYoung retakes first steps undone for being judged against a
@@ -266,9 +265,7 @@ func (t judgeCtx) retryYoung(now time.Duration) {
 		}
 		fd.win.retryNow(false)
 		fd.win.forgetLast()
-		n := len(t.out)
-		t.driveFile(fd, true)
-		if len(t.out) > n && fd.win.trial.to != 0 {
+		if t.firstStep(fd, false) && fd.win.trial.to != 0 {
 			t.count(EvYoungRetry)
 		}
 	}
@@ -289,9 +286,7 @@ func (t judgeCtx) stepDeferred(now time.Duration) {
 			continue // not read in the span: the next Step decides
 		}
 		t.refreshRandom(fd.dev)
-		n := len(t.out)
-		t.driveFile(fd, true)
-		if len(t.out) > n {
+		if t.firstStep(fd, false) {
 			t.count(EvDeferred)
 		}
 	}

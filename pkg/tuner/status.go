@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sort"
 	"strings"
 
@@ -136,16 +137,12 @@ func (t *Tuner) RestoreAll() error {
 		}
 	}
 	// Each file once, as last seen (RestorePins tries the undos' again).
-	last := map[actuate.FileRef]actuate.Unconfirmed{}
+	last := map[actuate.FileRef]string{}
 	for _, u := range t.left {
-		last[u.Ref] = u
+		last[u.Ref] = u.String()
 	}
 	if len(last) > 0 {
-		var ls []string
-		for _, u := range last {
-			ls = append(ls, u.String())
-		}
-		sort.Strings(ls)
+		ls := slices.Sorted(maps.Values(last))
 		errs = append(errs, fmt.Errorf("%d open file(s) not confirmed at their device's window (records kept for readaheadd restore): %s", len(ls), strings.Join(ls, "; ")))
 	}
 	return errors.Join(errs...)

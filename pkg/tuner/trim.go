@@ -33,22 +33,15 @@ func (t judgeCtx) trimAll() {
 		helped[d] = t.helping(d)
 	}
 	// Bounded memory: scan times and back-offs of files long gone.
-	for k, at := range t.trimScanAt {
-		if now-at >= trimScanEvery {
-			delete(t.trimScanAt, k)
-		}
-	}
-	for k, off := range t.trimOffs {
-		if now-off.until >= t.cfg.BackoffMax {
-			delete(t.trimOffs, k)
-		}
-	}
+	maps.DeleteFunc(t.trimScanAt, func(_ probe.FileKey, at time.Duration) bool { return now-at >= trimScanEvery })
+	maps.DeleteFunc(t.trimOffs, func(_ probe.FileKey, off *trimOff) bool { return now-off.until >= t.cfg.BackoffMax })
 	for _, k := range sortedKeys(t.trims) {
 		td := t.trims[k]
 		if helped[td.dev] {
 			td.lastNeed = now
 		}
-		pruneOpened(td, now)
+		// Forget processes the event path has not acted on lately.
+		maps.DeleteFunc(td.opened, func(_ uint32, m openedMark) bool { return now-max(m.at, m.until) >= trimScanEvery })
 		switch {
 		case t.files[k] != nil:
 			// A decision of the file's own sets its window now.
@@ -81,10 +74,8 @@ func (t judgeCtx) startTrims(d *devState, withStep bool) {
 	now := t.deps.Clock.Now()
 	for _, fs := range t.snap.Files {
 		k := fs.Key
-		if fs.Device != d.dev || t.files[k] != nil || t.trims[k] != nil {
-			continue
-		}
-		if !t.readRandomly(fs) || !readAroundSized(fs, t.cfg.TrimKB) || fs.P50 <= 0 {
+		if fs.Device != d.dev || t.files[k] != nil || t.trims[k] != nil ||
+			!t.readRandomly(fs) || !readAroundSized(fs, t.cfg.TrimKB) || fs.P50 <= 0 {
 			continue
 		}
 		if off := t.trimOffs[k]; off != nil && now < off.until {
@@ -104,10 +95,11 @@ func (t judgeCtx) startTrims(d *devState, withStep bool) {
 		td := &trimDec{key: k, dev: d, path: refs[0].Path, refs: refs, kb: t.cfg.TrimKB, from: d.cur, beforeP: fs.P50, lastNeed: now, opened: map[uint32]openedMark{}}
 		ev := fmt.Sprintf("read-around trim: random reads (sequential %.0f%%) averaging %.0f KB per request, median %v, while the device serves a raised window; the readers' open files get %d KB",
 			100*fs.Sequentiality, fs.MeanSize/1024, fs.P50.Round(10*time.Microsecond), t.cfg.TrimKB)
+		a := Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: td.path, Kind: KindTrim, FromKB: td.from, ToKB: td.kb, Result: ResultDryRun, Evidence: ev}
 		if t.cfg.DryRun {
 			td.dry = true
 			t.trims[k] = td
-			t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: td.path, Kind: KindTrim, FromKB: td.from, ToKB: td.kb, Result: ResultDryRun, Evidence: ev})
+			t.emit(a)
 			continue
 		}
 		n, err := t.lowerFiles(d, td.kb, refs, true)
@@ -123,8 +115,8 @@ func (t judgeCtx) startTrims(d *devState, withStep bool) {
 		t.trims[k] = td
 		d.trimAt = now
 		t.watchAround(td)
-		t.emit(Action{Time: now, Device: d.name, Dev: d.dev, File: k, Path: td.path, Kind: KindTrim, FromKB: td.from, ToKB: td.kb, Result: ResultTrial,
-			Evidence: fmt.Sprintf("%s (%d descriptors)", ev, n)})
+		a.Result, a.Evidence = ResultTrial, fmt.Sprintf("%s (%d descriptors)", ev, n)
+		t.emit(a)
 	}
 }
 
@@ -171,32 +163,37 @@ func (t *Tuner) scanDue(k probe.FileKey, now time.Duration) bool {
 // trimRefs finds the in-scope descriptors on file: those of readers seen
 // in readahead events, else every process's.
 func (t *Tuner) trimRefs(k probe.FileKey, d *devState) []actuate.FileRef {
-	var found []actuate.FileRef
 	if len(t.readers[k]) > 0 {
-		found = t.refs(&fileDec{key: k, dev: d}, nil)
-	} else {
-		if !t.takeScan() {
-			// Over the global budget of whole-system scans: try again later.
-			t.count(EvTrimScanDeferred)
-			delete(t.trimScanAt, k)
-			return nil
-		}
-		all, err := t.deps.Files.FindAll(k)
-		if err != nil {
-			t.log.Debug("tuner: cannot search for a file's readers", "file", k.String(), "err", err)
-			return nil
-		}
-		for _, r := range all {
-			real, err := t.scope.Check(r.Tgid, r.FD, r.Path, k)
-			if err != nil {
-				t.refused++
-				continue
-			}
-			r.Path = real
-			found = append(found, r)
-		}
+		return t.refs(&fileDec{key: k, dev: d}, nil)
 	}
-	return found
+	if !t.takeScan() {
+		// Over the global budget of whole-system scans: try again later.
+		t.count(EvTrimScanDeferred)
+		delete(t.trimScanAt, k)
+		return nil
+	}
+	all, err := t.deps.Files.FindAll(k)
+	if err != nil {
+		t.log.Debug("tuner: cannot search for a file's readers", "file", k.String(), "err", err)
+		return nil
+	}
+	return t.inScope(all, k)
+}
+
+// inScope keeps the descriptors on file k the allow-paths cover, each with
+// its resolved path; the others are counted as refused.
+func (t *Tuner) inScope(refs []actuate.FileRef, k probe.FileKey) []actuate.FileRef {
+	var in []actuate.FileRef
+	for _, r := range refs {
+		real, err := t.scope.Check(r.Tgid, r.FD, r.Path, k)
+		if err != nil {
+			t.refused++
+			continue
+		}
+		r.Path = real
+		in = append(in, r)
+	}
+	return in
 }
 
 // judgeTrim keeps a trim whose file's requests shrank and stay random, else undoes it.
@@ -217,7 +214,8 @@ func (t judgeCtx) judgeTrim(td *trimDec) {
 			// Buffered random reads of that size, never shaped by the window;
 			// or the trimmed descriptors are closed and the reader re-opens.
 			why = fmt.Sprintf("its requests still average %.0f KB: they are the reads it asks for, not read-around", fs.MeanSize/1024)
-			if t.trimmedClosed(td) {
+			// Every descriptor it trimmed is closed (or its process gone).
+			if !td.dry && len(td.refs) > 0 && !slices.ContainsFunc(td.refs, t.deps.Files.Holds) {
 				why = fmt.Sprintf("its requests still average %.0f KB, and every descriptor it trimmed is closed: the reader opens the file again, and each new descriptor reads around with the device's window", fs.MeanSize/1024)
 			}
 		}
@@ -239,31 +237,16 @@ func (t judgeCtx) judgeTrim(td *trimDec) {
 			100*fs.Sequentiality, fs.MeanSize/1024, td.beforeP.Round(10*time.Microsecond), fs.P50.Round(10*time.Microsecond))})
 }
 
-// trimmedClosed: every descriptor td trimmed is closed (or its process gone).
-func (t *Tuner) trimmedClosed(td *trimDec) bool {
-	if td.dry || len(td.refs) == 0 {
-		return false
-	}
-	for _, ref := range td.refs {
-		if !t.closed(ref) {
-			return false
-		}
-	}
-	return true
-}
-
 // endTrim gives the trimmed open files the device's window again.
 func (t *Tuner) endTrim(td *trimDec, why string) {
 	now := t.deps.Clock.Now()
 	delete(t.trims, td.key)
 	td.dev.trimAt = now
 	t.unwatchAround(td)
-	if td.dry {
-		t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindTrimUndo, FromKB: td.kb, ToKB: td.dev.cur, Result: ResultDryRun, Evidence: why})
-		return
-	}
 	res := ResultUndone
-	if _, err := t.raiseFiles(td.dev, td.dev.cur, td.refs, false); err != nil {
+	if td.dry {
+		res = ResultDryRun
+	} else if _, err := t.raiseFiles(td.dev, td.dev.cur, td.refs, false); err != nil {
 		if errors.Is(err, actuate.ErrProcessGone) || errors.Is(err, actuate.ErrFDGone) {
 			why += "; readers gone (their open files closed)"
 		} else {
@@ -340,7 +323,7 @@ func (t *Tuner) fastTrim(snap detector.Snapshot, span time.Duration) []Action {
 	}
 	j := t.on(snap, span, judgeStep)
 	for _, d := range sortedDevs(t.devs) {
-		if t.helping(d) && slices.ContainsFunc(snap.Devices, func(ds detector.DeviceStats) bool { return ds.Device == d.dev }) {
+		if _, seen := j.dstats[d.dev]; seen && t.helping(d) {
 			j.startTrims(d, false)
 		}
 	}
@@ -409,16 +392,7 @@ func (t *Tuner) trimOpened(ev probe.ReadaheadEvent, now time.Duration) {
 		t.fileFail++
 		t.log.Debug("tuner: cannot list the descriptors of a trimmed file's reader", "pid", ev.Tgid, "file", ev.File.String(), "err", err)
 	}
-	var refs []actuate.FileRef
-	for _, ref := range found {
-		real, err := t.scope.Check(ref.Tgid, ref.FD, ref.Path, ev.File)
-		if err != nil {
-			t.refused++
-			continue
-		}
-		ref.Path = real
-		refs = append(refs, ref)
-	}
+	refs := t.inScope(found, ev.File)
 	if len(refs) == 0 {
 		t.count(EvTrimOpenedMissed)
 		td.opened[ev.Tgid] = openedMark{at: m.at, until: now + openedQuiet}
@@ -448,44 +422,19 @@ func (t *Tuner) trimOpened(ev probe.ReadaheadEvent, now time.Duration) {
 // process and number, within openedMaxRefs.
 func (t *Tuner) keepRefs(td *trimDec, refs []actuate.FileRef) {
 	for _, r := range refs {
-		dup := false
-		for _, o := range td.refs {
-			if o.Tgid == r.Tgid && o.FD == r.FD {
-				dup = true
-				break
-			}
-		}
-		if !dup {
+		if !slices.ContainsFunc(td.refs, func(o actuate.FileRef) bool { return o.Tgid == r.Tgid && o.FD == r.FD }) {
 			td.refs = append(td.refs, r)
 		}
 	}
 	if len(td.refs) <= openedMaxRefs {
 		return
 	}
-	open := td.refs[:0]
-	for _, r := range td.refs {
-		if !t.closed(r) {
-			open = append(open, r)
-		}
-	}
-	td.refs = open
+	td.refs = slices.DeleteFunc(td.refs, func(r actuate.FileRef) bool { return !t.deps.Files.Holds(r) })
 	if len(td.refs) > openedMaxRefs {
 		// Still open: the oldest are given back by their readers' close.
 		td.refs = td.refs[len(td.refs)-openedMaxRefs:]
 	}
 }
 
-// pruneOpened forgets processes the event path has not acted on lately.
-func pruneOpened(td *trimDec, now time.Duration) {
-	for tgid, m := range td.opened {
-		if now-max(m.at, m.until) >= trimScanEvery {
-			delete(td.opened, tgid)
-		}
-	}
-}
-
 // trimScanEvery bounds how often one file's readers are searched for.
 const trimScanEvery = 30 * time.Second
-
-// closed reports whether ref is known closed (or its process gone).
-func (t *Tuner) closed(ref actuate.FileRef) bool { return !t.deps.Files.Holds(ref) }

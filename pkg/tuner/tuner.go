@@ -189,12 +189,11 @@ type Tuner struct {
 func (t *Tuner) logOnce(dev probe.Dev, topic, msg string, args ...any) {
 	k := dev.String() + "/" + topic
 	now := t.deps.Clock.Now()
-	if last, ok := t.logged[k]; ok && now-last <= 2*t.cfg.Grace {
-		t.logged[k] = now
-		return
-	}
+	last, seen := t.logged[k]
 	t.logged[k] = now
-	t.log.Info(msg, args...)
+	if !seen || now-last > 2*t.cfg.Grace {
+		t.log.Info(msg, args...)
+	}
 }
 
 // device returns the state of disk dev, nil if the tuner may not act on it.
@@ -269,10 +268,7 @@ func (t *Tuner) backoff(failures int) time.Duration {
 	for i := 1; i < failures && b < t.cfg.BackoffMax; i++ {
 		b *= 2
 	}
-	if b > t.cfg.BackoffMax {
-		b = t.cfg.BackoffMax
-	}
-	return b
+	return min(b, t.cfg.BackoffMax)
 }
 
 // view is what steps are judged on: a detector snapshot, its files and
@@ -339,19 +335,16 @@ type tailSeen struct {
 }
 
 type trimDec struct {
-	key     probe.FileKey
-	dev     *devState
-	path    string
-	refs    []actuate.FileRef
-	kb      int           // window pinned on refs
-	from    int           // the window they had (the device's at the time)
-	trialAt time.Duration // set while the trim is under trial
-	beforeP time.Duration // the file's median latency before
-	// beforeReq, beforeP95: its requests/s and p95 before the trim (random.go).
-	beforeReq float64
-	beforeP95 time.Duration
-	lastNeed  time.Duration
-	dry       bool
+	key      probe.FileKey
+	dev      *devState
+	path     string
+	refs     []actuate.FileRef
+	kb       int           // window pinned on refs
+	from     int           // the window they had (the device's at the time)
+	trialAt  time.Duration // set while the trim is under trial
+	beforeP  time.Duration // the file's median latency before
+	lastNeed time.Duration
+	dry      bool
 	// watched: the probe reports read-arounds of descriptors opened on the
 	// file since (trim.go); opened: what the event path did per process.
 	watched bool
