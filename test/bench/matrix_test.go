@@ -50,6 +50,11 @@ func TestMatrixVerdict(t *testing.T) {
 		assert.Equal(t, NotMet, v.Verdict, name)
 		assert.Len(t, v.Reasons, 1, "%s: %v", name, v.Reasons)
 	}
+	// A second the default's own runs reach is noise: 2.5x beside a
+	// default that reached 2.6x by itself is met; 2.7x is not.
+	noisy := append([]MatrixArm{arm(128, false, 60, rf(200, 10, 10, 26))}, base[1:]...)
+	assert.Equal(t, Met, Verdict(append(noisy, arm(128, true, 140, rf(200, 10, 9, 25)))).Verdict)
+	assert.Equal(t, NotMet, Verdict(append(noisy, arm(128, true, 140, rf(200, 10, 9, 27)))).Verdict)
 	amp := arm(128, true, 140, rf(200, 10))
 	amp.Amp = 1.2
 	assert.Equal(t, NotMet, Verdict(append(base, amp)).Verdict, "amplification 1.2x the default's")
