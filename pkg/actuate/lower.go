@@ -161,6 +161,9 @@ func (u Unconfirmed) String() string {
 // It returns the first error of each kind; failed files are not in Set.
 func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 	l.defaults()
+	if req.During == nil {
+		req.During = func(wait func()) { wait() }
+	}
 	var st LowerStats
 	var errs []error
 	kbPages := uint32(req.KB / pageKB)
@@ -260,11 +263,7 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 		}
 		pending = left
 		if len(pending) > 0 {
-			if req.During != nil {
-				req.During(func() { l.Sleep(l.Poll) })
-			} else {
-				l.Sleep(l.Poll)
-			}
+			req.During(func() { l.Sleep(l.Poll) })
 		}
 	}
 	return st, errors.Join(errs...)
@@ -296,9 +295,11 @@ func (l *Lowerer) own(fs []LowerFile) (map[int]RAState, bool) {
 		return nil, false
 	}
 	var fds []int
-	for _, f := range fs {
+	fdOf := map[int]int{} // index in fs: our descriptor
+	for i, f := range fs {
 		if h, ok := f.H.(fdHandle); ok {
 			fds = append(fds, h.FD())
+			fdOf[i] = h.FD()
 		}
 	}
 	byFD, err := l.States.Own(fds)
@@ -306,11 +307,9 @@ func (l *Lowerer) own(fs []LowerFile) (map[int]RAState, bool) {
 		return nil, false
 	}
 	out := map[int]RAState{}
-	for i, f := range fs {
-		if h, ok := f.H.(fdHandle); ok {
-			if s, ok := byFD[h.FD()]; ok {
-				out[i] = s
-			}
+	for i, fd := range fdOf {
+		if s, ok := byFD[fd]; ok {
+			out[i] = s
 		}
 	}
 	return out, true

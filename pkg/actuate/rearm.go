@@ -83,15 +83,13 @@ func (l *Lowerer) rearm(req LowerReq, idle []idleFile, st *LowerStats) error {
 		return errors.Join(errs...)
 	}
 	atEOF := map[int]bool{}
+	armedFiles := make([]LowerFile, len(arms))
 	for i, a := range arms {
 		n, err := a.pc.ReadPage(a.pos)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("pid %d fd %d: %w", a.f.Ref.Tgid, a.f.Ref.FD, err))
 		}
 		atEOF[i] = err == nil && n == 0
-	}
-	armedFiles := make([]LowerFile, len(arms))
-	for i, a := range arms {
 		armedFiles[i] = a.f
 	}
 	states, known := l.own(armedFiles)

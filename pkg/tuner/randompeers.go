@@ -3,6 +3,7 @@ package tuner
 // The random readers beside a stream and their reference service.
 
 import (
+	"maps"
 	"slices"
 	"time"
 
@@ -107,10 +108,8 @@ func readAroundSized(fs detector.FileStats, kb int) bool {
 	return fs.MeanSize >= float64(trimSizeFactor*kb*1024)
 }
 
-const (
-	// minBoundRequests: fewer requests in a window say too little.
-	minBoundRequests = 8
-)
+// minBoundRequests: fewer requests in a window say too little.
+const minBoundRequests = 8
 
 // serviceOf is a random reader's service in fs; ok with enough requests.
 func serviceOf(fs detector.FileStats) (randService, bool) {
@@ -160,11 +159,7 @@ func (t judgeCtx) observeRandom(now time.Duration) {
 		}
 		ref.seen = now
 	}
-	for k, ref := range t.randRefs {
-		if now-ref.seen >= t.cfg.BackoffMax {
-			delete(t.randRefs, k)
-		}
-	}
+	maps.DeleteFunc(t.randRefs, func(_ probe.FileKey, ref *randRef) bool { return now-ref.seen >= t.cfg.BackoffMax })
 }
 
 // untouchedEstimate is what a random reader first seen beside raised

@@ -266,10 +266,8 @@ func (t *Tuner) reprobeStart(fd *fileDec) bool {
 	// A kept prefetch is taken back too: held, it keeps the stream ahead of
 	// the device and the regime would never be seen to end.
 	if t.cfg.DryRun || l.trial.to != 0 || fd.pf.trial.to != 0 || (l.cur <= l.base && fd.pf.cur == 0) ||
-		slices.Contains(fd.regimes, detector.StarvedStream) { // starved: the window is visibly needed
-		return false
-	}
-	if !l.reprobeDue(now, t.cfg.ReprobeAfter) {
+		slices.Contains(fd.regimes, detector.StarvedStream) || // starved: the window is visibly needed
+		!l.reprobeDue(now, t.cfg.ReprobeAfter) {
 		return false
 	}
 	if err := t.pinFile(fd, l.base, nil, true); err != nil {
@@ -338,33 +336,29 @@ func (t *Tuner) reprobeJudge(fd *fileDec, needed bool, why string) {
 
 func (t *Tuner) undoFile(fd *fileDec, why string) {
 	now := t.deps.Clock.Now()
+	res := ResultUndone
+	if t.cfg.DryRun {
+		res = ResultDryRun
+	}
 	if p := fd.pf.inForce(); p > 0 {
-		res := ResultUndone
-		if t.cfg.DryRun {
-			res = ResultDryRun
-		}
 		t.emit(fd.action(now, KindPrefetchUndo, p, 0, res, why))
 	}
 	fd.pf = ladder{}
 	w := fd.win.inForce()
 	if t.cfg.DryRun {
 		if fd.win.dryAt != 0 {
-			t.emit(fd.action(now, KindFileWindowUndo, fd.win.dryAt, fd.win.base, ResultDryRun, why))
+			t.emit(fd.action(now, KindFileWindowUndo, fd.win.dryAt, fd.win.base, res, why))
 		}
 		return
 	}
 	if w <= fd.win.base {
 		return
 	}
-	res := ResultUndone
-	err := t.pinFile(fd, fd.win.base, nil, false)
-	if err != nil {
-		if errors.Is(err, errNoReaders) {
-			why += "; readers gone (their open files closed)"
-		} else {
-			res = ResultFailed
-			why += "; " + err.Error()
-		}
+	if err := t.pinFile(fd, fd.win.base, nil, false); errors.Is(err, errNoReaders) {
+		why += "; readers gone (their open files closed)"
+	} else if err != nil {
+		res = ResultFailed
+		why += "; " + err.Error()
 	}
 	t.emit(fd.action(now, KindFileWindowUndo, w, fd.win.base, res, why))
 }
@@ -392,7 +386,9 @@ func (t judgeCtx) keepsEarly(d *devState, l *ladder, m measure, now time.Duratio
 	if !m.ok || !b.ok || b.tput <= 0 || m.tput < (1+earlyKeepGain)*b.tput {
 		return false
 	}
-	if (m.rand.n > 0 || b.rand.n > 0) && !t.randomWithinEarly(d, m, now) {
+	// Beside random readers: each measured, their trims unchanged, within budget.
+	if (m.rand.n > 0 || b.rand.n > 0) && (d == nil || d.trimAt > now-t.span || m.rand.n == 0 ||
+		m.rand.n < len(t.randomsBeside(d.dev, probe.FileKey{})) || m.rand.mean > earlyRandMean || m.rand.tail >= randTailSevere) {
 		return false
 	}
 	bdev, bo := lossBase(b, m)
@@ -405,22 +401,11 @@ func (t judgeCtx) keepsEarly(d *devState, l *ladder, m measure, now time.Duratio
 	return true
 }
 
-// randomWithinEarly: the random readers beside a step allow keeping it early.
-func (t judgeCtx) randomWithinEarly(d *devState, m measure, now time.Duration) bool {
-	if d == nil || d.trimAt > now-t.span || m.rand.n == 0 || m.rand.n < len(t.randomsBeside(d.dev, probe.FileKey{})) {
-		return false
-	}
-	return m.rand.mean <= earlyRandMean && m.rand.tail < randTailSevere
-}
-
-// A knee is what the next step did not win when tried. A stream reading well
-// below its rate of then at the same window reads under other conditions (host
-// stalls, latency short of a regime): the held-back step may pay now.
-const (
-	// kneeStaleDrop: the share of its rate at the knee the stream must fall
-	// below (one interval of a steady stream varies less).
-	kneeStaleDrop = 0.85
-)
+// A knee is what the next step did not win when tried. A stream reading
+// below kneeStaleDrop of its rate then at the same window (one interval of a
+// steady stream varies less) reads under other conditions (host stalls,
+// latency short of a regime): the held-back step may pay now.
+const kneeStaleDrop = 0.85
 
 // kneeStale ends a file window's knee when the stream, at its window, reads
 // below kneeStaleDrop of its rate then; not a random readers' knee (that does
