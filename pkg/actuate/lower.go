@@ -41,10 +41,7 @@ type RAState struct {
 // passedWindow: the reader read beyond its latest window (or has none):
 // with ra_pages 0 it took a cache miss and no marker is left.
 func (s RAState) passedWindow() bool {
-	if s.Size == 0 {
-		return true
-	}
-	return s.PrevPos >= 0 && uint64(s.PrevPos)/probe.PageSize >= s.Start+uint64(s.Size)
+	return s.Size == 0 || s.PrevPos >= 0 && uint64(s.PrevPos)/probe.PageSize >= s.Start+uint64(s.Size)
 }
 
 // OpenFile is one descriptor any process holds, with its kernel state.
@@ -218,19 +215,16 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 			states, _ = l.own(fs)
 		}
 		for i, w := range pending {
-			if !known {
-				if now-start >= l.Hold {
-					done = append(done, w.f)
-					st.unconfirmed(w.f, RAState{}, "no kernel state to check the break against (iterator not loaded)")
-				} else {
-					left = append(left, w)
-				}
-				continue
-			}
 			s, ok := states[i]
 			// Still long enough, and not checked since: does it hold the file?
 			due := now-w.movedAt >= readerCheckAfter && now-w.checkedAt >= readerCheckAfter
 			switch {
+			// Without the kernel's state, a break of Hold.
+			case !known && now-start < l.Hold:
+				left = append(left, w)
+			case !known:
+				done = append(done, w.f)
+				st.unconfirmed(w.f, RAState{}, "no kernel state to check the break against (iterator not loaded)")
 			// Closed (gone from the iterator), or ra_pages reset by another.
 			case !ok || s.RAPages != 0 || s.passedWindow():
 				done = append(done, w.f)
@@ -251,14 +245,10 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 				left = append(left, w)
 			}
 		}
-		if len(done) > 0 {
+		if len(done) > 0 || len(idle) > 0 {
 			n, err := l.set(req, done, &st)
 			st.Set += n
-			errs = append(errs, err)
-			st.Hold = max(st.Hold, l.Now()-start)
-		}
-		if len(idle) > 0 {
-			errs = append(errs, l.rearm(req, idle, &st))
+			errs = append(errs, err, l.rearm(req, idle, &st))
 			st.Hold = max(st.Hold, l.Now()-start)
 		}
 		pending = left

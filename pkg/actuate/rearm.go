@@ -62,8 +62,7 @@ func (l *Lowerer) rearm(req LowerReq, idle []idleFile, st *LowerStats) error {
 		}
 		end := int64(f.s.Start+uint64(f.s.Size)) * pageBytes
 		before, _ := pc.CachedBytes(pos, end-pos)
-		from := pos
-		for _, from = range []int64{pos, pos &^ (folioBytes - 1)} {
+		for _, from := range []int64{pos, pos &^ (folioBytes - 1)} {
 			if err := f.f.H.Fadvise(from, end-from, AdviceDontNeed); err != nil {
 				errs = append(errs, fmt.Errorf("pid %d fd %d: drop the window ahead of an idle reader: %w", f.f.Ref.Tgid, f.f.Ref.FD, err))
 				break

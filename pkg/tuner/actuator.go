@@ -6,6 +6,7 @@ package tuner
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/readaheadd/readaheadd/pkg/actuate"
@@ -84,16 +85,12 @@ func (t *Tuner) repairDevices() {
 func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []actuate.FileRef {
 	now := t.deps.Clock.Now()
 	var out []actuate.FileRef
-	tg := make([]uint32, 0, len(t.readers[fd.key]))
-	for tgid, r := range t.readers[fd.key] {
+	readers := t.readers[fd.key]
+	for _, tgid := range slices.Sorted(maps.Keys(readers)) {
 		// Readers the tuner pinned stay reachable for the undo.
-		if (now-r.lastSeen > t.cfg.Grace && r.appliedKB == 0) || (tgids != nil && !tgids[tgid]) {
+		if r := readers[tgid]; (now-r.lastSeen > t.cfg.Grace && r.appliedKB == 0) || (tgids != nil && !tgids[tgid]) {
 			continue
 		}
-		tg = append(tg, tgid)
-	}
-	slices.Sort(tg)
-	for _, tgid := range tg {
 		found, err := t.deps.Files.Find(tgid, fd.key)
 		if err != nil {
 			t.fileFail++

@@ -193,11 +193,9 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 		fd.prior = nil
 		return
 	}
-	if !hadTrial || l.trial.to != 0 {
+	// A young step undone only to be measured whole: no verdict on the device yet.
+	if !hadTrial || l.trial.to != 0 || l.youngRetried() {
 		return
-	}
-	if l.youngRetried() {
-		return // undone only to be measured whole: no verdict on the device yet
 	}
 	if l.back.knee && fd.path != "" {
 		// A step above the window its directory's prior holds did not
@@ -290,10 +288,7 @@ func (t *Tuner) streamOn(snap detector.Snapshot, f detector.FileStats, dev probe
 // windowHint is the window (KB) whose bytes in flight hide the file's p95
 // at the device's capacity (Little's law), 0 when not measured.
 func (t judgeCtx) windowHint(k probe.FileKey) int {
-	fs, ok := t.fstats[k]
-	if !ok {
-		return 0
-	}
+	fs := t.fstats[k] // none: no latency
 	lat := cmp.Or(fs.P95, fs.P50)
 	if _, ok := t.dstats[fs.Device]; !ok || lat <= 0 {
 		return 0
@@ -414,10 +409,8 @@ func (t judgeCtx) needs(snap detector.Snapshot) (fileNeeds map[probe.FileKey][]d
 		active[f.Device]++
 	}
 	for dev, n := range perDev {
-		if n >= t.cfg.DeviceMinFiles && float64(n) >= t.cfg.DeviceFileFraction*float64(active[dev]) {
-			if _, ok := devWide[dev]; !ok {
-				devWide[dev] = fmt.Sprintf("%d of %d files read on the device need a larger window", n, active[dev])
-			}
+		if _, ok := devWide[dev]; !ok && n >= t.cfg.DeviceMinFiles && float64(n) >= t.cfg.DeviceFileFraction*float64(active[dev]) {
+			devWide[dev] = fmt.Sprintf("%d of %d files read on the device need a larger window", n, active[dev])
 		}
 	}
 	return fileNeeds, fileDev, devWide

@@ -126,10 +126,7 @@ func serviceOf(fs detector.FileStats) (randService, bool) {
 // untouched: nothing readaheadd does is in force on d, and nothing changed
 // there for a Settle (no request of the last measure predates a change).
 func (t *Tuner) untouched(d *devState) bool {
-	if d == nil {
-		return true
-	}
-	return !t.helping(d) && (d.movedAt == 0 || t.deps.Clock.Now()-d.movedAt >= t.cfg.Settle) && !t.trimmedOn(d)
+	return d == nil || !t.helping(d) && (d.movedAt == 0 || t.deps.Clock.Now()-d.movedAt >= t.cfg.Settle) && !t.trimmedOn(d)
 }
 
 // observeRandom learns the Step's random readers' references (t.mu held).

@@ -26,9 +26,7 @@ func (l *ladder) next(growth, max int) (int, bool) {
 	for (l.cur == l.base || l.rejump) && l.cur > 0 && n < l.hint && n < max {
 		n *= growth
 	}
-	if n > max {
-		n = max
-	}
+	n = min(n, max)
 	if l.limit.kb > 0 && l.cur > 0 {
 		// Beside random readers: a smaller step, within their budget.
 		n = min(n, int(float64(l.cur)*randGrowth), l.limit.kb) / randStepKB * randStepKB
@@ -416,14 +414,9 @@ func (t *Tuner) kneeStale(fd *fileDec, m measure) {
 	if !l.back.knee || l.back.kneeRandom || l.trial.to != 0 || l.reprobe.until != 0 || now >= l.back.retryAt {
 		return
 	}
-	if !m.ok || !l.back.kneeM.ok || l.back.kneeM.rate <= 0 || m.rate >= kneeStaleDrop*l.back.kneeM.rate {
-		return
-	}
-	// The measure must come from the knee's window alone.
-	if now-l.movedAt < t.cfg.Settle {
-		return
-	}
-	if l.back.staleAt != 0 && now-l.back.staleAt < t.backoff(l.back.staleN) {
+	// The measure must come from the knee's window alone; re-probes back off.
+	if !m.ok || !l.back.kneeM.ok || l.back.kneeM.rate <= 0 || m.rate >= kneeStaleDrop*l.back.kneeM.rate ||
+		now-l.movedAt < t.cfg.Settle || l.back.staleAt != 0 && now-l.back.staleAt < t.backoff(l.back.staleN) {
 		return
 	}
 	t.log.Debug("tuner: stream reads below its rate at the knee", "file", fd.key.String(), "window_kb", l.cur,
@@ -444,12 +437,10 @@ const slowedFrac = 0.8
 // bandwidth to spare. Never beside a random reader; losses are judged after.
 func (t judgeCtx) shiftKeep(file probe.FileKey, l *ladder, m measure) string {
 	fd := t.files[file]
-	if fd == nil || !m.ok || l.kind != KindFileWindow || t.randomReaderBeside(fd) {
-		// Beside a random reader every step pays in full: its faults wait behind
-		// the stream's queue, and a step across a trim change has no reference.
-		return ""
-	}
-	if l.trial.before.tput <= 0 || m.tput < l.trial.before.tput || m.p50 <= 0 {
+	// Beside a random reader every step pays in full: its faults wait behind
+	// the stream's queue, and a step across a trim change has no reference.
+	if fd == nil || !m.ok || l.kind != KindFileWindow || t.randomReaderBeside(fd) ||
+		l.trial.before.tput <= 0 || m.tput < l.trial.before.tput || m.p50 <= 0 {
 		return ""
 	}
 	var slowed string
