@@ -163,12 +163,10 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 	}
 	var st LowerStats
 	var errs []error
-	kbPages := uint32(req.KB / pageKB)
 	var brk, plain []LowerFile
-	states, known := l.own(req.Files)
+	states, known := l.own(req.Files) // nil when not known
 	for i, f := range req.Files {
-		s, ok := states[i]
-		if req.NoBreak || known && ok && s.Size <= kbPages {
+		if s, ok := states[i]; req.NoBreak || ok && s.Size <= uint32(req.KB/pageKB) {
 			plain = append(plain, f)
 			continue
 		}

@@ -193,7 +193,8 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 		fd.prior = nil
 		return
 	}
-	// A young step undone only to be measured whole: no verdict on the device yet.
+	// No step judged, or a young one undone only to be measured whole
+	// (youngRetried): no verdict on the device yet.
 	if !hadTrial || l.trial.to != 0 || l.youngRetried() {
 		return
 	}

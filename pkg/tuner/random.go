@@ -165,7 +165,6 @@ func (t judgeCtx) randomLimitKB(fd *fileDec) (int, string) {
 		if r.ref == nil {
 			return 0, fmt.Sprintf("the random reader %s beside it has no reference yet", r.key)
 		}
-
 		if !r.ok {
 			continue // too few requests now to measure; its reference stands for it
 		}
