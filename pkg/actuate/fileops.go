@@ -145,10 +145,7 @@ func (p *ProcFileOps) FindAll(file probe.FileKey) ([]FileRef, error) {
 		if err != nil || tgid == self {
 			continue
 		}
-		found, err := p.Find(uint32(tgid), file)
-		if err != nil {
-			continue // exited meanwhile, or a kernel thread
-		}
+		found, _ := p.Find(uint32(tgid), file) // none if exited meanwhile, or a kernel thread
 		refs = append(refs, found...)
 	}
 	return refs, nil

@@ -41,10 +41,7 @@ type RAState struct {
 // passedWindow: the reader read beyond its latest window (or has none):
 // with ra_pages 0 it took a cache miss and no marker is left.
 func (s RAState) passedWindow() bool {
-	if s.Size == 0 {
-		return true
-	}
-	return s.PrevPos >= 0 && uint64(s.PrevPos)/probe.PageSize >= s.Start+uint64(s.Size)
+	return s.Size == 0 || s.PrevPos >= 0 && uint64(s.PrevPos)/probe.PageSize >= s.Start+uint64(s.Size)
 }
 
 // OpenFile is one descriptor any process holds, with its kernel state.
@@ -161,14 +158,15 @@ func (u Unconfirmed) String() string {
 // It returns the first error of each kind; failed files are not in Set.
 func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 	l.defaults()
+	if req.During == nil {
+		req.During = func(wait func()) { wait() }
+	}
 	var st LowerStats
 	var errs []error
-	kbPages := uint32(req.KB / pageKB)
 	var brk, plain []LowerFile
-	states, known := l.own(req.Files)
+	states, known := l.own(req.Files) // nil when not known
 	for i, f := range req.Files {
-		s, ok := states[i]
-		if req.NoBreak || known && ok && s.Size <= kbPages {
+		if s, ok := states[i]; req.NoBreak || ok && s.Size <= uint32(req.KB/pageKB) {
 			plain = append(plain, f)
 			continue
 		}
@@ -215,19 +213,16 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 			states, _ = l.own(fs)
 		}
 		for i, w := range pending {
-			if !known {
-				if now-start >= l.Hold {
-					done = append(done, w.f)
-					st.unconfirmed(w.f, RAState{}, "no kernel state to check the break against (iterator not loaded)")
-				} else {
-					left = append(left, w)
-				}
-				continue
-			}
 			s, ok := states[i]
 			// Still long enough, and not checked since: does it hold the file?
 			due := now-w.movedAt >= readerCheckAfter && now-w.checkedAt >= readerCheckAfter
 			switch {
+			// Without the kernel's state, a break of Hold.
+			case !known && now-start < l.Hold:
+				left = append(left, w)
+			case !known:
+				done = append(done, w.f)
+				st.unconfirmed(w.f, RAState{}, "no kernel state to check the break against (iterator not loaded)")
 			// Closed (gone from the iterator), or ra_pages reset by another.
 			case !ok || s.RAPages != 0 || s.passedWindow():
 				done = append(done, w.f)
@@ -248,23 +243,15 @@ func (l *Lowerer) Lower(req LowerReq) (LowerStats, error) {
 				left = append(left, w)
 			}
 		}
-		if len(done) > 0 {
+		if len(done) > 0 || len(idle) > 0 {
 			n, err := l.set(req, done, &st)
 			st.Set += n
-			errs = append(errs, err)
-			st.Hold = max(st.Hold, l.Now()-start)
-		}
-		if len(idle) > 0 {
-			errs = append(errs, l.rearm(req, idle, &st))
+			errs = append(errs, err, l.rearm(req, idle, &st))
 			st.Hold = max(st.Hold, l.Now()-start)
 		}
 		pending = left
 		if len(pending) > 0 {
-			if req.During != nil {
-				req.During(func() { l.Sleep(l.Poll) })
-			} else {
-				l.Sleep(l.Poll)
-			}
+			req.During(func() { l.Sleep(l.Poll) })
 		}
 	}
 	return st, errors.Join(errs...)
@@ -296,9 +283,11 @@ func (l *Lowerer) own(fs []LowerFile) (map[int]RAState, bool) {
 		return nil, false
 	}
 	var fds []int
-	for _, f := range fs {
+	fdOf := map[int]int{} // index in fs: our descriptor
+	for i, f := range fs {
 		if h, ok := f.H.(fdHandle); ok {
 			fds = append(fds, h.FD())
+			fdOf[i] = h.FD()
 		}
 	}
 	byFD, err := l.States.Own(fds)
@@ -306,11 +295,9 @@ func (l *Lowerer) own(fs []LowerFile) (map[int]RAState, bool) {
 		return nil, false
 	}
 	out := map[int]RAState{}
-	for i, f := range fs {
-		if h, ok := f.H.(fdHandle); ok {
-			if s, ok := byFD[h.FD()]; ok {
-				out[i] = s
-			}
+	for i, fd := range fdOf {
+		if s, ok := byFD[fd]; ok {
+			out[i] = s
 		}
 	}
 	return out, true

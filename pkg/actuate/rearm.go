@@ -62,8 +62,7 @@ func (l *Lowerer) rearm(req LowerReq, idle []idleFile, st *LowerStats) error {
 		}
 		end := int64(f.s.Start+uint64(f.s.Size)) * pageBytes
 		before, _ := pc.CachedBytes(pos, end-pos)
-		from := pos
-		for _, from = range []int64{pos, pos &^ (folioBytes - 1)} {
+		for _, from := range []int64{pos, pos &^ (folioBytes - 1)} {
 			if err := f.f.H.Fadvise(from, end-from, AdviceDontNeed); err != nil {
 				errs = append(errs, fmt.Errorf("pid %d fd %d: drop the window ahead of an idle reader: %w", f.f.Ref.Tgid, f.f.Ref.FD, err))
 				break
@@ -83,15 +82,13 @@ func (l *Lowerer) rearm(req LowerReq, idle []idleFile, st *LowerStats) error {
 		return errors.Join(errs...)
 	}
 	atEOF := map[int]bool{}
+	armedFiles := make([]LowerFile, len(arms))
 	for i, a := range arms {
 		n, err := a.pc.ReadPage(a.pos)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("pid %d fd %d: %w", a.f.Ref.Tgid, a.f.Ref.FD, err))
 		}
 		atEOF[i] = err == nil && n == 0
-	}
-	armedFiles := make([]LowerFile, len(arms))
-	for i, a := range arms {
 		armedFiles[i] = a.f
 	}
 	states, known := l.own(armedFiles)

@@ -32,10 +32,6 @@ func RestorePins(st *state.Store, files FileOps, sc *scope.Scope, devices []stri
 	var res PinsRestored
 	var done []state.Pin
 	var errs []error
-	tuned := map[string]bool{}
-	for _, d := range devices {
-		tuned[d] = true
-	}
 	byDev := map[string][]LowerFile{}
 	pinOfFile := map[Handle]state.Pin{}
 	for _, p := range st.Pins() {
@@ -43,7 +39,7 @@ func RestorePins(st *state.Store, files FileOps, sc *scope.Scope, devices []stri
 		ref, err := pinRef(files, p, key)
 		var h Handle
 		if err == nil {
-			if _, serr := sc.Check(ref.Tgid, ref.FD, ref.Path, key); serr != nil || len(tuned) > 0 && !tuned[p.Device] {
+			if _, serr := sc.Check(ref.Tgid, ref.FD, ref.Path, key); serr != nil || len(devices) > 0 && !slices.Contains(devices, p.Device) {
 				res.Refused++
 				done = append(done, p)
 				continue

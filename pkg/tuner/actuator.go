@@ -6,6 +6,7 @@ package tuner
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/readaheadd/readaheadd/pkg/actuate"
@@ -25,16 +26,20 @@ func (t *Tuner) take(d *devState, n int) bool {
 
 // record makes sure the device's original is on disk before a write.
 func (t *Tuner) record(d *devState) error {
-	if t.deps.Store == nil {
-		return errors.New("no state store")
+	err := errors.New("no state store")
+	if t.deps.Store != nil {
+		err = t.deps.Store.Record(d.name, d.dev.String(), d.orig)
 	}
-	return t.deps.Store.Record(d.name, d.dev.String(), d.orig)
+	if err != nil {
+		return fmt.Errorf("record original of %s before writing it: %w", d.name, err)
+	}
+	return nil
 }
 
 // writeDevice sets read_ahead_kb, recording the original first.
 func (t *Tuner) writeDevice(d *devState, kb int) error {
 	if err := t.record(d); err != nil {
-		return fmt.Errorf("record original of %s before writing it: %w", d.name, err)
+		return err
 	}
 	return t.deps.Sysfs.SetReadAheadKB(d.name, kb)
 }
@@ -57,14 +62,9 @@ func (t *Tuner) setDevice(d *devState, kb int, limit bool) error {
 	return nil
 }
 
+// clamp bounds kb to MaxKB, never below the device's original.
 func (t *Tuner) clamp(d *devState, kb int) int {
-	if kb > t.cfg.MaxKB {
-		kb = t.cfg.MaxKB
-	}
-	if kb < d.orig {
-		kb = d.orig
-	}
-	return kb
+	return max(min(kb, t.cfg.MaxKB), d.orig)
 }
 
 // repairDevices retries a write back that failed after a raise.
@@ -85,16 +85,12 @@ func (t *Tuner) repairDevices() {
 func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []actuate.FileRef {
 	now := t.deps.Clock.Now()
 	var out []actuate.FileRef
-	tg := make([]uint32, 0, len(t.readers[fd.key]))
-	for tgid, r := range t.readers[fd.key] {
+	readers := t.readers[fd.key]
+	for _, tgid := range slices.Sorted(maps.Keys(readers)) {
 		// Readers the tuner pinned stay reachable for the undo.
-		if (now-r.lastSeen > t.cfg.Grace && r.appliedKB == 0) || (tgids != nil && !tgids[tgid]) {
+		if r := readers[tgid]; (now-r.lastSeen > t.cfg.Grace && r.appliedKB == 0) || (tgids != nil && !tgids[tgid]) {
 			continue
 		}
-		tg = append(tg, tgid)
-	}
-	slices.Sort(tg)
-	for _, tgid := range tg {
 		found, err := t.deps.Files.Find(tgid, fd.key)
 		if err != nil {
 			t.fileFail++
@@ -106,16 +102,15 @@ func (t *Tuner) refs(fd *fileDec, tgids map[uint32]bool) []actuate.FileRef {
 			if err != nil {
 				// An outcome-only stream is any sequential reader: out of
 				// scope is expected, not an error.
-				if onlyOutcome(fd.regimes) {
-					if !fd.outOfScope {
-						t.log.Debug("tuner: stream outside the allow-paths left alone", "pid", tgid, "fd", ref.FD, "path", ref.Path, "reason", err)
-					}
-				} else {
+				switch {
+				case !onlyOutcome(fd.regimes):
 					t.refused++
 					if !fd.scopeWarned {
 						t.log.Warn("tuner: file is outside the allow-paths; no per-file action", "pid", tgid, "fd", ref.FD, "path", ref.Path, "reason", err)
 						fd.scopeWarned = true
 					}
+				case !fd.outOfScope:
+					t.log.Debug("tuner: stream outside the allow-paths left alone", "pid", tgid, "fd", ref.FD, "path", ref.Path, "reason", err)
 				}
 				fd.outOfScope = true
 				fd.scopeAt = now
@@ -181,21 +176,8 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBr
 		fs = append(fs, actuate.LowerFile{Ref: r, H: h})
 	}
 	defer t.recordPins(&set, &clear)
-	defer func() {
-		for _, f := range fs {
-			f.H.Close()
-		}
-	}()
 	if len(fs) == 0 {
 		return 0, fmt.Errorf("take descriptors: %w", errors.Join(errs...))
-	}
-	d.movedAt = t.deps.Clock.Now()
-	noBreak = noBreak || t.lower.States == nil
-	// The device is written for a raise-pin-restore or a break.
-	if raise || t.lower.States != nil {
-		if err := t.record(d); err != nil {
-			return 0, fmt.Errorf("record original of %s before writing it: %w", d.name, err)
-		}
 	}
 	// A break waits with the lock released; the event path leaves the
 	// marked files alone.
@@ -204,11 +186,20 @@ func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBr
 	}
 	defer func() {
 		for _, f := range fs {
+			f.H.Close()
 			if t.lowering[f.Ref.Key]--; t.lowering[f.Ref.Key] <= 0 {
 				delete(t.lowering, f.Ref.Key)
 			}
 		}
 	}()
+	d.movedAt = t.deps.Clock.Now()
+	noBreak = noBreak || t.lower.States == nil
+	// The device is written for a raise-pin-restore or a break.
+	if raise || t.lower.States != nil {
+		if err := t.record(d); err != nil {
+			return 0, err
+		}
+	}
 	st, err := t.lower.Lower(actuate.LowerReq{Device: d.name, DeviceKB: d.cur, KB: kb, Files: fs, During: t.unlocked, NoBreak: noBreak})
 	if errors.Is(err, actuate.ErrDeviceNotBack) {
 		d.dirty = true
@@ -314,18 +305,12 @@ func (t *Tuner) prefetchAll() {
 		}
 		d := fd.dev
 		budget := d.prefetch.fill(now, t.cfg.PrefetchBytesPerSec, t.cfg.PrefetchBytesPerSec)
-		start := fs.NextOffset
-		if fd.pfEnd > start && fd.pfEnd < start+uint64(depth)*1024 {
+		// From where the last prefetch ended, if within depth ahead.
+		start, end := fs.NextOffset, fs.NextOffset+uint64(depth)*1024
+		if fd.pfEnd > start && fd.pfEnd < end {
 			start = fd.pfEnd
 		}
-		end := fs.NextOffset + uint64(depth)*1024
-		if end <= start {
-			continue
-		}
-		n := end - start
-		if float64(n) > budget {
-			n = uint64(budget)
-		}
+		n := min(end-start, uint64(budget))
 		if n < probe.PageSize {
 			continue
 		}

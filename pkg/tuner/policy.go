@@ -1,8 +1,10 @@
 package tuner
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -53,11 +55,7 @@ func (t judgeCtx) outcomeNeeds(snap detector.Snapshot, needs map[probe.FileKey][
 	if t.scope.Empty() {
 		return out
 	}
-	for k, at := range t.capSeen {
-		if snap.Now-at > capHold {
-			delete(t.capSeen, k)
-		}
-	}
+	maps.DeleteFunc(t.capSeen, func(_ probe.FileKey, at time.Duration) bool { return snap.Now-at > capHold })
 	for _, f := range snap.Files {
 		ok, why := t.windowBound(f, snap.Now)
 		if !ok || t.mem.Checking(f.Key) || t.trims[f.Key] != nil {
@@ -170,9 +168,7 @@ func (t judgeCtx) tailDue(d *devState, k probe.FileKey) bool {
 // backs the device off (every stream there would fail alike) and decays it.
 func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 	l := &fd.win
-	if l.cur > l.base {
-		t.learnFrom(fd)
-	}
+	t.learnFrom(fd)
 	now := t.deps.Clock.Now()
 	// A climb's step was judged once no step is under trial, or once the
 	// step under trial is the next one, taken from the climb's kept value.
@@ -189,20 +185,18 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 		if err := t.pinFile(fd, l.base, nil, true); err != nil && !errors.Is(err, errNoReaders) {
 			return // the prior's window stays; the Step judges it again
 		}
-		t.emit(Action{Time: now, Device: fd.dev.name, Dev: fd.dev.dev, File: fd.key, Path: fd.path, Kind: KindFileWindowUndo,
-			FromKB: l.cur, ToKB: l.base, Result: ResultUndone,
-			Evidence: fmt.Sprintf("prior: the stream read %.1f MB/s, no better than the prior's streams at the device's window (%.1f MB/s): the prior is halved", l.judged.tput/1e6, fd.prior.BaseBPS/1e6)})
+		t.emit(fd.action(now, KindFileWindowUndo, l.cur, l.base, ResultUndone,
+			fmt.Sprintf("prior: the stream read %.1f MB/s, no better than the prior's streams at the device's window (%.1f MB/s): the prior is halved", l.judged.tput/1e6, fd.prior.BaseBPS/1e6)))
 		l.backToBase(now)
 		t.mem.Decay(fd.prior, false)
 		t.mem.ForgetFile(fd.key)
 		fd.prior = nil
 		return
 	}
-	if !hadTrial || l.trial.to != 0 {
+	// No step judged, or a young one undone only to be measured whole
+	// (youngRetried): no verdict on the device yet.
+	if !hadTrial || l.trial.to != 0 || l.youngRetried() {
 		return
-	}
-	if l.youngRetried() {
-		return // undone only to be measured whole: no verdict on the device yet
 	}
 	if l.back.knee && fd.path != "" {
 		// A step above the window its directory's prior holds did not
@@ -275,11 +269,10 @@ func (t *Tuner) contentionAmongStreams(snap detector.Snapshot, dev probe.Dev) (s
 	var n int
 	var streamBytes float64
 	for _, f := range snap.Files {
-		if f.Device != dev || f.Sequentiality < t.cfg.MinSequentiality || snap.Now-f.LastSeen > t.cfg.Settle {
-			continue
+		if t.streamOn(snap, f, dev) {
+			n++
+			streamBytes += float64(f.Bytes)
 		}
-		n++
-		streamBytes += float64(f.Bytes)
 	}
 	if n < 2 || devBytes <= 0 {
 		return "", false
@@ -288,17 +281,16 @@ func (t *Tuner) contentionAmongStreams(snap detector.Snapshot, dev probe.Dev) (s
 	return fmt.Sprintf("%d sequential readers take %.0f%% of the device's bytes", n, 100*share), share >= streamShareMin
 }
 
+// streamOn: f is a sequential reader on dev, read within the last Settle.
+func (t *Tuner) streamOn(snap detector.Snapshot, f detector.FileStats, dev probe.Dev) bool {
+	return f.Device == dev && f.Sequentiality >= t.cfg.MinSequentiality && snap.Now-f.LastSeen <= t.cfg.Settle
+}
+
 // windowHint is the window (KB) whose bytes in flight hide the file's p95
 // at the device's capacity (Little's law), 0 when not measured.
 func (t judgeCtx) windowHint(k probe.FileKey) int {
-	fs, ok := t.fstats[k]
-	if !ok {
-		return 0
-	}
-	lat := fs.P95
-	if lat <= 0 {
-		lat = fs.P50
-	}
+	fs := t.fstats[k] // none: no latency
+	lat := cmp.Or(fs.P95, fs.P50)
 	if _, ok := t.dstats[fs.Device]; !ok || lat <= 0 {
 		return 0
 	}
@@ -312,12 +304,9 @@ func (t judgeCtx) windowHint(k probe.FileKey) int {
 // CapacityFrac of its capacity (0 otherwise): smaller steps would each cost
 // an interval to learn they are too small.
 func (t judgeCtx) tailHint(snap detector.Snapshot, dev probe.Dev) int {
-	tail := false
-	for _, r := range snap.Regimes {
-		if r.Kind == detector.TailInflation && r.Device == dev && r.File.IsZero() {
-			tail = true
-		}
-	}
+	tail := slices.ContainsFunc(snap.Regimes, func(r detector.Regime) bool {
+		return r.Kind == detector.TailInflation && r.Device == dev && r.File.IsZero()
+	})
 	ds, ok := t.dstats[dev]
 	capBPS, _ := t.capacity(dev)
 	if !tail || !ok || capBPS <= 0 || ds.P99 <= 0 {
@@ -331,7 +320,7 @@ func (t judgeCtx) tailHint(snap detector.Snapshot, dev probe.Dev) int {
 	return int(ds.P99.Seconds() * capBPS / 1024)
 }
 
-// learnFrom records a file window that paid in the memory.
+// learnFrom records a file window that paid (above its base) in the memory.
 func (t *Tuner) learnFrom(fd *fileDec) {
 	if fd.win.cur <= fd.win.base || fd.path == "" || fd.win.cur == fd.learnedKB {
 		return
@@ -368,14 +357,21 @@ func (t *Tuner) peerStepIn(files []detector.FileStats, f detector.FileStats, now
 // cannot have taken the share its rate lost.
 const peerShareMin = 0.25
 
-// Needs: regimes per file (a window of its own) and per device (device-wide).
-
 // needs returns the files needing a larger window and why, the device of
 // each, and the devices needing a device-wide window and why.
 func (t judgeCtx) needs(snap detector.Snapshot) (fileNeeds map[probe.FileKey][]detector.RegimeKind, fileDev map[probe.FileKey]probe.Dev, devWide map[probe.Dev]string) {
 	fileNeeds = map[probe.FileKey][]detector.RegimeKind{}
 	fileDev = map[probe.FileKey]probe.Dev{}
 	devWide = map[probe.Dev]string{}
+	// streamsNeed gives each stream on dev the need kind once.
+	streamsNeed := func(dev probe.Dev, kind detector.RegimeKind) {
+		for _, f := range snap.Files {
+			if t.streamOn(snap, f, dev) && !slices.Contains(fileNeeds[f.Key], kind) {
+				fileNeeds[f.Key] = append(fileNeeds[f.Key], kind)
+				fileDev[f.Key] = dev
+			}
+		}
+	}
 	for _, r := range snap.Regimes {
 		switch {
 		case !r.File.IsZero() && (r.Kind == detector.FileLatencyShift || r.Kind == detector.StarvedStream || r.Kind == detector.ExtentStart):
@@ -386,13 +382,7 @@ func (t judgeCtx) needs(snap detector.Snapshot) (fileNeeds map[probe.FileKey][]d
 			if _, ok := t.randomOnDevice(r.Device); ok && !t.scope.Empty() {
 				// No device-wide window beside a random reader: the device's
 				// streams get windows of their own, within its budget.
-				for _, f := range snap.Files {
-					if f.Device == r.Device && f.Sequentiality >= t.cfg.MinSequentiality && snap.Now-f.LastSeen <= t.cfg.Settle &&
-						!slices.Contains(fileNeeds[f.Key], detector.TailInflation) {
-						fileNeeds[f.Key] = append(fileNeeds[f.Key], detector.TailInflation)
-						fileDev[f.Key] = r.Device
-					}
-				}
+				streamsNeed(r.Device, detector.TailInflation)
 			}
 		}
 	}
@@ -413,25 +403,15 @@ func (t judgeCtx) needs(snap detector.Snapshot) (fileNeeds map[probe.FileKey][]d
 				"device", r.Device.String(), "why", why)
 			continue
 		}
-		for _, f := range snap.Files {
-			if f.Device != r.Device || f.Sequentiality < t.cfg.MinSequentiality || snap.Now-f.LastSeen > t.cfg.Settle {
-				continue
-			}
-			if !slices.Contains(fileNeeds[f.Key], detector.Contention) {
-				fileNeeds[f.Key] = append(fileNeeds[f.Key], detector.Contention)
-				fileDev[f.Key] = r.Device
-			}
-		}
+		streamsNeed(r.Device, detector.Contention)
 	}
 	active := map[probe.Dev]int{}
 	for _, f := range snap.Files {
 		active[f.Device]++
 	}
 	for dev, n := range perDev {
-		if n >= t.cfg.DeviceMinFiles && float64(n) >= t.cfg.DeviceFileFraction*float64(active[dev]) {
-			if _, ok := devWide[dev]; !ok {
-				devWide[dev] = fmt.Sprintf("%d of %d files read on the device need a larger window", n, active[dev])
-			}
+		if _, ok := devWide[dev]; !ok && n >= t.cfg.DeviceMinFiles && float64(n) >= t.cfg.DeviceFileFraction*float64(active[dev]) {
+			devWide[dev] = fmt.Sprintf("%d of %d files read on the device need a larger window", n, active[dev])
 		}
 	}
 	return fileNeeds, fileDev, devWide

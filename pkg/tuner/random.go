@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"time"
 
 	"github.com/readaheadd/readaheadd/pkg/probe"
@@ -120,13 +121,19 @@ func (t judgeCtx) randomCost(dev probe.Dev, except probe.FileKey) randCost {
 // with the device's window, its trim not backed off), else the goal's own
 // 5%. An estimated reference already errs on the reader's side: no margin.
 func (t *Tuner) meanBudget(r randObs) float64 {
-	if t.trims[r.key] != nil || !t.cfg.DisableTrim && t.trimOffs[r.key] == nil && readAroundSized(r.fs, t.cfg.TrimKB) {
+	if t.trims[r.key] != nil || t.trimMayCome(r) {
 		if r.ref != nil && !r.ref.clean {
 			return randMeanBudgetEstimated
 		}
 		return randMeanBudget
 	}
 	return randMeanBudgetUntrimmed
+}
+
+// trimMayCome: r reads around untrimmed, and a trim could reach it (none
+// in force or backed off, trims enabled).
+func (t *Tuner) trimMayCome(r randObs) bool {
+	return !t.cfg.DisableTrim && t.trims[r.key] == nil && t.trimOffs[r.key] == nil && readAroundSized(r.fs, t.cfg.TrimKB)
 }
 
 // randomLimitKB is the largest window fd's stream may try given the random
@@ -158,7 +165,6 @@ func (t judgeCtx) randomLimitKB(fd *fileDec) (int, string) {
 		if r.ref == nil {
 			return 0, fmt.Sprintf("the random reader %s beside it has no reference yet", r.key)
 		}
-
 		if !r.ok {
 			continue // too few requests now to measure; its reference stands for it
 		}
@@ -174,7 +180,7 @@ func (t judgeCtx) randomLimitKB(fd *fileDec) (int, string) {
 		cur := r.svc.mean
 		trimmed = trimmed || t.trims[r.key] != nil
 		spared := 0.0 // bytes per request its coming trim spares it
-		if t.trims[r.key] == nil && !t.cfg.DisableTrim && readAroundSized(r.fs, t.cfg.TrimKB) && t.trimOffs[r.key] == nil {
+		if t.trimMayCome(r) {
 			// Its trim comes with the step: each request reads TrimKB.
 			spared = max(0, r.svc.size-float64(t.cfg.TrimKB*1024))
 			less := time.Duration(spared * randSlack / capBPS * float64(time.Second))
@@ -241,14 +247,13 @@ func (t *Tuner) learnRandomSlope(d *devState, l *ladder, m measure) {
 		return
 	}
 	slope := max(0, (m.rand.max-b.rand.max).Seconds()) / float64((l.trial.to-l.trial.from)*1024)
-	if d.randSlope == 0 {
-		d.randSlope = slope
-	} else {
-		d.randSlope = (d.randSlope + slope) / 2
+	if d.randSlope > 0 {
+		slope = (d.randSlope + slope) / 2
 	}
-	if d.randSlope == 0 {
-		d.randSlope = 1e-18 // learned: nothing
+	if slope == 0 {
+		slope = 1e-18 // learned: nothing
 	}
+	d.randSlope = slope
 }
 
 // deferBesideRandom puts off by a quarter interval the first step of a
@@ -314,13 +319,5 @@ func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 // untrimmedBeside: a random reader beside except on dev still reads around
 // with the device's window though a trim could reach it.
 func (t judgeCtx) untrimmedBeside(dev probe.Dev, except probe.FileKey) bool {
-	if t.cfg.DisableTrim {
-		return false
-	}
-	for _, r := range t.randomsBeside(dev, except) {
-		if t.trims[r.key] == nil && t.trimOffs[r.key] == nil && readAroundSized(r.fs, t.cfg.TrimKB) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(t.randomsBeside(dev, except), t.trimMayCome)
 }

@@ -3,6 +3,7 @@ package tuner
 // The random readers beside a stream and their reference service.
 
 import (
+	"maps"
 	"slices"
 	"time"
 
@@ -107,10 +108,8 @@ func readAroundSized(fs detector.FileStats, kb int) bool {
 	return fs.MeanSize >= float64(trimSizeFactor*kb*1024)
 }
 
-const (
-	// minBoundRequests: fewer requests in a window say too little.
-	minBoundRequests = 8
-)
+// minBoundRequests: fewer requests in a window say too little.
+const minBoundRequests = 8
 
 // serviceOf is a random reader's service in fs; ok with enough requests.
 func serviceOf(fs detector.FileStats) (randService, bool) {
@@ -127,10 +126,7 @@ func serviceOf(fs detector.FileStats) (randService, bool) {
 // untouched: nothing readaheadd does is in force on d, and nothing changed
 // there for a Settle (no request of the last measure predates a change).
 func (t *Tuner) untouched(d *devState) bool {
-	if d == nil {
-		return true
-	}
-	return !t.helping(d) && (d.movedAt == 0 || t.deps.Clock.Now()-d.movedAt >= t.cfg.Settle) && !t.trimmedOn(d)
+	return d == nil || !t.helping(d) && (d.movedAt == 0 || t.deps.Clock.Now()-d.movedAt >= t.cfg.Settle) && !t.trimmedOn(d)
 }
 
 // observeRandom learns the Step's random readers' references (t.mu held).
@@ -160,11 +156,7 @@ func (t judgeCtx) observeRandom(now time.Duration) {
 		}
 		ref.seen = now
 	}
-	for k, ref := range t.randRefs {
-		if now-ref.seen >= t.cfg.BackoffMax {
-			delete(t.randRefs, k)
-		}
-	}
+	maps.DeleteFunc(t.randRefs, func(_ probe.FileKey, ref *randRef) bool { return now-ref.seen >= t.cfg.BackoffMax })
 }
 
 // untouchedEstimate is what a random reader first seen beside raised

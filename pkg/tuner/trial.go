@@ -26,9 +26,7 @@ func (l *ladder) next(growth, max int) (int, bool) {
 	for (l.cur == l.base || l.rejump) && l.cur > 0 && n < l.hint && n < max {
 		n *= growth
 	}
-	if n > max {
-		n = max
-	}
+	n = min(n, max)
 	if l.limit.kb > 0 && l.cur > 0 {
 		// Beside random readers: a smaller step, within their budget.
 		n = min(n, int(float64(l.cur)*randGrowth), l.limit.kb) / randStepKB * randStepKB
@@ -267,10 +265,8 @@ func (t *Tuner) reprobeStart(fd *fileDec) bool {
 	// A kept prefetch is taken back too: held, it keeps the stream ahead of
 	// the device and the regime would never be seen to end.
 	if t.cfg.DryRun || l.trial.to != 0 || fd.pf.trial.to != 0 || (l.cur <= l.base && fd.pf.cur == 0) ||
-		slices.Contains(fd.regimes, detector.StarvedStream) { // starved: the window is visibly needed
-		return false
-	}
-	if !l.reprobeDue(now, t.cfg.ReprobeAfter) {
+		slices.Contains(fd.regimes, detector.StarvedStream) || // starved: the window is visibly needed
+		!l.reprobeDue(now, t.cfg.ReprobeAfter) {
 		return false
 	}
 	if err := t.pinFile(fd, l.base, nil, true); err != nil {
@@ -339,33 +335,29 @@ func (t *Tuner) reprobeJudge(fd *fileDec, needed bool, why string) {
 
 func (t *Tuner) undoFile(fd *fileDec, why string) {
 	now := t.deps.Clock.Now()
+	res := ResultUndone
+	if t.cfg.DryRun {
+		res = ResultDryRun
+	}
 	if p := fd.pf.inForce(); p > 0 {
-		res := ResultUndone
-		if t.cfg.DryRun {
-			res = ResultDryRun
-		}
 		t.emit(fd.action(now, KindPrefetchUndo, p, 0, res, why))
 	}
 	fd.pf = ladder{}
 	w := fd.win.inForce()
 	if t.cfg.DryRun {
 		if fd.win.dryAt != 0 {
-			t.emit(fd.action(now, KindFileWindowUndo, fd.win.dryAt, fd.win.base, ResultDryRun, why))
+			t.emit(fd.action(now, KindFileWindowUndo, fd.win.dryAt, fd.win.base, res, why))
 		}
 		return
 	}
 	if w <= fd.win.base {
 		return
 	}
-	res := ResultUndone
-	err := t.pinFile(fd, fd.win.base, nil, false)
-	if err != nil {
-		if errors.Is(err, errNoReaders) {
-			why += "; readers gone (their open files closed)"
-		} else {
-			res = ResultFailed
-			why += "; " + err.Error()
-		}
+	if err := t.pinFile(fd, fd.win.base, nil, false); errors.Is(err, errNoReaders) {
+		why += "; readers gone (their open files closed)"
+	} else if err != nil {
+		res = ResultFailed
+		why += "; " + err.Error()
 	}
 	t.emit(fd.action(now, KindFileWindowUndo, w, fd.win.base, res, why))
 }
@@ -393,7 +385,9 @@ func (t judgeCtx) keepsEarly(d *devState, l *ladder, m measure, now time.Duratio
 	if !m.ok || !b.ok || b.tput <= 0 || m.tput < (1+earlyKeepGain)*b.tput {
 		return false
 	}
-	if (m.rand.n > 0 || b.rand.n > 0) && !t.randomWithinEarly(d, m, now) {
+	// Beside random readers: each measured, their trims unchanged, within budget.
+	if (m.rand.n > 0 || b.rand.n > 0) && (d == nil || d.trimAt > now-t.span || m.rand.n == 0 ||
+		m.rand.n < len(t.randomsBeside(d.dev, probe.FileKey{})) || !(m.rand.mean <= earlyRandMean && m.rand.tail < randTailSevere)) {
 		return false
 	}
 	bdev, bo := lossBase(b, m)
@@ -406,22 +400,11 @@ func (t judgeCtx) keepsEarly(d *devState, l *ladder, m measure, now time.Duratio
 	return true
 }
 
-// randomWithinEarly: the random readers beside a step allow keeping it early.
-func (t judgeCtx) randomWithinEarly(d *devState, m measure, now time.Duration) bool {
-	if d == nil || d.trimAt > now-t.span || m.rand.n == 0 || m.rand.n < len(t.randomsBeside(d.dev, probe.FileKey{})) {
-		return false
-	}
-	return m.rand.mean <= earlyRandMean && m.rand.tail < randTailSevere
-}
-
-// A knee is what the next step did not win when tried. A stream reading well
-// below its rate of then at the same window reads under other conditions (host
-// stalls, latency short of a regime): the held-back step may pay now.
-const (
-	// kneeStaleDrop: the share of its rate at the knee the stream must fall
-	// below (one interval of a steady stream varies less).
-	kneeStaleDrop = 0.85
-)
+// A knee is what the next step did not win when tried. A stream reading
+// below kneeStaleDrop of its rate then at the same window (one interval of a
+// steady stream varies less) reads under other conditions (host stalls,
+// latency short of a regime): the held-back step may pay now.
+const kneeStaleDrop = 0.85
 
 // kneeStale ends a file window's knee when the stream, at its window, reads
 // below kneeStaleDrop of its rate then; not a random readers' knee (that does
@@ -432,14 +415,9 @@ func (t *Tuner) kneeStale(fd *fileDec, m measure) {
 	if !l.back.knee || l.back.kneeRandom || l.trial.to != 0 || l.reprobe.until != 0 || now >= l.back.retryAt {
 		return
 	}
-	if !m.ok || !l.back.kneeM.ok || l.back.kneeM.rate <= 0 || m.rate >= kneeStaleDrop*l.back.kneeM.rate {
-		return
-	}
-	// The measure must come from the knee's window alone.
-	if now-l.movedAt < t.cfg.Settle {
-		return
-	}
-	if l.back.staleAt != 0 && now-l.back.staleAt < t.backoff(l.back.staleN) {
+	// The measure must come from the knee's window alone; re-probes back off.
+	if !m.ok || !l.back.kneeM.ok || l.back.kneeM.rate <= 0 || m.rate >= kneeStaleDrop*l.back.kneeM.rate ||
+		now-l.movedAt < t.cfg.Settle || l.back.staleAt != 0 && now-l.back.staleAt < t.backoff(l.back.staleN) {
 		return
 	}
 	t.log.Debug("tuner: stream reads below its rate at the knee", "file", fd.key.String(), "window_kb", l.cur,
@@ -460,12 +438,10 @@ const slowedFrac = 0.8
 // bandwidth to spare. Never beside a random reader; losses are judged after.
 func (t judgeCtx) shiftKeep(file probe.FileKey, l *ladder, m measure) string {
 	fd := t.files[file]
-	if fd == nil || !m.ok || l.kind != KindFileWindow || t.randomReaderBeside(fd) {
-		// Beside a random reader every step pays in full: its faults wait behind
-		// the stream's queue, and a step across a trim change has no reference.
-		return ""
-	}
-	if l.trial.before.tput <= 0 || m.tput < l.trial.before.tput || m.p50 <= 0 {
+	// Beside a random reader every step pays in full: its faults wait behind
+	// the stream's queue, and a step across a trim change has no reference.
+	if fd == nil || !m.ok || l.kind != KindFileWindow || t.randomReaderBeside(fd) ||
+		l.trial.before.tput <= 0 || m.tput < l.trial.before.tput || m.p50 <= 0 {
 		return ""
 	}
 	var slowed string
