@@ -32,7 +32,9 @@ type facts struct {
 	// lossDev, lossOthers: the device's total and its protected readers'
 	// share before the step, of the readers still reading (lossBase).
 	lossDev, lossOthers float64
-	// capBPS: the device's known capacity (0: unknown); capFrac: the share
+	// capBPS: the device's capacity, the detector's peak if nothing else
+	// knows it (0: none; a slow device's peak is safe here, its good steps
+	// raise its busy rate); capFrac: the share
 	// of it at which the device reads at its capacity (Config.CapacityFrac).
 	capBPS, capFrac float64
 	randLater       bool // the verdict was put off once on the random readers (ladder.trial.randLater)
@@ -85,8 +87,8 @@ const (
 	rYoungRetry
 	rNotPaid
 	rDeviceFell
-	rDeviceAtCapacity
 	rOthersLost
+	rDeviceAtCapacity
 	rRandomLater
 	rRandomOver
 	rKept
@@ -147,18 +149,6 @@ var verdictRules = [numReasons]verdictRule{
 		}, func(e *facts) string {
 			return fmt.Sprintf("the device's total fell %.1f -> %.1f MB/s: its other readers lost more", e.lossDev/1e6, e.m.dev/1e6)
 		}},
-	// By Little's law a window bound stream reads its share of a device at
-	// capacity: more bytes in flight add latency for every reader and no
-	// bytes, so a gain with the device's busy rate flat is another reader's
-	// loss, whatever regime asked (three streams at 40 MB/s each kept 8x
-	// steps that summed to 61 MB/s). Not a waived step: it cost nothing.
-	{rDeviceAtCapacity, "device_at_capacity", "a file step on a device reading at its known capacity (CapacityFrac) before it, under which the device's busy rate did not rise by the margin: undone, its gain was other readers' share", outUndo, evNone,
-		func(e *facts) bool {
-			return e.kind != KindDeviceWindow && !e.marginWaived() && e.capBPS > 0 && e.before.devBusy >= e.capFrac*e.capBPS &&
-				e.m.devBusy < (1+e.ordinary)*e.before.devBusy
-		}, func(e *facts) string {
-			return fmt.Sprintf("the device read at its capacity (%.1f of %.1f MB/s) and its busy rate did not rise (%.1f MB/s)", e.before.devBusy/1e6, e.capBPS/1e6, e.m.devBusy/1e6)
-		}},
 	// A step no regime asked for must not be paid for by the device's other
 	// streams: unless the device's busy rate rose by the margin, their loss
 	// is the stream's gain (zero-sum on a device at its capacity). The busy
@@ -172,6 +162,20 @@ var verdictRules = [numReasons]verdictRule{
 				!(e.before.devBusy > 0 && e.m.devBusy >= (1+e.ordinary)*e.before.devBusy)
 		}, func(e *facts) string {
 			return fmt.Sprintf("the device's other readers lost %.1f -> %.1f MB/s", e.lossOthers/1e6, e.m.others/1e6)
+		}},
+	// By Little's law a window bound stream reads its share of a device at
+	// capacity: more bytes in flight add latency for every reader and no
+	// bytes, so a gain with the device's busy rate flat is another reader's
+	// loss, whatever regime asked (three streams at 40 MB/s each kept 8x
+	// steps that summed to 61 MB/s). Only with protected readers beside it
+	// (othersMin): contenders' share is what a window rightly wins. Not a
+	// step short of its margin that a waiver let past: it cost nothing.
+	{rDeviceAtCapacity, "device_at_capacity", "a file step on a device reading at its capacity (CapacityFrac; its peak if not known yet) before it, under which the device's busy rate did not rise by the margin, protected readers beside it (othersMin): undone, its gain was their share", outUndo, evNone,
+		func(e *facts) bool {
+			return e.kind != KindDeviceWindow && !e.shortOfMargin() && e.capBPS > 0 && e.before.devBusy >= e.capFrac*e.capBPS &&
+				e.m.devBusy < (1+e.ordinary)*e.before.devBusy && e.lossDev > 0 && e.lossOthers > othersMin*e.lossDev
+		}, func(e *facts) string {
+			return fmt.Sprintf("the device read at its capacity (%.1f of %.1f MB/s) and its busy rate did not rise (%.1f MB/s)", e.before.devBusy/1e6, e.capBPS/1e6, e.m.devBusy/1e6)
 		}},
 	// Their p99 alone in one interval strays 20-30% with no step (and a trim
 	// within the span mixes two request sizes); nor is their mean over its

@@ -60,15 +60,22 @@ func TestJudgeTrialRuleByRule(t *testing.T) {
 		{"the device's total fell, tail kept", func(e *facts) { e.gain, e.tail, e.m.dev = short, "tail", 150e6 }, rDeviceFell, rTailKept,
 			"the device's total fell 200.0 -> 150.0 MB/s: its other readers lost more"},
 		{"the device's total fell, device window", func(e *facts) { e.kind, e.m.dev = KindDeviceWindow, 150e6 }, rKept, numReasons, ""},
-		{"the device at its capacity, its busy rate flat", func(e *facts) { e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = 150e6, 0.9, 145e6, 146e6 }, rDeviceAtCapacity, numReasons,
+		{"the device at its capacity, its busy rate flat", func(e *facts) {
+			e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = 100e6, 150e6, 0.9, 145e6, 146e6
+		}, rDeviceAtCapacity, numReasons,
 			"the device read at its capacity (145.0 of 150.0 MB/s) and its busy rate did not rise (146.0 MB/s)"},
-		{"the device at its capacity, its busy rate up by the margin", func(e *facts) { e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = 150e6, 0.9, 140e6, 160e6 }, rKept, numReasons, ""},
-		{"the device below its capacity, its busy rate flat", func(e *facts) { e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = 150e6, 0.9, 100e6, 100e6 }, rKept, numReasons, ""},
+		{"the device at its capacity, its busy rate up by the margin", func(e *facts) {
+			e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = 100e6, 150e6, 0.9, 140e6, 160e6
+		}, rKept, numReasons, ""},
+		{"the device at its capacity, flat, only contenders beside it", func(e *facts) { e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = 150e6, 0.9, 145e6, 146e6 }, rKept, numReasons, ""},
+		{"the device below its capacity, its busy rate flat", func(e *facts) {
+			e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = 100e6, 150e6, 0.9, 100e6, 100e6
+		}, rKept, numReasons, ""},
 		{"the device at its capacity, flat, tail kept", func(e *facts) {
-			e.gain, e.tail, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = short, "tail", 150e6, 0.9, 145e6, 146e6
+			e.gain, e.tail, e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = short, "tail", 100e6, 150e6, 0.9, 145e6, 146e6
 		}, rKept, rTailKept, ""},
 		{"the device at its capacity, flat, device window", func(e *facts) {
-			e.kind, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = KindDeviceWindow, 150e6, 0.9, 145e6, 146e6
+			e.kind, e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = KindDeviceWindow, 100e6, 150e6, 0.9, 145e6, 146e6
 		}, rKept, numReasons, ""},
 		{"other readers lost", func(e *facts) { e.m.othersMustNotLose, e.lossOthers, e.m.others = true, 100e6, 50e6 }, rOthersLost, numReasons,
 			"the device's other readers lost 100.0 -> 50.0 MB/s"},
@@ -134,7 +141,7 @@ func TestJudgeTrialIsPure(t *testing.T) {
 // verdictRuleOrder is the documented order of the rules (docs/tuner-rules.md).
 var verdictRuleOrder = []string{
 	"not_yet", "no_reads", "tail_resized", "judged_later", "prior_confirmed", "tail_kept", "shift_kept",
-	"young_retry", "not_paid", "device_total_fell", "device_at_capacity", "others_lost", "random_judged_later", "random_over_budget", "kept",
+	"young_retry", "not_paid", "device_total_fell", "others_lost", "device_at_capacity", "random_judged_later", "random_over_budget", "kept",
 }
 
 // TestVerdictRulesInOrder: the table holds each reason once, at its own

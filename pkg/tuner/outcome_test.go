@@ -682,6 +682,29 @@ func TestStreamOfAnotherReaderUnderTheAllowPathsStaysProtected(t *testing.T) {
 	assert.Contains(t, undone[0].Evidence, "other readers lost")
 }
 
+// The same contention on a device at its capacity, with a regime asking for
+// the step: by Little's law the stream reads its share, and a gain with the
+// device's busy rate flat is the other stream's loss (three streams on a
+// 40 MB/s device kept steps whose measures summed to 61 MB/s).
+func TestRegimeStepOnADeviceAtItsCapacityIsNotPaidByAnotherStream(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	ka, kb := r.twoReaders(t)
+	a := stream{key: ka, tgid: 100, fill: 0.9}
+	var acts []Action
+	for i := 0; i < 4; i++ {
+		r.clk.Advance(time.Second)
+		s := r.contendedSnap(a, kb, 101)
+		s.Regimes = []detector.Regime{{Kind: detector.FileLatencyShift, Device: sdb, File: ka, Evidence: "test"}}
+		acts = append(acts, r.tn.Step(s)...)
+	}
+	logActs(t, acts)
+	require.NotEmpty(t, filter(acts, KindFileWindow, ResultTrial), "the regime asks for a step")
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
+	undone := filter(acts, KindFileWindowUndo, ResultUndone)
+	require.NotEmpty(t, undone)
+	assert.Contains(t, undone[0].Evidence, "the device read at its capacity")
+}
+
 // A prior's window is confirmed by a fresh stream that reads as its
 // neighbours did with it, even when the gain they measured over their base
 // was under the margin (a step kept on a tail, or measured between stalls):

@@ -189,7 +189,8 @@ func (t judgeCtx) evidenceFor(l *ladder, d *devState, file probe.FileKey, m meas
 	e.prior, e.tail = t.tailKeep(file, l, m)
 	e.shift = t.shiftKeep(file, l, m)
 	e.lossDev, e.lossOthers = lossBase(l.trial.before, m)
-	e.capBPS, e.capFrac = t.knownCapacity(d.dev), t.cfg.CapacityFrac
+	e.capBPS, _ = t.capacity(d.dev)
+	e.capFrac = t.cfg.CapacityFrac
 	return e
 }
 
