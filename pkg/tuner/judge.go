@@ -99,6 +99,11 @@ const (
 // they read at least this share of its bytes.
 const othersMin = 0.1
 
+// devShareOfGain: a step on a device at its capacity whose device busy rate
+// rose by less than this share of the stream's own gain took the rest from
+// other readers (device_at_capacity).
+const devShareOfGain = 0.5
+
 // evNone: a rule that counts no event.
 const evNone = numEvents
 
@@ -165,17 +170,20 @@ var verdictRules = [numReasons]verdictRule{
 		}},
 	// By Little's law a window bound stream reads its share of a device at
 	// capacity: more bytes in flight add latency for every reader and no
-	// bytes, so a gain with the device's busy rate flat is another reader's
-	// loss, whatever regime asked (three streams at 40 MB/s each kept 8x
-	// steps that summed to 61 MB/s). Only with protected readers beside it
-	// (othersMin): contenders' share is what a window rightly wins. Not a
-	// step short of its margin that a waiver let past: it cost nothing.
-	{rDeviceAtCapacity, "device_at_capacity", "a file step on a device reading at its capacity (CapacityFrac; its peak if not known yet) before it, under which the device's busy rate did not rise by the margin, protected readers beside it (othersMin): undone, its gain was their share", outUndo, evNone,
+	// bytes, so a gain the device's busy rate did not show (under half the
+	// stream's) is another reader's loss, whatever regime asked (three
+	// streams at 40 MB/s each kept 8x steps that summed to 61 MB/s). By the
+	// stream's gain in bytes, not a margin: a stream with a third of a slowed
+	// device raises the device's rate by a third of its own relative gain.
+	// Only with protected readers
+	// beside it (othersMin): contenders' share is what a window rightly wins.
+	// Not a step short of its margin that a waiver let past: it cost nothing.
+	{rDeviceAtCapacity, "device_at_capacity", "a file step on a device reading at its capacity (CapacityFrac; its peak if not known yet) before it, under which the device's busy rate rose by less than devShareOfGain of the stream's gain, protected readers beside it (othersMin): undone, its gain was their share", outUndo, evNone,
 		func(e *facts) bool {
 			return e.kind != KindDeviceWindow && !e.shortOfMargin() && e.capBPS > 0 && e.before.devBusy >= e.capFrac*e.capBPS &&
-				e.m.devBusy < (1+e.ordinary)*e.before.devBusy && e.lossDev > 0 && e.lossOthers > othersMin*e.lossDev
+				e.m.devBusy-e.before.devBusy < devShareOfGain*(e.m.rate-e.before.rate) && e.lossDev > 0 && e.lossOthers > othersMin*e.lossDev
 		}, func(e *facts) string {
-			return fmt.Sprintf("the device read at its capacity (%.1f of %.1f MB/s) and its busy rate did not rise (%.1f MB/s)", e.before.devBusy/1e6, e.capBPS/1e6, e.m.devBusy/1e6)
+			return fmt.Sprintf("the device read at its capacity (%.1f of %.1f MB/s) and its busy rate rose %.1f MB/s of the stream's %.1f", e.before.devBusy/1e6, e.capBPS/1e6, (e.m.devBusy-e.before.devBusy)/1e6, (e.m.rate-e.before.rate)/1e6)
 		}},
 	// Their p99 alone in one interval strays 20-30% with no step (and a trim
 	// within the span mixes two request sizes); nor is their mean over its

@@ -16,8 +16,8 @@ import (
 // against a 10% margin, nothing lost elsewhere.
 func paidFacts() facts {
 	return facts{kind: KindFileWindow, settle: time.Second, since: time.Second,
-		m:      measure{ok: true, tput: 120e6, dev: 200e6},
-		before: measure{ok: true, tput: 100e6, dev: 200e6},
+		m:      measure{ok: true, tput: 120e6, rate: 120e6, dev: 200e6},
+		before: measure{ok: true, tput: 100e6, rate: 100e6, dev: 200e6},
 		gain:   0.2, margin: 0.1, ordinary: 0.1, lossDev: 200e6}
 }
 
@@ -63,9 +63,12 @@ func TestJudgeTrialRuleByRule(t *testing.T) {
 		{"the device at its capacity, its busy rate flat", func(e *facts) {
 			e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = 100e6, 150e6, 0.9, 145e6, 146e6
 		}, rDeviceAtCapacity, numReasons,
-			"the device read at its capacity (145.0 of 150.0 MB/s) and its busy rate did not rise (146.0 MB/s)"},
+			"the device read at its capacity (145.0 of 150.0 MB/s) and its busy rate rose 1.0 MB/s of the stream's 20.0"},
 		{"the device at its capacity, its busy rate up by the margin", func(e *facts) {
 			e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = 100e6, 150e6, 0.9, 140e6, 160e6
+		}, rKept, numReasons, ""},
+		{"the device at its capacity, up by most of the stream's gain but under the margin", func(e *facts) {
+			e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = 100e6, 150e6, 0.9, 145e6, 157e6
 		}, rKept, numReasons, ""},
 		{"the device at its capacity, flat, only contenders beside it", func(e *facts) { e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = 150e6, 0.9, 145e6, 146e6 }, rKept, numReasons, ""},
 		{"the device below its capacity, its busy rate flat", func(e *facts) {
