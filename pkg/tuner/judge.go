@@ -43,7 +43,11 @@ type facts struct {
 func (e *facts) beforeSettle() bool  { return e.since < e.settle-e.settle/10 }
 func (e *facts) shortOfMargin() bool { return !e.m.ok || e.gain < e.margin }
 func (e *facts) onFileWindow() bool  { return e.kind == KindFileWindow }
-func (e *facts) marginWaived() bool  { return e.prior != "" || e.tail != "" || e.shift != "" }
+
+// onWindow: a file's or the device's window; either queues ahead of the
+// random readers beside it (a prefetch is a stream's own reads, bounded).
+func (e *facts) onWindow() bool     { return e.kind == KindFileWindow || e.kind == KindDeviceWindow }
+func (e *facts) marginWaived() bool { return e.prior != "" || e.tail != "" || e.shift != "" }
 
 // stalledSpan: a file window step short of its margin on a measure, the
 // stream still reading, the span judged stalled and the before-measure's
@@ -55,7 +59,7 @@ func (e *facts) stalledSpan() bool {
 // randP99Over: the random readers' p99 over its budget, short of far off,
 // over a whole interval (a quarter's is a handful of requests).
 func (e *facts) randP99Over() bool {
-	return e.onFileWindow() && !e.beforeSettle() && e.m.rand.n > 0 && e.m.rand.tail > randTailBudget
+	return e.onWindow() && !e.beforeSettle() && e.m.rand.n > 0 && e.m.rand.tail > randTailBudget
 }
 
 // ruleOut is what a verdict does to the step.
@@ -191,19 +195,19 @@ var verdictRules = [numReasons]verdictRule{
 	{rRandomLater, "random_judged_later", "the random readers beside it over their budget by one interval's p99, or their mean by a hair, for the first time: judged next interval", outRandLater, EvRandomJudgedLater,
 		func(e *facts) bool {
 			r := e.m.rand
-			return e.onFileWindow() && (r.over() || e.randP99Over()) && !e.randLater && (r.mean <= 1 || r.mean <= randMeanNear && r.tail < randTailSevere)
+			return e.onWindow() && (r.over() || e.randP99Over()) && !e.randLater && (r.mean <= 1 || r.mean <= randMeanNear && r.tail < randTailSevere)
 		}, nil},
 	// Over their budget: undone whatever the stream gained. So is a p99 over
 	// budget two intervals running: a stray interval is one, and a kept
 	// window's watch needs three or four to undo it.
 	{rRandomOver, "random_over_budget", "the random readers beside it over their budget, or their p99 over it two intervals running: undone, the knee held at once", outUndoRandom, evNone,
-		func(e *facts) bool { return e.onFileWindow() && (e.m.rand.over() || e.randP99Over() && e.randLater) }, func(e *facts) string { return "over budget: " + e.m.rand.why }},
+		func(e *facts) bool { return e.onWindow() && (e.m.rand.over() || e.randP99Over() && e.randLater) }, func(e *facts) string { return "over budget: " + e.m.rand.why }},
 	// Beside random readers the watch starts afresh. (A p99 over budget
 	// here is an early keep's quarter interval.)
 	{rKept, "kept", "kept: it paid its margin (or had it waived) and nothing above undid it", outKeep, evNone,
 		func(*facts) bool { return true }, func(e *facts) string {
 			switch {
-			case !e.onFileWindow() || e.m.rand.n == 0:
+			case !e.onWindow() || e.m.rand.n == 0:
 				return ""
 			case e.m.rand.tail > randTailBudget:
 				return "watched: " + e.m.rand.why

@@ -98,6 +98,8 @@ func TestJudgeTrialRuleByRule(t *testing.T) {
 		{"random readers' p99 severe, mean within", func(e *facts) { e.m.rand = rand(0.8, randTailSevere) }, rRandomLater, numReasons, ""},
 		{"random readers' p99 severe, mean over by a hair", func(e *facts) { e.m.rand = rand(1.02, randTailSevere) }, rRandomOver, numReasons, "over budget: reader r"},
 		{"random readers within budget", func(e *facts) { e.m.rand = rand(0.8, 1.0) }, rKept, numReasons, "within budget: reader r"},
+		{"random readers' mean far over, device window", func(e *facts) { e.kind, e.m.rand = KindDeviceWindow, rand(1.5, 1.0) }, rRandomOver, numReasons, "over budget: reader r"},
+		{"random readers' mean far over, prefetch", func(e *facts) { e.kind, e.m.rand = KindPrefetch, rand(1.5, 1.0) }, rKept, numReasons, ""},
 		{"paid", func(*facts) {}, rKept, numReasons, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
