@@ -38,10 +38,8 @@ func (t *Tuner) learnCapacity(d *devState, w0, w1 int, b, m measure, trimmed boo
 	old := t.mem.Capacity(d.name)
 	grew := float64(w1) / float64(w0)
 	queued := grew*float64(b.p50)/float64(m.p50) < 1+t.cfg.Margin
-	// A smaller step (beside random readers steps are small) shows it when
-	// the device's busy rate did not rise either: less than capDevShare of
-	// what the stream alone would have gained at its latency. Not across a
-	// trim, which frees device time of its own.
+	// A smaller step shows it if the device's busy rate did not rise either
+	// (capDevShare). Not across a trim, which frees device time of its own.
 	devFlat := grew >= capDevRise && !trimmed && b.tput > 0 && m.devBusy-b.devBusy < capDevShare*(grew-1)*b.tput
 	saturated := queued && (grew >= capQRise || devFlat)
 	switch {

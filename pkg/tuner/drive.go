@@ -107,11 +107,8 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		fd.atCapLogged = false
 	}
 	if escalate && !beside && fd.win.cur == fd.win.base && fd.win.trial.to == 0 && t.randomUnmeasured(fd.dev.dev, fd.key) {
-		// Random reads on the device, too few yet to know what its random
-		// readers get at its window: their budget is unknown, and a first
-		// step now would be sized blind of them (a DataNode's preads spread
-		// over ten files showed 64 KB reads a file in the daemon's first
-		// quarter second; an 8x step then left their p99 3.6x).
+		// Random reads too few yet to price: a first step now is blind of
+		// their budget (a DataNode's preads over ten files: 8x, p99 3.6x).
 		escalate = false
 		t.log.Debug("tuner: random reads on the device not measured yet; the first step waits for their interval", "file", fd.key.String())
 	}

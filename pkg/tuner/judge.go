@@ -103,9 +103,8 @@ const (
 // they read at least this share of its bytes.
 const othersMin = 0.1
 
-// devShareOfGain: a step on a device at its capacity whose device busy rate
-// rose by less than this share of the stream's own gain took the rest from
-// other readers (device_at_capacity).
+// devShareOfGain: under this share of a stream's gain on the device's busy
+// rate, the rest was other readers' (device_at_capacity).
 const devShareOfGain = 0.5
 
 // evNone: a rule that counts no event.
@@ -172,16 +171,10 @@ var verdictRules = [numReasons]verdictRule{
 		}, func(e *facts) string {
 			return fmt.Sprintf("the device's other readers lost %.1f -> %.1f MB/s", e.lossOthers/1e6, e.m.others/1e6)
 		}},
-	// By Little's law a window bound stream reads its share of a device at
-	// capacity: more bytes in flight add latency for every reader and no
-	// bytes, so a gain the device's busy rate did not show (under half the
-	// stream's) is another reader's loss, whatever regime asked (three
-	// streams at 40 MB/s each kept 8x steps that summed to 61 MB/s). By the
-	// stream's gain in bytes, not a margin: a stream with a third of a slowed
-	// device raises the device's rate by a third of its own relative gain.
-	// Only with protected readers
-	// beside it (othersMin): contenders' share is what a window rightly wins.
-	// Not a step short of its margin that a waiver let past: it cost nothing.
+	// At capacity a window bound stream reads its share (Little's law): a gain
+	// the device's busy rate did not show is another stream's loss, whatever
+	// asked (three streams on 40 MB/s kept steps summing to 61 MB/s). By bytes,
+	// not a margin: a stream with a third of the device moves it a third as much.
 	{rDeviceAtCapacity, "device_at_capacity", "a file step on a device reading at its capacity (CapacityFrac; its peak if not known yet) before it, under which the device's busy rate rose by less than devShareOfGain of the stream's gain, protected readers beside it (othersMin): undone, its gain was their share", outUndo, evNone,
 		func(e *facts) bool {
 			return e.kind != KindDeviceWindow && !e.shortOfMargin() && e.capBPS > 0 && e.before.devBusy >= e.capFrac*e.capBPS &&

@@ -139,9 +139,7 @@ func (t judgeCtx) devMeasure(dev probe.Dev) measure {
 	if !ok || ds.BusyThroughput <= 0 {
 		return measure{}
 	}
-	// Every random reader on the device pays for its window: judged by
-	// their budget as a file's step is (a device window kept beside a pread
-	// reader left its mean 1.55x its reference).
+	// Every random reader on the device pays for its window (s1-16: 1.55x).
 	return measure{ok: true, tput: ds.BusyThroughput, p50: ds.P50, rand: t.randomCost(dev, probe.FileKey{})}
 }
 

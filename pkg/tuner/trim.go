@@ -17,10 +17,9 @@ import (
 // the device pages nobody touches. Its open files get a small window (TrimKB,
 // raise-pin-restore, lowered) while the stream keeps its large one: no single
 // device-wide value does both. Kept only if its requests shrank and stay
-// random; ended a Settle after the last window raised beside it (it pays for
-// that window; alone it trades the reader's faults for another's bytes: a
-// bursty reader's p99 1.24x its default's for 9 s after the window went),
-// when the file gets a decision, or at shutdown.
+// random; ended a Settle after the last window beside it (alone it trades
+// the reader's faults for another's bytes: p99 1.24x), at a decision of the
+// file's own, or at shutdown.
 
 // trimAll starts, judges and ends read-around trims.
 func (t judgeCtx) trimAll() {
