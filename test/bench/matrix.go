@@ -556,15 +556,13 @@ func (e *mEnv) runArmAs(ctx context.Context, kb int, daemon bool, state string, 
 		acts := d.Actions(mStart)
 		for _, x := range acts {
 			a.Actions++
-			if x.Result == "kept" {
-				a.Kept++
-			}
 			if x.At < 0 {
 				a.ActionsBefore++
 			} else if a.FirstActionSec < 0 {
 				a.FirstActionSec = x.At.Seconds()
 			}
 		}
+		a.Kept = keptInArm(acts)
 		if len(acts) > 50 {
 			acts = acts[:50]
 		}
@@ -576,6 +574,45 @@ func (e *mEnv) runArmAs(ctx context.Context, kb int, daemon bool, state string, 
 		a.CPUPct = u.CPUPercent()
 	}
 	return a, nil
+}
+
+// keptInArm counts the steps kept within the measured period, and those
+// kept before it (a warm-up's) still in force at its start: one kept and
+// undone before the period costs it nothing.
+func keptInArm(acts []ActionRecord) int {
+	type knob struct {
+		base    int
+		kept    bool
+		inForce bool
+	}
+	before := map[string]*knob{}
+	n := 0
+	for _, x := range acts {
+		if x.At >= 0 {
+			if x.Result == "kept" {
+				n++
+			}
+			continue
+		}
+		key := x.Target + "/" + strings.TrimSuffix(x.Action, "_undo")
+		k := before[key]
+		if k == nil {
+			k = &knob{base: x.FromKB}
+			before[key] = k
+		}
+		switch x.Result {
+		case "kept":
+			k.kept, k.inForce = true, true
+		case "undone":
+			k.inForce = x.ToKB != k.base
+		}
+	}
+	for _, k := range before {
+		if k.kept && k.inForce {
+			n++
+		}
+	}
+	return n
 }
 
 func (e *mEnv) delivered(rs []mreader) int64 {

@@ -142,3 +142,25 @@ func TestMatrixHDFSMissingToolsNamed(t *testing.T) {
 	other, _ := lab.NamedScenario("saturated-streams")
 	assert.NoError(t, checkHDFS(context.Background(), []lab.MatrixScenario{other}))
 }
+
+// TestKeptInArm: a step kept and undone before the measured period does not
+// count; one kept before it and still in force does, as does one kept in it.
+func TestKeptInArm(t *testing.T) {
+	s := time.Second
+	rec := func(at time.Duration, action, target string, from, to int, result string) ActionRecord {
+		return ActionRecord{At: at, Action: action, Target: target, FromKB: from, ToKB: to, Result: result}
+	}
+	warmUp := []ActionRecord{
+		rec(-5*s, "file_trim", "a", 128, 16, "trial"),
+		rec(-4*s, "file_trim", "a", 128, 16, "kept"),
+		rec(-2*s, "file_trim_undo", "a", 16, 128, "undone"),
+	}
+	assert.Equal(t, 0, keptInArm(warmUp), "kept and undone before the period")
+	stillOn := []ActionRecord{
+		rec(-5*s, "file_window", "b", 128, 256, "kept"),
+		rec(-4*s, "file_window", "b", 256, 512, "trial"),
+		rec(-3*s, "file_window_undo", "b", 512, 256, "undone"),
+	}
+	assert.Equal(t, 1, keptInArm(stillOn), "kept before the period, in force at its start")
+	assert.Equal(t, 2, keptInArm(append(stillOn, rec(2*s, "file_window", "c", 128, 256, "kept"))), "and one kept in it")
+}
