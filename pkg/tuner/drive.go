@@ -58,26 +58,7 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		// Each window queued for the stream delays the random readers' faults:
 		// small steps within their budget, each paying its margin (random.go).
 		hint = 0
-		if escalate && fd.win.cur == fd.win.base && fd.win.trial.to == 0 {
-			// A first step: the random readers' reference is what they get
-			// now, at the device's window, in the conditions of the moment.
-			t.refreshRandom(fd.dev)
-		}
-		fd.win.limit.setFn(func() int {
-			lim, why := t.randomLimitKB(fd)
-			if lim < 0 {
-				return 0
-			}
-			if l := &fd.win; l.limit.ceil > 0 && t.deps.Clock.Now() < l.limit.ceilUntil {
-				lim = min(lim, l.limit.ceil-randStepKB)
-			}
-			if lim < int(randMinStep*float64(fd.win.cur)) {
-				t.log.Debug("tuner: no step beside random readers", "file", fd.key.String(), "window_kb", fd.win.cur, "why", why)
-			} else {
-				t.log.Debug("tuner: step beside random readers", "file", fd.key.String(), "window_kb", fd.win.cur, "limit_kb", lim, "why", why)
-			}
-			return max(lim, fd.win.cur)
-		})
+		t.sizeByRandom(fd.dev, fd.key, &fd.win, escalate)
 	}
 	// A decision no regime started skips this unless the capacity was
 	// learned (atCapacity): the detector's best rate may be a slow device's
@@ -156,7 +137,35 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 	}
 }
 
+// sizeByRandom sizes l's steps (a file's window, or d's with except zero) by
+// the budget of the random readers on d but except (randomLimitKB). Before a
+// first step their reference is what they get now, at the device's window.
+func (t judgeCtx) sizeByRandom(d *devState, except probe.FileKey, l *ladder, escalate bool) {
+	if escalate && l.cur == l.base && l.trial.to == 0 {
+		t.refreshRandom(d)
+	}
+	l.limit.setFn(func() int {
+		lim, why := t.randomLimitKB(d, except, l)
+		if lim < 0 {
+			return 0
+		}
+		if l.limit.ceil > 0 && t.deps.Clock.Now() < l.limit.ceilUntil {
+			lim = min(lim, l.limit.ceil-randStepKB)
+		}
+		t.log.Debug("tuner: step beside random readers", "device", d.name, "file", except.String(), "kind", l.kind, "value_kb", l.cur, "limit_kb", lim, "why", why)
+		return max(lim, l.cur)
+	})
+}
+
+// driveDevice advances d's window; beside random readers (pread, which a
+// trim cannot reach: read-around ones keep the device's window off) each
+// step is sized by their budget, as a file window's is.
 func (t judgeCtx) driveDevice(d *devState, why string, escalate bool) {
+	d.win.limit.setFn(nil)
+	if _, known := t.knownRandomOn(d.dev, probe.FileKey{}); known || len(t.randomsBeside(d.dev, probe.FileKey{})) > 0 {
+		d.win.aim(0, false)
+		t.sizeByRandom(d, probe.FileKey{}, &d.win, escalate)
+	}
 	t.drive(&d.win, d, probe.FileKey{}, "", t.devMeasure(d.dev), why, escalate, func(kb int) error {
 		if err := t.setDevice(d, kb, true); err != nil {
 			return err

@@ -52,7 +52,7 @@ func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Dur
 	}
 	kb = t.clamp(d, kb)
 	climbFrom := 0
-	if lim, why := t.randomLimitKB(fd); lim >= 0 {
+	if lim, why := t.randomLimitKB(fd.dev, fd.key, &fd.win); lim >= 0 {
 		// Beside random readers: only as far as their budget allows.
 		if lim = lim / randStepKB * randStepKB; float64(lim) < randMinStep*float64(d.orig) {
 			t.log.Debug("tuner: prior not applied beside random readers", "file", key.String(), "why", why)

@@ -68,25 +68,19 @@ func (t *Tuner) onsetStreams() ([]probe.FileKey, time.Duration) {
 
 // onsetCandidate: a stream read at the last Step that may be stepped now.
 func (t *Tuner) onsetCandidate(k probe.FileKey, fs detector.FileStats) bool {
-	if fs.Sequentiality < t.cfg.MinSequentiality || fs.Bytes == 0 || t.snap.Now-fs.LastSeen > t.cfg.Settle {
+	if fs.Sequentiality < t.cfg.MinSequentiality || fs.Bytes == 0 || t.snap.Now-fs.LastSeen > t.cfg.Settle || t.trims[k] != nil || t.mem.Checking(k) {
 		return false
 	}
-	if t.trims[k] != nil || t.mem.Checking(k) {
-		return false
-	}
+	fd := t.files[k]
 	if first, fresh := t.fresh[k]; fresh && t.deps.Clock.Now()-first <= t.cfg.Settle {
 		// fastOutcome's, unless read a quarter interval with no step since
 		// (fastOutcome averages the whole life, hiding an onset).
-		fd := t.files[k]
 		if t.snap.Now-first < t.cfg.Settle/onsetEvery || fd != nil && (fd.win.trial.to != 0 || fd.win.movedAt > first) {
 			return false
 		}
 	}
 	// A step under trial is no bar: fastOnset ends it unjudged.
-	if fd := t.files[k]; fd != nil && (fd.win.reprobe.until != 0 || fd.outOfScope) {
-		return false
-	}
-	return true
+	return fd == nil || fd.win.reprobe.until == 0 && !fd.outOfScope
 }
 
 // abandonTrial ends unjudged a trial an onset fell in (its span mixes both

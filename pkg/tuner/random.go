@@ -136,27 +136,28 @@ func (t *Tuner) trimMayCome(r randObs) bool {
 	return !t.cfg.DisableTrim && t.trims[r.key] == nil && t.trimOffs[r.key] == nil && readAroundSized(r.fs, t.cfg.TrimKB)
 }
 
-// randomLimitKB is the largest window fd's stream may try given the random
-// readers beside it, with why: 0 when no step may be tried now, -1 with no
-// random reader beside it. An untrimmed reader's trim comes with the step.
-func (t judgeCtx) randomLimitKB(fd *fileDec) (int, string) {
-	rs := t.randomsBeside(fd.dev.dev, fd.key)
+// randomLimitKB is the largest value l (a file's window, or d's with except
+// zero) may try given the random readers on d but except, with why: 0 when
+// no step may be tried now, -1 with none. An untrimmed reader's trim comes
+// with the step. Both windows queue the same bytes ahead of their requests.
+func (t judgeCtx) randomLimitKB(d *devState, except probe.FileKey, l *ladder) (int, string) {
+	rs := t.randomsBeside(d.dev, except)
 	if len(rs) == 0 {
-		if k, ok := t.knownRandomOn(fd.dev.dev, fd.key); ok {
+		if k, ok := t.knownRandomOn(d.dev, except); ok {
 			return 0, fmt.Sprintf("the random reader %s beside it is not in this view: the Step sizes the step", k)
 		}
 		return -1, ""
 	}
-	capBPS := t.capacityOrBusy(fd.dev.dev)
+	capBPS := t.capacityOrBusy(d.dev)
 	if capBPS <= 0 {
 		return 0, "the device's capacity is not known yet"
 	}
 	perByte := randSlack / capBPS // seconds of delay per byte queued ahead
-	learned := fd.dev.randSlope > 0
+	learned := d.randSlope > 0
 	if learned {
 		// Twice what the last steps cost them (the delay grows faster
 		// than the window near saturation), never more than the prior.
-		perByte = min(perByte, max(2*fd.dev.randSlope, randSlopeFloor*perByte))
+		perByte = min(perByte, max(2*d.randSlope, randSlopeFloor*perByte))
 	}
 	trimComes, trimmed := false, false
 	room := time.Duration(1<<62 - 1)
@@ -169,7 +170,7 @@ func (t judgeCtx) randomLimitKB(fd *fileDec) (int, string) {
 			continue // too few requests now to measure; its reference stands for it
 		}
 		refTail, tailSure, _ := t.tailRef(r)
-		if fd.win.inForce() > fd.win.base && r.svc.tail > time.Duration(randTailBudget*float64(refTail)) {
+		if l.inForce() > l.base && r.svc.tail > time.Duration(randTailBudget*float64(refTail)) {
 			// Its p99 is over budget already: no step further (its trim
 			// lowers the mean, which sizes steps, far more than the p99).
 			// Held back, not lowered: the watch lowers, over intervals.
@@ -189,13 +190,13 @@ func (t judgeCtx) randomLimitKB(fd *fileDec) (int, string) {
 		}
 		room = min(room, time.Duration(float64(r.ref.svc.mean)*t.meanBudget(r))-cur)
 		if tailSure && r.svc.requests >= refreshTailRequests {
-			tailKB = min(tailKB, t.tailLimitKB(fd, r, refTail, spared, capBPS))
+			tailKB = min(tailKB, t.tailLimitKB(d, l, r, refTail, spared, capBPS))
 		}
 	}
 	if room <= 0 {
 		return 0, "the random readers beside it have no budget left"
 	}
-	w := fd.win.inForce()
+	w := l.inForce()
 	kb := w + int(room.Seconds()/perByte/1024)
 	if tailKB < kb {
 		if float64(tailKB) < randMinStep*float64(w) {
@@ -203,7 +204,7 @@ func (t judgeCtx) randomLimitKB(fd *fileDec) (int, string) {
 		}
 		return budgetStep(tailKB, w), fmt.Sprintf("the random readers' p99 budget allows %d KB", tailKB)
 	}
-	settled := !trimmed || fd.dev.trimAt <= t.deps.Clock.Now()-t.cfg.Settle
+	settled := !trimmed || d.trimAt <= t.deps.Clock.Now()-t.cfg.Settle
 	if !learned && !trimComes && settled && float64(kb) < randMinStep*float64(w) {
 		// What a KB costs them here is not known (the prior may be
 		// several times it) and trims are settled: one small step shows
@@ -224,13 +225,13 @@ func budgetStep(kb, w int) int {
 	return lim
 }
 
-// tailLimitKB is the largest window fd's stream may hold by what reader r's
-// p99 may still take against refTail (tailRef): each KB costs tailPerByte;
+// tailLimitKB is the largest value l may hold by what reader r's p99 may
+// still take against refTail (tailRef): each KB costs tailPerByte;
 // a coming trim spares each request spared bytes' transfer.
-func (t *Tuner) tailLimitKB(fd *fileDec, r randObs, refTail time.Duration, spared, capBPS float64) int {
+func (t *Tuner) tailLimitKB(d *devState, l *ladder, r randObs, refTail time.Duration, spared, capBPS float64) int {
 	cur := r.svc.tail - time.Duration(spared/capBPS*float64(time.Second))
 	room := time.Duration(randTailBudget*float64(refTail)) - cur
-	return fd.win.inForce() + int(room.Seconds()/tailPerByte(fd.dev, capBPS)/1024)
+	return l.inForce() + int(room.Seconds()/tailPerByte(d, capBPS)/1024)
 }
 
 // minStepKB is the smallest step from w worth a trial, on the randStepKB grid.

@@ -353,7 +353,7 @@ func TestNoStepBesideARandomReaderWithoutItsReference(t *testing.T) {
 	l.run(1)
 	delete(l.tn.randRefs, l.rkey)
 	l.tn.mu.Lock()
-	lim, why := l.tn.atStep().randomLimitKB(&fileDec{key: l.st.key, dev: l.tn.devs[sdb], win: ladder{base: 128, cur: 128}})
+	lim, why := l.tn.atStep().randomLimitKB(l.tn.devs[sdb], l.st.key, &ladder{base: 128, cur: 128})
 	l.tn.mu.Unlock()
 	assert.Zero(t, lim)
 	assert.Contains(t, why, "no reference")

@@ -93,7 +93,7 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 		if v.rule.reason > rOthersLost {
 			// Past the loss rules: learn what a step costs the random readers beside it.
 			l.untaught()
-			if l.kind == KindFileWindow && l.limit.kb > 0 {
+			if l.kind != KindPrefetch && l.limit.kb > 0 {
 				t.learnRandomSlope(d, l, m)
 			}
 		}
@@ -392,13 +392,8 @@ func (t judgeCtx) keepsEarly(d *devState, l *ladder, m measure, now time.Duratio
 		return false
 	}
 	bdev, bo := lossBase(b, m)
-	if bdev > 0 && m.dev > 0 && m.dev < (1-devLossMax)*bdev {
-		return false
-	}
-	if m.othersMustNotLose && bo > 0 && m.others < (1-devLossMax)*bo {
-		return false
-	}
-	return true
+	devLost := bdev > 0 && m.dev > 0 && m.dev < (1-devLossMax)*bdev
+	return !devLost && !(m.othersMustNotLose && bo > 0 && m.others < (1-devLossMax)*bo)
 }
 
 // A knee is what the next step did not win when tried. A stream reading

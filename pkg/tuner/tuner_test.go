@@ -1203,6 +1203,26 @@ func TestTailInflationFirstDeviceStepHidesTheP99(t *testing.T) {
 	assert.Equal(t, 4096, trials[0].ToKB, "p99 x capacity is about 2930 KB")
 }
 
+// Beside a pread reader (which no trim reaches) the same device step is
+// sized by the reader's budget: each KB queued ahead delays its reads, and
+// a 4 MB window cost s1-17's reader 12x its p99 in a 1 s trial.
+func TestTailInflationBesideAPreadReaderStepsWithinItsBudget(t *testing.T) {
+	r := newRig(t, Config{}, nil)
+	_, rk := realFile(t, r.dir, "index")
+	mk := func() detector.Snapshot {
+		return detector.Snapshot{Now: r.clk.Now(),
+			Devices: []detector.DeviceStats{{Device: sdb, BusyThroughput: 110e6, P99: 20 * time.Millisecond, CapacityBPS: 150e6}},
+			Files:   []detector.FileStats{randomStats(rk, r.clk.Now(), 400, 2*time.Millisecond, 3*time.Millisecond, 32<<10)},
+			Regimes: []detector.Regime{{Kind: detector.TailInflation, Device: sdb, Evidence: "p99 up"}}}
+	}
+	acts := r.run(3, mk)
+	trials := filter(acts, KindDeviceWindow, ResultTrial)
+	require.NotEmpty(t, trials, "%v", acts)
+	for _, a := range trials {
+		assert.LessOrEqual(t, a.ToKB, int(randGrowth*float64(a.FromKB)), "a step within the reader's budget, not the p99's 4 MB: %v", a)
+	}
+}
+
 func TestFastPathContentionGetsTheSequentialFilesFirstStepAtOnce(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	r.tput = func(kb int) float64 { return 17e6 * float64(kb) / 128 }
