@@ -157,15 +157,10 @@ func (t judgeCtx) sizeByRandom(d *devState, except probe.FileKey, l *ladder, esc
 	})
 }
 
-// driveDevice advances d's window; beside random readers (pread, which a
-// trim cannot reach: read-around ones keep the device's window off) each
-// step is sized by their budget, as a file window's is.
+// driveDevice advances d's window; beside (pread) random readers each step
+// is sized by their budget as a file window's is (read-around ones keep it off).
 func (t judgeCtx) driveDevice(d *devState, why string, escalate bool) {
-	d.win.limit.setFn(nil)
-	if _, known := t.knownRandomOn(d.dev, probe.FileKey{}); known || len(t.randomsBeside(d.dev, probe.FileKey{})) > 0 {
-		d.win.aim(0, false)
-		t.sizeByRandom(d, probe.FileKey{}, &d.win, escalate)
-	}
+	t.sizeByRandom(d, probe.FileKey{}, &d.win, escalate)
 	t.drive(&d.win, d, probe.FileKey{}, "", t.devMeasure(d.dev), why, escalate, func(kb int) error {
 		if err := t.setDevice(d, kb, true); err != nil {
 			return err

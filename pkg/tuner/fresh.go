@@ -88,6 +88,7 @@ func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Dur
 	fd.regimes = []detector.RegimeKind{FromPrior}
 	fd.lastNeeded = now
 	base := measure{ok: true, tput: p.BaseBPS, rate: p.BaseBPS}
+	t.deviceSide(&base, key, d.dev, base.rate, t.viewSpan().Seconds()) // the device as it reads now: the loss rules judge a prior too
 	s := trialStep{to: kb, from: d.orig, at: now, before: base}
 	why := fmt.Sprintf("prior: %d KB paid for %d recent stream(s) in this directory (%.1f -> %.1f MB/s); given to %d descriptor(s) %v after the file's first readahead event",
 		p.Window, p.Streams, p.BaseBPS/1e6, p.KeptBPS/1e6, n, lag.Round(100*time.Microsecond))
@@ -95,7 +96,7 @@ func (t judgeCtx) freshOpen(ev probe.ReadaheadEvent, r *readerInfo, now time.Dur
 		// Judged against the prior's kept rate; falls back to it.
 		fd.climbFrom, s.from = climbFrom, climbFrom
 		fd.win.keepAt(climbFrom, 0, now)
-		s.before = measure{ok: true, tput: p.KeptBPS, rate: p.KeptBPS}
+		s.before.tput, s.before.rate = p.KeptBPS, p.KeptBPS
 		t.count(EvPriorClimb)
 		why = fmt.Sprintf("prior climbs: %d KB paid for %d recent stream(s) in this directory (%.1f -> %.1f MB/s); this one tries %d KB, given to %d descriptor(s) %v after the file's first readahead event",
 			p.Window, p.Streams, p.BaseBPS/1e6, p.KeptBPS/1e6, kb, n, lag.Round(100*time.Microsecond))

@@ -273,8 +273,7 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	}
 
 	// Device-wide: never beside a read-around random reader (every later open
-	// takes the window, and short mmap readers escape trims); beside pread
-	// ones each step is sized by their budget (driveDevice).
+	// takes the window, and short mmap readers escape trims). See driveDevice.
 	for dev, why := range devWide {
 		d := t.device(dev)
 		if d == nil {

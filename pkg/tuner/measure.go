@@ -38,30 +38,35 @@ func (t judgeCtx) fileMeasure(k probe.FileKey) measure {
 	}
 	m := measure{ok: true, tput: fs.BusyThroughput, p50: fs.P50, rate: float64(fs.Bytes) / active, ended: ended}
 	m.rand = t.randomCost(fs.Device, k)
-	if ds, ok := t.dstats[fs.Device]; ok {
-		// Its own share at its active rate, as the before-measure counted it.
-		m.dev = float64(ds.Bytes)/span - float64(fs.Bytes)/span + m.rate
-		m.devBusy = ds.BusyThroughput
-		// Random readers' bytes say nothing of their service: left out
-		// before and after alike; their budget protects them.
-		for ok2, ofs := range t.fstats {
-			if ok2 == k || ofs.Device != fs.Device {
-				continue
-			}
-			if t.readRandomly(ofs) {
-				m.dev -= float64(ofs.Bytes) / span
-				continue
-			}
-			bps := float64(ofs.Bytes) / span
-			prot := t.protectedStream(ok2, ofs)
-			if prot {
-				m.others += bps
-			}
-			ended := t.snap.Now-ofs.LastSeen > endedGap
-			m.streams = append(m.streams, otherStream{key: ok2, bps: bps, protected: prot, ended: ended})
-		}
-	}
+	t.deviceSide(&m, k, fs.Device, float64(fs.Bytes)/span, span)
 	return m
+}
+
+// deviceSide fills m's device figures over span (a prior's before-measure too):
+// its total with k's own share (own) at m.rate, its busy rate, the other streams.
+func (t judgeCtx) deviceSide(m *measure, k probe.FileKey, dev probe.Dev, own, span float64) {
+	ds, ok := t.dstats[dev]
+	if !ok {
+		return
+	}
+	m.dev, m.devBusy = float64(ds.Bytes)/span-own+m.rate, ds.BusyThroughput
+	// Random readers' bytes say nothing of their service: left out
+	// before and after alike; their budget protects them.
+	for ok2, ofs := range t.fstats {
+		if ok2 == k || ofs.Device != dev {
+			continue
+		}
+		if t.readRandomly(ofs) {
+			m.dev -= float64(ofs.Bytes) / span
+			continue
+		}
+		bps := float64(ofs.Bytes) / span
+		prot := t.protectedStream(ok2, ofs)
+		if prot {
+			m.others += bps
+		}
+		m.streams = append(m.streams, otherStream{key: ok2, bps: bps, protected: prot, ended: t.snap.Now-ofs.LastSeen > endedGap})
+	}
 }
 
 // protectedStream: a sequential in-scope stream whose share an outcome step

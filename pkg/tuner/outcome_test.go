@@ -205,6 +205,45 @@ func TestPriorThatDoesNotPayIsUndoneAndDecays(t *testing.T) {
 	}
 }
 
+// A prior given on a device its other streams already read at its capacity
+// wins only their share (Little's law): judged by the loss rules as any step,
+// against the device as it read at the open, it is undone though the stream
+// beat the prior's base (s1-3: five streams at 150 MB/s kept saved windows
+// for nothing; the prior's before-measure had no device side).
+func TestPriorOnADeviceAtItsCapacityIsJudgedByTheDevice(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	r.tput = kneeModel
+	learnPrior(t, r, "blk_1")
+	var ss []stream
+	for i, name := range []string{"a", "b"} {
+		p, k := realFile(t, filepath.Join(r.dir, "data", "other"), name)
+		r.files.open(300, 7+i, p, k)
+		ss = append(ss, stream{key: k, tgid: 300, fill: 0.3})
+	}
+	r.capBPS = 150e6
+	fresh := false
+	r.tput = func(kb int) float64 {
+		switch {
+		case kb >= 512:
+			return 70e6 // the prior's stream: its base was 60 MB/s
+		case fresh:
+			return 40e6 // the others give up what it took
+		}
+		return 75e6
+	}
+	r.runOutcome(3, ss...) // the device at its capacity, 150 MB/s
+	fresh = true
+	k2 := r.openFresh(t, "blk_2", 200)
+	require.GreaterOrEqual(t, r.files.window[k2], 512)
+	acts := r.runOutcome(2, append(ss, stream{key: k2, tgid: 200, fill: 0.9})...)
+	logActs(t, acts)
+	undone := filter(acts, KindFileWindowUndo, ResultUndone)
+	require.NotEmpty(t, undone)
+	assert.Equal(t, k2, undone[0].File)
+	assert.Regexp(t, "other readers lost|at its capacity", undone[0].Evidence, "the loss rules, not the margin")
+	assert.Equal(t, 128, r.files.window[k2])
+}
+
 func TestPriorRecheckDropsThePriorWhenTheDeviceRecovered(t *testing.T) {
 	r := newRig(t, Config{DisablePrefetch: true}, nil)
 	r.tput = kneeModel

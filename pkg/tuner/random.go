@@ -137,9 +137,8 @@ func (t *Tuner) trimMayCome(r randObs) bool {
 }
 
 // randomLimitKB is the largest value l (a file's window, or d's with except
-// zero) may try given the random readers on d but except, with why: 0 when
-// no step may be tried now, -1 with none. An untrimmed reader's trim comes
-// with the step. Both windows queue the same bytes ahead of their requests.
+// zero) may try given the random readers on d but except, with why: 0 when no
+// step may be tried now, -1 with none. An untrimmed reader's trim comes with it.
 func (t judgeCtx) randomLimitKB(d *devState, except probe.FileKey, l *ladder) (int, string) {
 	rs := t.randomsBeside(d.dev, except)
 	if len(rs) == 0 {

@@ -388,7 +388,7 @@ func (t judgeCtx) keepsEarly(d *devState, l *ladder, m measure, now time.Duratio
 	}
 	// Beside random readers: each measured, their trims unchanged, within budget.
 	if (m.rand.n > 0 || b.rand.n > 0) && (d == nil || d.trimAt > now-t.span || m.rand.n == 0 ||
-		m.rand.n < len(t.randomsBeside(d.dev, probe.FileKey{})) || !(m.rand.mean <= earlyRandMean && m.rand.tail < randTailSevere)) {
+		m.rand.n < len(t.randomsBeside(d.dev, probe.FileKey{})) || !(m.rand.mean <= earlyRandMean && m.rand.tail <= randTailBudget)) {
 		return false
 	}
 	bdev, bo := lossBase(b, m)

@@ -80,7 +80,10 @@ func TestStepBesideARandomReaderIsKeptEarlyOnlyWellWithinItsBudget(t *testing.T)
 	}{
 		{"well within", 0, 0, true},
 		{"near its budget", 1400 * time.Microsecond, 0, false},
-		{"p99 over its budget in the quarter", 0, 1.35, true},
+		// Kept early, 1.24x its p99 reference let slow-stream-bursty's reader
+		// wait 5 s over budget before the watch took it back (p99 over the
+		// run 1.14x): the whole interval judges it (random_judged_later).
+		{"p99 over its budget in the quarter", 0, 1.35, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := newLabRig(t)
@@ -125,11 +128,7 @@ func TestStepBesideARandomReaderIsKeptEarlyOnlyWellWithinItsBudget(t *testing.T)
 				return
 			}
 			require.Len(t, kept, 1, "kept on the recent requests, the random reader's among them")
-			if tc.tailX > randTailBudget {
-				assert.Contains(t, kept[0].Evidence, "watched:", "the p99 over budget is named: the watch follows it")
-			} else {
-				assert.Contains(t, kept[0].Evidence, "within budget: the random reader", "what the reader got against its reference is named")
-			}
+			assert.Contains(t, kept[0].Evidence, "within budget: the random reader", "what the reader got against its reference is named")
 			assert.Equal(t, uint64(1), l.tn.Status().Events[EvKeptEarly])
 		})
 	}
