@@ -193,7 +193,7 @@ var verdictRules = [numReasons]verdictRule{
 	// Over their budget: undone whatever the stream gained. So is a p99 over
 	// budget two intervals running: a stray interval is one, and a kept
 	// window's watch needs three or four to undo it.
-	{rRandomOver, "random_over_budget", "the random readers beside it over their budget, or their p99 over it two intervals running: undone, the knee held at once", outUndoRandom, evNone,
+	{rRandomOver, "random_over_budget", "the random readers beside it over their budget, or their p99 over it two intervals running: undone, the knee held at once (from the base: no step as large for BackoffMax)", outUndoRandom, evNone,
 		func(e *facts) bool { return e.onWindow() && (e.m.rand.over() || e.randP99Over() && e.randLater) }, func(e *facts) string { return "over budget: " + e.m.rand.why }},
 	// Beside random readers the watch starts afresh.
 	{rKept, "kept", "kept: it paid its margin (or had it waived) and nothing above undid it", outKeep, evNone,

@@ -101,12 +101,8 @@ func (t judgeCtx) outcomeDue(d *devState, k probe.FileKey) bool {
 // median half again that trial's, a rate drop or a tail needing more.
 func (t judgeCtx) outcomeEvidence(d *devState, k probe.FileKey) bool {
 	fs, ok := t.fstats[k]
-	if !ok {
-		return false
-	}
 	// rateDropped first: it follows the file's slow intervals one by one.
-	dropped := t.rateDropped(d, k, fs)
-	return dropped || d.outcomeFailP50 > 0 && fs.P50 >= d.outcomeFailP50*3/2 || t.tailDue(d, k)
+	return ok && (t.rateDropped(d, k, fs) || d.outcomeFailP50 > 0 && fs.P50 >= d.outcomeFailP50*3/2 || t.tailDue(d, k))
 }
 
 // outcomeRateDrop: below this share of the last unpaid trial's stream's

@@ -299,6 +299,29 @@ func TestStepOverTheRandomBudgetIsUndoneAndItsKneeHolds(t *testing.T) {
 	assert.True(t, r.tn.files[key].win.back.kneeRandom)
 }
 
+// A first step sized by the random readers' budget that went over it shows
+// the budget smaller than the model said: the next step from the base is
+// smaller, not the same one again (whole-device-bursty tried 128 -> 192 KB
+// four times in 20 s, each costing the bursty reader 10% of its mean).
+func TestStepOverTheRandomBudgetFromTheBaseIsNotRepeated(t *testing.T) {
+	r, key := slowedStream(t)
+	overAbove128 := func(kb int) (float64, time.Duration) {
+		if kb > 128 {
+			return 400, 3 * time.Millisecond
+		}
+		return 500, 2 * time.Millisecond
+	}
+	acts := r.runBeside(40, stream{key: key, tgid: 100, fill: 0.9}, overAbove128)
+	logActs(t, acts)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.GreaterOrEqual(t, len(trials), 2, "a first step and a smaller one after the back-off")
+	for i := 1; i < len(trials); i++ {
+		assert.Less(t, trials[i].ToKB, trials[i-1].ToKB, "each step below the one that went over: %v", trials)
+	}
+	assert.Contains(t, filter(acts, KindFileWindowUndo, ResultUndone)[0].Evidence, "no step to")
+	assert.Equal(t, 128, r.files.window[key])
+}
+
 // The budget is the random reader's reference, not the step before: steps
 // that each cost it a little do not add up past it. A buffered random
 // reader (no read-around to trim) beside a stream on a device where what a

@@ -113,9 +113,12 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 			}
 			return true
 		case outUndoRandom:
-			// The knee holds for BackoffMax at once: the step was sized to the
-			// random readers' budget, so missing it is no noise.
-			l.randomKnee()
+			// The knee holds for BackoffMax at once: the step was sized to the random
+			// readers' budget, so missing it is no noise; from the base, it bounds it.
+			if l.randomKnee(); l.cur == l.base {
+				l.limit.setCeil(l.trial.to, now+t.cfg.BackoffMax)
+				clause += fmt.Sprintf("; no step to %d KB or more for %v", l.trial.to, t.cfg.BackoffMax)
+			}
 			return t.undoStep(l, now, ev+clause, apply, act)
 		case outUndo:
 			return t.undoStep(l, now, ev+clause, apply, act)
