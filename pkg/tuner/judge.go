@@ -56,10 +56,14 @@ func (e *facts) stalledSpan() bool {
 	return e.m.ok && e.gain < e.margin && !e.ended && e.onFileWindow() && e.tailNow && !e.beforeTail && e.later < tailMaxLater
 }
 
-// randP99Over: the random readers' p99 over its budget, short of far off,
-// over a whole interval (a quarter's is a handful of requests).
-func (e *facts) randP99Over() bool {
-	return e.onWindow() && !e.beforeSettle() && e.m.rand.n > 0 && e.m.rand.tail > randTailBudget
+// randOver: the random readers over budget in this interval (their p99 short
+// of far off only over a whole one: a quarter's is a handful of requests);
+// randNear: by so little, for the first time, that the next interval judges it.
+func (e *facts) randOver() bool {
+	return e.onWindow() && (e.m.rand.over() || !e.beforeSettle() && e.m.rand.n > 0 && e.m.rand.tail > randTailBudget)
+}
+func (e *facts) randNear() bool {
+	return !e.randLater && (e.m.rand.mean <= 1 || e.m.rand.mean <= randMeanNear && e.m.rand.tail < randTailSevere)
 }
 
 // ruleOut is what a verdict does to the step.
@@ -88,13 +92,13 @@ const (
 	rPriorConfirmed
 	rTailKept
 	rShiftKept
+	rRandomOver
 	rYoungRetry
 	rNotPaid
 	rDeviceFell
 	rOthersLost
 	rDeviceAtCapacity
 	rRandomLater
-	rRandomOver
 	rKept
 	numReasons
 )
@@ -141,6 +145,11 @@ var verdictRules = [numReasons]verdictRule{
 		func(e *facts) bool { return e.shortOfMargin() && e.tail != "" }, func(e *facts) string { return e.tail }},
 	{rShiftKept, "shift_kept", "short of its margin on a file slower than its device, the window still limiting it, the step cost nothing: the margin waived", outWaive, EvShiftKept,
 		func(e *facts) bool { return e.shortOfMargin() && e.shift != "" }, func(e *facts) string { return e.shift }},
+	// Over their budget: undone whatever the stream gained, before any rule on
+	// its gain (their cost needs no stream measured whole). So is a p99 over
+	// budget two intervals running (a kept window's watch needs three or four).
+	{rRandomOver, "random_over_budget", "the random readers beside it over their budget (short of random_judged_later's hair), or their p99 over it two intervals running, whatever the stream gained: undone, the knee held at once (from the base: no step as large for BackoffMax)", outUndoRandom, evNone,
+		func(e *facts) bool { return e.randOver() && !e.randNear() }, func(e *facts) string { return "over budget: " + e.m.rand.why }},
 	// The ordinary margin paid, the start's did not: taken again after one
 	// whole interval at the device's window, not after a back-off.
 	{rYoungRetry, "young_retry", "short of the margin of a stream's start, paid the ordinary one: undone, taken again once the stream is measured whole (outcome_young_retry counts that)", outRetry, evNone,
@@ -186,15 +195,7 @@ var verdictRules = [numReasons]verdictRule{
 	// within the span mixes two request sizes); nor is their mean over its
 	// budget by a hair a verdict. The next interval judges it.
 	{rRandomLater, "random_judged_later", "the random readers beside it over their budget by one interval's p99, or their mean by a hair, for the first time: judged next interval", outRandLater, EvRandomJudgedLater,
-		func(e *facts) bool {
-			r := e.m.rand
-			return e.onWindow() && (r.over() || e.randP99Over()) && !e.randLater && (r.mean <= 1 || r.mean <= randMeanNear && r.tail < randTailSevere)
-		}, nil},
-	// Over their budget: undone whatever the stream gained. So is a p99 over
-	// budget two intervals running: a stray interval is one, and a kept
-	// window's watch needs three or four to undo it.
-	{rRandomOver, "random_over_budget", "the random readers beside it over their budget, or their p99 over it two intervals running: undone, the knee held at once (from the base: no step as large for BackoffMax)", outUndoRandom, evNone,
-		func(e *facts) bool { return e.onWindow() && (e.m.rand.over() || e.randP99Over() && e.randLater) }, func(e *facts) string { return "over budget: " + e.m.rand.why }},
+		func(e *facts) bool { return e.randOver() && e.randNear() }, nil},
 	// Beside random readers the watch starts afresh.
 	{rKept, "kept", "kept: it paid its margin (or had it waived) and nothing above undid it", outKeep, evNone,
 		func(*facts) bool { return true }, func(e *facts) string {

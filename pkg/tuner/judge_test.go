@@ -56,6 +56,13 @@ func TestJudgeTrialRuleByRule(t *testing.T) {
 		{"short of a young start's margin, not from base", func(e *facts) { e.margin, e.youngBefore = youngMargin, true }, rNotPaid, numReasons, ""},
 		{"short of the ordinary margin too", func(e *facts) { e.margin, e.youngBefore, e.atBase, e.gain = youngMargin, true, true, 0.05 }, rNotPaid, numReasons, ""},
 		{"short", func(e *facts) { e.gain = short }, rNotPaid, numReasons, ""},
+		{"short of a young start's margin, random readers' mean far over", func(e *facts) {
+			e.margin, e.youngBefore, e.atBase, e.m.rand = youngMargin, true, true, rand(1.5, 1.0)
+		}, rRandomOver, numReasons, "over budget: reader r"},
+		{"short, random readers' mean far over", func(e *facts) { e.gain, e.m.rand = short, rand(1.5, 1.0) }, rRandomOver, numReasons, "over budget: reader r"},
+		{"short, random readers' mean over by a hair", func(e *facts) { e.gain, e.m.rand = short, rand(1.02, 1.0) }, rNotPaid, numReasons, ""},
+		{"the device's total fell, random readers' p99 over again", func(e *facts) { e.m.dev, e.m.rand, e.randLater = 150e6, rand(0.8, 1.2), true }, rRandomOver, numReasons,
+			"over budget: reader r"},
 		{"the device's total fell", func(e *facts) { e.m.dev = 150e6 }, rDeviceFell, numReasons, "the device's total fell 200.0 -> 150.0 MB/s: its other readers lost more"},
 		{"the device's total fell, tail kept", func(e *facts) { e.gain, e.tail, e.m.dev = short, "tail", 150e6 }, rDeviceFell, rTailKept,
 			"the device's total fell 200.0 -> 150.0 MB/s: its other readers lost more"},
@@ -145,8 +152,8 @@ func TestJudgeTrialIsPure(t *testing.T) {
 
 // verdictRuleOrder is the documented order of the rules (docs/tuner-rules.md).
 var verdictRuleOrder = []string{
-	"not_yet", "no_reads", "tail_resized", "judged_later", "prior_confirmed", "tail_kept", "shift_kept",
-	"young_retry", "not_paid", "device_total_fell", "others_lost", "device_at_capacity", "random_judged_later", "random_over_budget", "kept",
+	"not_yet", "no_reads", "tail_resized", "judged_later", "prior_confirmed", "tail_kept", "shift_kept", "random_over_budget",
+	"young_retry", "not_paid", "device_total_fell", "others_lost", "device_at_capacity", "random_judged_later", "kept",
 }
 
 // TestVerdictRulesInOrder: the table holds each reason once, at its own

@@ -90,8 +90,8 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 		if v.rule.event != evNone {
 			t.count(v.rule.event)
 		}
-		if v.rule.reason > rOthersLost {
-			// Past the loss rules: learn what a step costs the random readers beside it.
+		if r := v.rule.reason; r == rRandomOver || r > rOthersLost {
+			// Judged on the random readers, or past the loss rules: learn what a step costs them.
 			l.untaught()
 			if l.kind != KindPrefetch && l.limit.kb > 0 {
 				t.learnRandomSlope(d, l, m)
