@@ -296,11 +296,8 @@ func (t *Tuner) prefetchAll() {
 	now := t.deps.Clock.Now()
 	for _, fd := range t.files {
 		depth := fd.pf.inForce()
-		if depth == 0 {
-			continue
-		}
 		fs, ok := t.fstats[fd.key]
-		if !ok {
+		if depth == 0 || !ok {
 			continue
 		}
 		d := fd.dev

@@ -188,10 +188,9 @@ func (t judgeCtx) reachOpenFiles(d *devState) {
 	var keys []probe.FileKey
 	if d.cur != d.orig {
 		for k, fs := range t.fstats {
-			if fs.Device != d.dev || t.ownWindow(k) || fs.Sequentiality < t.cfg.MinSequentiality || t.snap.Now-fs.LastSeen > t.cfg.Settle {
-				continue
+			if fs.Device == d.dev && !t.ownWindow(k) && fs.Sequentiality >= t.cfg.MinSequentiality && t.snap.Now-fs.LastSeen <= t.cfg.Settle {
+				keys = append(keys, k)
 			}
-			keys = append(keys, k)
 		}
 	}
 	for k := range d.reached {
@@ -222,11 +221,10 @@ func (t judgeCtx) reachOpenFiles(d *devState) {
 				r.appliedKB, r.appliedAt = d.cur, now
 			}
 		}
-		if d.cur == d.orig {
+		switch {
+		case d.cur == d.orig:
 			delete(d.reached, k)
-			continue
-		}
-		if n > 0 {
+		case n > 0:
 			if d.reached == nil {
 				d.reached = map[probe.FileKey]bool{}
 			}

@@ -56,9 +56,8 @@ func (e *facts) stalledSpan() bool {
 	return e.m.ok && e.gain < e.margin && !e.ended && e.onFileWindow() && e.tailNow && !e.beforeTail && e.later < tailMaxLater
 }
 
-// randOver: the random readers over budget in this interval (their p99 short
-// of far off only over a whole one: a quarter's is a handful of requests);
-// randNear: by so little, for the first time, that the next interval judges it.
+// randOver: the random readers over budget (their p99 short of far off over a
+// whole interval); randNear: by so little, for the first time, it waits one.
 func (e *facts) randOver() bool {
 	return e.onWindow() && (e.m.rand.over() || !e.beforeSettle() && e.m.rand.n > 0 && e.m.rand.tail > randTailBudget)
 }
@@ -148,7 +147,7 @@ var verdictRules = [numReasons]verdictRule{
 	// Over their budget: undone whatever the stream gained, before any rule on
 	// its gain (their cost needs no stream measured whole). So is a p99 over
 	// budget two intervals running (a kept window's watch needs three or four).
-	{rRandomOver, "random_over_budget", "the random readers beside it over their budget (short of random_judged_later's hair), or their p99 over it two intervals running, whatever the stream gained: undone, the knee held at once (from the base: no step as large for BackoffMax)", outUndoRandom, evNone,
+	{rRandomOver, "random_over_budget", "the random readers beside it over their budget (short of random_judged_later's hair), or their p99 over it two intervals running, whatever the stream gained: undone, the knee held at once (from the base: for BackoffMax no step past the share of it that met their budget)", outUndoRandom, evNone,
 		func(e *facts) bool { return e.randOver() && !e.randNear() }, func(e *facts) string { return "over budget: " + e.m.rand.why }},
 	// The ordinary margin paid, the start's did not: taken again after one
 	// whole interval at the device's window, not after a back-off.

@@ -238,6 +238,18 @@ func minStepKB(w int) int {
 	return (int(randMinStep*float64(w)) + randStepKB - 1) / randStepKB * randStepKB
 }
 
+// budgetShare: the share of a step that met the random readers' budget, by
+// their mean and p99, each growing with the bytes queued ahead (b before, a after).
+func budgetShare(b, a randCost) float64 {
+	share := func(b, a, limit float64) float64 {
+		if a <= limit || a <= b {
+			return 1
+		}
+		return (limit - b) / (a - b)
+	}
+	return max(0, min(share(b.mean, a.mean, 1), share(b.tail, a.tail, randTailBudget)))
+}
+
 // learnRandomSlope learns from a step judged beside random readers what
 // each byte queued costs them (their worst mean latency after against before,
 // over the bytes added); not across a change of their trims.

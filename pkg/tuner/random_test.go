@@ -1319,3 +1319,24 @@ func TestFreshStepOverTheRandomBudgetIsNotTakenAgainWhole(t *testing.T) {
 		assert.Less(t, trials[i].ToKB, trials[0].ToKB, "no step as large as the one over budget: %v", trials)
 	}
 }
+
+// The share of a step over the random readers' budget that would have met
+// it: what was left of their budget before it over what it cost them, by
+// the mean and by the p99 (the smaller), none when nothing was left.
+func TestBudgetShareOfAStepOverIt(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		before randCost
+		after  randCost
+		want   float64
+	}{
+		{"within budget", randCost{mean: 0.5, tail: 1}, randCost{mean: 0.9, tail: 1.04}, 1},
+		{"mean: half the step", randCost{mean: 0.5, tail: 1}, randCost{mean: 1.5, tail: 1}, 0.5},
+		{"mean over before the step", randCost{mean: 1.1, tail: 1}, randCost{mean: 1.3, tail: 1}, 0},
+		{"p99: a fifth of the step", randCost{mean: 0.5, tail: 1}, randCost{mean: 0.9, tail: 1.25}, 0.2},
+		{"both: the smaller", randCost{mean: 0.5, tail: 1}, randCost{mean: 1.5, tail: 1.25}, 0.2},
+		{"no readers before", randCost{}, randCost{mean: 2, tail: 1}, 0.5},
+	} {
+		assert.InDelta(t, tc.want, budgetShare(tc.before, tc.after), 1e-9, tc.name)
+	}
+}

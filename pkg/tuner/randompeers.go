@@ -64,13 +64,8 @@ type randObs struct {
 
 // randomBesideDev: a file other than except is read randomly on dev now.
 func (t judgeCtx) randomBesideDev(dev probe.Dev, except probe.FileKey) bool {
-	for k, fs := range t.fstats {
-		if k != except && fs.Device == dev && t.readRandomly(fs) {
-			return true
-		}
-	}
 	_, known := t.knownRandomOn(dev, except)
-	return known
+	return known || len(t.randomsBeside(dev, except)) > 0
 }
 
 // knownRandomOn returns a file other than except on dev whose random reader

@@ -114,10 +114,13 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 			return true
 		case outUndoRandom:
 			// The knee holds for BackoffMax at once: the step was sized to the random
-			// readers' budget, so missing it is no noise; from the base, it bounds it.
+			// readers' budget, so missing it is no noise; from the base, it bounds it
+			// where what the step measured to cost them meets it.
 			if l.randomKnee(); l.cur == l.base {
-				l.limit.setCeil(l.trial.to, now+t.cfg.BackoffMax)
-				clause += fmt.Sprintf("; no step to %d KB or more for %v", l.trial.to, t.cfg.BackoffMax)
+				fit := l.trial.from + int(budgetShare(l.trial.before.rand, m.rand)*float64(l.trial.to-l.trial.from))
+				ceil := min(l.trial.to, fit/randStepKB*randStepKB+randStepKB)
+				l.limit.setCeil(ceil, now+t.cfg.BackoffMax)
+				clause += fmt.Sprintf("; no step to %d KB or more for %v", ceil, t.cfg.BackoffMax)
 			}
 			return t.undoStep(l, now, ev+clause, apply, act)
 		case outUndo:

@@ -290,12 +290,9 @@ func (t *Tuner) trimStreams() ([]probe.FileKey, time.Duration) {
 		}
 	}
 	for _, d := range t.devs {
-		if !d.raisedWide() {
-			continue
-		}
 		// A device-wide raise: any file read there names the device.
 		for k, fs := range t.fstats {
-			if fs.Device == d.dev {
+			if d.raisedWide() && fs.Device == d.dev {
 				keys = append(keys, k)
 				break
 			}
