@@ -238,14 +238,14 @@ func minStepKB(w int) int {
 	return (int(randMinStep*float64(w)) + randStepKB - 1) / randStepKB * randStepKB
 }
 
-// budgetShare: the share of a step that met the random readers' budget, by
-// their mean and p99, each growing with the bytes queued ahead (b before, a after).
+// budgetShare: the share of a step that met the random readers' budget by their
+// mean and p99 (b before, a after; linear in the bytes queued), none if none was left.
 func budgetShare(b, a randCost) float64 {
 	share := func(b, a, limit float64) float64 {
-		if a <= limit || a <= b {
+		if a <= limit {
 			return 1
 		}
-		return (limit - b) / (a - b)
+		return max(0, limit-b) / max(a-b, 1e-9)
 	}
 	return max(0, min(share(b.mean, a.mean, 1), share(b.tail, a.tail, randTailBudget)))
 }

@@ -1333,6 +1333,7 @@ func TestBudgetShareOfAStepOverIt(t *testing.T) {
 		{"within budget", randCost{mean: 0.5, tail: 1}, randCost{mean: 0.9, tail: 1.04}, 1},
 		{"mean: half the step", randCost{mean: 0.5, tail: 1}, randCost{mean: 1.5, tail: 1}, 0.5},
 		{"mean over before the step", randCost{mean: 1.1, tail: 1}, randCost{mean: 1.3, tail: 1}, 0},
+		{"mean over before, the step's cost hidden (a trim came with it)", randCost{mean: 1.1, tail: 1}, randCost{mean: 1.07, tail: 1}, 0},
 		{"p99: a fifth of the step", randCost{mean: 0.5, tail: 1}, randCost{mean: 0.9, tail: 1.25}, 0.2},
 		{"both: the smaller", randCost{mean: 0.5, tail: 1}, randCost{mean: 1.5, tail: 1.25}, 0.2},
 		{"no readers before", randCost{}, randCost{mean: 2, tail: 1}, 0.5},
