@@ -169,7 +169,8 @@ func TestImageBuildsAndRunsWithTheDaemonSetsPrivileges(t *testing.T) {
 	logs := &daemontest.SyncBuffer{}
 	d := p.cmd("podman", append(runArgs("readaheadd-run", "-v", data+":/data", "-v", state+":/var/lib/readaheadd"),
 		"localhost/readaheadd:test", "run", "--device", l.Name, "--allow-path", "/data",
-		"--state-dir", "/var/lib/readaheadd", "--metrics-addr", addr, "--interval", "1s")...)
+		"--state-dir", "/var/lib/readaheadd", "--metrics-addr", addr, "--interval", "1s",
+		"--nice", "0")...) // as the DaemonSet's config.yaml: its profile denies setpriority
 	d.Stdout, d.Stderr = logs, logs
 	require.NoError(t, d.Start())
 	done := make(chan error, 1)

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,7 +24,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
+	"github.com/readaheadd/readaheadd/pkg/config"
 	"github.com/readaheadd/readaheadd/test/daemontest"
 	"github.com/readaheadd/readaheadd/test/lab"
 )
@@ -82,6 +85,21 @@ func startDaemon(t *testing.T, args ...string) *daemonProc {
 	require.Eventually(t, func() bool {
 		return daemontest.OK("http://" + d.addr + "/healthz")
 	}, 30*time.Second, 100*time.Millisecond, "daemon did not become healthy:\n%s", d.logs)
+	if !slices.Contains(args, "--nice") {
+		// Every thread, those its runtime started after the daemon yielded
+		// too, at the default niceness (or the test run's own, if higher).
+		prio, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
+		require.NoError(t, err)
+		want := max(config.DefaultNice, 20-prio)
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", d.cmd.Process.Pid))
+		require.NoError(t, err)
+		for _, task := range tasks {
+			tid, _ := strconv.Atoi(task.Name())
+			if p, err := unix.Getpriority(unix.PRIO_PROCESS, tid); err == nil {
+				assert.Equal(t, want, 20-p, "thread %d of %d", tid, len(tasks))
+			}
+		}
+	}
 	return d
 }
 

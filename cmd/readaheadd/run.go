@@ -45,6 +45,7 @@ type runEnv struct {
 	ringBytes    int                    // probe.Config.RingBytes; 0 is the probe's default
 	sampleBudget int                    // probe.Config.SampleBudget; 0 is the probe's default, negative never samples
 	dropCaps     func(keep []int) error // nil keeps every capability (tests in-process)
+	yieldCPU     func(nice int) error   // nil keeps the niceness (tests in-process)
 	// openRA loads the iterator of open files' readahead state; nil: none.
 	openRA func() (*fileras.Iter, error)
 }
@@ -68,6 +69,7 @@ func defaultRunEnv() runEnv {
 		capStatus:  "/proc/self/status",
 		newControl: newController,
 		dropCaps:   dropCapabilities,
+		yieldCPU:   yieldCPU,
 		openRA:     fileras.Open,
 	}
 }
@@ -176,6 +178,12 @@ func runDaemon(parent context.Context, v config.Validated, env runEnv) error {
 	if env.capStatus != "" {
 		if err := requireTracingCaps(env.capStatus); err != nil {
 			return err
+		}
+	}
+	if env.yieldCPU != nil {
+		if err := env.yieldCPU(v.Nice); err != nil {
+			// Not fatal: a system call filter may forbid it (the unit sets Nice= itself).
+			log.Warn("the daemon's CPU priority is left as started", "err", err)
 		}
 	}
 

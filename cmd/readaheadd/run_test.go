@@ -288,6 +288,7 @@ func TestRunMetricsAddressTaken(t *testing.T) {
 	require.NoError(t, err)
 	env := defaultRunEnv()
 	env.dropCaps = nil // never the test process's own
+	env.yieldCPU = nil // nor its niceness
 	env.sys = sys
 	env.stderr = io.Discard
 	env.openProbe = func(probe.Config) (probe.Source, error) {
@@ -330,6 +331,7 @@ func TestRunWithoutCapabilitiesNamesThem(t *testing.T) {
 	require.NoError(t, err)
 	env := defaultRunEnv()
 	env.dropCaps = nil // never the test process's own
+	env.yieldCPU = nil // nor its niceness
 	env.sys = sys
 	env.stderr = io.Discard
 	env.openProbe = func(probe.Config) (probe.Source, error) {
@@ -369,6 +371,7 @@ func TestRunCorruptStateFileChangesNothing(t *testing.T) {
 	require.NoError(t, err)
 	env := defaultRunEnv()
 	env.dropCaps = nil // never the test process's own
+	env.yieldCPU = nil // nor its niceness
 	env.sys = sys
 	env.stderr = io.Discard
 	env.capStatus = ""
@@ -408,6 +411,7 @@ func TestRunProbeFailureStopsAndRestores(t *testing.T) {
 	logs := &daemontest.SyncBuffer{}
 	env := defaultRunEnv()
 	env.dropCaps = nil // never the test process's own
+	env.yieldCPU = nil // nor its niceness
 	env.sys = sys
 	env.stderr = logs
 	env.capStatus = ""

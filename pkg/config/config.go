@@ -40,6 +40,11 @@ const (
 	// anything, and must react within a minute to be of use.
 	MinInterval = 100 * time.Millisecond
 	MaxInterval = time.Minute
+
+	// DefaultNice: the daemon's work yields the CPU to the services it
+	// tunes (docs/operations.md). MaxNice is the kernel's.
+	DefaultNice = 10
+	MaxNice     = 19
 )
 
 // DefaultDevicesRule is which disks are tuned when no device is given. It
@@ -70,6 +75,9 @@ type Config struct {
 	Interval       Duration `json:"interval"`
 	LogFormat      string   `json:"log-format"`
 	LogLevel       string   `json:"log-level"`
+	// Nice is the CPU niceness the daemon's threads run at (0 leaves them
+	// as started): its bursts of work wait behind the services it tunes.
+	Nice int `json:"nice"`
 }
 
 // Duration is a time.Duration written as "1s", "250ms" in YAML.
@@ -101,6 +109,7 @@ func Default() Config {
 		Interval:       Duration(DefaultInterval),
 		LogFormat:      LogText,
 		LogLevel:       "info",
+		Nice:           DefaultNice,
 	}
 }
 
@@ -154,6 +163,7 @@ func AddFlags(fs *pflag.FlagSet) *Flags {
 	fs.DurationVar(&f.interval, "interval", DefaultInterval, fmt.Sprintf("evaluation interval (%s..%s)", MinInterval, MaxInterval))
 	fs.StringVar(&f.v.LogFormat, "log-format", d.LogFormat, "log format: text or json")
 	fs.StringVar(&f.v.LogLevel, "log-level", d.LogLevel, "log level: debug, info, warn or error")
+	fs.IntVar(&f.v.Nice, "nice", d.Nice, "CPU niceness of the daemon's threads (0..19; 0 leaves it as started; a higher one it was started with is kept)")
 	return f
 }
 
@@ -208,6 +218,9 @@ func (f *Flags) Config() (Config, error) {
 	if set("log-level") {
 		c.LogLevel = f.v.LogLevel
 	}
+	if set("nice") {
+		c.Nice = f.v.Nice
+	}
 	return c, nil
 }
 
@@ -231,6 +244,9 @@ func Validate(c Config, sys blockdev.SysFS) (Validated, error) {
 
 	if c.MaxReadAheadKB < MinReadAheadKB || c.MaxReadAheadKB > MaxReadAheadKBLimit {
 		return Validated{}, fmt.Errorf("max-read-ahead-kb %d is out of range: give %d..%d (KiB)", c.MaxReadAheadKB, MinReadAheadKB, MaxReadAheadKBLimit)
+	}
+	if c.Nice < 0 || c.Nice > MaxNice {
+		return Validated{}, fmt.Errorf("nice %d is out of range: give 0..%d (0 leaves the niceness the daemon was started with)", c.Nice, MaxNice)
 	}
 	if v.Interval < MinInterval || v.Interval > MaxInterval {
 		return Validated{}, fmt.Errorf("interval %s is out of range: give %s..%s", v.Interval, MinInterval, MaxInterval)

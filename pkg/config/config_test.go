@@ -47,7 +47,8 @@ func TestDefaultsAreTheContract(t *testing.T) {
 	assert.False(t, c.DryRun)
 	assert.Empty(t, c.Devices)
 	assert.Empty(t, c.AllowPaths)
-	for _, name := range []string{"device", "allow-path", "metrics-addr", "state-dir", "max-read-ahead-kb", "dry-run", "interval", "log-format", "log-level", "config"} {
+	assert.Equal(t, 10, c.Nice)
+	for _, name := range []string{"device", "allow-path", "metrics-addr", "state-dir", "max-read-ahead-kb", "dry-run", "interval", "log-format", "log-level", "nice", "config"} {
 		assert.NotNil(t, fs.Lookup(name), "flag --%s", name)
 	}
 }
@@ -142,6 +143,8 @@ func TestValidateErrors(t *testing.T) {
 		"negative interval":  {func(c *Config) { c.Interval = Duration(-time.Second) }, "out of range"},
 		"log format":         {func(c *Config) { c.LogFormat = "xml" }, `log-format "xml"`},
 		"log level":          {func(c *Config) { c.LogLevel = "loud" }, `log-level "loud"`},
+		"negative nice":      {func(c *Config) { c.Nice = -5 }, "nice -5 is out of range: give 0..19"},
+		"nice past 19":       {func(c *Config) { c.Nice = 20 }, "nice 20 is out of range"},
 		"metrics no port":    {func(c *Config) { c.MetricsAddr = "localhost" }, "is not HOST:PORT"},
 		"metrics bad port":   {func(c *Config) { c.MetricsAddr = "127.0.0.1:http" }, `port "http"`},
 		"metrics big port":   {func(c *Config) { c.MetricsAddr = "127.0.0.1:70000" }, `port "70000"`},
