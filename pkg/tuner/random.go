@@ -239,13 +239,14 @@ func minStepKB(w int) int {
 }
 
 // budgetShare: the share of a step that met the random readers' budget by their
-// mean and p99 (b before, a after; linear in the bytes queued), none if none was left.
+// mean and p99 (b before, a after; linear in the bytes queued); all of it if they
+// were over before (the budget counts on a trim the before-measure did not have).
 func budgetShare(b, a randCost) float64 {
 	share := func(b, a, limit float64) float64 {
-		if a <= limit {
+		if a <= limit || b >= limit {
 			return 1
 		}
-		return max(0, limit-b) / max(a-b, 1e-9)
+		return (limit - b) / (a - b)
 	}
 	return max(0, min(share(b.mean, a.mean, 1), share(b.tail, a.tail, randTailBudget)))
 }

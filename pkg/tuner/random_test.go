@@ -1322,7 +1322,8 @@ func TestFreshStepOverTheRandomBudgetIsNotTakenAgainWhole(t *testing.T) {
 
 // The share of a step over the random readers' budget that would have met
 // it: what was left of their budget before it over what it cost them, by
-// the mean and by the p99 (the smaller), none when nothing was left.
+// the mean and by the p99 (the smaller); a budget already spent before the
+// step (one that counts on a trim not yet in force) tells nothing.
 func TestBudgetShareOfAStepOverIt(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -1332,8 +1333,8 @@ func TestBudgetShareOfAStepOverIt(t *testing.T) {
 	}{
 		{"within budget", randCost{mean: 0.5, tail: 1}, randCost{mean: 0.9, tail: 1.04}, 1},
 		{"mean: half the step", randCost{mean: 0.5, tail: 1}, randCost{mean: 1.5, tail: 1}, 0.5},
-		{"mean over before the step", randCost{mean: 1.1, tail: 1}, randCost{mean: 1.3, tail: 1}, 0},
-		{"mean over before, the step's cost hidden (a trim came with it)", randCost{mean: 1.1, tail: 1}, randCost{mean: 1.07, tail: 1}, 0},
+		{"mean over before the step: no measure of the room", randCost{mean: 1.1, tail: 1}, randCost{mean: 1.3, tail: 1}, 1},
+		{"mean over before, p99: a fifth", randCost{mean: 1.1, tail: 1}, randCost{mean: 1.3, tail: 1.25}, 0.2},
 		{"p99: a fifth of the step", randCost{mean: 0.5, tail: 1}, randCost{mean: 0.9, tail: 1.25}, 0.2},
 		{"both: the smaller", randCost{mean: 0.5, tail: 1}, randCost{mean: 1.5, tail: 1.25}, 0.2},
 		{"no readers before", randCost{}, randCost{mean: 2, tail: 1}, 0.5},
