@@ -105,19 +105,15 @@ func (t judgeCtx) capacity(dev probe.Dev) (float64, capSource) {
 	case sat > 0:
 		return sat, capSaturation
 	}
-	return peak, capPeakIf(peak)
+	if peak > 0 {
+		return peak, capPeak
+	}
+	return 0, capNone
 }
 
 // satFresh reports whether d's saturation point sat is within satFreshAge.
 func (t judgeCtx) satFresh(d *devState, sat float64) bool {
 	return sat > 0 && d.satSeen && t.deps.Clock.Now()-d.satAt <= satFreshAge
-}
-
-func capPeakIf(peak float64) capSource {
-	if peak > 0 {
-		return capPeak
-	}
-	return capNone
 }
 
 // knownCapacity is the device's capacity if the model knows it, else 0.

@@ -58,7 +58,7 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		// Each window queued for the stream delays the random readers' faults:
 		// small steps within their budget, each paying its margin (random.go).
 		hint = 0
-		t.sizeByRandom(fd.dev, fd.key, &fd.win, escalate)
+		t.sizeByRandom(fd.dev, fd.key, &fd.win, m, escalate)
 	}
 	// A decision no regime started skips this unless the capacity was
 	// learned (atCapacity): the detector's best rate may be a slow device's
@@ -125,7 +125,8 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 	// reader: prefetched ranges queue ahead of its faults as a larger window
 	// would, and the window's knee already says what the device can take.
 	pfEscalate := escalate && !t.randomReaderBeside(fd)
-	if fd.win.exhausted(t.cfg.MaxKB) && !t.cfg.DisablePrefetch && (pfEscalate || fd.pf.trial.to != 0) {
+	winDone := fd.win.trial.to == 0 && (fd.win.back.knee || fd.win.cur >= t.cfg.MaxKB) // no more from it alone
+	if winDone && !t.cfg.DisablePrefetch && (pfEscalate || fd.pf.trial.to != 0) {
 		if fs, ok := t.fstats[fd.key]; ok && fs.Sequentiality >= t.cfg.MinSequentiality || fd.pf.trial.to != 0 {
 			t.drive(&fd.pf, fd.dev, fd.key, fd.path, m, why+", window at its knee or maximum", pfEscalate, func(kb int) error {
 				if len(t.refs(fd, nil)) == 0 {
@@ -140,17 +141,23 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 // sizeByRandom sizes l's steps (a file's window, or d's with except zero) by
 // the budget of the random readers on d but except (randomLimitKB). Before a
 // first step their reference is what they get now, at the device's window.
-func (t judgeCtx) sizeByRandom(d *devState, except probe.FileKey, l *ladder, escalate bool) {
+func (t judgeCtx) sizeByRandom(d *devState, except probe.FileKey, l *ladder, m measure, escalate bool) {
 	if escalate && l.cur == l.base && l.trial.to == 0 {
 		t.refreshRandom(d)
+	}
+	ceil := l.limit.ceil
+	if m.ok && m.tput > 0 && l.limit.perKB > 0 {
+		// What a window costs the random readers is the stream's share of the
+		// device, its rate: the ceiling moves with the rate a KB reads now.
+		ceil = int(float64(ceil) * l.limit.perKB * float64(l.inForce()) / m.tput)
 	}
 	l.limit.setFn(func() int {
 		lim, why := t.randomLimitKB(d, except, l)
 		if lim < 0 {
 			return 0
 		}
-		if l.limit.ceil > 0 && t.deps.Clock.Now() < l.limit.ceilUntil {
-			lim = min(lim, l.limit.ceil-randStepKB)
+		if ceil > 0 && t.deps.Clock.Now() < l.limit.ceilUntil {
+			lim = min(lim, ceil/randStepKB*randStepKB-randStepKB)
 		}
 		t.log.Debug("tuner: step beside random readers", "device", d.name, "file", except.String(), "kind", l.kind, "value_kb", l.cur, "limit_kb", lim, "why", why)
 		return max(lim, l.cur)
@@ -160,8 +167,9 @@ func (t judgeCtx) sizeByRandom(d *devState, except probe.FileKey, l *ladder, esc
 // driveDevice advances d's window; beside (pread) random readers each step
 // is sized by their budget as a file window's is (read-around ones keep it off).
 func (t judgeCtx) driveDevice(d *devState, why string, escalate bool) {
-	t.sizeByRandom(d, probe.FileKey{}, &d.win, escalate)
-	t.drive(&d.win, d, probe.FileKey{}, "", t.devMeasure(d.dev), why, escalate, func(kb int) error {
+	m := t.devMeasure(d.dev)
+	t.sizeByRandom(d, probe.FileKey{}, &d.win, m, escalate)
+	t.drive(&d.win, d, probe.FileKey{}, "", m, why, escalate, func(kb int) error {
 		if err := t.setDevice(d, kb, true); err != nil {
 			return err
 		}

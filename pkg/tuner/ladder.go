@@ -78,11 +78,13 @@ type backOff struct {
 
 // randLimit bounds a step beside random readers (random.go): kb, the largest
 // window a step may take now (0: no limit), from fn at each next step; no
-// step to ceil or more before ceilUntil.
+// step to ceil or more before ceilUntil, ceil taken at perKB bytes/s of the
+// stream per KB of its window.
 type randLimit struct {
 	kb, ceil  int
 	fn        func() int
 	ceilUntil time.Duration
+	perKB     float64
 }
 
 // randWatch watches what the value in force costs the random readers
@@ -109,11 +111,6 @@ func (l *ladder) inForce() int {
 		return l.trial.to
 	}
 	return l.cur
-}
-
-// exhausted: more of this knob alone will not help now.
-func (l *ladder) exhausted(max int) bool {
-	return l.trial.to == 0 && (l.back.knee || l.cur >= max)
 }
 
 type measure struct {
@@ -245,7 +242,6 @@ func (l *ladder) staleKnee(now time.Duration) {
 	l.back.staleAt, l.back.staleN = now, l.back.staleN+1
 }
 func (l *ladder) regimeBegan() { l.rejump = true }
-func (l *ladder) kneeWaited()  { l.back.knee = false }
 
 // The young retry: the step undone is tried again at retryAt, or sooner
 // between Steps; youngRetried reports whether the step just judged was one.
@@ -281,19 +277,14 @@ func (l *ladder) endReprobe(now time.Duration, needed bool, most time.Duration) 
 }
 
 // aim sets hint and steadyBefore; noteLast records the next step's reference
-// (the last measure with no step under trial); dryStep reports whether kb is new.
+// (the last measure with no step under trial).
 func (l *ladder) aim(hint int, steady bool) { l.hint, l.steadyBefore = hint, steady }
-func (l *ladder) judgedOn(m measure)        { l.judged = m }
 func (l *ladder) noteLast(m measure, now time.Duration) {
 	if l.trial.to == 0 && l.reprobe.until == 0 && m.ok {
 		l.last = lastMeasure{m, now, l.cur}
 	}
 }
 func (l *ladder) forgetLast() { l.last.m = measure{} }
-func (l *ladder) dryStep(kb int) (changed bool) {
-	changed, l.dryAt = l.dryAt != kb, kb
-	return changed
-}
 
 // The watch starts afresh; the limit is computed by fn (nil: none), now
 // and again on refresh; no step to ceil or more before until.
@@ -304,4 +295,6 @@ func (r *randLimit) refresh() {
 		r.kb = r.fn()
 	}
 }
-func (r *randLimit) setCeil(kb int, until time.Duration) { r.ceil, r.ceilUntil = kb, until }
+func (r *randLimit) setCeil(kb int, until time.Duration, perKB float64) {
+	r.ceil, r.ceilUntil, r.perKB = kb, until, perKB
+}

@@ -316,14 +316,14 @@ func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 	if t.untrimmedBeside(fd.dev.dev, fd.key) {
 		// A reader beside it still reads around untrimmed: its cost now
 		// says nothing of its cost trimmed, so no ceiling.
-		l.limit.setCeil(0, 0)
+		l.limit.setCeil(0, 0, 0)
 		t.emit(fd.action(now, KindFileWindowUndo, from, to, ResultUndone,
 			fmt.Sprintf("over budget over the last intervals: %s; the reader reads around untrimmed: no ceiling, its trim comes with the next step", m.rand.why)))
 		return true
 	}
 	// A ceiling, not a knee: half way back to the window that went
 	// over stays out of reach; the stream may still grow below it.
-	l.limit.setCeil(max((from+to)/2/randStepKB*randStepKB, to+randStepKB), now+t.cfg.BackoffMax)
+	l.limit.setCeil(max((from+to)/2/randStepKB*randStepKB, to+randStepKB), now+t.cfg.BackoffMax, m.tput/float64(from))
 	t.emit(fd.action(now, KindFileWindowUndo, from, to, ResultUndone,
 		fmt.Sprintf("over budget over the last intervals: %s; no window of %d KB or more for %v", m.rand.why, l.limit.ceil, t.cfg.BackoffMax)))
 	return true

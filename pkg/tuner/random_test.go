@@ -1342,3 +1342,37 @@ func TestBudgetShareOfAStepOverIt(t *testing.T) {
 		assert.InDelta(t, tc.want, budgetShare(tc.before, tc.after), 1e-9, tc.name)
 	}
 }
+
+// A ceiling the random readers' budget set holds the stream's share of the
+// device, not its bytes in flight: once the stream's file slows, each KB of
+// its window reads (and queues on the device) half as much, and a step past
+// the old ceiling's KB costs the reader no more than the ceiling did. On
+// the lab a step over budget on the healthy device held a stream that slowed
+// after at 128 KB for 5 minutes (0.51 of its best static window).
+func TestRandomCeilingMovesWithTheStreamsRate(t *testing.T) {
+	r, key := slowedStream(t)
+	slow := 1.0
+	r.tput = func(kb int) float64 { return slowedModel(kb) / slow }
+	// Over budget once the stream reads more than 70 MB/s, whatever its window.
+	byRate := func(kb int) (float64, time.Duration) {
+		if r.tput(kb) > 70e6 {
+			return 400, 3 * time.Millisecond
+		}
+		return 500, 2 * time.Millisecond
+	}
+	st := stream{key: key, tgid: 100, fill: 0.9}
+	acts := r.runBeside(12, st, byRate)
+	logActs(t, acts)
+	undone := filter(acts, KindFileWindowUndo, ResultUndone)
+	require.NotEmpty(t, undone)
+	require.Contains(t, undone[0].Evidence, "no step to")
+	ceil := r.tn.files[key].win.limit.ceil
+	require.NotZero(t, ceil)
+	slow = 2.5
+	acts = r.runBeside(20, st, byRate)
+	logActs(t, acts)
+	assert.Greater(t, r.files.window[key], ceil, "a window past the ceiling's KB once a KB reads less (ceiling %d KB)", ceil)
+	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
+		assert.NotContains(t, a.Evidence, "over budget", "each step within the reader's budget")
+	}
+}

@@ -57,7 +57,7 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 		if v.rule.out == outWait {
 			return false
 		}
-		l.judgedOn(m)
+		l.judged = m
 		if l.kind == KindFileWindow {
 			t.learnCapacity(d, l.trial.from, l.trial.to, l.trial.before, m, d.trimAt > l.trial.at-t.cfg.Settle)
 		}
@@ -119,7 +119,7 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 			if l.randomKnee(); l.cur == l.base {
 				fit := l.trial.from + int(budgetShare(l.trial.before.rand, m.rand)*float64(l.trial.to-l.trial.from))
 				ceil := min(l.trial.to, fit/randStepKB*randStepKB+randStepKB)
-				l.limit.setCeil(ceil, now+t.cfg.BackoffMax)
+				l.limit.setCeil(ceil, now+t.cfg.BackoffMax, l.trial.before.tput/float64(l.trial.from))
 				clause += fmt.Sprintf("; no step to %d KB or more for %v", ceil, t.cfg.BackoffMax)
 			}
 			return t.undoStep(l, now, ev+clause, apply, act)
@@ -142,7 +142,7 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 	if !escalate || now < l.back.retryAt {
 		return did
 	}
-	l.kneeWaited() // the next step tries past it
+	l.back.knee = false // the next step tries past it
 	l.limit.refresh()
 	next, ok := l.next(t.cfg.Growth, max)
 	if !ok || !m.ok {
@@ -150,7 +150,8 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 	}
 	ev := fmt.Sprintf("%s; now %s", why, m)
 	if t.cfg.DryRun {
-		if l.dryStep(next) {
+		if l.dryAt != next { // once per value
+			l.dryAt = next
 			act(l.kind, l.cur, next, ResultDryRun, ev)
 		}
 		return false
