@@ -201,12 +201,10 @@ func (l *ladder) keepStep(m measure, atCap bool, now time.Duration) {
 func (l *ladder) keepAt(kb, prev int, now time.Duration) {
 	l.prev, l.cur, l.keptAt, l.movedAt = prev, kb, now, now
 }
-func (l *ladder) backToBase(now time.Duration) { l.cur, l.back.knee, l.movedAt = l.base, false, now }
 func (l *ladder) endStep(now time.Duration) (to int) {
 	to, l.trial.to, l.movedAt = l.trial.to, 0, now
 	return to
 }
-func (l *ladder) resume(to int) { l.trial.to = to }
 
 // The knee and the back-off: failedStep waits wait(failures); atKnee confirms
 // a first knee after first, then holds it for hold (the wait returned);

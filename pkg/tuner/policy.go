@@ -183,7 +183,7 @@ func (t *Tuner) remember(fd *fileDec, hadTrial bool) {
 		}
 		t.emit(fd.action(now, KindFileWindowUndo, l.cur, l.base, ResultUndone,
 			fmt.Sprintf("prior: the stream read %.1f MB/s, no better than the prior's streams at the device's window (%.1f MB/s): the prior is halved", l.judged.tput/1e6, fd.prior.BaseBPS/1e6)))
-		l.backToBase(now)
+		l.cur, l.back.knee, l.movedAt = l.base, false, now
 		t.mem.Decay(fd.prior, false)
 		t.mem.ForgetFile(fd.key)
 		fd.prior = nil

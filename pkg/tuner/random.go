@@ -133,7 +133,7 @@ func (t *Tuner) meanBudget(r randObs) float64 {
 // trimMayCome: r reads around untrimmed, and a trim could reach it (none
 // in force or backed off, trims enabled).
 func (t *Tuner) trimMayCome(r randObs) bool {
-	return !t.cfg.DisableTrim && t.trims[r.key] == nil && t.trimOffs[r.key] == nil && readAroundSized(r.fs, t.cfg.TrimKB)
+	return !t.cfg.DisableTrim && t.trims[r.key] == nil && t.trimOffs[r.key] == nil && readAroundSized(r.fs, t.origOf(r.fs.Device), t.cfg.TrimKB)
 }
 
 // randomLimitKB is the largest value l (a file's window, or d's with except

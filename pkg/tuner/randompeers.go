@@ -28,12 +28,9 @@ func (t judgeCtx) randomOnDevice(dev probe.Dev) (probe.FileKey, bool) {
 			return k, true
 		}
 	}
-	kb := 0
-	if d := t.devs[dev]; d != nil {
-		kb = d.orig
-	}
+	kb := t.origOf(dev)
 	for k, fs := range t.fstats {
-		if fs.Device == dev && t.readRandomly(fs) && readAroundSized(fs, min(kb, t.cfg.TrimKB)) {
+		if fs.Device == dev && t.readRandomly(fs) && readAroundSized(fs, kb, min(kb, t.cfg.TrimKB)) {
 			return k, true
 		}
 	}
@@ -87,9 +84,11 @@ const (
 	trimMaxSequentiality = 0.2
 	// trimMinRequests: the file's window must hold this many requests.
 	trimMinRequests = 16
-	// trimSizeFactor: its requests must average at least this multiple
-	// of TrimKB (read-around sized, not reads the reader asked for).
-	trimSizeFactor = 4
+	// trimSizeFactor: its requests must average at least this multiple of
+	// TrimKB, and readAroundShare of the device's window (read around each
+	// fault with it, not reads the reader asked for, as a 64 KB pread's).
+	trimSizeFactor  = 4
+	readAroundShare = 0.75
 )
 
 // readRandomly: a file read now, randomly, with enough requests to tell.
@@ -97,10 +96,18 @@ func (t judgeCtx) readRandomly(fs detector.FileStats) bool {
 	return t.snap.Now-fs.LastSeen <= t.cfg.Settle && fs.Sequentiality <= trimMaxSequentiality && fs.Requests >= trimMinRequests
 }
 
-// readAroundSized reports whether a file's requests are the size a window
-// of trimSizeFactor x kb reads around each fault, not what a reader asks.
-func readAroundSized(fs detector.FileStats, kb int) bool {
-	return fs.MeanSize >= float64(trimSizeFactor*kb*1024)
+// origOf is dev's window before readaheadd wrote it (0: not known).
+func (t *Tuner) origOf(dev probe.Dev) int {
+	if d := t.devs[dev]; d != nil {
+		return d.orig
+	}
+	return 0
+}
+
+// readAroundSized reports whether a file's requests are the size the device's
+// window (windowKB) reads around each fault, worth a trim to trimKB.
+func readAroundSized(fs detector.FileStats, windowKB, trimKB int) bool {
+	return fs.MeanSize >= 1024*max(float64(trimSizeFactor*trimKB), readAroundShare*float64(windowKB))
 }
 
 // minBoundRequests: fewer requests in a window say too little.

@@ -257,7 +257,7 @@ func (t *Tuner) undoStep(l *ladder, now time.Duration, ev string, apply func(int
 func takeBack(l *ladder, now time.Duration, ev string, apply func(int) error, act func(ActionKind, int, int, Result, string)) (int, bool) {
 	from := l.endStep(now)
 	if err := apply(l.cur); err != nil && !errors.Is(err, errNoReaders) {
-		l.resume(from)
+		l.trial.to = from
 		act(undoOf(l.kind), from, l.cur, ResultFailed, ev+"; undo failed: "+err.Error())
 		return from, false
 	}

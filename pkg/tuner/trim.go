@@ -74,7 +74,7 @@ func (t judgeCtx) startTrims(d *devState, withStep bool) {
 	for _, fs := range t.snap.Files {
 		k := fs.Key
 		if fs.Device != d.dev || t.files[k] != nil || t.trims[k] != nil ||
-			!t.readRandomly(fs) || !readAroundSized(fs, t.cfg.TrimKB) || fs.P50 <= 0 {
+			!t.readRandomly(fs) || !readAroundSized(fs, d.orig, t.cfg.TrimKB) || fs.P50 <= 0 {
 			continue
 		}
 		if off := t.trimOffs[k]; off != nil && now < off.until {
@@ -125,7 +125,7 @@ func (t judgeCtx) startTrims(d *devState, withStep bool) {
 func (t judgeCtx) retrim(td *trimDec) {
 	now := t.deps.Clock.Now()
 	fs, ok := t.fstats[td.key]
-	if !ok || !t.readRandomly(fs) || !readAroundSized(fs, td.kb) || !t.scanDue(td.key, now) {
+	if !ok || !t.readRandomly(fs) || !readAroundSized(fs, t.origOf(fs.Device), td.kb) || !t.scanDue(td.key, now) {
 		return
 	}
 	open := t.trimRefs(td.key, td.dev)

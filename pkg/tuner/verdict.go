@@ -86,15 +86,6 @@ type trialSpan struct {
 	Span time.Duration
 }
 
-// lastRead is when a reader of the file last had a readahead event (0: none).
-func (t *Tuner) lastRead(k probe.FileKey) time.Duration {
-	var last time.Duration
-	for _, r := range t.readers[k] {
-		last = max(last, r.lastSeen)
-	}
-	return last
-}
-
 // readaheadGap is how long a stream under trial may go without a readahead
 // event and still be reading: endedGap, or two of its windows at its rate
 // before the step if longer.
@@ -129,7 +120,10 @@ func (t *Tuner) endedTrials() []trialSpan {
 	for _, k := range keys {
 		fd := t.files[k]
 		l := &fd.win
-		last := t.lastRead(k)
+		var last time.Duration // when a reader of it last had a readahead event
+		for _, r := range t.readers[k] {
+			last = max(last, r.lastSeen)
+		}
 		if last == 0 || now-last < t.readaheadGap(l) {
 			continue
 		}
