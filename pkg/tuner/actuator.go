@@ -143,13 +143,6 @@ func (t *Tuner) lowerFiles(d *devState, kb int, refs []actuate.FileRef, limit bo
 	return t.pinWith(d, kb, refs, limit, false)
 }
 
-// trimOpenedFiles is lowerFiles for a random reader's new descriptors
-// (trim.go): no break, so the lock is held throughout.
-func (t *Tuner) trimOpenedFiles(d *devState, kb int, refs []actuate.FileRef) (int, error) {
-	t.count(EvActuatorLower)
-	return t.pinWith(d, kb, refs, false, true)
-}
-
 // pinWith sets the window through the Lowerer (breaks as in lower.go).
 // noBreak: see LowerReq.NoBreak.
 func (t *Tuner) pinWith(d *devState, kb int, refs []actuate.FileRef, limit, noBreak bool) (int, error) {

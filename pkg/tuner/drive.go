@@ -167,7 +167,11 @@ func (t judgeCtx) sizeByRandom(d *devState, except probe.FileKey, l *ladder, m m
 // driveDevice advances d's window; beside (pread) random readers each step
 // is sized by their budget as a file window's is (read-around ones keep it off).
 func (t judgeCtx) driveDevice(d *devState, why string, escalate bool) {
-	m := t.devMeasure(d.dev)
+	var m measure
+	if ds, ok := t.dstats[d.dev]; ok && ds.BusyThroughput > 0 {
+		// Every random reader on the device pays for its window (s1-16: 1.55x).
+		m = measure{ok: true, tput: ds.BusyThroughput, p50: ds.P50, rand: t.randomCost(d.dev, probe.FileKey{})}
+	}
 	t.sizeByRandom(d, probe.FileKey{}, &d.win, m, escalate)
 	t.drive(&d.win, d, probe.FileKey{}, "", m, why, escalate, func(kb int) error {
 		if err := t.setDevice(d, kb, true); err != nil {

@@ -208,9 +208,9 @@ func (l *ladder) endStep(now time.Duration) (to int) {
 
 // The knee and the back-off: failedStep waits wait(failures); atKnee confirms
 // a first knee after first, then holds it for hold (the wait returned);
-// randomKnee holds at once (the random readers' loss undid it); untaught: the
-// knee is no longer theirs alone; retryNow ends the wait (with knee, the
-// knee); staleKnee counts (the next such re-probe waits longer).
+// randomKnee holds at once (the random readers' loss undid it); retryNow ends
+// the wait (with knee, the knee); staleKnee counts (the next such re-probe
+// waits longer).
 func (l *ladder) failedStep(now time.Duration, wait func(int) time.Duration) {
 	l.back.failures, l.back.retryAt = l.back.failures+1, now+wait(l.back.failures+1)
 }
@@ -230,7 +230,6 @@ func (l *ladder) randomKnee() {
 	}
 	l.back.kneeRandom = true
 }
-func (l *ladder) untaught()          { l.back.kneeRandom = false }
 func (l *ladder) retryNow(knee bool) { l.back.retryAt, l.back.knee = 0, l.back.knee && !knee }
 func (l *ladder) clearBack() {
 	l.back.knee, l.back.kneeRandom, l.back.retryAt, l.back.failures = false, false, 0, 0

@@ -139,15 +139,6 @@ func (t judgeCtx) measureFor(fd *fileDec) measure {
 	return m
 }
 
-func (t judgeCtx) devMeasure(dev probe.Dev) measure {
-	ds, ok := t.dstats[dev]
-	if !ok || ds.BusyThroughput <= 0 {
-		return measure{}
-	}
-	// Every random reader on the device pays for its window (s1-16: 1.55x).
-	return measure{ok: true, tput: ds.BusyThroughput, p50: ds.P50, rand: t.randomCost(dev, probe.FileKey{})}
-}
-
 // endedGap: no request completed for this long: not reading now (a
 // window-bound stream completes one every few ms, even slowed).
 const endedGap = 250 * time.Millisecond

@@ -192,7 +192,10 @@ func (t judgeCtx) randomLimitKB(d *devState, except probe.FileKey, l *ladder) (i
 			tailKB = min(tailKB, t.tailLimitKB(d, l, r, refTail, spared, capBPS))
 		}
 	}
-	if room <= 0 {
+	// Steps under trial beside them are not in their measure yet: one budget
+	// serves every step on the device.
+	pending := t.pendingSteps(d, except)
+	if room -= time.Duration(pending * perByte * float64(time.Second)); room <= 0 {
 		return 0, "the random readers beside it have no budget left"
 	}
 	w := l.inForce()
@@ -204,7 +207,7 @@ func (t judgeCtx) randomLimitKB(d *devState, except probe.FileKey, l *ladder) (i
 		return budgetStep(tailKB, w), fmt.Sprintf("the random readers' p99 budget allows %d KB", tailKB)
 	}
 	settled := !trimmed || d.trimAt <= t.deps.Clock.Now()-t.cfg.Settle
-	if !learned && !trimComes && settled && float64(kb) < randMinStep*float64(w) {
+	if !learned && !trimComes && settled && pending == 0 && float64(kb) < randMinStep*float64(w) {
 		// What a KB costs them here is not known (the prior may be
 		// several times it) and trims are settled: one small step shows
 		// it, its verdict holding them to budget (learnRandomSlope).
@@ -313,7 +316,7 @@ func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 	}
 	l.keepAt(to, max(l.base, to*2/3/randStepKB*randStepKB), now)
 	l.watch.reset()
-	if t.untrimmedBeside(fd.dev.dev, fd.key) {
+	if slices.ContainsFunc(t.randomsBeside(fd.dev.dev, fd.key), t.trimMayCome) {
 		// A reader beside it still reads around untrimmed: its cost now
 		// says nothing of its cost trimmed, so no ceiling.
 		l.limit.setCeil(0, 0, 0)
@@ -327,10 +330,4 @@ func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 	t.emit(fd.action(now, KindFileWindowUndo, from, to, ResultUndone,
 		fmt.Sprintf("over budget over the last intervals: %s; no window of %d KB or more for %v", m.rand.why, l.limit.ceil, t.cfg.BackoffMax)))
 	return true
-}
-
-// untrimmedBeside: a random reader beside except on dev still reads around
-// with the device's window though a trim could reach it.
-func (t judgeCtx) untrimmedBeside(dev probe.Dev, except probe.FileKey) bool {
-	return slices.ContainsFunc(t.randomsBeside(dev, except), t.trimMayCome)
 }

@@ -1406,3 +1406,37 @@ func TestAPreadReaderIsNotTakenForReadAround(t *testing.T) {
 		assert.NotContains(t, a.Evidence, "over budget", "no step sized on a trim that cannot come")
 	}
 }
+
+// Two streams stepped at the same Step beside one random reader spend one
+// budget: the second step's room is what the first's leaves (its bytes are
+// not in the reader's measure yet). On the lab (s3-46) two streams each
+// took the "one small step" beside a DataNode's preads in the same Step,
+// the reader's mean rose 15% and its p99 for that second 2.2x.
+func TestStepsAtOnceBesideARandomReaderShareItsBudget(t *testing.T) {
+	r, k1 := slowedStream(t)
+	p, k2 := realFile(t, filepath.Join(r.dir, "data"), "blk_3")
+	r.files.open(102, 7, p, k2)
+	rkey := probe.FileKey{Dev: k1.Dev, Ino: 1 << 40}
+	ss := []stream{{key: k1, tgid: 100, fill: 0.9}, {key: k2, tgid: 102, fill: 0.9}}
+	var acts []Action
+	for i := 0; i < 12; i++ {
+		r.clk.Advance(time.Second)
+		s := r.outcomeSnap(ss...)
+		s.Devices[0].CapacityBPS = 150e6
+		// Its 16 KB preads wait behind both streams' windows: 3 us per KB raised.
+		mean := 2*time.Millisecond + time.Duration(r.files.window[k1]+r.files.window[k2]-256)*3*time.Microsecond
+		s.Files = append(s.Files, randomStats(rkey, s.Now, 400, mean, mean*14/10, 16<<10))
+		for j := range ss {
+			s.Files[j].P50 = max(s.Files[j].P50, 3*mean)
+		}
+		acts = append(acts, r.tn.Step(s)...)
+	}
+	logActs(t, acts)
+	trials := filter(acts, KindFileWindow, ResultTrial)
+	require.NotEmpty(t, trials)
+	at := map[time.Duration]int{}
+	for _, a := range trials {
+		at[a.Time]++
+		assert.LessOrEqual(t, at[a.Time], 1, "one step at a time where the budget has room for one: %v", trials)
+	}
+}

@@ -195,6 +195,20 @@ func (t judgeCtx) raisedExcess(d *devState, except probe.FileKey) float64 {
 	return excess
 }
 
+// pendingSteps: the bytes the steps under trial on d (but except's) add that
+// the random readers' measure does not hold yet (by the share of its span
+// since each began).
+func (t judgeCtx) pendingSteps(d *devState, except probe.FileKey) float64 {
+	span, now := t.viewSpan(), t.deps.Clock.Now()
+	var b float64
+	for _, fd := range t.files {
+		if l := &fd.win; fd.dev == d && fd.key != except && l.trial.to > l.trial.from {
+			b += max(0, 1-float64(now-l.trial.at)/float64(span)) * float64(l.trial.to-l.trial.from) * 1024
+		}
+	}
+	return b
+}
+
 // trimSaving is the transfer a random reader's trim spares each of its
 // requests (mean size bytes): the read-around it no longer reads.
 func (t *Tuner) trimSaving(key probe.FileKey, size float64) float64 {

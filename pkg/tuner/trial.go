@@ -92,7 +92,7 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 		}
 		if r := v.rule.reason; r == rRandomOver || r > rOthersLost {
 			// Judged on the random readers, or past the loss rules: learn what a step costs them.
-			l.untaught()
+			l.back.kneeRandom = false
 			if l.kind != KindPrefetch && l.limit.kb > 0 {
 				t.learnRandomSlope(d, l, m)
 			}

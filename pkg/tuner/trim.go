@@ -401,7 +401,8 @@ func (t *Tuner) trimOpened(ev probe.ReadaheadEvent, now time.Duration) {
 		td.opened[ev.Tgid] = openedMark{at: m.at, until: now + time.Second/openedPerSec}
 		return
 	}
-	n, err := t.trimOpenedFiles(td.dev, td.kb, refs)
+	t.count(EvActuatorLower) // no break: the lock is held throughout
+	n, err := t.pinWith(td.dev, td.kb, refs, false, true)
 	if err != nil {
 		t.count(EvTrimOpenedMissed)
 		t.log.Debug("tuner: could not trim a descriptor opened on a trimmed file", "pid", ev.Tgid, "file", ev.File.String(), "err", err)
