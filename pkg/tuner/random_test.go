@@ -199,9 +199,7 @@ func TestStreamBesideARandomReaderSpendsTheBudgetItsTrimLeaves(t *testing.T) {
 	mean, p99 := l.service()
 	assert.LessOrEqual(t, float64(mean), randMeanBudget*float64(refMean), "mean %v against the reference %v", mean, refMean)
 	assert.LessOrEqual(t, float64(p99), randTailBudget*float64(refP99), "tail %v against the reference %v", p99, refP99)
-	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
-		assert.NotContains(t, a.Evidence, "over budget", "steps are sized to fit: none goes over")
-	}
+	noUndoOverBudget(t, acts, "steps are sized to fit: none goes over")
 }
 
 // A random reader that waits long on each fault of its own (a slowed
@@ -238,9 +236,7 @@ func TestStepBesideATrimmedRandomReaderLearnsWhatAKBCosts(t *testing.T) {
 			mean, p99 := l.service()
 			assert.LessOrEqual(t, float64(mean), randMeanBudget*float64(refMean), "mean %v against the reference %v at %d KB", mean, refMean, w)
 			assert.LessOrEqual(t, float64(p99), randTailBudget*float64(refP99), "tail %v against the reference %v", p99, refP99)
-			for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
-				assert.NotContains(t, a.Evidence, "over budget", "no step goes over their budget")
-			}
+			noUndoOverBudget(t, acts, "no step goes over their budget")
 		})
 	}
 }
@@ -262,9 +258,7 @@ func TestWholeDeviceSlowStreamBesideAnEquallySlowRandomReaderIsStepped(t *testin
 	ref := l.tn.randRefs[l.rkey].svc
 	_, p99 := l.service()
 	assert.LessOrEqual(t, float64(p99), randTailBudget*float64(ref.tail), "p99 %v against the reference %v", p99, ref.tail)
-	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
-		assert.NotContains(t, a.Evidence, "over budget")
-	}
+	noUndoOverBudget(t, acts, "no step goes over the random readers' budget")
 }
 
 // severeAbove256: a random reader whose faults come 2.7x fewer and 5x
@@ -351,9 +345,7 @@ func TestSmallRandomReaderCostsDoNotAddUp(t *testing.T) {
 	own := 16 * 6800 * time.Nanosecond
 	ref, now := wait(128)*6/10+own, wait(r.files.window[key])*6/10+own
 	assert.LessOrEqual(t, float64(now), randMeanBudgetUntrimmed*float64(ref), "%v against the reference %v at %d KB", now, ref, r.files.window[key])
-	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
-		assert.NotContains(t, a.Evidence, "over budget")
-	}
+	noUndoOverBudget(t, acts, "no step goes over the random readers' budget")
 }
 
 // A random reader that costs nothing more at any window does not hold the
@@ -770,17 +762,13 @@ func TestOneIntervalOfRandomP99AloneUndoesNothing(t *testing.T) {
 	}
 	acts := r.runBesideSplit(5, st, spike(2)) // a spike while a step is under trial
 	logActs(t, acts)
-	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
-		assert.NotContains(t, a.Evidence, "over budget", "no step undone on one interval's p99")
-	}
+	noUndoOverBudget(t, acts, "no step undone on one interval's p99")
 	assert.Positive(t, r.tn.Status().Events[EvRandomJudgedLater])
 	require.Equal(t, 288, r.files.window[key], "the stream reached its knee")
 
 	acts = r.runBesideSplit(4, st, spike(2)) // one spike on the kept window
 	logActs(t, acts)
-	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
-		assert.NotContains(t, a.Evidence, "over budget", "one interval brings nothing down")
-	}
+	noUndoOverBudget(t, acts, "one interval brings nothing down")
 	assert.Equal(t, 288, r.files.window[key])
 
 	acts = r.runBesideSplit(3, st, spike(1, 2, 3)) // the p99 stays off
@@ -828,9 +816,7 @@ func TestRandomP99OverBudgetTwoIntervalsRunningUndoesTheStep(t *testing.T) {
 		return 600, 900 * time.Microsecond, 1500 * time.Microsecond
 	})
 	logActs(t, acts)
-	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
-		assert.NotContains(t, a.Evidence, "over budget", "one interval's p99 undoes nothing")
-	}
+	noUndoOverBudget(t, acts, "one interval's p99 undoes nothing")
 	assert.Greater(t, r.files.window[key], 192)
 }
 
@@ -847,9 +833,7 @@ func TestRandomMeanAtItsBudgetByAHairWaitsAnInterval(t *testing.T) {
 		return 600, 900 * time.Microsecond, 1500 * time.Microsecond
 	})
 	logActs(t, acts)
-	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
-		assert.NotContains(t, a.Evidence, "over budget", "not undone on one interval's hair")
-	}
+	noUndoOverBudget(t, acts, "not undone on one interval's hair")
 	assert.Positive(t, r.tn.Status().Events[EvRandomJudgedLater])
 	assert.Greater(t, r.files.window[key], 128)
 }
@@ -1372,9 +1356,7 @@ func TestRandomCeilingMovesWithTheStreamsRate(t *testing.T) {
 	acts = r.runBeside(20, st, byRate)
 	logActs(t, acts)
 	assert.Greater(t, r.files.window[key], ceil, "a window past the ceiling's KB once a KB reads less (ceiling %d KB)", ceil)
-	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
-		assert.NotContains(t, a.Evidence, "over budget", "each step within the reader's budget")
-	}
+	noUndoOverBudget(t, acts, "each step within the reader's budget")
 }
 
 // A buffered random reader whose requests are what it asks for (64 KB
@@ -1402,9 +1384,7 @@ func TestAPreadReaderIsNotTakenForReadAround(t *testing.T) {
 	}
 	logActs(t, acts)
 	assert.Empty(t, filter(acts, KindTrim, ResultTrial), "no trim of a reader that asks for its 64 KB")
-	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
-		assert.NotContains(t, a.Evidence, "over budget", "no step sized on a trim that cannot come")
-	}
+	noUndoOverBudget(t, acts, "no step sized on a trim that cannot come")
 }
 
 // Two streams stepped at the same Step beside one random reader spend one
@@ -1438,5 +1418,13 @@ func TestStepsAtOnceBesideARandomReaderShareItsBudget(t *testing.T) {
 	for _, a := range trials {
 		at[a.Time]++
 		assert.LessOrEqual(t, at[a.Time], 1, "one step at a time where the budget has room for one: %v", trials)
+	}
+}
+
+// noUndoOverBudget: no step in acts was undone over the random readers' budget.
+func noUndoOverBudget(t *testing.T, acts []Action, msg string) {
+	t.Helper()
+	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
+		assert.NotContains(t, a.Evidence, "over budget", msg)
 	}
 }
