@@ -188,3 +188,52 @@ func TestSmallStepThatLeftTheDeviceFlatTeachesItsCapacity(t *testing.T) {
 	assert.InDelta(t, 150e6, c, 1)
 	assert.Len(t, filter(acts, KindFileWindow, ResultTrial), 1, "no trial once the capacity is known")
 }
+
+// Three streams share a 150 MB/s device by their windows, its total rising
+// from 126 to at most 144 MB/s with theirs (the third loses what the two
+// win). Two slowed streams stepped in one Step each gain more than twice
+// the device's rise, together more than it: each was kept on the rise
+// both made, until the steps taken together shared it.
+func TestStepsTakenTogetherShareTheDevicesRise(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	var keys []probe.FileKey
+	for i, name := range []string{"blk_a", "blk_b", "blk_c"} {
+		p, k := realFile(t, filepath.Join(r.dir, "data"), name)
+		r.files.open(100, 7+i, p, k)
+		keys = append(keys, k)
+	}
+	snap := func() detector.Snapshot {
+		now := r.clk.Now()
+		sum, raised := 0, 0
+		for _, k := range keys {
+			sum += r.files.window[k]
+			if r.files.window[k] > 128 {
+				raised++
+			}
+		}
+		total := 126e6 + 9e6*float64(raised)
+		s := detector.Snapshot{Now: now, Devices: []detector.DeviceStats{{Device: sdb, Bytes: uint64(total), BusyThroughput: total, CapacityBPS: 150e6}}}
+		for i, k := range keys {
+			w := r.files.window[k]
+			r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: k, Device: sdb, RaPages: uint32(w / 4)})
+			rate := total * float64(w) / float64(sum)
+			s.Files = append(s.Files, detector.FileStats{Key: k, Device: sdb, Requests: uint64(rate) / (128 << 10), Bytes: uint64(rate),
+				BusyThroughput: rate, Sequentiality: 1, NextOffset: 64 << 20, LastSeen: now, P50: 3 * time.Millisecond,
+				P95: 3 * time.Millisecond, MeanSize: 128 << 10, Inflight: 0.9 * float64(w) / 128})
+			if i < 2 {
+				s.Regimes = append(s.Regimes, detector.Regime{Kind: detector.StarvedStream, Device: sdb, File: k, Evidence: "test"})
+			}
+		}
+		return s
+	}
+	acts := r.run(1, snap)
+	require.Len(t, filter(acts, KindFileWindow, ResultTrial), 2, "both slowed streams stepped in one Step")
+	acts = append(acts, r.run(1, snap)...)
+	logActs(t, acts)
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
+	undone := filter(acts, KindFileWindowUndo, ResultUndone)
+	require.Len(t, undone, 2)
+	for _, a := range undone {
+		assert.Contains(t, a.Evidence, "of steps taken with it")
+	}
+}

@@ -37,7 +37,10 @@ type facts struct {
 	// raise its busy rate); capFrac: the share
 	// of it at which the device reads at its capacity (Config.CapacityFrac).
 	capBPS, capFrac float64
-	randLater       bool // the verdict was put off once on the random readers (ladder.trial.randLater)
+	// peerGain: bytes/s the device's other file window steps taken with this
+	// one added to their streams (judgeCtx.peerGain).
+	peerGain  float64
+	randLater bool // the verdict was put off once on the random readers (ladder.trial.randLater)
 }
 
 func (e *facts) beforeSettle() bool  { return e.since < e.settle-e.settle/10 }
@@ -183,12 +186,19 @@ var verdictRules = [numReasons]verdictRule{
 	// the device's busy rate did not show is another stream's loss, whatever
 	// asked (three streams on 40 MB/s kept steps summing to 61 MB/s). By bytes,
 	// not a margin: a stream with a third of the device moves it a third as much.
-	{rDeviceAtCapacity, "device_at_capacity", "a file step on a device reading at its capacity (CapacityFrac; its peak if not known yet) before it, under which the device's busy rate rose by less than devShareOfGain of the stream's gain, protected readers beside it (othersMin): undone, its gain was their share", outUndo, evNone,
+	// Steps taken together share the one rise (peerGain): four streams stepped
+	// at once were each kept on the rise all four made.
+	{rDeviceAtCapacity, "device_at_capacity", "a file step on a device reading at its capacity (CapacityFrac; its peak if not known yet) before or after it, under which the device's busy rate rose by less than devShareOfGain of what the stream and the steps taken with it gained, protected readers beside it (othersMin): undone, its gain was their share", outUndo, evNone,
 		func(e *facts) bool {
-			return e.kind != KindDeviceWindow && !e.shortOfMargin() && e.capBPS > 0 && e.before.devBusy >= e.capFrac*e.capBPS &&
-				e.m.devBusy-e.before.devBusy < devShareOfGain*(e.m.rate-e.before.rate) && e.lossDev > 0 && e.lossOthers > othersMin*e.lossDev
+			return e.kind != KindDeviceWindow && !e.shortOfMargin() && e.capBPS > 0 && max(e.before.devBusy, e.m.devBusy) >= e.capFrac*e.capBPS &&
+				e.m.devBusy-e.before.devBusy < devShareOfGain*(e.m.rate-e.before.rate+e.peerGain) && e.lossDev > 0 && e.lossOthers > othersMin*e.lossDev
 		}, func(e *facts) string {
-			return fmt.Sprintf("the device read at its capacity (%.1f of %.1f MB/s) and its busy rate rose %.1f MB/s of the stream's %.1f", e.before.devBusy/1e6, e.capBPS/1e6, (e.m.devBusy-e.before.devBusy)/1e6, (e.m.rate-e.before.rate)/1e6)
+			peers := ""
+			if e.peerGain > 0 {
+				peers = fmt.Sprintf(" and the %.1f of steps taken with it", e.peerGain/1e6)
+			}
+			return fmt.Sprintf("the device read at its capacity (%.1f -> %.1f of %.1f MB/s) and its busy rate rose %.1f MB/s of the stream's %.1f%s",
+				e.before.devBusy/1e6, e.m.devBusy/1e6, e.capBPS/1e6, (e.m.devBusy-e.before.devBusy)/1e6, (e.m.rate-e.before.rate)/1e6, peers)
 		}},
 	// Their p99 alone in one interval strays 20-30% with no step (and a trim
 	// within the span mixes two request sizes); nor is their mean over its

@@ -70,7 +70,18 @@ func TestJudgeTrialRuleByRule(t *testing.T) {
 		{"the device at its capacity, its busy rate flat", func(e *facts) {
 			e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = 100e6, 150e6, 0.9, 145e6, 146e6
 		}, rDeviceAtCapacity, numReasons,
-			"the device read at its capacity (145.0 of 150.0 MB/s) and its busy rate rose 1.0 MB/s of the stream's 20.0"},
+			"the device read at its capacity (145.0 -> 146.0 of 150.0 MB/s) and its busy rate rose 1.0 MB/s of the stream's 20.0"},
+		{"the device at its capacity after the step only, its busy rate up by a quarter of the stream's gain", func(e *facts) {
+			e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = 100e6, 150e6, 0.9, 130e6, 135e6
+		}, rDeviceAtCapacity, numReasons,
+			"the device read at its capacity (130.0 -> 135.0 of 150.0 MB/s) and its busy rate rose 5.0 MB/s of the stream's 20.0"},
+		{"the device at its capacity, up by most of the stream's gain, not of the step taken with it", func(e *facts) {
+			e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy, e.peerGain = 100e6, 150e6, 0.9, 135e6, 147e6, 30e6
+		}, rDeviceAtCapacity, numReasons,
+			"the device read at its capacity (135.0 -> 147.0 of 150.0 MB/s) and its busy rate rose 12.0 MB/s of the stream's 20.0 and the 30.0 of steps taken with it"},
+		{"the device at its capacity, up by half of what the stream and the step taken with it gained", func(e *facts) {
+			e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy, e.peerGain = 100e6, 150e6, 0.9, 120e6, 146e6, 30e6
+		}, rKept, numReasons, ""},
 		{"the device at its capacity, its busy rate up by the margin", func(e *facts) {
 			e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = 100e6, 150e6, 0.9, 140e6, 160e6
 		}, rKept, numReasons, ""},

@@ -172,6 +172,26 @@ func (t *Tuner) pauseIn(k probe.FileKey, start time.Duration) time.Duration {
 	return max(least, 0)
 }
 
+// peerGain: what the device's other file window steps taken since l's
+// before-measure (half a span before its step on) added to their streams
+// over the span judged: held still, or undone within its last half (judged
+// first in the same Step). Steps taken together are paid for by one device:
+// its busy rate bounds what they won together (device_at_capacity).
+func (t judgeCtx) peerGain(l *ladder, d *devState, file probe.FileKey) float64 {
+	span, now := t.viewSpan(), t.deps.Clock.Now()
+	var g float64
+	for k, fd := range t.files {
+		p := &fd.win
+		if fd.dev != d || k == file || p.trial.at <= l.trial.at-span/2 || p.inForce() <= p.trial.from && now-p.movedAt > span/2 || !p.trial.before.ok {
+			continue
+		}
+		if fs, ok := t.fstats[k]; ok {
+			g += max(0, float64(fs.Bytes)/span.Seconds()-p.trial.before.rate)
+		}
+	}
+	return g
+}
+
 // endedMinActive: a stream that read less than this before ending is not judged.
 const endedMinActive = 100 * time.Millisecond
 

@@ -198,6 +198,7 @@ func (t judgeCtx) evidenceFor(l *ladder, d *devState, file probe.FileKey, m meas
 	e.lossDev, e.lossOthers = lossBase(l.trial.before, m)
 	e.capBPS, _ = t.capacity(d.dev)
 	e.capFrac = t.cfg.CapacityFrac
+	e.peerGain = t.peerGain(l, d, file)
 	return e
 }
 
