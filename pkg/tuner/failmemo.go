@@ -2,6 +2,7 @@ package tuner
 
 import (
 	"errors"
+	"maps"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -81,8 +82,10 @@ func (m *failMemo) failed(file probe.FileKey, kind ActionKind, cause string, now
 	k := failKey{file, kind, cause}
 	s, ok := m.seen[k]
 	if !ok {
-		if len(m.seen) >= maxFailMemo {
-			m.prune(now)
+		if len(m.seen) >= maxFailMemo { // full: forget what waits no more, or all
+			if maps.DeleteFunc(m.seen, func(_ failKey, s *failSeen) bool { return now >= s.retryAt }); len(m.seen) >= maxFailMemo {
+				clear(m.seen)
+			}
 		}
 		s = &failSeen{}
 		m.seen[k] = s
@@ -99,17 +102,6 @@ func (m *failMemo) failed(file probe.FileKey, kind ActionKind, cause string, now
 func (m *failMemo) ok(file probe.FileKey, kind ActionKind) {
 	for _, c := range FailureCauses {
 		delete(m.seen, failKey{file, kind, c})
-	}
-}
-
-func (m *failMemo) prune(now time.Duration) {
-	for k, s := range m.seen {
-		if now >= s.retryAt {
-			delete(m.seen, k)
-		}
-	}
-	if len(m.seen) >= maxFailMemo {
-		clear(m.seen)
 	}
 }
 

@@ -311,7 +311,18 @@ func (t *Tuner) Step(snap detector.Snapshot) []Action {
 	t.prefetchAll()
 	t.applyPendingLocked()
 	j.judgePriorChecks(now)
-	t.pruneReaders(now)
+	// Readers gone for two Graces, holding nothing of ours.
+	for k, rs := range t.readers {
+		for tgid, r := range rs {
+			if now-r.lastSeen > 2*t.cfg.Grace && (r.appliedKB == 0 || t.files[k] == nil) {
+				delete(rs, tgid)
+				t.nReaders--
+			}
+		}
+		if len(rs) == 0 {
+			delete(t.readers, k)
+		}
+	}
 	t.savePriors(false)
 	return t.out
 }
@@ -480,18 +491,4 @@ func (t *Tuner) applyPendingFile(fd *fileDec, now time.Duration) {
 	}
 	t.fails.ok(fd.key, KindFileWindow)
 	t.emit(a)
-}
-
-func (t *Tuner) pruneReaders(now time.Duration) {
-	for k, rs := range t.readers {
-		for tgid, r := range rs {
-			if now-r.lastSeen > 2*t.cfg.Grace && (r.appliedKB == 0 || t.files[k] == nil) {
-				delete(rs, tgid)
-				t.nReaders--
-			}
-		}
-		if len(rs) == 0 {
-			delete(t.readers, k)
-		}
-	}
 }

@@ -185,9 +185,7 @@ func (t judgeCtx) peerGain(l *ladder, d *devState, file probe.FileKey) float64 {
 		if fd.dev != d || k == file || p.trial.at <= l.trial.at-span/2 || p.inForce() <= p.trial.from && now-p.movedAt > span/2 || !p.trial.before.ok {
 			continue
 		}
-		if fs, ok := t.fstats[k]; ok {
-			g += max(0, float64(fs.Bytes)/span.Seconds()-p.trial.before.rate)
-		}
+		g += max(0, float64(t.fstats[k].Bytes)/span.Seconds()-p.trial.before.rate) // 0 if not read
 	}
 	return g
 }

@@ -194,7 +194,7 @@ func (t judgeCtx) randomLimitKB(d *devState, except probe.FileKey, l *ladder) (i
 	}
 	// Steps under trial beside them are not in their measure yet: one budget
 	// serves every step on the device.
-	pending := t.pendingSteps(d, except)
+	_, pending := t.raisedBytes(d, except)
 	if room -= time.Duration(pending * perByte * float64(time.Second)); room <= 0 {
 		return 0, "the random readers beside it have no budget left"
 	}

@@ -170,43 +170,31 @@ func (t judgeCtx) untouchedEstimate(fs detector.FileStats, svc randService) rand
 	if d == nil || capBPS <= 0 {
 		return svc
 	}
-	excess := t.raisedExcess(d, fs.Key) - t.trimSaving(fs.Key, svc.size)
-	less := time.Duration(excess * randSlack / capBPS * float64(time.Second))
+	held, _ := t.raisedBytes(d, fs.Key)
+	less := time.Duration((held - t.trimSaving(fs.Key, svc.size)) * randSlack / capBPS * float64(time.Second))
 	svc.mean = max(svc.mean-less, svc.mean/4)
 	// The p99 is left as measured: the account does not predict the
 	// spread of the wait behind the queue (verdicts use tailAtDefault).
 	return svc
 }
 
-// raisedExcess: the bytes d's raised file windows (but except's) keep queued
-// beyond the device's window, each weighted by its share of the measure.
-func (t judgeCtx) raisedExcess(d *devState, except probe.FileKey) float64 {
+// raisedBytes: the bytes d's raised file windows (but except's) keep queued
+// beyond the device's window, each weighted by its share of the random
+// readers' measure (held), and what the steps under trial add that the
+// measure does not hold yet (pending: the share of its span since each began).
+func (t judgeCtx) raisedBytes(d *devState, except probe.FileKey) (held, pending float64) {
 	span, now := t.viewSpan(), t.deps.Clock.Now()
-	var excess float64
 	for _, fd := range t.files {
-		if fd.dev == d && fd.key != except && fd.win.inForce() > fd.win.base {
-			share := 1.0
-			if moved := now - fd.win.movedAt; fd.win.movedAt != 0 && moved < span {
-				share = max(0, float64(moved)/float64(span))
+		if l := &fd.win; fd.dev == d && fd.key != except {
+			if moved := now - l.movedAt; l.inForce() > l.base {
+				held += min(1, max(0, float64(moved)/float64(span))) * float64(l.inForce()-l.base) * 1024
 			}
-			excess += share * float64(fd.win.inForce()-fd.win.base) * 1024
+			if l.trial.to > l.trial.from {
+				pending += max(0, 1-float64(now-l.trial.at)/float64(span)) * float64(l.trial.to-l.trial.from) * 1024
+			}
 		}
 	}
-	return excess
-}
-
-// pendingSteps: the bytes the steps under trial on d (but except's) add that
-// the random readers' measure does not hold yet (by the share of its span
-// since each began).
-func (t judgeCtx) pendingSteps(d *devState, except probe.FileKey) float64 {
-	span, now := t.viewSpan(), t.deps.Clock.Now()
-	var b float64
-	for _, fd := range t.files {
-		if l := &fd.win; fd.dev == d && fd.key != except && l.trial.to > l.trial.from {
-			b += max(0, 1-float64(now-l.trial.at)/float64(span)) * float64(l.trial.to-l.trial.from) * 1024
-		}
-	}
-	return b
+	return held, pending
 }
 
 // trimSaving is the transfer a random reader's trim spares each of its
@@ -230,7 +218,8 @@ func (t judgeCtx) tailAtDefault(r randObs) (time.Duration, bool) {
 		d.randSlope <= 0 && r.ref.tailSure {
 		return 0, false
 	}
-	more := t.raisedExcess(d, r.key)*tailPerByte(d, capBPS) - t.trimSaving(r.key, r.svc.size)/capBPS
+	held, _ := t.raisedBytes(d, r.key)
+	more := held*tailPerByte(d, capBPS) - t.trimSaving(r.key, r.svc.size)/capBPS
 	return r.svc.tail - time.Duration(more*float64(time.Second)), true
 }
 

@@ -266,7 +266,7 @@ const scansPerSec = 2
 
 // takeScan takes one whole-system scan from the budget.
 func (t *Tuner) takeScan() bool {
-	return t.scans.take(t.deps.Clock.Now(), scansPerSec, scansPerSec)
+	return t.scans.takeN(t.deps.Clock.Now(), 1, scansPerSec, scansPerSec)
 }
 
 // Trims between Steps: a window raised before the device's random readers
@@ -394,7 +394,7 @@ func (t *Tuner) trimOpened(ev probe.ReadaheadEvent, now time.Duration) {
 		td.opened[ev.Tgid] = openedMark{at: m.at, until: now + openedQuiet}
 		return
 	}
-	if !td.dev.opened.take(now, openedPerSec, openedBurst) {
+	if !td.dev.opened.takeN(now, 1, openedPerSec, openedBurst) {
 		// The next report (every 10 ms while it reads around) takes the next token.
 		t.count(EvTrimOpenedMissed)
 		t.limited++

@@ -363,12 +363,8 @@ type bucket struct {
 	used   bool
 }
 
-// take takes one token, refilled at rate per second up to burst.
-func (b *bucket) take(now time.Duration, rate, burst float64) bool {
-	return b.takeN(now, 1, rate, burst)
-}
-
-// takeN takes n tokens, or none when fewer are left.
+// takeN takes n tokens, refilled at rate per second up to burst, or none
+// when fewer are left.
 func (b *bucket) takeN(now time.Duration, n, rate, burst float64) bool {
 	if b.fill(now, rate, burst) < n {
 		return false
