@@ -251,7 +251,7 @@ func budgetShare(b, a randCost) float64 {
 		}
 		return (limit - b) / (a - b)
 	}
-	return max(0, min(share(b.mean, a.mean, 1), share(b.tail, a.tail, randTailBudget)))
+	return min(share(b.mean, a.mean, 1), share(b.tail, a.tail, randTailBudget))
 }
 
 // learnRandomSlope learns from a step judged beside random readers what
