@@ -113,6 +113,10 @@ func TestMatrixShort(t *testing.T) {
 		for _, a := range r.Arms {
 			assert.Positive(t, a.StreamsMBps, "%s/%s: streams read nothing", r.Scenario.Name, a.Arm)
 			assert.GreaterOrEqual(t, a.Seconds, 20.0, "%s/%s: arm shorter than 20 s", r.Scenario.Name, a.Arm)
+			// The daemon's start-up inside the arm (whole-device-bursty starts
+			// it after the slowdown) must not lengthen it: a periodic slowdown
+			// would weigh differently in arms of different spans.
+			assert.InDelta(t, cfg.Measure.Seconds(), a.Seconds, 0.5, "%s/%s: every arm measures the same span", r.Scenario.Name, a.Arm)
 			assert.Len(t, a.Randoms, len(r.Scenario.Randoms()))
 			for _, x := range a.Randoms {
 				assert.Positive(t, x.TouchesPerSec, "%s/%s: random reader touched nothing", r.Scenario.Name, a.Arm)
