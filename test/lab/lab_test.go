@@ -92,18 +92,7 @@ func line(m map[int]float64) string {
 // model is measured on a slower device than it is. A run that misses is run
 // once more on a fresh lab, and the second must meet every figure.
 func TestLabHealthyAndPermanent(t *testing.T) {
-	for attempt := 1; attempt <= 2; attempt++ {
-		var missed []string
-		t.Run(fmt.Sprintf("run%d", attempt), func(t *testing.T) { missed = labModelRun(t) })
-		if len(missed) == 0 {
-			return
-		}
-		if attempt == 1 {
-			t.Logf("run 1 missed %d figures (first: %s): once more on a fresh lab", len(missed), missed[0])
-			continue
-		}
-		assert.Empty(t, missed, "the lab's device model (missed in two runs)")
-	}
+	lab.RunTwice(t, "the lab's device model", labModelRun)
 }
 
 // labModelRun measures the model on a fresh lab and returns the figures it

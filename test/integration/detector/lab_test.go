@@ -330,18 +330,7 @@ func finishRun(t *testing.T, l *lab.Lab, w *workload, lv *live, name string) Sco
 // misses a target is run once more on a fresh lab, and the second must meet
 // every one: a detector that misses them fails both.
 func TestDetectorLabRegimes(t *testing.T) {
-	for attempt := 1; attempt <= 2; attempt++ {
-		var missed []string
-		t.Run(fmt.Sprintf("run%d", attempt), func(t *testing.T) { missed = regimesRun(t) })
-		if len(missed) == 0 {
-			return
-		}
-		if attempt == 1 {
-			t.Logf("run 1 missed %d targets (first: %s): once more on a fresh lab", len(missed), missed[0])
-			continue
-		}
-		assert.Empty(t, missed, "the live detector's targets (missed in two runs)")
-	}
+	lab.RunTwice(t, "the live detector's targets", regimesRun)
 }
 
 // regimesRun is one run of TestDetectorLabRegimes: the targets it missed.

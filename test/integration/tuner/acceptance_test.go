@@ -70,7 +70,7 @@ func staticSweepSpans(t *testing.T, l *lab.Lab, path string, kbs []int, passes i
 // throughput within 3 s of the onset through the running daemon, without a
 // restart; SIGTERM puts the device and the open file back.
 func TestAcceptancePermanentSlowdown(t *testing.T) {
-	acceptance(t, false)
+	lab.RunTwice(t, "the acceptance figures", func(t *testing.T) []string { return acceptance(t, false) })
 }
 
 // TestAcceptancePermanentSlowdownBesideARandomReader: the same onset with a
@@ -87,10 +87,18 @@ func TestAcceptancePermanentSlowdown(t *testing.T) {
 // third of its touches) read 0.86-0.95 of the best static window in a
 // sawtooth of the host's reclaim.
 func TestAcceptancePermanentSlowdownBesideARandomReader(t *testing.T) {
-	acceptance(t, true)
+	lab.RunTwice(t, "the acceptance figures", func(t *testing.T) []string { return acceptance(t, true) })
 }
 
-func acceptance(t *testing.T, withRandom bool) {
+// acceptance runs one lab and returns the figures it missed (the lab's speed
+// is the shared host's: lab.RunTwice runs a miss once more); what does not
+// depend on it (restores, the random reader's window never raised) is asserted.
+func acceptance(t *testing.T, withRandom bool) (missed []string) {
+	miss := func(ok bool, format string, args ...any) {
+		if !ok {
+			missed = append(missed, fmt.Sprintf(format, args...))
+		}
+	}
 	needRoot(t)
 	l := newLab(t)
 	target, err := l.WriteFile("blk_target", 256)
@@ -261,10 +269,10 @@ func acceptance(t *testing.T, withRandom bool) {
 	}
 
 	if !withRandom {
-		assert.GreaterOrEqual(t, after, 0.9*oracle, "the reader regains >= 90%% of the best static setting's throughput")
-		assert.True(t, recovery >= 0 && recovery <= 3*time.Second, "recovered within 3 s of onset (%v; -1ns: never)", recovery)
-		assertRestored(t, l, stateDir, term, after)
-		return
+		miss(after >= 0.9*oracle, "the reader regains >= 90%% of the best static setting's throughput (%.0f of %.0f MB/s)", after, oracle)
+		miss(recovery >= 0 && recovery <= 3*time.Second, "recovered within 3 s of onset (%v; -1ns: never)", recovery)
+		assertRestored(t, l, stateDir, term, after, miss)
+		return missed
 	}
 
 	// The random reader of the other file: bytes read per page touch from
@@ -320,23 +328,23 @@ func acceptance(t *testing.T, withRandom bool) {
 	// Acceptance: the daemon beats every static setting on the two readers
 	// together, and no static setting serves both better.
 	for _, kb := range kbs {
-		assert.Greater(t, daemonScore, 1.05*score(static[kb], staticRnd[kb]), "static %d KB serves the two readers together as well as the daemon", kb)
-		assert.False(t, static[kb] > 1.05*after && staticRnd[kb] > 1.05*actRate,
+		miss(daemonScore > 1.05*score(static[kb], staticRnd[kb]), "static %d KB serves the two readers together as well as the daemon", kb)
+		miss(!(static[kb] > 1.05*after && staticRnd[kb] > 1.05*actRate),
 			"static %d KB serves both readers better than the daemon (%.0f MB/s, %.0f touches/s vs %.0f, %.0f)", kb, static[kb], staticRnd[kb], after, actRate)
 	}
 	// The stream reaches its rate under the daemon within 3 s of the onset.
 	recovery = recoveredAt(0.9 * after)
-	assert.True(t, recovery >= 0 && recovery <= 3*time.Second, "the stream settled within 3 s of onset (%v; -1ns: never)", recovery)
+	miss(recovery >= 0 && recovery <= 3*time.Second, "the stream settled within 3 s of onset (%v; -1ns: never)", recovery)
 	// The slowed file's larger window stays on its own open file; the
 	// random reader's open file gets a smaller one (read-around trim), so
 	// each of its page faults reads less, never more.
 	require.NotZero(t, noDaemonKB, "the random reader read from the device")
-	assert.Less(t, actKB, 0.5*noDaemonKB, "the random reader's bytes per touch fall with the read-around trim (%.0f KB vs %.0f KB)", actKB, noDaemonKB)
+	miss(actKB < 0.5*noDaemonKB, "the random reader's bytes per touch fall with the read-around trim (%.0f KB vs %.0f KB)", actKB, noDaemonKB)
 	// Against the read-around without the daemon: the daemon may act
 	// before onset too (a stream bound by its window beside the random
 	// reader gets a trial whatever its history, and the trim comes with it).
 	if len(actSizes) > 0 {
-		assert.Less(t, median(actSizes), 0.5*noDaemonKB, "the probe sees smaller requests for the random file than its read-around without the daemon")
+		miss(median(actSizes) < 0.5*noDaemonKB, "the probe sees smaller requests for the random file than its read-around without the daemon")
 	}
 	var trimKept bool
 	for _, a := range actions {
@@ -347,23 +355,25 @@ func acceptance(t *testing.T, withRandom bool) {
 			}
 		}
 	}
-	assert.True(t, trimKept, "the read-around trim on the random reader's file paid and was kept")
+	miss(trimKept, "the read-around trim on the random reader's file paid and was kept")
 	t.Logf("the random reader's open file in the kernel (f_ra ra_pages): %d KB while the daemon acted, %d KB after SIGTERM", trimmedKB, restoredKB)
-	assert.Less(t, trimmedKB, 128, "the trim is the window in force in the kernel")
+	miss(trimmedKB < 128, "the trim is the window in force in the kernel (%d KB)", trimmedKB)
 	assert.Equal(t, 128, restoredKB, "SIGTERM gives the random reader's open file the device's window back (kernel f_ra)")
 	_ = targetKey
-	assertRestored(t, l, stateDir, term, after)
+	assertRestored(t, l, stateDir, term, after, miss)
+	return missed
 }
 
-// assertRestored: SIGTERM restored the device and the open file's window.
-func assertRestored(t *testing.T, l *lab.Lab, stateDir string, term, after float64) {
+// assertRestored: SIGTERM restored the device and the open file's window
+// (the reader's rate after it, a figure of the lab's speed, goes to miss).
+func assertRestored(t *testing.T, l *lab.Lab, stateDir string, term, after float64, miss func(bool, string, ...any)) {
 	t.Helper()
 	kb, err := l.ReadAheadKB()
 	require.NoError(t, err)
 	assert.Equal(t, 128, kb, "SIGTERM restores read_ahead_kb")
 	_, err = os.Stat(filepath.Join(stateDir, "originals.json"))
 	assert.True(t, os.IsNotExist(err), "nothing left to restore")
-	assert.Less(t, term, 0.9*after, "after SIGTERM the reader's open file is back at the original window (slower again under the slowdown)")
+	miss(term < 0.9*after, "after SIGTERM the reader's open file is back at the original window (slower again under the slowdown: %.0f MB/s against %.0f)", term, after)
 }
 
 func fmtRates(v []float64) string {
