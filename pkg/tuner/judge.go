@@ -21,10 +21,9 @@ type facts struct {
 	since, settle          time.Duration
 	keepsEarly, ended      bool // an early keep that pays (keepsEarly); the stream stopped (endedVerdict)
 	// The stream's tail (tail.go): the window a stalled span grows the step
-	// to (0: none); the tail in the span judged, in the before's; put-offs.
-	resizeTo            int
+	// to (0: none), put-offs; the tail in the span judged, in the before's.
+	resizeTo, later     int
 	tailNow, beforeTail bool
-	later               int
 	// Why the step is kept without its margin, "" if not: prior confirmed,
 	// the stream's tail (tailKeep), a file slower than its device (shiftKeep).
 	prior, tail, shift  string
@@ -33,14 +32,12 @@ type facts struct {
 	// share before the step, of the readers still reading (lossBase).
 	lossDev, lossOthers float64
 	// capBPS: the device's capacity, the detector's peak if nothing else
-	// knows it (0: none; a slow device's peak is safe here, its good steps
-	// raise its busy rate); capFrac: the share
-	// of it at which the device reads at its capacity (Config.CapacityFrac).
-	capBPS, capFrac float64
-	// peerGain: bytes/s the device's other file window steps taken with this
-	// one added to their streams (judgeCtx.peerGain).
-	peerGain  float64
-	randLater bool // the verdict was put off once on the random readers (ladder.trial.randLater)
+	// knows it (0: none; a slow device's good steps raise its busy rate);
+	// capFrac: the share of it read at capacity (Config.CapacityFrac);
+	// peerGain: what the device's other file window steps taken with this
+	// one added to their streams, bytes/s (judgeCtx.peerGain).
+	capBPS, capFrac, peerGain float64
+	randLater                 bool // the verdict was put off once on the random readers (ladder.trial.randLater)
 }
 
 func (e *facts) beforeSettle() bool  { return e.since < e.settle-e.settle/10 }

@@ -12,12 +12,11 @@ import (
 // ladder is one knob's closed-loop state: the value in force, a step under
 // trial, the knee, and the back-off.
 type ladder struct {
-	kind      ActionKind
-	base, cur int // value before the tuner; value kept
-	prev      int // the value kept before cur
-	first     int // first step when cur is 0 (prefetch)
-	dryAt     int // value last reported in dry-run mode
-	tried     int // the value of the last step taken
+	kind ActionKind
+	// base, cur, prev: the value before the tuner, kept, kept before cur;
+	// first: the first step when cur is 0 (prefetch); dryAt: the value last
+	// reported in dry-run mode; tried: the value of the last step taken.
+	base, cur, prev, first, dryAt, tried int
 	// hint: the window Little's law says the reader needs (KB, 0: unknown); a
 	// step from base, or from the value in force when rejump, skips smaller ones.
 	hint   int
@@ -30,10 +29,9 @@ type ladder struct {
 	baseM, keptM, judged measure
 	// steadyBefore: judge a gain against the mean of the last two intervals
 	// (trial.steady): an outcome-only decision's one-interval dip fakes gains.
-	steadyBefore bool
 	// capKept: the last step was kept on half the margin (marginFor): the
 	// capacity holds further steps, even for a decision judged by rate.
-	capKept bool
+	steadyBefore, capKept bool
 
 	trial trialStep
 	back  backOff

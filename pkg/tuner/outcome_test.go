@@ -908,6 +908,53 @@ func TestRegimeBeginningDuringAnOutcomeTrialTakesOverInTheSameStep(t *testing.T)
 	assert.Equal(t, 4096, trials[0].ToKB, "to the window Little's law asks for")
 }
 
+// A regime entered while a window undone on the device drains (its queue
+// emptying, the device briefly spare: streams beside it read as starved) is
+// no evidence against an unpaid trial's back-off; a span later it is, and
+// so is one seen in the Step that judged the undone trial (an onset under
+// the trial's window).
+func TestRegimeInAnUndoneWindowsDrainKeepsTheBackOff(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		undone  time.Duration // before the regime is seen
+		takes   bool
+		because string
+	}{
+		{"in the drain", 500 * time.Millisecond, false, "the undone window's queue is in the detector's view"},
+		{"a span later", 1500 * time.Millisecond, true, "the view is past the drain"},
+		{"in the Step that judged it", 0, true, "entered under the trial's window"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRig(t, Config{Settle: time.Second}, nil)
+			r.tput = kneeModel
+			pa, ka := realFile(t, filepath.Join(r.dir, "data"), "blk_a")
+			pb, kb := realFile(t, filepath.Join(r.dir, "data"), "blk_b")
+			r.files.open(100, 7, pa, ka)
+			r.files.open(101, 7, pb, kb)
+			r.clk.Advance(time.Second)
+			r.tn.Step(r.snap("", ka, kb)) // the device becomes known
+			d := r.tn.device(sdb)
+			require.NotNil(t, d)
+			now := r.clk.Now()
+			a := r.tn.newDec(ka, d, true, now)
+			a.win.failedStep(now-time.Second, r.tn.backoff) // unpaid, backing off
+			retryAt := a.win.back.retryAt
+			require.Greater(t, retryAt, now)
+			b := r.tn.newDec(kb, d, true, now)
+			b.win.movedAt = now - c.undone
+			b.win.failedStep(b.win.movedAt, r.tn.backoff)
+			assert.Equal(t, c.takes, r.tn.regimeTakesOver(a), c.because)
+			if c.takes {
+				assert.Zero(t, a.win.back.retryAt, "the back-off ends")
+				assert.False(t, a.byRate)
+			} else {
+				assert.Equal(t, retryAt, a.win.back.retryAt, "the back-off holds")
+				assert.True(t, a.byRate, "still an outcome decision: a later Step decides")
+			}
+		})
+	}
+}
+
 // A regime the fast path enters between Steps on a stream with an outcome
 // decision: its step is measured on the requests since about the onset
 // (the recent span), not on a whole interval mostly before it, so that its

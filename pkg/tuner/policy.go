@@ -75,10 +75,11 @@ func (t judgeCtx) outcomeNeeds(snap detector.Snapshot, needs map[probe.FileKey][
 
 // regimeTakesOver turns an outcome decision into a regime one when the
 // detector enters a regime on its file: new evidence that an unpaid trial's
-// back-off does not hold up (a knee found before it is probed again). A step
-// under trial is judged first. It reports whether it did.
+// back-off does not hold up (a knee found before it is probed again); not
+// during a trial, nor while one undone on the device drains (drainIn).
 func (t *Tuner) regimeTakesOver(fd *fileDec) bool {
-	if !fd.byRate || fd.win.trial.to != 0 || fd.win.reprobe.until != 0 || fd.pf.trial.to != 0 {
+	if !fd.byRate || fd.win.trial.to != 0 || fd.win.reprobe.until != 0 || fd.pf.trial.to != 0 ||
+		t.drainIn(fd.dev, t.deps.Clock.Now(), cmp.Or(t.span, t.cfg.Settle)) {
 		return false
 	}
 	fd.byRate, fd.prior = false, nil
@@ -327,6 +328,18 @@ func (t *Tuner) learnFrom(fd *fileDec) {
 		base = fd.prior.BaseBPS
 	}
 	t.mem.Learn(fd.key, fd.dev.name, fd.path, fd.win.cur, fd.win.base, base, fd.win.keptM.rate, t.deps.Clock.Now(), time.Now())
+}
+
+// drainIn: a file window on d undone within span before now (not in this
+// Step), backing off: the detector's view holds its queue draining and the
+// device briefly spare (five streams at capacity, two entered as starved).
+func (t *Tuner) drainIn(d *devState, now, span time.Duration) bool {
+	for _, fd := range t.files {
+		if l := &fd.win; fd.dev == d && l.trial.to == 0 && l.movedAt < now && now-l.movedAt < span && l.back.retryAt > l.movedAt {
+			return true
+		}
+	}
+	return false
 }
 
 // peerStepIn reports whether another served stream on f's device, reading

@@ -35,23 +35,20 @@ type readerInfo struct {
 	evGap time.Duration
 	// lastIndex: the page index of its last event (indexed: there was one);
 	// follows: the current event is a stream's next window (followsStream).
-	lastIndex uint64
-	indexed   bool
-	follows   bool
+	lastIndex        uint64
+	indexed, follows bool
 }
 
 type devState struct {
-	name   string
-	dev    probe.Dev
-	orig   int // value found before the first write (floor of every window)
-	cur    int // value the device should have now
-	known  bool
-	dirty  bool   // the last write back failed: retry
-	writes bucket // sysfs writes (Tuner.take)
-	// opened: the budget of trims of descriptors opened on trimmed files (trim.go).
-	opened bucket
-	// prefetch: the prefetch budget in bytes, empty when first seen.
-	prefetch bucket
+	name  string
+	dev   probe.Dev
+	orig  int // value found before the first write (floor of every window)
+	cur   int // value the device should have now
+	known bool
+	dirty bool // the last write back failed: retry
+	// Budgets: sysfs writes (Tuner.take), trims of descriptors opened on
+	// trimmed files (opened, trim.go), prefetch bytes (empty when first seen).
+	writes, opened, prefetch bucket
 
 	win        ladder // device-wide window
 	winActive  bool
@@ -70,11 +67,10 @@ type devState struct {
 	outcomeFailTput float64
 	outcomeSlow     map[probe.FileKey][2]time.Duration
 	// movedAt: when a window on the device last changed (random readers'
-	// measures since are no reference); trimAt: when a trim there did.
-	movedAt, trimAt time.Duration
+	// measures since are no reference); trimAt: when a trim there did;
 	// satAt: when a step last taught its saturation point (satSeen: this run).
-	satAt   time.Duration
-	satSeen bool
+	movedAt, trimAt, satAt time.Duration
+	satSeen                bool
 	// randSlope: seconds of delay each byte a stream keeps queued costs
 	// the device's random readers, learned from steps (0: not yet).
 	randSlope float64
@@ -97,12 +93,9 @@ type fileDec struct {
 	lastNeeded time.Duration
 	outOfScope bool
 	scopeAt    time.Duration
-	// scopeWarned: a regime's action was refused by the allow-paths (logged once).
-	scopeWarned bool
-	// notSeqLogged: the file was found not sequential (logged once).
-	notSeqLogged bool
-	// atCapLogged: the file was found at the device's capacity (logged once).
-	atCapLogged bool
+	// Logged once: a regime's action refused by the allow-paths, the file
+	// found not sequential, found at the device's capacity.
+	scopeWarned, notSeqLogged, atCapLogged bool
 	// byRate: judged by the reader's rate, not busy throughput: no regime says it is slow.
 	byRate bool
 	// prior: the directory prior this decision started from (decayed if
