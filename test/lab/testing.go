@@ -36,16 +36,23 @@ func Full() bool { return os.Getenv("READAHEADD_BENCH") == "full" }
 // test fails only if the second run misses too; what names what run checks.
 func RunTwice(t *testing.T, what string, run func(t *testing.T) (missed []string)) {
 	t.Helper()
-	for attempt := 1; attempt <= 2; attempt++ {
+	RunUpTo(t, 2, what, run)
+}
+
+// RunUpTo is RunTwice with up to n runs: the test fails only if every run
+// misses something.
+func RunUpTo(t *testing.T, n int, what string, run func(t *testing.T) (missed []string)) {
+	t.Helper()
+	for attempt := 1; attempt <= n; attempt++ {
 		var missed []string
 		t.Run(fmt.Sprintf("run%d", attempt), func(t *testing.T) { missed = run(t) })
 		switch {
 		case len(missed) == 0:
 			return
-		case attempt == 1:
-			t.Logf("run 1 missed %d of %s (first: %s): once more on a fresh lab", len(missed), what, missed[0])
+		case attempt < n:
+			t.Logf("run %d missed %d of %s (first: %s): once more on a fresh lab", attempt, len(missed), what, missed[0])
 		default:
-			t.Errorf("%s missed in two runs: %v", what, missed)
+			t.Errorf("%s missed in %d runs; the last missed: %v", what, n, missed)
 		}
 	}
 }
