@@ -81,12 +81,14 @@ func BenchmarkDetectorReplay(b *testing.B) {
 	}
 }
 
-// TestDetectorReplay runs without root on the committed recordings: the
-// replay is deterministic, the regime run holds every lab regime, and the
-// detector still recognises each in at least half of its episodes and
-// reports no regime on the healthy run (a floor that catches regressions;
-// the acceptance targets themselves are checked live by
-// TestDetectorLabRegimes and printed by BenchmarkDetectorReplay).
+// TestDetectorReplay runs without root on the committed recordings of live
+// lab runs: the replay is deterministic, so the detector's acceptance
+// targets are checked here, where a busy host cannot move them (live, a
+// late labfs thread is the device's own latency): on the regime run every
+// lab regime is entered as its kind in every episode, within 1 s (median)
+// and cleared within 3 s, and no regime is reported outside an episode that
+// explains it; on the healthy run none is reported.
+// BenchmarkDetectorReplay prints the same figures at other cadences.
 func TestDetectorReplay(t *testing.T) {
 	for _, path := range recordings(t) {
 		rec, err := LoadRecording(path)
@@ -98,15 +100,15 @@ func TestDetectorReplay(t *testing.T) {
 		again := ScoreRun(eps, Replay(rec, c), c.Interval)
 		require.Equal(t, sc.Table(), again.Table(), "replay must be deterministic")
 		t.Logf("%s:\n%s", filepath.Base(path), sc.Table())
+		for _, is := range sc.Instances {
+			assert.Zero(t, is.False, "%s: %s reported outside the episodes: %v", filepath.Base(path), is.Kind, is.Evidence)
+		}
 		if len(eps) == 0 {
-			for _, is := range sc.Instances {
-				assert.Zero(t, is.False, "%s on a healthy run: %v", is.Kind, is.Evidence)
-			}
 			continue
 		}
 		for _, k := range sc.Labs {
 			require.Positive(t, k.Episodes, "%s: the recording has no %s episode", filepath.Base(path), k.Lab)
-			assert.GreaterOrEqual(t, 2*k.Detected, k.Episodes, "%s: detected as %s in %d of %d episodes", k.Lab, k.Kind, k.Detected, k.Episodes)
 		}
+		assert.Empty(t, sc.targetsMissed(), "%s: the detector's acceptance targets", filepath.Base(path))
 	}
 }

@@ -284,6 +284,29 @@ func ScoreRun(eps []Episode, evals []Eval, interval time.Duration) Score {
 	return sc
 }
 
+// targetsMissed lists the detector's acceptance targets a run missed: every
+// episode of every lab regime entered as its kind, the median within 1 s of
+// the onset, cleared within 3 s of its end (median) and none still reported
+// 10 s after it.
+func (s Score) targetsMissed() []string {
+	var missed []string
+	for _, k := range s.Labs {
+		if k.Detected != k.Episodes {
+			missed = append(missed, fmt.Sprintf("%s: %d of %d episodes detected as %s", k.Lab, k.Detected, k.Episodes, k.Kind))
+		}
+		if d := median(k.Delays); len(k.Delays) > 0 && d > time.Second {
+			missed = append(missed, fmt.Sprintf("%s: median detection delay %v over 1s (all: %v)", k.Lab, d, k.Delays))
+		}
+		if c := median(k.Clears); len(k.Clears) > 0 && c > 3*time.Second {
+			missed = append(missed, fmt.Sprintf("%s: median clear delay %v over 3s (all: %v)", k.Lab, c, k.Clears))
+		}
+		if k.Uncleared > 0 {
+			missed = append(missed, fmt.Sprintf("%s: %d episodes still reported 10 s after their end", k.Lab, k.Uncleared))
+		}
+	}
+	return missed
+}
+
 // Table formats the score as the figures docs/detector.md shows.
 func (s Score) Table() string {
 	var b strings.Builder
