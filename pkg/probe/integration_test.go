@@ -197,7 +197,11 @@ func TestProbeAttributesReadsOnLoopDevice(t *testing.T) {
 		assert.False(t, r.Error)
 	}
 	t.Logf("%d records, %s in total; a: %s, b: %s, direct reads: %s", len(c.recs), fmtMB(total), fmtMB(byFile[keyA]), fmtMB(byFile[keyB]), fmtMB(direct))
-	assert.Equal(t, uint64(mb(32)), direct, "every direct read of c, not attributed (the reader's own pages)")
+	// Every direct read of c, not attributed (the reader's own pages), but
+	// for completions the kernel ran no BPF program for (below: one direct
+	// 1 MB read in one CI run).
+	assert.LessOrEqual(t, direct, uint64(mb(32)), "direct reads of c")
+	assert.GreaterOrEqual(t, float64(direct), float64(mb(32))-max(float64(devRead)-float64(total), 0), "every direct read of c the probe saw is one, not attributed")
 	if bioPinnedMask(kernelRelease()) != 0 {
 		assert.Positive(t, pinned, "direct reads known as such from the bio's flags")
 	}
