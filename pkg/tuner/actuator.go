@@ -328,12 +328,7 @@ func (t *Tuner) prefetchAll() {
 
 // onlyOutcome: the decision rests on its stream's outcome alone.
 func onlyOutcome(regimes []detector.RegimeKind) bool {
-	for _, r := range regimes {
-		if r != WindowBound {
-			return false
-		}
-	}
-	return len(regimes) > 0
+	return len(regimes) > 0 && !slices.ContainsFunc(regimes, func(r detector.RegimeKind) bool { return r != WindowBound })
 }
 
 // unlocked runs wait with the tuner's lock released (held by the caller).

@@ -92,8 +92,25 @@ func TestJudgeTrialRuleByRule(t *testing.T) {
 		{"the device below its capacity, its busy rate flat", func(e *facts) {
 			e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = 100e6, 150e6, 0.9, 100e6, 100e6
 		}, rKept, numReasons, ""},
+		// A waiver says the step cost the stream nothing, not the others.
 		{"the device at its capacity, flat, tail kept", func(e *facts) {
 			e.gain, e.tail, e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = short, "tail", 100e6, 150e6, 0.9, 145e6, 146e6
+		}, rDeviceAtCapacity, rTailKept, "the device read at its capacity (145.0 -> 146.0 of 150.0 MB/s) and its busy rate rose 1.0 MB/s of the stream's 20.0"},
+		{"the device at its capacity, flat, shift kept, the stream's rate flat", func(e *facts) {
+			e.gain, e.shift, e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy, e.m.rate = short, "shift", 100e6, 150e6, 0.9, 145e6, 146e6, 100e6
+		}, rKept, rShiftKept, ""},
+		// A prior given before the daemon read the device: no before.
+		{"the device at its capacity, no before of it, protected readers beside", func(e *facts) {
+			e.before.dev, e.lossDev, e.m.dev, e.m.others, e.capBPS, e.capFrac, e.m.devBusy = 0, 0, 150e6, 100e6, 150e6, 0.9, 149e6
+		}, rDeviceAtCapacity, numReasons, "the device read at its capacity (0.0 -> 149.0 of 150.0 MB/s) and its busy rate rose 0.0 MB/s of the stream's 20.0"},
+		{"no before of the device, alone on it", func(e *facts) {
+			e.before.dev, e.lossDev, e.m.dev, e.capBPS, e.capFrac, e.m.devBusy = 0, 0, 150e6, 150e6, 0.9, 149e6
+		}, rKept, numReasons, ""},
+		{"no before of the device, below its capacity", func(e *facts) {
+			e.before.dev, e.lossDev, e.m.dev, e.m.others, e.capBPS, e.capFrac, e.m.devBusy = 0, 0, 100e6, 60e6, 150e6, 0.9, 100e6
+		}, rKept, numReasons, ""},
+		{"the device below its capacity, flat, tail kept", func(e *facts) {
+			e.gain, e.tail, e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = short, "tail", 100e6, 150e6, 0.9, 100e6, 100e6
 		}, rKept, rTailKept, ""},
 		{"the device at its capacity, flat, device window", func(e *facts) {
 			e.kind, e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = KindDeviceWindow, 100e6, 150e6, 0.9, 145e6, 146e6

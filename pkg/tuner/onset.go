@@ -31,13 +31,7 @@ const (
 // slowerNow: recent requests slower than at the last Step (median 1.5x, or
 // a new tail). A rate that fell at unchanged latency is the reader's.
 func slowerNow(last, recent detector.FileStats) bool {
-	if last.P50 <= 0 || recent.P50 <= 0 {
-		return false
-	}
-	if recent.P50 >= last.P50*3/2 {
-		return true
-	}
-	return recent.P99 >= 2*recent.P50 && last.P99 < 2*last.P50
+	return last.P50 > 0 && recent.P50 > 0 && (recent.P50 >= last.P50*3/2 || recent.P99 >= 2*recent.P50 && last.P99 < 2*last.P50)
 }
 
 // onsetStreams returns the candidates and span, at most every Settle/4.
@@ -220,13 +214,11 @@ func (t *Tuner) fastOnset(snap detector.Snapshot, span time.Duration) []Action {
 func (t judgeCtx) firstStep(fd *fileDec, created bool) bool {
 	n := len(t.out)
 	t.driveFile(fd, true)
-	if len(t.out) > n {
-		return true
-	}
-	if created && !fd.outOfScope {
+	acted := len(t.out) > n
+	if !acted && created && !fd.outOfScope {
 		delete(t.files, fd.key)
 	}
-	return false
+	return acted
 }
 
 // retryYoung retakes first steps undone for being judged against a

@@ -132,6 +132,7 @@ func (l *labRig) snapshot() detector.Snapshot {
 		req, mean, p99 := l.random(rkb, l.files.window[l.st.key])
 		rs := randomStats(l.rkey, s.Now, req, mean, p99, uint64(rkb)<<10)
 		s.Files = append(s.Files, rs)
+		s.Devices[0].Bytes += rs.Bytes // the device reads the random reader's bytes too
 		s.Files[0].P50 = 3 * rs.P50
 		if l.streamP50 > 0 {
 			s.Files[0].P50 = l.streamP50

@@ -80,7 +80,7 @@ func (t judgeCtx) drive(l *ladder, d *devState, file probe.FileKey, path string,
 			v = judgeTrial(e)
 		}
 		t.log.Debug("tuner: verdict", "file", file.String(), "kind", l.kind, "rule", v.rule.reason, "gain", e.gain, "margin", e.margin,
-			"tail_now", e.tailNow, "tail_before", e.beforeTail, "later", e.later)
+			"tail_now", e.tailNow, "tail_before", e.beforeTail, "later", e.later, "cap_mbps", e.capBPS/1e6, "busy_before_mbps", e.before.devBusy/1e6, "busy_mbps", e.m.devBusy/1e6, "rate_before_mbps", e.before.rate/1e6, "rate_mbps", e.m.rate/1e6, "peer_gain_mbps", e.peerGain/1e6, "loss_dev_mbps", e.lossDev/1e6, "loss_others_mbps", e.lossOthers/1e6)
 		if w := v.waiver; w != nil {
 			ev += "; " + w.clause(&e)
 			if w.event != evNone {
@@ -390,8 +390,8 @@ func (t judgeCtx) keepsEarly(d *devState, l *ladder, m measure, now time.Duratio
 	if t.mode != judgeEarly || l.kind != KindFileWindow || l.trial.randLater || now-l.trial.at < t.cfg.Settle/2 || now-l.movedAt < t.span {
 		return false
 	}
-	b := l.trial.before
-	if !m.ok || !b.ok || b.tput <= 0 || m.tput < (1+earlyKeepGain)*b.tput {
+	b := l.trial.before // no before of the device (a prior in the daemon's first interval): nothing lost is unknowable
+	if !m.ok || !b.ok || b.tput <= 0 || b.dev <= 0 || m.tput < (1+earlyKeepGain)*b.tput {
 		return false
 	}
 	// Beside random readers: each measured, their trims unchanged, within budget.

@@ -165,8 +165,8 @@ func TestVerdictIsAFunctionOfItsMode(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			now := r.clk.Now()
 			step := ladder{kind: KindFileWindow, base: 128, cur: 128, movedAt: now - tc.age,
-				trial: trialStep{to: 256, from: 128, at: now - tc.age, before: measure{ok: true, tput: 100e6, rate: 100e6}}}
-			m := measure{ok: true, tput: (1 + tc.gain) * 100e6, rate: (1 + tc.gain) * 100e6}
+				trial: trialStep{to: 256, from: 128, at: now - tc.age, before: measure{ok: true, tput: 100e6, rate: 100e6, dev: 100e6}}}
+			m := measure{ok: true, tput: (1 + tc.gain) * 100e6, rate: (1 + tc.gain) * 100e6, dev: (1 + tc.gain) * 100e6}
 			views := [3]*view{&tn.view, {span: recent}, {span: tc.age}}
 			judge := func(mode judgeMode) string {
 				l := step
