@@ -49,16 +49,6 @@ func (e *facts) onFileWindow() bool  { return e.kind == KindFileWindow }
 func (e *facts) onWindow() bool     { return e.kind == KindFileWindow || e.kind == KindDeviceWindow }
 func (e *facts) marginWaived() bool { return e.prior != "" || e.tail != "" || e.shift != "" }
 
-// devRise: the device's busy rate's rise under the step, and whether protected
-// readers (othersMin of its bytes) read beside it before it; with no before of
-// the device, none shows and those beside it after it count.
-func (e *facts) devRise() (rise float64, beside bool) {
-	if e.lossDev <= 0 {
-		return 0, e.m.dev > 0 && e.m.others > othersMin*e.m.dev
-	}
-	return e.m.devBusy - e.before.devBusy, e.lossOthers > othersMin*e.lossDev
-}
-
 // stalledSpan: a file window step short of its margin on a measure, the
 // stream still reading, the span judged stalled and the before-measure's
 // not, put off fewer than tailMaxLater times: it can be resized or waited for.
@@ -195,20 +185,18 @@ var verdictRules = [numReasons]verdictRule{
 	// By bytes: a stream with a third of the device moves it a third as much.
 	// Steps taken together share the one rise (peerGain): four streams stepped
 	// at once were each kept on the rise all four made. No before of the device
-	// (a prior given in the daemon's first interval) shows no rise (devRise).
+	// (a prior given in the daemon's first interval) shows no rise (evidenceFor).
 	{rDeviceAtCapacity, "device_at_capacity", "a file step, paid or waived, on a device reading at its capacity (CapacityFrac; its peak if not known yet) before or after it, under which the device's busy rate rose by less than devShareOfGain of what the stream and the steps taken with it gained (no rise shown without a before of the device), protected readers beside it (othersMin): undone, its gain was their share", outUndo, evNone,
 		func(e *facts) bool {
-			rise, beside := e.devRise()
-			return e.kind != KindDeviceWindow && beside && e.capBPS > 0 && max(e.before.devBusy, e.m.devBusy) >= e.capFrac*e.capBPS &&
-				rise < devShareOfGain*(e.m.rate-e.before.rate+e.peerGain)
+			return e.kind != KindDeviceWindow && e.capBPS > 0 && max(e.before.devBusy, e.m.devBusy) >= e.capFrac*e.capBPS &&
+				e.m.devBusy-e.before.devBusy < devShareOfGain*(e.m.rate-e.before.rate+e.peerGain) && e.lossDev > 0 && e.lossOthers > othersMin*e.lossDev
 		}, func(e *facts) string {
 			peers := ""
 			if e.peerGain > 0 {
 				peers = fmt.Sprintf(" and the %.1f of steps taken with it", e.peerGain/1e6)
 			}
-			rise, _ := e.devRise()
 			return fmt.Sprintf("the device read at its capacity (%.1f -> %.1f of %.1f MB/s) and its busy rate rose %.1f MB/s of the stream's %.1f%s",
-				e.before.devBusy/1e6, e.m.devBusy/1e6, e.capBPS/1e6, rise/1e6, (e.m.rate-e.before.rate)/1e6, peers)
+				e.before.devBusy/1e6, e.m.devBusy/1e6, e.capBPS/1e6, (e.m.devBusy-e.before.devBusy)/1e6, (e.m.rate-e.before.rate)/1e6, peers)
 		}},
 	// Their p99 alone in one interval strays 20-30% with no step (and a trim
 	// within the span mixes two request sizes); nor is their mean over its

@@ -101,13 +101,16 @@ func TestJudgeTrialRuleByRule(t *testing.T) {
 		}, rKept, rShiftKept, ""},
 		// A prior given before the daemon read the device: no before.
 		{"the device at its capacity, no before of it, protected readers beside", func(e *facts) {
-			e.before.dev, e.lossDev, e.m.dev, e.m.others, e.capBPS, e.capFrac, e.m.devBusy = 0, 0, 150e6, 100e6, 150e6, 0.9, 149e6
-		}, rDeviceAtCapacity, numReasons, "the device read at its capacity (0.0 -> 149.0 of 150.0 MB/s) and its busy rate rose 0.0 MB/s of the stream's 20.0"},
+			e.before.devBusy, e.lossDev, e.lossOthers, e.capBPS, e.capFrac, e.m.devBusy = 149e6, 150e6, 100e6, 150e6, 0.9, 149e6
+		}, rDeviceAtCapacity, numReasons, "the device read at its capacity (149.0 -> 149.0 of 150.0 MB/s) and its busy rate rose 0.0 MB/s of the stream's 20.0"},
 		{"no before of the device, alone on it", func(e *facts) {
-			e.before.dev, e.lossDev, e.m.dev, e.capBPS, e.capFrac, e.m.devBusy = 0, 0, 150e6, 150e6, 0.9, 149e6
+			e.before.devBusy, e.lossDev, e.lossOthers, e.capBPS, e.capFrac, e.m.devBusy = 149e6, 150e6, 0, 150e6, 0.9, 149e6
 		}, rKept, numReasons, ""},
 		{"no before of the device, below its capacity", func(e *facts) {
-			e.before.dev, e.lossDev, e.m.dev, e.m.others, e.capBPS, e.capFrac, e.m.devBusy = 0, 0, 100e6, 60e6, 150e6, 0.9, 100e6
+			e.before.devBusy, e.lossDev, e.lossOthers, e.capBPS, e.capFrac, e.m.devBusy = 100e6, 100e6, 60e6, 150e6, 0.9, 100e6
+		}, rKept, numReasons, ""},
+		{"a before whose readers all ended, at capacity, flat", func(e *facts) {
+			e.lossDev, e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = 0, 0, 150e6, 0.9, 145e6, 146e6
 		}, rKept, numReasons, ""},
 		{"the device below its capacity, flat, tail kept", func(e *facts) {
 			e.gain, e.tail, e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = short, "tail", 100e6, 150e6, 0.9, 100e6, 100e6

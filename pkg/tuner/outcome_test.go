@@ -1505,3 +1505,58 @@ func steadyStream(t *testing.T, rate float64) (*rig, stream) {
 	r.files.open(100, 7, p, key)
 	return r, stream{key: key, tgid: 100, fill: 0.9}
 }
+
+// A prior given in a restarted daemon's first interval has no before of the
+// device. At the first Step, on a device read at its capacity with another
+// stream that was reading when the prior was given, no rise shows and the
+// stream's gain over its saved rate is the other's share: undone
+// (device_at_capacity). Alone on the device, the same prior is kept.
+func TestPriorWithNoBeforeOfTheDeviceIsJudgedByTheDevicesCapacity(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		beside bool
+		want   Result
+	}{{"another stream beside it", true, ResultUndone}, {"alone", false, ResultKept}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, Config{DisablePrefetch: true}, nil)
+			tn, w := restartedWithPrior(t, r)
+			tn.mu.Lock()
+			tn.dstats = nil // the restart's first interval: no view of the device yet
+			tn.mu.Unlock()
+			dir := filepath.Join(r.dir, "data", "sub0")
+			p3, k3 := realFile(t, dir, "blk_3")
+			if tc.beside {
+				r.files.open(400, 5, p3, k3)
+				tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 400, File: k3, Device: sdb, RaPages: 32})
+			}
+			p2, k2 := realFile(t, dir, "blk_2")
+			r.files.open(300, 4, p2, k2)
+			r.clk.Advance(10 * time.Millisecond)
+			tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 300, File: k2, Device: sdb, RaPages: 32})
+			require.Equal(t, w, r.files.window[k2], "the prior, given at once")
+
+			r.clk.Advance(time.Second)
+			now := r.clk.Now()
+			file := func(k probe.FileKey, bps float64) detector.FileStats {
+				return detector.FileStats{Key: k, Device: sdb, Requests: uint64(bps) / (128 << 10), Bytes: uint64(bps), BusyThroughput: bps,
+					Sequentiality: 1, NextOffset: 64 << 20, LastSeen: now, P50: 3 * time.Millisecond, MeanSize: 128 << 10}
+			}
+			s := detector.Snapshot{Now: now, Files: []detector.FileStats{file(k2, 100e6)}}
+			total := 100e6
+			if tc.beside {
+				s.Files, total = append(s.Files, file(k3, 50e6)), 150e6
+			}
+			s.Devices = []detector.DeviceStats{{Device: sdb, Bytes: uint64(total), BusyThroughput: total, CapacityBPS: 150e6}}
+			acts := tn.Step(s)
+			logActs(t, acts)
+			var got []Result
+			for _, a := range acts {
+				if a.File == k2 {
+					got = append(got, a.Result)
+				}
+			}
+			require.NotEmpty(t, got, "the prior is judged at the first Step")
+			assert.Equal(t, tc.want, got[len(got)-1])
+		})
+	}
+}

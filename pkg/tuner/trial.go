@@ -196,6 +196,14 @@ func (t judgeCtx) evidenceFor(l *ladder, d *devState, file probe.FileKey, m meas
 	e.prior, e.tail = t.tailKeep(file, l, m)
 	e.shift = t.shiftKeep(file, l, m)
 	e.lossDev, e.lossOthers = lossBase(l.trial.before, m)
+	if e.before.dev <= 0 && e.before.devBusy <= 0 { // no before of the device: no rise shown; the protected streams reading at the step and now
+		e.before.devBusy, e.lossDev, e.lossOthers = m.devBusy, m.dev, 0
+		for _, o := range m.streams {
+			if f := t.firstRead(o.key); o.protected && !o.ended && f > 0 && f <= l.trial.at {
+				e.lossOthers += o.bps
+			}
+		}
+	}
 	e.capBPS, _ = t.capacity(d.dev)
 	e.capFrac = t.cfg.CapacityFrac
 	e.peerGain = t.peerGain(l, d, file)
