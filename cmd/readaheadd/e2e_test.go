@@ -247,9 +247,10 @@ func meanMBps(s []lab.SeqSample, i, j int) float64 {
 // learned under that queue and the slowed file's first step (within a second)
 // leaves the device at its capacity, where latency is explained by queueing
 // and no shift is entered (on 2026-11-29, with 5% steal time, 3 of 5 runs,
-// at this and the previous commit alike). A run whose regime was not seen
-// runs once more on a fresh lab (lab.RunTwice); every other check holds in
-// each run.
+// at this and the previous commit alike). So the regime is judged only where
+// the healthy stream kept the default window; a run whose regime was not
+// seen runs once more on a fresh lab (lab.RunTwice); every other check holds
+// in each run.
 func TestEndToEndPermanentSlowdown(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end lab test: skipped in -short mode")
@@ -295,6 +296,15 @@ func endToEndPermanentRun(t *testing.T) (missed []string) {
 		require.NoError(t, err)
 		t.Logf("healthy read of %s: %.0f MB/s", filepath.Base(warm), r.MBps())
 		require.NoError(t, lab.DropFileCache(warm))
+	}
+	// The shift's report needs a healthy device the default window fills:
+	// a window kept on the healthy stream says this host's lab does not
+	// (see above), and then the regime is logged, not judged.
+	healthyKept := 0.0
+	for _, a := range actionLine.FindAllStringSubmatch(d.metrics(t), -1) {
+		if a[1] == "file_window" && a[3] == "kept" {
+			healthyKept, _ = strconv.ParseFloat(a[4], 64)
+		}
 	}
 
 	// The reader opens its file before the slowdown, as a DataNode does.
@@ -362,7 +372,10 @@ func endToEndPermanentRun(t *testing.T) (missed []string) {
 	mu.Unlock()
 	t.Logf("readaheadd status during the run:\n%s", status.String())
 
-	if !regimeSeen {
+	switch {
+	case !regimeSeen && healthyKept > 0:
+		t.Logf("not judged: readaheadd_regime_active never showed the slowdown, on a lab whose healthy stream was given a window (%g kept)", healthyKept)
+	case !regimeSeen:
 		missed = append(missed, "readaheadd_regime_active never showed the permanent slowdown")
 	}
 	var acted float64
@@ -382,7 +395,7 @@ func endToEndPermanentRun(t *testing.T) (missed []string) {
 		assert.Positive(t, n, "Prometheus scraped the latency histogram")
 		n, v := promQuery(t, prom, `max_over_time(readaheadd_regime_active{device="`+l.Name+`",regime="file_latency_shift"}[5m])`)
 		assert.Equal(t, 1, n)
-		if regimeSeen && v != 1 {
+		if (regimeSeen || healthyKept == 0) && v != 1 {
 			missed = append(missed, fmt.Sprintf("Prometheus did not see the regime active (max %g)", v))
 		}
 		_, p99 := promQuery(t, prom, `histogram_quantile(0.99, sum by (le) (rate(readaheadd_read_latency_seconds_bucket{device="`+l.Name+`"}[30s])))`)
