@@ -18,10 +18,26 @@ func yieldCPU(n int) error {
 	if n == 0 {
 		return nil
 	}
+	// A thread not yet set may start another while the list is read, and
+	// the new one takes the creator's niceness: pass again until a pass
+	// finds every thread set.
+	for range 8 {
+		set, err := yieldPass(n)
+		if err != nil || set == 0 {
+			return err
+		}
+	}
+	return nil
+}
+
+// yieldPass sets the threads listed now below niceness n, returning how
+// many it set.
+func yieldPass(n int) (int, error) {
 	tasks, err := os.ReadDir("/proc/self/task")
 	if err != nil {
-		return fmt.Errorf("list the daemon's threads to lower their CPU priority: %w", err)
+		return 0, fmt.Errorf("list the daemon's threads to lower their CPU priority: %w", err)
 	}
+	set := 0
 	for _, task := range tasks {
 		tid, err := strconv.Atoi(task.Name())
 		if err != nil {
@@ -33,8 +49,9 @@ func yieldCPU(n int) error {
 			continue // gone, or started nicer than n
 		}
 		if err := unix.Setpriority(unix.PRIO_PROCESS, tid, n); err != nil {
-			return fmt.Errorf("set thread %d to niceness %d: %w (start it at that niceness, e.g. systemd's Nice=, or give --nice 0)", tid, n, err)
+			return set, fmt.Errorf("set thread %d to niceness %d: %w (start it at that niceness, e.g. systemd's Nice=, or give --nice 0)", tid, n, err)
 		}
+		set++
 	}
-	return nil
+	return set, nil
 }
