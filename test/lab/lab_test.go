@@ -84,7 +84,7 @@ func line(m map[int]float64) string {
 // TestLabHealthyAndPermanent checks the device model: healthy, the default
 // window is within 20% of the best static one; a permanent +1.5 ms slowdown
 // on the file costs the default window >= 30% and +3 ms more than half
-// (healthy and slowed read back to back, defaultKeep),
+// (against the best healthy default read of the run, defaultKeep),
 // while the best static window recovers >= 90% of healthy. It also checks
 // that the block layer sees the injected latency (/proc/diskstats). The lab
 // is a user space server on a shared host: when the host takes its CPU for
@@ -130,8 +130,9 @@ func labModelRun(t *testing.T) (missed []string) {
 		require.NoError(t, l.SetPermanent(c.extra, p))
 		slow := sweep(t, l, p, raSweep)
 		bk, bv := best(slow)
-		keep, h := defaultKeep(t, l, p, c.extra)
+		slowed, h := defaultKeep(t, l, p, c.extra)
 		hDefault = max(hDefault, h)
+		keep := slowed / hDefault
 		t.Logf("permanent +%s, MB/s by read_ahead_kb: %s; default keeps %.0f%% of healthy; best %d KB recovers %.0f%%",
 			c.extra, line(slow), 100*keep, bk, 100*bv/hBest)
 		miss(keep < c.maxKeep, "permanent +%s: default window must lose enough (keeps %.2f, at most %.2f)", c.extra, keep, c.maxKeep)
@@ -172,14 +173,16 @@ func labModelRun(t *testing.T) (missed []string) {
 	return missed
 }
 
-// defaultKeep is the share of its healthy throughput the default window
-// keeps under a permanent +extra on path: the median of three pairs of
-// reads, healthy and slowed back to back, so that a stretch in which the
-// host took the lab's CPU slows both of a pair (a healthy sweep measured
-// on such a stretch, 101 MB/s against 149, put the default's share 2
-// points over the figure a minute later). It also returns the best healthy
-// read; the slowdown is left set.
-func defaultKeep(t *testing.T, l *lab.Lab, path string, extra time.Duration) (keep, healthy float64) {
+// defaultKeep reads path with the default window under a permanent +extra
+// on it, three times, each just after a healthy read, and returns the
+// median slowed rate and the best healthy one. The share is taken of the
+// best healthy default read of the run: a stretch in which the host takes
+// the lab's CPU slows the healthy read (two requests of about a millisecond
+// in flight: a late wake-up costs it most) far more than the slowed one,
+// whose added latency absorbs it (a CI run: 0.71 and 0.60 of their pairs'
+// healthy reads, where a quiet host reads 0.62 and 0.40). The slowdown is
+// left set.
+func defaultKeep(t *testing.T, l *lab.Lab, path string, extra time.Duration) (slowed, healthy float64) {
 	t.Helper()
 	require.NoError(t, l.SetReadAheadKB(128))
 	read := func() float64 {
@@ -188,18 +191,18 @@ func defaultKeep(t *testing.T, l *lab.Lab, path string, extra time.Duration) (ke
 		require.NoError(t, err)
 		return res.MBps()
 	}
-	var keeps []float64
+	var rates []float64
 	for range 3 {
 		require.NoError(t, l.Clear())
 		h := read()
 		require.NoError(t, l.SetPermanent(extra, path))
 		s := read()
-		keeps = append(keeps, s/h)
+		rates = append(rates, s)
 		healthy = max(healthy, h)
-		t.Logf("permanent +%s: default window %.0f MB/s healthy -> %.0f slowed (keeps %.2f)", extra, h, s, s/h)
+		t.Logf("permanent +%s: default window %.0f MB/s healthy -> %.0f slowed (%.2f of the pair's healthy read)", extra, h, s, s/h)
 	}
-	slices.Sort(keeps)
-	return keeps[1], healthy
+	slices.Sort(rates)
+	return rates[1], healthy
 }
 
 // singleLatency reads path with O_DIRECT in 128 KB requests, one at a
