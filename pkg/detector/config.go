@@ -65,13 +65,18 @@ type Config struct {
 	// ShiftTailMult is the p95 counterpart of ShiftMult (the tail of a
 	// shifted file moves less, relatively, than its median).
 	ShiftTailMult float64
-	// ShiftStrongMult: a file whose median is at least this multiple of the
-	// baseline's needs only a p95 at the baseline's (not below it), not
-	// ShiftTailMult above: a fixed time added to every request moves a
-	// long tail's p95 by a small multiple (+1.5 ms on a device whose p95 is
-	// 5 ms is 1.3x; on the lab with its server short of CPU, 1.05x while
-	// the median stood at 1.7x). Zero: the tail must always shift.
-	ShiftStrongMult float64
+	// ShiftBodyMult: a file whose median is above ShiftMult also counts as
+	// shifted, whatever its p95, when its lower quartile is at least this
+	// multiple of the baseline median; and apart from its peers when its
+	// lower quartile is PeerMult times their median. A time added to every
+	// request moves the body of the distribution; a host's stalls and a
+	// device's long tail move only its top. +1.5 ms on a device whose p95
+	// is 5 ms is 1.3x there; on a lab host short of CPU for both cores the
+	// baseline p95 stood at 3.5x the median, and a window's p95 was
+	// 0.5-2.2x it whichever the file (stalls or none) while the lower
+	// quartile sat at 0.83x healthy and 1.42-1.7x with +1.5 ms. Zero: the
+	// tail must always shift.
+	ShiftBodyMult float64
 	// ShiftDepthMult: a file only enters a shift while its requests see at
 	// most this multiple of the device's healthy queue depth (plus one):
 	// latency that rose with depth is queueing, not the file.
@@ -224,7 +229,7 @@ func DefaultConfig() Config {
 
 		ShiftMult:       1.3,
 		ShiftTailMult:   1.2,
-		ShiftStrongMult: 1.5,
+		ShiftBodyMult:   1.3,
 		ShiftDepthMult:  1.5,
 		ShiftExitMult:   1.12,
 		PeerMult:        1.25,
@@ -325,8 +330,8 @@ func (c Config) Validate() error {
 	if c.FastShiftMult != 0 && (c.FastShiftMult < c.ShiftMult || c.FastMinSamples < 1) {
 		errs = append(errs, errors.New("detector config: need FastShiftMult >= ShiftMult and FastMinSamples >= 1 (or FastShiftMult 0: no fast path)"))
 	}
-	if c.ShiftTailMult < 1 || c.ShiftDepthMult < 1 || (c.ShiftStrongMult != 0 && c.ShiftStrongMult < c.ShiftMult) {
-		errs = append(errs, errors.New("detector config: need ShiftTailMult >= 1, ShiftDepthMult >= 1 and ShiftStrongMult >= ShiftMult (or 0)"))
+	if c.ShiftTailMult < 1 || c.ShiftDepthMult < 1 || c.ShiftBodyMult < 0 {
+		errs = append(errs, errors.New("detector config: need ShiftTailMult >= 1, ShiftDepthMult >= 1 and ShiftBodyMult >= 0"))
 	}
 	if c.PeerMult < 1 || c.ContentionDepthMult <= 1 || c.StarvedMinSequential < 0 || c.StarvedMinSequential > 1 {
 		errs = append(errs, errors.New("detector config: need PeerMult >= 1, ContentionDepthMult > 1, 0 <= StarvedMinSequential <= 1"))

@@ -40,7 +40,10 @@ type fileAgg struct {
 	stats FileStats
 	// normalised median (by class p50) and p95 (by class p95) over set
 	n50, t95 float64
-	nl       int // set samples in learned classes
+	// normalised lower quartile (by class p50): the body of the
+	// distribution, which a host's stalls do not move
+	n25 float64
+	nl  int // set samples in learned classes
 	// normalised median of the latest quarter window (extended to
 	// FileMinSamples) and its sample count: a shift's exit is judged on it
 	recentN50 float64
@@ -380,10 +383,11 @@ func (d *Detector) fileStats(ds *deviceState, a *fileAgg, win []sample, now int6
 		slices.Sort(sc.vals)
 		slices.Sort(sc.vals2)
 		a.n50 = percentile(sc.vals, 0.5)
+		a.n25 = percentile(sc.vals, 0.25)
 		a.t95 = percentile(sc.vals2, 0.95)
 	}
 	cfg := &d.cfg
-	a.shifted = a.nl >= cfg.FileMinSamples && a.n50 >= cfg.ShiftMult && cfg.tailShifted(a.n50, a.t95)
+	a.shifted = a.nl >= cfg.FileMinSamples && a.n50 >= cfg.ShiftMult && cfg.shapeShifted(a.n25, a.t95)
 }
 
 // peerStats returns the normalised median and p95 of requests not
@@ -450,11 +454,23 @@ func (d *Detector) othersN50(ds *deviceState, devSet []sample, slot int32) (floa
 	return percentile(sc.vals, 0.5), len(sc.vals)
 }
 
-// tailShifted reports whether a file's normalised p95 t95 moved with its
-// median n50: ShiftTailMult above the baseline's, or, for a median
-// ShiftStrongMult up, at least the baseline's.
-func (cfg *Config) tailShifted(n50, t95 float64) bool {
-	return t95 >= cfg.ShiftTailMult || (cfg.ShiftStrongMult > 0 && n50 >= cfg.ShiftStrongMult && t95 >= 1)
+// shapeShifted reports whether more than a file's median moved: its
+// normalised p95 t95 ShiftTailMult above the baseline's, or its lower
+// quartile n25 ShiftBodyMult above the baseline median.
+func (cfg *Config) shapeShifted(n25, t95 float64) bool {
+	return t95 >= cfg.ShiftTailMult || cfg.bodyShifted(n25)
+}
+
+// bodyShifted reports whether a file's normalised lower quartile n25 stands
+// ShiftBodyMult above the baseline median.
+func (cfg *Config) bodyShifted(n25 float64) bool {
+	return cfg.ShiftBodyMult > 0 && n25 >= cfg.ShiftBodyMult
+}
+
+// bodyApart reports whether a file's normalised lower quartile n25 stands
+// PeerMult above its peers' normalised median (ShiftBodyMult 0: never).
+func (cfg *Config) bodyApart(n25, peerN50 float64) bool {
+	return cfg.ShiftBodyMult > 0 && n25 >= cfg.PeerMult*peerN50
 }
 
 // depthCap is the device depth above which a request's latency is

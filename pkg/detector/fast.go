@@ -306,8 +306,12 @@ func (d *Detector) fastFiles(ds *deviceState, now int64, snap *Snapshot) bool {
 		if seqShare < cfg.StarvedMinSequential || len(n50s) < tier.n {
 			return "", nil, 0
 		}
-		n50, t95 := percentile(n50s, 0.5), percentile(t95s, 0.95)
-		if n50 < tier.mult || t95 < cfg.ShiftTailMult {
+		n25, n50, t95 := percentile(n50s, 0.25), percentile(n50s, 0.5), percentile(t95s, 0.95)
+		// Its tail or the body of its distribution moved with its median
+		// (as Evaluate). Apart from its peers it must still be by the p95
+		// (below): on a few dozen requests, a device stall that caught
+		// most of the file's and few of the peers' passed the body rule.
+		if n50 < tier.mult || !cfg.shapeShifted(n25, t95) {
 			return "", nil, 0
 		}
 		// A time added to every request lifts the median more than the

@@ -86,18 +86,26 @@ func (d *Detector) stepShift(ds *deviceState, f *fileState, a *fileAgg, peerN50,
 		return
 	}
 	tailMargin := a.t95 / cfg.ShiftTailMult
-	if a.t95 < cfg.ShiftTailMult {
-		tailMargin = a.n50 / cfg.ShiftStrongMult // entered on the median alone
+	if cfg.ShiftBodyMult > 0 {
+		tailMargin = max(tailMargin, a.n25/cfg.ShiftBodyMult)
 	}
 	margin := min(a.n50/cfg.ShiftMult, tailMargin)
 	if peerN >= cfg.PeerMinSamples {
-		if peerN50 >= cfg.ShiftMult || a.n50 < cfg.PeerMult*peerN50 || a.t95 < cfg.PeerMult*peerT95 {
+		// Apart from its peers: its median PeerMult above theirs, and its
+		// p95 above their p95 or its lower quartile above their median (a
+		// host's stalls land on the file's requests and the peers' alike,
+		// and their p95 says which were in flight, not which is slower).
+		apart := a.t95 / (cfg.PeerMult * max(peerT95, 1e-9))
+		if cfg.bodyApart(a.n25, peerN50) {
+			apart = max(apart, a.n25/(cfg.PeerMult*max(peerN50, 1e-9)))
+		}
+		if peerN50 >= cfg.ShiftMult || a.n50 < cfg.PeerMult*peerN50 || apart < 1 {
 			// Others are slow too (device-wide) or the file is not clearly
 			// apart from its peers: not a file-level shift; hold.
 			f.shift.step(between, now, cfg, 0, ev+fmt.Sprintf("; peers not normal: median %.2fx, p95 %.2fx baseline", peerN50, peerT95))
 			return
 		}
-		margin = min(margin, a.n50/(cfg.PeerMult*max(peerN50, 1e-9)), a.t95/(cfg.PeerMult*max(peerT95, 1e-9)))
+		margin = min(margin, a.n50/(cfg.PeerMult*max(peerN50, 1e-9)), apart)
 		ev += fmt.Sprintf("; other files normal: median %.2fx, p95 %.2fx baseline (%d requests)", peerN50, peerT95, peerN)
 		f.shift.step(aboveEntry, now, cfg, confidence(margin, a.nl, cfg.FileMinSamples), ev)
 		return

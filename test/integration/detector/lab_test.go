@@ -421,8 +421,10 @@ func regimesRun(t *testing.T) []string {
 // stream at 1.6-1.7x its baseline median but moves its p95 little. Every
 // episode must be entered as the file's shift, the median within 1 s of the
 // onset, and no other file reported shifted. The host's own stalls add to
-// the spinning process's (one CI run entered five of six), so a run that
-// misses is run once more on a fresh lab (lab.RunTwice).
+// the spinning process's (one CI run entered five of six; another three of
+// six twice, while the shift was judged by p95s the stalls decided, before
+// ShiftBodyMult), so a run that misses is run once more on a fresh lab
+// (lab.RunTwice).
 func TestDetectorLabMildShiftOnABusyHost(t *testing.T) {
 	lab.RunTwice(t, "the mild shift's targets", mildShiftRun)
 }
