@@ -1,6 +1,7 @@
 package tuner
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -17,9 +18,9 @@ import (
 // the device pages nobody touches. Its open files get a small window (TrimKB,
 // raise-pin-restore, lowered) while the stream keeps its large one: no single
 // device-wide value does both. Kept only if its requests shrank and stay
-// random; ended a Settle after the last window beside it (alone it trades
-// the reader's faults for another's bytes: p99 1.24x), at a decision of the
-// file's own, or at shutdown.
+// random beside a window still raised; ended a Settle after the last window
+// beside it (alone it trades the reader's faults for another's bytes: p99
+// 1.24x), at a decision of the file's own, or at shutdown.
 
 // trimAll starts, judges and ends read-around trims.
 func (t judgeCtx) trimAll() {
@@ -47,8 +48,9 @@ func (t judgeCtx) trimAll() {
 			delete(t.trims, k)
 			t.unwatchAround(td)
 		case td.trialAt != 0 && now-td.trialAt >= t.cfg.Settle:
-			// Judged on its own requests, raised window beside it or not.
-			t.judgeTrim(td)
+			// Judged on its own requests (the stream's step lands in the
+			// same interval); kept only beside a window still raised.
+			t.judgeTrim(td, helped[td.dev])
 		case now-td.lastNeed >= t.cfg.Settle:
 			t.endTrim(td, fmt.Sprintf("no window raised on the device for %v", t.cfg.Settle))
 		case td.trialAt == 0 && !td.dry:
@@ -195,8 +197,9 @@ func (t *Tuner) inScope(refs []actuate.FileRef, k probe.FileKey) []actuate.FileR
 	return in
 }
 
-// judgeTrim keeps a trim whose file's requests shrank and stay random, else undoes it.
-func (t judgeCtx) judgeTrim(td *trimDec) {
+// judgeTrim keeps a trim whose file's requests shrank and stay random beside
+// a window still raised (helping), else undoes it.
+func (t judgeCtx) judgeTrim(td *trimDec, helping bool) {
 	now := t.deps.Clock.Now()
 	td.trialAt = 0
 	fs, ok := t.fstats[td.key]
@@ -218,17 +221,18 @@ func (t judgeCtx) judgeTrim(td *trimDec) {
 				why = fmt.Sprintf("its requests still average %.0f KB, and every descriptor it trimmed is closed: the reader opens the file again, and each new descriptor reads around with the device's window", fs.MeanSize/1024)
 			}
 		}
-		off := t.trimOffs[td.key]
-		if off == nil {
-			off = &trimOff{}
-			t.trimOffs[td.key] = off
-		}
+		off := cmp.Or(t.trimOffs[td.key], &trimOff{})
+		t.trimOffs[td.key] = off
 		off.failures++
 		off.until = now + max(t.backoff(off.failures), time.Minute)
 		if notReadAround {
 			off.until = now + t.cfg.BackoffMax
 		}
 		t.endTrim(td, "read-around trim did not pay: "+why)
+		return
+	}
+	if !helping {
+		t.endTrim(td, "the raised window beside it was taken back at its verdict: nothing for the trim to serve")
 		return
 	}
 	t.emit(Action{Time: now, Device: td.dev.name, Dev: td.dev.dev, File: td.key, Path: td.path, Kind: KindTrim, FromKB: td.from, ToKB: td.kb, Result: ResultKept,

@@ -384,3 +384,29 @@ func TestRandomReaderBesideAPriorGivenAtStartUpIsTrimmedBeforeTheFirstStep(t *te
 	require.NotEmpty(t, keys)
 	assert.Empty(t, tn.fastTrim(recent, span))
 }
+
+// A trim serves the window raised beside it: when the step it came with is
+// undone at its verdict, the trim goes back in the same Step, never kept
+// (kept, it stood a Settle longer for nothing, and read as a window kept
+// where none paid).
+func TestTrimUndoneWithTheStepItCameWith(t *testing.T) {
+	m := newMmapRig(t, Config{})
+	m.tput = func(int) float64 { return 60e6 } // no step pays
+	acts := m.run(1)
+	require.NotEmpty(t, trimActs(acts, m.rnd), "trimmed beside the step")
+	require.Greater(t, m.files.window[m.seq], 128, "the step is under trial")
+	var stepUndone time.Duration
+	acts = m.run(1)
+	for _, a := range acts {
+		if a.File == m.seq && a.Kind == KindFileWindowUndo && a.Result == ResultUndone {
+			stepUndone = a.Time
+		}
+	}
+	require.NotZero(t, stepUndone, "the step did not pay and was undone")
+	rnd := trimActs(acts, m.rnd)
+	require.Len(t, rnd, 1, "the trim's verdict comes with its step's")
+	assert.Equal(t, KindTrimUndo, rnd[0].Kind, "a trim kept with no window raised beside it: %s", rnd[0].Evidence)
+	assert.Equal(t, stepUndone, rnd[0].Time)
+	assert.Contains(t, rnd[0].Evidence, "taken back")
+	assert.Equal(t, 128, m.files.window[m.rnd])
+}
