@@ -594,77 +594,55 @@ func TestNoTailInflationFromALoneReaderQueuedBehindAWidenedStream(t *testing.T) 
 	assert.Empty(t, tl.anyRegime(0, s.now, FileLatencyShift, StarvedStream))
 }
 
-// A host short of CPU stalls a tenth of every reader's requests by 8 ms:
-// the device's healthy p95 is several times its median, and a window's p95
-// says which requests were in flight during a stall, not which file is
-// slower. +1 ms on one stream leaves its p95 within the stalls' but lifts
-// its lower quartile to twice the baseline median: the shift is entered on
-// that (ShiftBodyMult) within two evaluations, and not without the rule;
-// nothing is entered before the onset.
-func TestShiftAmidHostStallsIsEnteredOnItsBody(t *testing.T) {
-	run := func(cfg Config) (time.Duration, bool, *timeline) {
-		s := newSim(43, labBase, labBW)
-		s.tailOn, s.tailP, s.tailExtra = during(0, time.Hour), 0.1, 8*time.Millisecond
-		seq := s.addSeq(128*kib, 1)
-		seq.think = 2 * time.Millisecond
-		peer := s.addSeq(128*kib, 1)
-		peer.think = 3 * time.Millisecond
-		s.addRandom(4*kib, 7*time.Millisecond)
-		onset := 30*sec + 300*time.Millisecond
-		slowAfter(seq, onset, time.Millisecond)
-		var tl timeline
-		s.run(New(cfg), 40*sec, interval, tl.add)
-		at, ok := tl.first(FileLatencyShift, seq.file, onset)
-		return at - onset, ok, &tl
-	}
-	delay, ok, tl := run(DefaultConfig())
-	require.True(t, ok, "shift never entered")
-	assert.LessOrEqual(t, delay, 2*sec)
-	ev := tl.activeBetween(FileLatencyShift, probe.FileKey{}, 30*sec, 40*sec)
-	require.NotEmpty(t, ev)
-	t.Logf("entered %s after the onset: %s", delay, ev[0])
-	assert.Empty(t, tl.anyRegime(0, 30*sec), "healthy (stalls and all) before the onset")
-
-	cfg := DefaultConfig()
-	cfg.ShiftBodyMult = 0
-	without, ok, _ := run(cfg)
-	t.Logf("without the rule: entered %v, %s after the onset", ok, without)
-	assert.True(t, !ok || without > 5*sec, "without the rule the stalls keep it out for seconds (else this case does not test the rule)")
-}
-
-// Two paced streams on one channel now and then wait for each other: the
-// device's healthy p95 is 1.7x its median. +1 ms on one stream doubles its
-// median but puts its p95 at 1.15x the baseline's: the shift is entered on
-// the body of its distribution (ShiftBodyMult) at the next evaluation, and
-// not without that rule.
+// A time added to every request of one paced stream lifts the body of its
+// latency distribution, while the device's long healthy tail keeps its p95
+// near the baseline's: the shift is entered on the body (ShiftBodyMult)
+// within two evaluations, never without that rule, and nothing is entered
+// before the onset.
+//   - long tail: two paced streams on one channel now and then wait for each
+//     other (healthy p95 1.7x the median); +1 ms doubles the stream's median
+//     and puts its p95 at 1.15x the baseline's.
+//   - host stalls: a host short of CPU stalls a tenth of every reader's
+//     requests by 8 ms (healthy p95 several times the median), and a
+//     window's p95 says which requests a stall caught, not which file is
+//     slower; +1 ms leaves the stream's p95 within the stalls'.
 func TestShiftOnALongTailedDeviceIsEnteredOnItsBody(t *testing.T) {
-	run := func(cfg Config) (time.Duration, bool, *timeline) {
-		s := newSim(41, labBase, labBW)
-		seq := s.addSeq(128*kib, 1)
-		seq.think = 2 * time.Millisecond
-		peer := s.addSeq(128*kib, 1)
-		peer.think = 3 * time.Millisecond
-		s.addRandom(4*kib, 7*time.Millisecond)
-		onset := 30*sec + 300*time.Millisecond
-		slowAfter(seq, onset, time.Millisecond)
-		d := New(cfg)
-		var tl timeline
-		s.run(d, 40*sec, interval, tl.add)
-		at, ok := tl.first(FileLatencyShift, seq.file, onset)
-		return at - onset, ok, &tl
-	}
-	delay, ok, tl := run(DefaultConfig())
-	require.True(t, ok, "shift never entered")
-	assert.LessOrEqual(t, delay, 2*sec)
-	ev := tl.activeBetween(FileLatencyShift, probe.FileKey{}, 30*sec, 40*sec)
-	require.NotEmpty(t, ev)
-	t.Logf("entered %s after the onset: %s", delay, ev[0])
-	assert.Empty(t, tl.anyRegime(0, 30*sec), "healthy before the onset")
-	assert.Empty(t, tl.anyRegime(30*sec, 40*sec, FileLatencyShift), "nothing else after it")
+	for name, c := range map[string]struct {
+		seed   uint64
+		stalls bool
+	}{"long tail": {41, false}, "host stalls": {43, true}} {
+		t.Run(name, func(t *testing.T) {
+			run := func(cfg Config) (time.Duration, bool, *timeline) {
+				s := newSim(c.seed, labBase, labBW)
+				if c.stalls {
+					s.tailOn, s.tailP, s.tailExtra = during(0, time.Hour), 0.1, 8*time.Millisecond
+				}
+				seq := s.addSeq(128*kib, 1)
+				seq.think = 2 * time.Millisecond
+				peer := s.addSeq(128*kib, 1)
+				peer.think = 3 * time.Millisecond
+				s.addRandom(4*kib, 7*time.Millisecond)
+				onset := 30*sec + 300*time.Millisecond
+				slowAfter(seq, onset, time.Millisecond)
+				var tl timeline
+				s.run(New(cfg), 40*sec, interval, tl.add)
+				at, ok := tl.first(FileLatencyShift, seq.file, onset)
+				return at - onset, ok, &tl
+			}
+			delay, ok, tl := run(DefaultConfig())
+			require.True(t, ok, "shift never entered")
+			assert.LessOrEqual(t, delay, 2*sec)
+			ev := tl.activeBetween(FileLatencyShift, probe.FileKey{}, 30*sec, 40*sec)
+			require.NotEmpty(t, ev)
+			t.Logf("entered %s after the onset: %s", delay, ev[0])
+			assert.Empty(t, tl.anyRegime(0, 30*sec), "healthy before the onset")
+			assert.Empty(t, tl.anyRegime(30*sec, 40*sec, FileLatencyShift), "nothing else after it")
 
-	cfg := DefaultConfig()
-	cfg.ShiftBodyMult = 0
-	without, ok, _ := run(cfg)
-	t.Logf("without the rule: entered %v, %s after the onset", ok, without)
-	assert.True(t, !ok || without > 5*sec, "without the rule its p95 keeps it out for seconds (else this case does not test the rule)")
+			cfg := DefaultConfig()
+			cfg.ShiftBodyMult = 0
+			without, ok, _ := run(cfg)
+			t.Logf("without the rule: entered %v, %s after the onset", ok, without)
+			assert.True(t, !ok || without > 5*sec, "without the rule its p95 keeps it out for seconds (else this case does not test the rule)")
+		})
+	}
 }
