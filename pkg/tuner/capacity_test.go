@@ -237,35 +237,3 @@ func TestStepsTakenTogetherShareTheDevicesRise(t *testing.T) {
 		assert.Contains(t, a.Evidence, "of steps taken with it")
 	}
 }
-
-// A slowed file (its regime) on a device that reads at its learned
-// capacity for the streams readaheadd serves: a larger window there moves
-// bytes from the other stream to it and adds none (Little's law at
-// capacity; the verdict undoes such a step, s9-3 tried 18 in 20 s, 4% of
-// the device's rate lost to them). No trial is taken.
-func TestSlowedFileOnADeviceAtItsCapacityIsNotTried(t *testing.T) {
-	r := newRig(t, Config{DisablePrefetch: true}, nil)
-	r.tput = slowedModel
-	p1, slow := realFile(t, filepath.Join(r.dir, "data"), "blk_1")
-	r.reader(100, 7, p1, slow)
-	p2, fast := realFile(t, filepath.Join(r.dir, "data"), "blk_2")
-	r.reader(101, 7, p2, fast)
-	r.tn.mem.SetCapacity("sdb", 150e6, time.Now())
-	mk := func(devBusy float64) func() detector.Snapshot {
-		return func() detector.Snapshot {
-			s := r.snap(detector.FileLatencyShift, slow)
-			s.Devices[0].BusyThroughput, s.Devices[0].Bytes = devBusy, uint64(devBusy)
-			s.Files[0].Bytes, s.Files[0].P50 = 24e6, 10*time.Millisecond
-			s.Files = append(s.Files, detector.FileStats{Key: fast, Device: sdb, Bytes: uint64(devBusy) - 24e6, BusyThroughput: devBusy - 24e6,
-				Sequentiality: 1, LastSeen: s.Now, P50: 2 * time.Millisecond})
-			return s
-		}
-	}
-	assert.Empty(t, filter(r.run(5, mk(148e6)), KindFileWindow, ResultTrial), "the device reads at its capacity")
-	assert.Equal(t, 128, r.files.window[slow])
-
-	// Below it, the slowed file is tried.
-	trials := filter(r.run(3, mk(100e6)), KindFileWindow, ResultTrial)
-	require.NotEmpty(t, trials, "a device with bandwidth to spare")
-	assert.Equal(t, slow, trials[0].File)
-}

@@ -60,13 +60,10 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		hint = 0
 		t.sizeByRandom(fd.dev, fd.key, &fd.win, m, escalate)
 	}
-	// A decision no regime started skips the file's own rate unless the
-	// capacity was learned (atCapacity): the detector's best rate may be a
-	// slow device's slow rate. Any decision stops at a device that reads at
-	// its learned capacity for the streams it serves (atCapacity): a window
-	// there moves bytes between readers, it adds none. A regime the fast
-	// path just entered (justIn) skips both: a measure mostly from before
-	// its slow requests reads the old rate.
+	// A decision no regime started skips this unless the capacity was
+	// learned (atCapacity): the detector's best rate may be a slow device's
+	// slow rate. So does a regime the fast path just entered (justIn): a
+	// measure mostly from before its slow requests reads the old rate.
 	capFrac := t.cfg.CapacityFrac
 	if !beside {
 		// A step that takes a lone stream to the capacity pays at half the
@@ -74,7 +71,10 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		capFrac = max(capFrac, t.shortOfCapacity())
 	}
 	capBPS, _ := t.capacity(fd.dev.dev)
-	learnedAt, _ := t.atCapacity(t.fstats[fd.key])
+	learnedAt := false
+	if fd.byRate {
+		learnedAt, _ = t.atCapacity(t.fstats[fd.key])
+	}
 	if escalate && m.ok && (capBPS > 0 && m.tput >= capFrac*capBPS && (!fd.byRate || fd.win.capKept) || learnedAt) && !t.justIn {
 		// The file already reads at (nearly) the device's capacity: no
 		// further step can gain. Judge a trial, take none.
