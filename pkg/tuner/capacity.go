@@ -107,9 +107,11 @@ func (t judgeCtx) readsAtCapacity(fs detector.FileStats, c float64) (bool, strin
 	if !ok || ds.Bytes == 0 || ds.BusyThroughput < reach*c {
 		return false, ""
 	}
+	// A random reader's read-around a trim would spare is not served: that
+	// trim frees the device, so the device is not at its capacity for them.
 	var served uint64
 	for k, o := range t.fstats {
-		if o.Device == fs.Device && (k == fs.Key || t.protectedStream(k, o) || t.readRandomly(o)) {
+		if o.Device == fs.Device && (k == fs.Key || t.protectedStream(k, o) || t.readRandomly(o) && !t.trimMayCome(k, o)) {
 			served += o.Bytes
 		}
 	}

@@ -60,10 +60,10 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		hint = 0
 		t.sizeByRandom(fd.dev, fd.key, &fd.win, m, escalate)
 	}
-	// A decision no regime started skips this unless the capacity was
-	// learned (atCapacity): the detector's best rate may be a slow device's
-	// slow rate. So does a regime the fast path just entered (justIn): a
-	// measure mostly from before its slow requests reads the old rate.
+	// A rate-driven decision needs a learned capacity (the best rate seen
+	// may be a slow drive's); any stops at a device at it (atCapacity): a
+	// window there moves bytes between readers. A regime the fast path just
+	// entered (justIn) skips both: its measure reads the old rate.
 	capFrac := t.cfg.CapacityFrac
 	if !beside {
 		// A step that takes a lone stream to the capacity pays at half the
@@ -71,10 +71,7 @@ func (t judgeCtx) driveFile(fd *fileDec, escalate bool) {
 		capFrac = max(capFrac, t.shortOfCapacity())
 	}
 	capBPS, _ := t.capacity(fd.dev.dev)
-	learnedAt := false
-	if fd.byRate {
-		learnedAt, _ = t.atCapacity(t.fstats[fd.key])
-	}
+	learnedAt, _ := t.atCapacity(t.fstats[fd.key])
 	if escalate && m.ok && (capBPS > 0 && m.tput >= capFrac*capBPS && (!fd.byRate || fd.win.capKept) || learnedAt) && !t.justIn {
 		// The file already reads at (nearly) the device's capacity: no
 		// further step can gain. Judge a trial, take none.

@@ -121,19 +121,13 @@ func (t judgeCtx) randomCost(dev probe.Dev, except probe.FileKey) randCost {
 // with the device's window, its trim not backed off), else the goal's own
 // 5%. An estimated reference already errs on the reader's side: no margin.
 func (t *Tuner) meanBudget(r randObs) float64 {
-	if t.trims[r.key] != nil || t.trimMayCome(r) {
+	if t.trims[r.key] != nil || t.trimMayCome(r.key, r.fs) {
 		if r.ref != nil && !r.ref.clean {
 			return randMeanBudgetEstimated
 		}
 		return randMeanBudget
 	}
 	return randMeanBudgetUntrimmed
-}
-
-// trimMayCome: r reads around untrimmed, and a trim could reach it (none
-// in force or backed off, trims enabled).
-func (t *Tuner) trimMayCome(r randObs) bool {
-	return !t.cfg.DisableTrim && t.trims[r.key] == nil && t.trimOffs[r.key] == nil && readAroundSized(r.fs, t.origOf(r.fs.Device), t.cfg.TrimKB)
 }
 
 // randomLimitKB is the largest value l (a file's window, or d's with except
@@ -180,7 +174,7 @@ func (t judgeCtx) randomLimitKB(d *devState, except probe.FileKey, l *ladder) (i
 		cur := r.svc.mean
 		trimmed = trimmed || t.trims[r.key] != nil
 		spared := 0.0 // bytes per request its coming trim spares it
-		if t.trimMayCome(r) {
+		if t.trimMayCome(r.key, r.fs) {
 			// Its trim comes with the step: each request reads TrimKB.
 			spared = max(0, r.svc.size-float64(t.cfg.TrimKB*1024))
 			less := time.Duration(spared * randSlack / capBPS * float64(time.Second))
@@ -316,7 +310,7 @@ func (t judgeCtx) watchRandom(fd *fileDec, m measure) bool {
 	}
 	l.keepAt(to, max(l.base, to*2/3/randStepKB*randStepKB), now)
 	l.watch.reset()
-	if slices.ContainsFunc(t.randomsBeside(fd.dev.dev, fd.key), t.trimMayCome) {
+	if slices.ContainsFunc(t.randomsBeside(fd.dev.dev, fd.key), func(r randObs) bool { return t.trimMayCome(r.key, r.fs) }) {
 		// A reader beside it still reads around untrimmed: its cost now
 		// says nothing of its cost trimmed, so no ceiling.
 		l.limit.setCeil(0, 0, 0)

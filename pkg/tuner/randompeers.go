@@ -110,6 +110,12 @@ func readAroundSized(fs detector.FileStats, windowKB, trimKB int) bool {
 	return fs.MeanSize >= 1024*max(float64(trimSizeFactor*trimKB), readAroundShare*float64(windowKB))
 }
 
+// trimMayCome: fs (k) reads around with the device's window, and a trim
+// could reach it (none in force or backed off, trims enabled).
+func (t *Tuner) trimMayCome(k probe.FileKey, fs detector.FileStats) bool {
+	return !t.cfg.DisableTrim && t.trims[k] == nil && t.trimOffs[k] == nil && readAroundSized(fs, t.origOf(fs.Device), t.cfg.TrimKB)
+}
+
 // minBoundRequests: fewer requests in a window say too little.
 const minBoundRequests = 8
 
