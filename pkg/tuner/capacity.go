@@ -1,10 +1,8 @@
 package tuner
 
-// A device's capacity, learned by experiment, not as the best rate seen: a
-// stream reads its bytes in flight over latency (Little's law), and at the
-// device's capacity more bytes in flight only add latency. A window step is
-// that experiment; a fail-slow drive's steps pay, so its slow rate is never
-// taken for its capacity.
+// A device's capacity, learned by experiment (a window step), not as the best
+// rate seen: at capacity more bytes in flight only add latency (Little's law),
+// while a fail-slow drive's steps pay, so its slow rate is never its capacity.
 
 import (
 	"fmt"

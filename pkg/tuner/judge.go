@@ -165,13 +165,9 @@ var verdictRules = [numReasons]verdictRule{
 		}, func(e *facts) string {
 			return fmt.Sprintf("the device's total fell %.1f -> %.1f MB/s: its other readers lost more", e.lossDev/1e6, e.m.dev/1e6)
 		}},
-	// A step no regime asked for must not be paid for by the device's other
-	// streams: unless the device's busy rate rose by the margin, their loss
-	// is the stream's gain (zero-sum on a device at its capacity). The busy
-	// rate, not the bytes: the detector's window may reach back further
-	// than the span. Readers
-	// readaheadd does not serve (O_DIRECT, outside the allow-paths) are
-	// contenders: their share is what a larger window wins.
+	// Unless the device's busy rate rose by the margin, the others' loss is the
+	// stream's gain (zero-sum at capacity). Readers readaheadd does not serve
+	// (O_DIRECT, outside the allow-paths) are contenders, not protected.
 	{rOthersLost, "others_lost", "a step no regime asked for under which the device's protected readers (othersMin of its bytes) lost more than devLossMax and the device's busy rate did not rise by the margin: undone", outUndo, evNone,
 		func(e *facts) bool {
 			return e.m.othersMustNotLose && e.lossDev > 0 && e.lossOthers > othersMin*e.lossDev && e.m.others < (1-devLossMax)*e.lossOthers &&
@@ -181,11 +177,7 @@ var verdictRules = [numReasons]verdictRule{
 		}},
 	// At capacity a window bound stream reads its share (Little's law): a gain
 	// the device's busy rate did not show is another stream's loss, whatever
-	// asked or waived (three streams on 40 MB/s kept steps summing to 61 MB/s).
-	// By bytes: a stream with a third of the device moves it a third as much.
-	// Steps taken together share the one rise (peerGain): four streams stepped
-	// at once were each kept on the rise all four made. No before of the device
-	// (a prior given in the daemon's first interval) shows no rise (evidenceFor).
+	// asked or waived. Steps taken together share the one rise (peerGain).
 	{rDeviceAtCapacity, "device_at_capacity", "a file step, paid or waived, on a device reading at its capacity (CapacityFrac; its peak if not known yet) before or after it, under which the device's busy rate rose by less than devShareOfGain of what the stream and the steps taken with it gained (no rise shown without a before of the device), protected readers beside it (othersMin): undone, its gain was their share", outUndo, evNone,
 		func(e *facts) bool {
 			return e.kind != KindDeviceWindow && e.capBPS > 0 && max(e.before.devBusy, e.m.devBusy) >= e.capFrac*e.capBPS &&

@@ -10,16 +10,12 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// Random readers beside a stream (an mmap reader faulting pages, a service
-// reading records) wait behind the bytes the stream's window keeps queued,
-// so a larger window is judged by their latency (not their bytes). Each has
-// a reference: its mean and p99 while nothing readaheadd does is in force on
-// its device. The goal is 95% of its rate and its p99 within 10% of the
-// default window's; the budgets aim inside it by the noise. The mean, steady,
-// sizes steps (randomLimitKB) and decides verdicts (randomCost); the p99,
-// which strays 20-30% an interval, is smoothed and watched (watchRandom). A
-// stream may spend what the readers' trims give them, up to their reference,
-// and is stepped on the same evidence as a lone one.
+// Random readers beside a stream wait behind the bytes its window keeps
+// queued, so a larger window is judged by their latency against their
+// reference (their service with nothing readaheadd does in force): the goal
+// is 95% of their rate and their p99 within 10% of the default's, the budgets
+// inside it by the noise. The mean sizes steps and decides verdicts; the p99,
+// noisier, is smoothed and watched (docs/tuner-rules.md).
 const (
 	// randMeanBudget, randTailBudget: a random reader's mean and p99 latency,
 	// as a share of its reference, that a stream's window may cost it: inside
@@ -183,6 +179,9 @@ func (t judgeCtx) randomLimitKB(d *devState, except probe.FileKey, l *ladder) (i
 		}
 		room = min(room, time.Duration(float64(r.ref.svc.mean)*t.meanBudget(r))-cur)
 		if tailSure && r.svc.requests >= refreshTailRequests {
+			if r.ref.reopens {
+				spared = 0 // its trim spares its re-opens' first faults nothing
+			}
 			tailKB = min(tailKB, t.tailLimitKB(d, l, r, refTail, spared, capBPS))
 		}
 	}

@@ -531,6 +531,31 @@ func TestRandomCostEvidenceNamesTheReader(t *testing.T) {
 	assert.True(t, strings.Contains(c.why, l.rkey.String()), c.why)
 }
 
+// A trimmed reader that opens its file again and again (an mmap service's
+// bursts) reads around with the device's window until each new open's trim
+// lands: those faults are its slowest, so its p99 is its trimmed requests'
+// plus the transfer the trim spares each (its median before the trim less
+// now). Trimmed on one open, its p99 is as measured.
+func TestReopeningReadersP99IsItsUntrimmedFaults(t *testing.T) {
+	l := newLabRig(t)
+	l.run(1)
+	l.tn.mu.Lock()
+	defer l.tn.mu.Unlock()
+	fs := l.tn.fstats[l.rkey]
+	ref := l.tn.randRefs[l.rkey]
+	require.NotNil(t, ref)
+	fs.P99, fs.P50 = ref.svc.tail, ref.svc.tail/4 // trimmed: within its p99 budget
+	l.tn.fstats[l.rkey] = fs
+	l.tn.trims[l.rkey] = &trimDec{key: l.rkey, dev: l.tn.device(sdb), kb: 16, from: 128, beforeP: fs.P50 + ref.svc.tail/2, opened: map[uint32]openedMark{}}
+	c := l.tn.atStep().randomCost(sdb, l.st.key)
+	assert.InDelta(t, 1.0, c.tail, 0.01, "trimmed once: %s", c.why)
+
+	l.tn.reopened(l.rkey)
+	c = l.tn.atStep().randomCost(sdb, l.st.key)
+	assert.InDelta(t, 1.5, c.tail, 0.01, "its untrimmed faults: %s", c.why)
+	assert.Greater(t, c.tail, randTailBudget)
+}
+
 // A kept window whose cost to the random reader beside it stays over its
 // budget, though not by far (one interval's p99 strays that much), comes
 // down to the window kept before it once several intervals show it, and

@@ -45,7 +45,11 @@ func (t judgeCtx) randomsBeside(dev probe.Dev, except probe.FileKey) []randObs {
 			continue
 		}
 		svc, ok := serviceOf(fs)
-		out = append(out, randObs{key: k, fs: fs, svc: svc, ok: ok, ref: t.randRefs[k]})
+		ref := t.randRefs[k]
+		if td := t.trims[k]; ok && td != nil && ref != nil && ref.reopens && td.beforeP > fs.P50 {
+			svc.tail += td.beforeP - fs.P50 // its untrimmed faults' (randRef.reopens)
+		}
+		out = append(out, randObs{key: k, fs: fs, svc: svc, ok: ok, ref: ref})
 	}
 	slices.SortFunc(out, func(a, b randObs) int { return compareKeys(a.key, b.key) })
 	return out
@@ -225,7 +229,10 @@ func (t judgeCtx) tailAtDefault(r randObs) (time.Duration, bool) {
 		return 0, false
 	}
 	held, _ := t.raisedBytes(d, r.key)
-	more := held*tailPerByte(d, capBPS) - t.trimSaving(r.key, r.svc.size)/capBPS
+	more := held * tailPerByte(d, capBPS)
+	if !r.ref.reopens {
+		more -= t.trimSaving(r.key, r.svc.size) / capBPS
+	}
 	return r.svc.tail - time.Duration(more*float64(time.Second)), true
 }
 

@@ -148,6 +148,7 @@ func (t judgeCtx) retrim(td *trimDec) {
 	}
 	td.refs = open
 	td.dev.trimAt = now
+	t.reopened(td.key)
 	t.fails.ok(td.key, KindTrim)
 	t.emit(a)
 }
@@ -415,8 +416,16 @@ func (t *Tuner) trimOpened(ev probe.ReadaheadEvent, now time.Duration) {
 	}
 	t.events[EvTrimOpened] += uint64(n)
 	td.opened[ev.Tgid] = openedMark{at: now, until: now}
+	t.reopened(td.key)
 	// Not a change of the trim (trimAt): the requests keep the trimmed size.
 	t.keepRefs(td, refs)
+}
+
+// reopened marks a trimmed file's reader as one that opens it again.
+func (t *Tuner) reopened(k probe.FileKey) {
+	if ref := t.randRefs[k]; ref != nil {
+		ref.reopens = true
+	}
 }
 
 // keepRefs adds refs to the descriptors td gives back at its end, one per

@@ -82,6 +82,8 @@ func TestTrimReachesEachReopenedDescriptorFromItsFirstReadAround(t *testing.T) {
 	assert.Equal(t, uint64(3), st.Events[EvTrimOpened])
 	m.tn.mu.Lock()
 	assert.Equal(t, trimAt, m.tn.devs[sdb].trimAt, "keeping the reader's requests trimmed is no change of its trim")
+	require.NotNil(t, m.tn.randRefs[m.rnd])
+	assert.True(t, m.tn.randRefs[m.rnd].reopens, "its re-opens are known: its p99 is its untrimmed faults'")
 	m.tn.mu.Unlock()
 
 	// Judged on requests that stayed small: kept.

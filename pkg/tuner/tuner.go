@@ -315,6 +315,9 @@ type randRef struct {
 	// tailSure: its p99 is a measure the reader's p99 can be held to
 	// within 10% of: clean, and over enough requests (refTailMinRequests).
 	tailSure bool
+	// reopens: its trim had to reach descriptors opened after it. Each open's
+	// first faults read around untrimmed, behind the stream's queue: its p99.
+	reopens bool
 }
 
 // tailSeen is the last tail seen in a file's requests.

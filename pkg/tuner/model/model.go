@@ -35,23 +35,15 @@ type Capacity struct {
 const riseMin = 0.2
 
 // CapacityFit is the device's transfer capacity. First from its unqueued
-// requests (issued with no other read in flight): their latency is the
-// device's fixed cost plus their own bytes over its transfer rate,
-// L ≈ L0 + size/B, fitted by least squares on the cells' medians at
-// their mean sizes, cells of at least minCell requests, at least two
-// sizes a factor two apart. Otherwise from its profile: when its median
-// latency rises with the bytes queued around the requests (P50 ≈ L0 +
-// Q/C, one slope over the depth buckets of every size class), the device
-// is at its capacity, and its busy throughput over the window is that
-// capacity (its transfer never idles while requests wait). The slope
-// itself is no capacity: the depth a request completes with counts the
-// requests behind it, not those it waited for, and on the detector's
-// simulated lab device the slope said 1.8x (40 MB/s) and 4.8x (150 MB/s)
-// the capacity. ok is false when neither can say: a device never idle has
-// no unqueued requests, one never queued no rise.
-//
-// It is not the best rate seen: a fail-slow device (every request +3 ms)
-// reads a stream at a fraction of its capacity, its L0 rises and its B
+// requests (no other read in flight): latency is a fixed cost plus bytes
+// over the transfer rate, L ≈ L0 + size/B, fitted by least squares on the
+// medians of cells of at least minCell requests, two sizes a factor two
+// apart. Otherwise from its profile: when the median latency rises with the
+// bytes queued (P50 ≈ L0 + Q/C), the device is at its capacity and its busy
+// throughput is that capacity; the slope itself is not (a request's depth
+// counts those behind it, not those it waited for: docs/tuner.md). ok is
+// false when neither can say. It is not the best rate seen: a fail-slow
+// device reads a stream at a fraction of its capacity, its L0 rises, B
 // stays, and its latency does not rise with depth.
 func CapacityFit(ds detector.DeviceStats, minCell int) (Capacity, bool) {
 	if c, ok := sizeFit(ds.Unqueued, minCell); ok {
