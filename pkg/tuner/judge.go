@@ -47,6 +47,13 @@ func (e *facts) onFileWindow() bool  { return e.kind == KindFileWindow }
 // onWindow: a file's or the device's window; either queues ahead of the
 // random readers beside it (a prefetch is a stream's own reads, bounded).
 func (e *facts) onWindow() bool     { return e.kind == KindFileWindow || e.kind == KindDeviceWindow }
+// devRise is the device's busy rate's rise with what its random readers no
+// longer read (a trim's spared read-around: their budget, not the device's
+// total, says what the step cost them).
+func (e *facts) devRise() float64 {
+	return e.m.devBusy - e.before.devBusy + max(0, e.before.random-e.m.random)
+}
+
 func (e *facts) marginWaived() bool { return e.prior != "" || e.tail != "" || e.shift != "" }
 
 // stalledSpan: a file window step short of its margin on a measure, the
@@ -178,17 +185,17 @@ var verdictRules = [numReasons]verdictRule{
 	// At capacity a window bound stream reads its share (Little's law): a gain
 	// the device's busy rate did not show is another stream's loss, whatever
 	// asked or waived. Steps taken together share the one rise (peerGain).
-	{rDeviceAtCapacity, "device_at_capacity", "a file step, paid or waived, on a device reading at its capacity (CapacityFrac; its peak if not known yet) before or after it, under which the device's busy rate rose by less than devShareOfGain of what the stream and the steps taken with it gained (no rise shown without a before of the device), protected readers beside it (othersMin): undone, its gain was their share", outUndo, evNone,
+	{rDeviceAtCapacity, "device_at_capacity", "a file step, paid or waived, on a device reading at its capacity (CapacityFrac; its peak if not known yet) before or after it, under which the device's busy rate (with what its random readers no longer read) rose by less than devShareOfGain of what the stream and the steps taken with it gained (no rise shown without a before of the device), protected readers beside it (othersMin): undone, its gain was their share", outUndo, evNone,
 		func(e *facts) bool {
 			return e.kind != KindDeviceWindow && e.capBPS > 0 && max(e.before.devBusy, e.m.devBusy) >= e.capFrac*e.capBPS &&
-				e.m.devBusy-e.before.devBusy < devShareOfGain*(e.m.rate-e.before.rate+e.peerGain) && e.lossDev > 0 && e.lossOthers > othersMin*e.lossDev
+				e.devRise() < devShareOfGain*(e.m.rate-e.before.rate+e.peerGain) && e.lossDev > 0 && e.lossOthers > othersMin*e.lossDev
 		}, func(e *facts) string {
 			peers := ""
 			if e.peerGain > 0 {
 				peers = fmt.Sprintf(" and the %.1f of steps taken with it", e.peerGain/1e6)
 			}
 			return fmt.Sprintf("the device read at its capacity (%.1f -> %.1f of %.1f MB/s) and its busy rate rose %.1f MB/s of the stream's %.1f%s",
-				e.before.devBusy/1e6, e.m.devBusy/1e6, e.capBPS/1e6, (e.m.devBusy-e.before.devBusy)/1e6, (e.m.rate-e.before.rate)/1e6, peers)
+				e.before.devBusy/1e6, e.m.devBusy/1e6, e.capBPS/1e6, e.devRise()/1e6, (e.m.rate-e.before.rate)/1e6, peers)
 		}},
 	// Their p99 alone in one interval strays 20-30% with no step (and a trim
 	// within the span mixes two request sizes); nor is their mean over its

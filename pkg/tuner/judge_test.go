@@ -88,6 +88,12 @@ func TestJudgeTrialRuleByRule(t *testing.T) {
 		{"the device at its capacity, up by most of the stream's gain but under the margin", func(e *facts) {
 			e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = 100e6, 150e6, 0.9, 145e6, 157e6
 		}, rKept, numReasons, ""},
+		{"the device at its capacity, flat, the random readers' read-around spared by what the stream gained", func(e *facts) {
+			e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy, e.before.random, e.m.random = 100e6, 150e6, 0.9, 145e6, 146e6, 36e6, 10e6
+		}, rKept, numReasons, ""},
+		{"the device at its capacity, flat, the random readers' bytes up", func(e *facts) {
+			e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy, e.before.random, e.m.random = 100e6, 150e6, 0.9, 145e6, 146e6, 10e6, 36e6
+		}, rDeviceAtCapacity, numReasons, "the device read at its capacity (145.0 -> 146.0 of 150.0 MB/s) and its busy rate rose 1.0 MB/s of the stream's 20.0"},
 		{"the device at its capacity, flat, only contenders beside it", func(e *facts) { e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = 150e6, 0.9, 145e6, 146e6 }, rKept, numReasons, ""},
 		{"the device below its capacity, its busy rate flat", func(e *facts) {
 			e.lossOthers, e.capBPS, e.capFrac, e.before.devBusy, e.m.devBusy = 100e6, 150e6, 0.9, 100e6, 100e6

@@ -122,8 +122,8 @@ type measure struct {
 	// its busy throughput (a rate however far back the detector's window goes).
 	dev, devBusy float64
 	// others: bytes/s of the device's other readers whose share is protected
-	// (protectedStream), over the same window.
-	others float64
+	// (protectedStream), over the same window; random: its random readers'.
+	others, random float64
 	// streams: the device's other non-random readers (lossBase drops ended ones).
 	streams []otherStream
 	// othersMustNotLose: judge the step by those readers too, not only the total.

@@ -58,6 +58,7 @@ func (t judgeCtx) deviceSide(m *measure, k probe.FileKey, dev probe.Dev, own, sp
 		}
 		if t.readRandomly(ofs) {
 			m.dev -= float64(ofs.Bytes) / span
+			m.random += float64(ofs.Bytes) / span
 			continue
 		}
 		bps := float64(ofs.Bytes) / span
