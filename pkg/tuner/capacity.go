@@ -23,12 +23,10 @@ const (
 	capDevShare = 0.25
 )
 
-// learnCapacity updates d's capacity from a file window step from w0 to w1
-// KB and its before and after measures: when the window at least doubled
-// and the window over the median latency gained less than the margin, the
-// extra bytes only queued and the device's busy throughput (the larger of
-// the two) is its capacity. By latency, not bytes: a CPU-starved reader
-// does not move it.
+// learnCapacity learns d's capacity from a window step w0 -> w1 KB: when the
+// window over the median latency gained less than the margin, the extra bytes
+// only queued, and the busy throughput is the capacity (by latency, not
+// bytes: a CPU-starved reader does not move it).
 func (t *Tuner) learnCapacity(d *devState, w0, w1 int, b, m measure, trimmed bool) {
 	if d.name == "" || !b.ok || !m.ok || m.young || m.ended || b.devBusy <= 0 || m.devBusy <= 0 || b.p50 <= 0 || m.p50 <= 0 || w0 <= 0 {
 		return

@@ -47,14 +47,13 @@ func (e *facts) onFileWindow() bool  { return e.kind == KindFileWindow }
 // onWindow: a file's or the device's window; either queues ahead of the
 // random readers beside it (a prefetch is a stream's own reads, bounded).
 func (e *facts) onWindow() bool     { return e.kind == KindFileWindow || e.kind == KindDeviceWindow }
+func (e *facts) marginWaived() bool { return e.prior != "" || e.tail != "" || e.shift != "" }
+
 // devRise is the device's busy rate's rise with what its random readers no
-// longer read (a trim's spared read-around: their budget, not the device's
-// total, says what the step cost them).
+// longer read (their budget says what the step cost them).
 func (e *facts) devRise() float64 {
 	return e.m.devBusy - e.before.devBusy + max(0, e.before.random-e.m.random)
 }
-
-func (e *facts) marginWaived() bool { return e.prior != "" || e.tail != "" || e.shift != "" }
 
 // stalledSpan: a file window step short of its margin on a measure, the
 // stream still reading, the span judged stalled and the before-measure's

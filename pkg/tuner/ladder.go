@@ -50,11 +50,9 @@ type ladder struct {
 }
 
 // trialStep is the step under trial (to, 0 if none, from from since at) and
-// what its verdict reads: before (at beforeAt; its span held the tail or the
-// stream's start: beforeTail, young), put-offs (later, randLater), steady and
-// high (the mean and the higher of the last two intervals at the value left,
-// 0: none). A step ends with to alone zeroed (a knee keeps before); the next
-// step sets every field.
+// what its verdict reads: before, put-offs, steady and high (the mean and the
+// higher of the last two intervals at the value left). A step ends with to
+// alone zeroed (a knee keeps before); the next step sets every field.
 type trialStep struct {
 	to, from, later   int
 	at, beforeAt      time.Duration

@@ -70,10 +70,8 @@ func (t judgeCtx) randomBesideDev(dev probe.Dev, except probe.FileKey) bool {
 }
 
 // knownRandomOn returns a file other than except on dev whose random reader
-// had a reference within the last Settle, if any: between Steps a view of
-// a fresh stream's recent requests may hold too few of its reads to show
-// it, and it is there all the same (a DataNode's preads over ten files, a
-// quarter second's worth each).
+// had a reference within the last Settle, if any: a view of a fresh stream's
+// recent requests may hold too few of its reads to show it.
 func (t judgeCtx) knownRandomOn(dev probe.Dev, except probe.FileKey) (probe.FileKey, bool) {
 	for k, r := range t.randRefs {
 		if k != except && r.dev == dev && t.snap.Now-r.seen <= t.cfg.Settle {
