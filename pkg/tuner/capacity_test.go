@@ -288,3 +288,69 @@ func TestSlowedFileOnADeviceAtItsCapacityIsNotTried(t *testing.T) {
 	require.NotEmpty(t, trials, "a device with bandwidth to spare")
 	assert.Equal(t, slow, trials[0].File)
 }
+
+// Two streams open in the daemon's first second, before any Step: nothing
+// has learned the device's capacity yet. Both are bound by their windows
+// and stepped; the slowed one gains while the other loses more, the device
+// reading about what it read before (147 -> 140 MB/s). With no capacity,
+// the busier of the two measures bounds it: the gain was the other's share
+// (device_at_capacity), not a gain to keep (the lab kept 1024 KB on a
+// device every static window read at 149-150 MB/s).
+func TestStepBeforeTheCapacityIsKnownIsJudgedByTheBusierRate(t *testing.T) {
+	r := newRig(t, Config{DisablePrefetch: true}, nil)
+	ka, kb := r.twoReaders(t)
+	rates := func() (a, b float64) {
+		if r.files.window[ka] > 128 {
+			return 80e6, 60e6
+		}
+		return 50e6, 97e6
+	}
+	recent := func(span time.Duration, _ []probe.FileKey) detector.Snapshot {
+		now := r.clk.Now()
+		a, b := rates()
+		if first := r.tn.firstRead(ka); now-first < span {
+			span = now - first // both began reading at once
+		}
+		s := detector.Snapshot{Now: now}
+		for _, f := range []struct {
+			key probe.FileKey
+			bps float64
+		}{{ka, a}, {kb, b}} {
+			w := r.files.window[f.key]
+			by := uint64(f.bps * span.Seconds())
+			s.Files = append(s.Files, detector.FileStats{Key: f.key, Device: sdb, Requests: max(by/(128<<10), freshMinRequests), Bytes: by,
+				BusyThroughput: f.bps, Sequentiality: 1, NextOffset: 64 << 20, LastSeen: now, MeanSize: 128 << 10,
+				Inflight: 1.9 * float64(w) / 128, P50: time.Duration(1.9 * float64(w<<10) / f.bps * float64(time.Second))})
+		}
+		by := uint64((a + b) * span.Seconds())
+		s.Devices = []detector.DeviceStats{{Device: sdb, Bytes: by, BusyThroughput: a + b}}
+		return s
+	}
+	var acts []Action
+	for i := 0; i < 9; i++ {
+		r.clk.Advance(100 * time.Millisecond)
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 100, File: ka, Device: sdb, RaPages: uint32(r.files.window[ka] / 4)})
+		r.tn.ObserveReadahead(probe.ReadaheadEvent{Tgid: 101, File: kb, Device: sdb, RaPages: uint32(r.files.window[kb] / 4)})
+		acts = append(acts, r.tn.Tick(detector.Snapshot{Now: r.clk.Now()}, recent)...)
+	}
+	logActs(t, acts)
+	c, _ := r.tn.atStep().capacity(sdb)
+	require.Zero(t, c, "no Step yet: no capacity known")
+	var steps []Action
+	for _, a := range filter(acts, KindFileWindow, ResultTrial) {
+		if a.File == ka {
+			steps = append(steps, a)
+		}
+	}
+	require.NotEmpty(t, steps, "the slowed stream is stepped on its first requests")
+	assert.Empty(t, filter(acts, KindFileWindow, ResultKept))
+	var undone []Action
+	for _, a := range filter(acts, KindFileWindowUndo, ResultUndone) {
+		if a.File == ka {
+			undone = append(undone, a)
+		}
+	}
+	require.NotEmpty(t, undone)
+	assert.Contains(t, undone[0].Evidence, "the device read at its capacity (147.0 -> 140.0 of 147.0 MB/s)")
+	assert.Equal(t, 128, r.files.window[ka])
+}

@@ -31,8 +31,8 @@ type facts struct {
 	// lossDev, lossOthers: the device's total and its protected readers'
 	// share before the step, of the readers still reading (lossBase).
 	lossDev, lossOthers float64
-	// capBPS: the device's capacity, the detector's peak if nothing else
-	// knows it (0: none; a slow device's good steps raise its busy rate);
+	// capBPS: the device's capacity, else the detector's peak, else the busier
+	// of before and now (a slow device's good steps raise its busy rate);
 	// capFrac: the share of it read at capacity (Config.CapacityFrac);
 	// peerGain: what the device's other file window steps taken with this
 	// one added to their streams, bytes/s (judgeCtx.peerGain).
@@ -184,7 +184,7 @@ var verdictRules = [numReasons]verdictRule{
 	// At capacity a window bound stream reads its share (Little's law): a gain
 	// the device's busy rate did not show is another stream's loss, whatever
 	// asked or waived. Steps taken together share the one rise (peerGain).
-	{rDeviceAtCapacity, "device_at_capacity", "a file step, paid or waived, on a device reading at its capacity (CapacityFrac; its peak if not known yet) before or after it, under which the device's busy rate (with what its random readers no longer read) rose by less than devShareOfGain of what the stream and the steps taken with it gained (no rise shown without a before of the device), protected readers beside it (othersMin): undone, its gain was their share", outUndo, evNone,
+	{rDeviceAtCapacity, "device_at_capacity", "a file step, paid or waived, on a device reading at its capacity (CapacityFrac; its peak, else the busier of before and after, if not known yet) before or after it, under which the device's busy rate (with what its random readers no longer read) rose by less than devShareOfGain of what the stream and the steps taken with it gained (no rise shown without a before of the device), protected readers beside it (othersMin): undone, its gain was their share", outUndo, evNone,
 		func(e *facts) bool {
 			return e.kind != KindDeviceWindow && e.capBPS > 0 && max(e.before.devBusy, e.m.devBusy) >= e.capFrac*e.capBPS &&
 				e.devRise() < devShareOfGain*(e.m.rate-e.before.rate+e.peerGain) && e.lossDev > 0 && e.lossOthers > othersMin*e.lossDev

@@ -204,7 +204,9 @@ func (t judgeCtx) evidenceFor(l *ladder, d *devState, file probe.FileKey, m meas
 			}
 		}
 	}
-	e.capBPS, _ = t.capacity(d.dev)
+	if e.capBPS, _ = t.capacity(d.dev); e.capBPS <= 0 { // nothing learned yet: the busier rate in hand bounds it from below
+		e.capBPS = math.Max(e.before.devBusy, e.m.devBusy)
+	}
 	e.capFrac = t.cfg.CapacityFrac
 	e.peerGain = t.peerGain(l, d, file)
 	return e

@@ -13,14 +13,11 @@ import (
 	"github.com/readaheadd/readaheadd/pkg/probe"
 )
 
-// Read-around trim: a random mmap reader's faults each read the whole window
-// around the page, so beside a slowed reader given a larger window they cost
-// the device pages nobody touches. Its open files get a small window (TrimKB,
-// raise-pin-restore, lowered) while the stream keeps its large one: no single
-// device-wide value does both. Kept only if its requests shrank and stay
-// random beside a window still raised; ended a Settle after the last window
-// beside it (alone it trades the reader's faults for another's bytes: p99
-// 1.24x), at a decision of the file's own, or at shutdown.
+// Read-around trim: a random mmap reader's faults read the whole window around
+// the page; beside a stream given a larger window its files get TrimKB (no one
+// device-wide value does both). Kept while its requests shrank and stay random
+// beside a raised window; ended a Settle after the last, at a decision of the
+// file's own, or at shutdown (docs/tuner-rules.md).
 
 // trimAll starts, judges and ends read-around trims.
 func (t judgeCtx) trimAll() {
