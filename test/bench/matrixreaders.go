@@ -32,6 +32,9 @@ func newMReader(r lab.MatrixReader, files []string, seed uint64) mreader {
 	rng := rand.New(rand.NewPCG(seed, seed^0x5bd1e995))
 	switch r.Kind {
 	case lab.KRead, lab.KSendfile, lab.KMmapSeq:
+		if r.OwnMountNS {
+			return newNSStream(r, files[0], seed)
+		}
 		return &mStream{kind: r.Kind, path: files[0], afresh: r.Afresh, pause: r.Pause, rng: rng}
 	case lab.KMmap:
 		return &mMmap{path: files[0], seed: seed}

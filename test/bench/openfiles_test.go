@@ -16,6 +16,7 @@ import (
 
 func TestMain(m *testing.M) {
 	holder.Main()
+	NSStreamMain()
 	os.Exit(m.Run())
 }
 

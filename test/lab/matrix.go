@@ -102,6 +102,10 @@ type MatrixReader struct {
 	// Blocks and Clients of a DataNode reader.
 	Blocks  int `json:"blocks,omitempty"`
 	Clients int `json:"clients,omitempty"`
+	// OwnMountNS: a stream that runs as a process in a mount namespace of
+	// its own and sees its data directory through a bind mount at another
+	// path, as a pod sees a hostPath volume. Named scenarios only.
+	OwnMountNS bool `json:"own_mount_ns,omitempty"`
 }
 
 // Stream reports whether r is a sequential stream.
@@ -131,6 +135,9 @@ func (r MatrixReader) String() string {
 	}
 	if r.Pause {
 		s += " pausing"
+	}
+	if r.OwnMountNS {
+		s += " own-mountns"
 	}
 	if r.Slow {
 		s += " slow"
@@ -185,6 +192,9 @@ const (
 	CStreamOnly = "streams-only"
 	CMemcg      = "memcg"
 	CUnbounded  = "unbounded"
+	// COwnMountNS: a stream in a mount namespace of its own (named
+	// scenarios only: not in AllClasses).
+	COwnMountNS = "own-mountns"
 )
 
 // Classes are the classes s belongs to: its device classes, reader kinds
@@ -218,6 +228,9 @@ func (s MatrixScenario) Classes() []string {
 		}
 		if r.Pause {
 			out = append(out, "pausing")
+		}
+		if r.OwnMountNS {
+			out = append(out, COwnMountNS)
 		}
 	}
 	if len(s.Randoms()) == 0 {
@@ -292,6 +305,9 @@ func (s MatrixScenario) Validate() error {
 	for _, r := range s.Readers {
 		if r.FileMB <= 0 {
 			return fmt.Errorf("scenario %s: reader %s without a file size", s.Name, r.Kind)
+		}
+		if r.OwnMountNS && r.Kind != KRead && r.Kind != KSendfile && r.Kind != KMmapSeq {
+			return fmt.Errorf("scenario %s: a %s reader cannot run in a mount namespace of its own (streams only)", s.Name, r.Kind)
 		}
 		switch r.Kind {
 		case KRead, KSendfile, KMmapSeq, KMmap, KMmapBurst:
@@ -515,6 +531,9 @@ func Named() []MatrixScenario {
 			Readers: []MatrixReader{{Kind: KHDFS, FileMB: 256, Blocks: 2, Clients: 2, Afresh: true, Slow: true},
 				{Kind: KMmap, FileMB: 256}},
 			Start: StartBeforeOpen, FS: "ext4"},
+		{Name: "slow-stream-own-mountns", Device: MatrixDevice{FileExtra: ms3},
+			Readers: []MatrixReader{{Kind: KRead, FileMB: 256, Slow: true, OwnMountNS: true}, {Kind: KSendfile, FileMB: 256, Slow: true}},
+			Start:   StartOnset, FS: "ext4"},
 	}
 }
 

@@ -51,11 +51,12 @@ func TestMatrixCoverage(t *testing.T) {
 		assert.Positive(t, cov[c], "class %s not covered by seed 1, N=60", c)
 	}
 	want := map[string][]string{
-		"whole-device-bursty": {lab.CWhole, lab.KMmapBurst, lab.StartBeforeDaemon},
-		"saturated-streams":   {lab.CSaturated, lab.CStreamOnly},
-		"slow-stream-bursty":  {lab.CSlowFiles, lab.KMmapBurst, lab.StartOnset},
-		"datanode-slow-dir":   {lab.CSlowFiles, lab.KDataNode, lab.KSendfile, "afresh"},
-		"hdfs-slow-dir":       {lab.CSlowFiles, lab.KHDFS, lab.KMmap, "afresh"},
+		"whole-device-bursty":     {lab.CWhole, lab.KMmapBurst, lab.StartBeforeDaemon},
+		"saturated-streams":       {lab.CSaturated, lab.CStreamOnly},
+		"slow-stream-bursty":      {lab.CSlowFiles, lab.KMmapBurst, lab.StartOnset},
+		"datanode-slow-dir":       {lab.CSlowFiles, lab.KDataNode, lab.KSendfile, "afresh"},
+		"hdfs-slow-dir":           {lab.CSlowFiles, lab.KHDFS, lab.KMmap, "afresh"},
+		"slow-stream-own-mountns": {lab.CSlowFiles, lab.COwnMountNS, lab.CStreamOnly, lab.StartOnset},
 	}
 	for _, s := range lab.Named() {
 		require.NoError(t, s.Validate())

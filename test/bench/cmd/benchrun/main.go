@@ -20,6 +20,7 @@ import (
 )
 
 func main() {
+	bench.NSStreamMain() // when this process is a matrix stream in its own mount namespace
 	full := flag.Bool("full", false, "the full matrix (256 MB files, every static value, HDFS)")
 	out := flag.String("out", "docs/results", "directory for README.md, results.json and the PNG plots")
 	noHDFS := flag.Bool("no-hdfs", false, "skip the real-HDFS cases")
